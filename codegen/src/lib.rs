@@ -1,0 +1,6 @@
+//! qforge-codegen: lowering of verified kernels to backend code. Device-free: every backend's
+//! output can be produced and snapshot-tested on any machine.
+#![deny(missing_docs)]
+
+mod error;
+pub use error::{Error, Result};

@@ -1,0 +1,37 @@
+//! qforge-ir: the tensor-op IR of qforge.
+//!
+//! A [`Kernel`] is typed parameters plus a body run once per work item of a one-dimensional
+//! grid. Values are SSA ([`Value`] handles into an arena), statements are structured (`if`,
+//! `for`), and every op has exact semantics (see [`Op`] and `docs/semantics.md`): no
+//! contraction, explicit `fma`, `min`/`max` as compare + select, named rounding on every
+//! conversion, subnormals kept, reductions with a named order.
+//!
+//! The crate also holds the verifier ([`verify()`]), the text form ([`text`]), the reference
+//! interpreter ([`interp`]) that defines what every kernel means, and the op library
+//! ([`library`]) built with the public [`KernelBuilder`].
+#![deny(missing_docs)]
+
+mod args;
+mod builder;
+mod error;
+mod handle;
+mod kernel;
+mod ops;
+mod types;
+
+pub mod interp;
+pub mod library;
+pub mod text;
+mod verify;
+
+pub use args::{bind, Arg, Binding};
+pub use builder::KernelBuilder;
+pub use error::{Error, Result, VerifyError};
+pub use handle::{Arena, Handle};
+pub use kernel::{
+    infer_type, Access, Dim, Kernel, Param, ParamId, ParamKind, Stmt, Table, TableId, Value,
+    ValueDef, Var, VarId,
+};
+pub use ops::{BinaryOp, CmpOp, NanMode, Op, ReduceKind, ReduceOrder, UnaryOp};
+pub use types::{DType, Rounding, Scalar, ScalarType};
+pub use verify::verify;

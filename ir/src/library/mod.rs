@@ -1,0 +1,1 @@
+//! The op library: bitsandbytes-compatible kernels built with the public [`crate::KernelBuilder`].

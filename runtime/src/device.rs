@@ -1,0 +1,47 @@
+//! The `Device` trait and the interpreter device.
+
+use qforge_ir::{Arg, Kernel};
+
+use crate::error::Result;
+
+/// Something that compiles and runs kernels. Buffers are host byte slices; a device that keeps
+/// memory elsewhere copies in and out around the launch.
+pub trait Device: Send + Sync {
+    /// Device name for messages (`interpreter`, `cpu`).
+    fn name(&self) -> &str;
+
+    /// Backend column name used by `qforge check` (`interpreter`, `cranelift`, ...).
+    fn backend(&self) -> &'static str;
+
+    /// Compiles `kernel` (verifying it first) into the device's cache, if it has one.
+    ///
+    /// # Errors
+    /// Verification or code generation failure.
+    fn compile(&self, kernel: &Kernel) -> Result<()>;
+
+    /// Runs `kernel` on `args` (in parameter order), compiling it first if needed.
+    ///
+    /// # Errors
+    /// Verification, argument mismatch (see [`qforge_ir::bind`]), code generation or device
+    /// failure.
+    fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()>;
+}
+
+/// The reference interpreter as a device: slow, sequential, and by definition exact.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct InterpreterDevice;
+
+impl Device for InterpreterDevice {
+    fn name(&self) -> &str {
+        "interpreter"
+    }
+    fn backend(&self) -> &'static str {
+        "interpreter"
+    }
+    fn compile(&self, kernel: &Kernel) -> Result<()> {
+        Ok(qforge_ir::verify(kernel)?)
+    }
+    fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
+        Ok(qforge_ir::interp::run(kernel, args)?)
+    }
+}

@@ -1,0 +1,12 @@
+//! qforge-runtime: the `Device` trait, the reference-interpreter device, the CPU device
+//! (Cranelift JIT, multithreaded, cached by kernel hash) and the host-side ops with the
+//! bitsandbytes functional API (`quantize_4bit`, `dequantize_4bit`, `quantize_blockwise`, ...).
+#![deny(missing_docs)]
+
+mod device;
+mod error;
+mod tensor;
+
+pub use device::{Device, InterpreterDevice};
+pub use error::{Error, Result};
+pub use tensor::{bytes_f32, f32_bytes, HostTensor};
