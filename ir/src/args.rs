@@ -100,3 +100,71 @@ pub fn bind(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Binding> {
     let grid = u32::try_from(grid).map_err(|_| err("grid", format!("grid {grid} exceeds u32")))?;
     Ok(Binding { grid, elements })
 }
+
+/// An owned launch argument: what tests, `qforge check` and the op library's example inputs
+/// hold before borrowing them as [`Arg`]s.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OwnedArg {
+    /// Bytes of a `Read` buffer.
+    Read(Vec<u8>),
+    /// Bytes of a `Write` or `ReadWrite` buffer (initial contents; the kernel's output after
+    /// the launch).
+    Write(Vec<u8>),
+    /// A scalar.
+    Scalar(Scalar),
+}
+
+impl OwnedArg {
+    /// Borrows a list of owned arguments as launch arguments.
+    pub fn borrow_all(args: &mut [OwnedArg]) -> Vec<Arg<'_>> {
+        args.iter_mut()
+            .map(|a| match a {
+                OwnedArg::Read(b) => Arg::Read(b),
+                OwnedArg::Write(b) => Arg::Write(b),
+                OwnedArg::Scalar(s) => Arg::Scalar(*s),
+            })
+            .collect()
+    }
+}
+
+/// Counts the elements of the writable buffers of `kernel` that differ between two argument
+/// lists (after two launches on the same inputs). Floats compare by bits, except that any two
+/// NaNs are equal (the numeric contract's only relaxation). Returns `(mismatches, elements)`.
+pub fn count_mismatches(kernel: &Kernel, a: &[OwnedArg], b: &[OwnedArg]) -> (usize, usize) {
+    use crate::types::DType;
+    let (mut bad, mut total) = (0, 0);
+    for (((_, param), x), y) in kernel.params.iter().zip(a).zip(b) {
+        let (ParamKind::Buffer { dtype, .. }, OwnedArg::Write(x), OwnedArg::Write(y)) = (&param.kind, x, y) else {
+            continue;
+        };
+        let size = dtype.size_bytes();
+        if x.len() != y.len() {
+            bad += x.len().max(y.len()) / size;
+            total += x.len().max(y.len()) / size;
+            continue;
+        }
+        for (ex, ey) in x.chunks_exact(size).zip(y.chunks_exact(size)) {
+            total += 1;
+            let same = ex == ey
+                || match dtype {
+                    DType::F32 => {
+                        let f = |e: &[u8]| f32::from_le_bytes([e[0], e[1], e[2], e[3]]).is_nan();
+                        f(ex) && f(ey)
+                    }
+                    DType::F16 => {
+                        let f = |e: &[u8]| half::f16::from_le_bytes([e[0], e[1]]).is_nan();
+                        f(ex) && f(ey)
+                    }
+                    DType::BF16 => {
+                        let f = |e: &[u8]| half::bf16::from_le_bytes([e[0], e[1]]).is_nan();
+                        f(ex) && f(ey)
+                    }
+                    _ => false,
+                };
+            if !same {
+                bad += 1;
+            }
+        }
+    }
+    (bad, total)
+}

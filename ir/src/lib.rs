@@ -24,7 +24,7 @@ pub mod library;
 pub mod text;
 mod verify;
 
-pub use args::{bind, Arg, Binding};
+pub use args::{bind, count_mismatches, Arg, Binding, OwnedArg};
 pub use builder::KernelBuilder;
 pub use error::{Error, Result, VerifyError};
 pub use handle::{Arena, Handle};
