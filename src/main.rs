@@ -1,1 +1,200 @@
-fn main() {}
+//! The `qforge` command line: `check`, `quantize`, `dequantize`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use qforge::checkpoint::{self, QuantizeOptions, WeightFormat};
+use qforge::cli::check::{run_check, CheckRow};
+use qforge::devices::{available_devices, device_by_name};
+use qforge::ir::DType;
+use qforge::{Error, Result};
+
+#[derive(Parser)]
+#[command(name = "qforge", version, about = "Kernel-generation compiler for low-bit training and inference kernels")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build every library kernel for every backend compiled in, run it on built-in inputs and
+    /// compare with the reference interpreter bit for bit (exit code 1 on any mismatch).
+    Check {
+        /// Print JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Quantize the 2-D float `.weight` tensors of a safetensors checkpoint (bitsandbytes 4-bit
+    /// layout that transformers loads, or 8-bit blockwise); other tensors are copied.
+    Quantize {
+        /// Input safetensors file.
+        input: PathBuf,
+        /// Output safetensors file (must differ from the input).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// nf4, fp4 or int8-blockwise.
+        #[arg(long, default_value = "nf4")]
+        quant_type: String,
+        /// Elements per absmax block (default 64 for 4-bit, 4096 for int8-blockwise).
+        #[arg(long)]
+        blocksize: Option<usize>,
+        /// Quantize the absmax again (8-bit, nested block 256), as bitsandbytes' compress_statistics.
+        #[arg(long)]
+        double_quant: bool,
+        /// Compute dtype written to config.json: f32, f16 or bf16.
+        #[arg(long, default_value = "f32")]
+        compute_dtype: String,
+        /// Regex of weight names to leave unquantized.
+        #[arg(long, default_value = checkpoint::DEFAULT_SKIP)]
+        skip: String,
+        /// Quantize weights that contain NaN or inf instead of refusing.
+        #[arg(long)]
+        allow_nonfinite: bool,
+        /// Device: cpu or interpreter.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// Restore full-precision weights from a checkpoint written by `qforge quantize`.
+    Dequantize {
+        /// Input safetensors file.
+        input: PathBuf,
+        /// Output safetensors file (must differ from the input).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Output dtype f32, f16 or bf16 (default: each weight's original dtype).
+        #[arg(long)]
+        dtype: Option<String>,
+        /// Device: cpu or interpreter.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+}
+
+fn float_dtype(name: &str) -> Result<DType> {
+    match name {
+        "f32" | "float32" => Ok(DType::F32),
+        "f16" | "float16" => Ok(DType::F16),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        other => Err(Error::Usage(format!("unsupported dtype '{other}' (f32, f16, bf16)"))),
+    }
+}
+
+fn check(json: bool) -> Result<bool> {
+    let devices = available_devices();
+    let mut on_row = |r: &CheckRow| {
+        if json {
+            println!("{}", r.to_json());
+        }
+    };
+    let rows = run_check(&devices, &mut on_row)?;
+    let failed = rows.iter().filter(|r| r.status == "mismatch").count();
+    if !json {
+        let mut backends: Vec<&str> = Vec::new();
+        for r in &rows {
+            if !backends.contains(&r.backend.as_str()) {
+                backends.push(&r.backend);
+            }
+        }
+        let width = rows.iter().map(|r| r.kernel.len()).max().unwrap_or(6);
+        print!("{:width$}", "kernel");
+        for b in &backends {
+            print!("  {b:>14}");
+        }
+        println!();
+        let mut kernels: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
+        kernels.dedup();
+        for k in kernels {
+            print!("{k:width$}");
+            for b in &backends {
+                let cell = match rows.iter().find(|r| r.kernel == k && r.backend == *b) {
+                    Some(r) if r.status == "exact" => "bit-exact".to_string(),
+                    Some(r) if r.status == "skipped" => "not runnable".to_string(),
+                    Some(r) if r.reason.is_some() => "error".to_string(),
+                    Some(r) => format!("{} mismatches", r.mismatches),
+                    None => "not built".to_string(),
+                };
+                print!("  {cell:>14}");
+            }
+            println!();
+        }
+        for r in rows.iter().filter(|r| r.reason.is_some()) {
+            println!("{} on {}: {}", r.kernel, r.backend, r.reason.as_deref().unwrap_or(""));
+        }
+        let kernels = rows.iter().filter(|r| r.backend == "interpreter").count();
+        println!("{kernels} kernels x {} backends: {} exact, {failed} mismatching", backends.len(), rows.len() - failed);
+    }
+    Ok(failed == 0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn quantize(input: PathBuf, output: PathBuf, quant_type: &str, blocksize: Option<usize>, double_quant: bool, compute_dtype: &str, skip: &str, allow_nonfinite: bool, device: &str) -> Result<()> {
+    let format = WeightFormat::from_name(quant_type)
+        .ok_or_else(|| Error::Usage(format!("unsupported quant type '{quant_type}' (nf4, fp4, int8-blockwise)")))?;
+    let skip = regex::Regex::new(skip).map_err(|e| Error::Usage(format!("--skip is not a valid regex: {e}")))?;
+    let opts = QuantizeOptions {
+        format,
+        blocksize: blocksize.unwrap_or(format.default_blocksize()),
+        double_quant,
+        compute_dtype: float_dtype(compute_dtype)?,
+        skip,
+        allow_nonfinite,
+    };
+    let device = device_by_name(device)?;
+    let size = std::fs::metadata(&input).map(|m| m.len()).unwrap_or(0);
+    let bar = (size > 100 << 20).then(|| indicatif::ProgressBar::new(0));
+    let mut progress = |done: usize, total: usize| {
+        if let Some(bar) = &bar {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        }
+    };
+    let report = checkpoint::quantize_file(device.as_ref(), &input, &output, &opts, &mut progress)?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let width = report.tensors.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
+    println!("{:width$}  {:>12}  {:>8}  {:>10}  {:>10}", "name", "shape", "bits/par", "rmse", "max|err|");
+    for t in &report.tensors {
+        let shape = t.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
+        println!("{:width$}  {shape:>12}  {:>8.3}  {:>10.3e}  {:>10.3e}", t.name, t.bits_per_param, t.rmse, t.max_abs_err);
+    }
+    println!(
+        "{} tensors quantized, {} copied; {} -> {} bytes ({:.2}x smaller); wrote {}",
+        report.tensors.len(),
+        report.copied,
+        report.bytes_before,
+        report.bytes_after,
+        report.bytes_before as f64 / report.bytes_after.max(1) as f64,
+        output.display()
+    );
+    if let Some(c) = &report.config {
+        println!("wrote {}", c.display());
+    }
+    for n in &report.notes {
+        println!("note: {n}");
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check { json } => check(json).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
+        Command::Quantize { input, output, quant_type, blocksize, double_quant, compute_dtype, skip, allow_nonfinite, device } => {
+            quantize(input, output, &quant_type, blocksize, double_quant, &compute_dtype, &skip, allow_nonfinite, &device).map(|_| ExitCode::SUCCESS)
+        }
+        Command::Dequantize { input, output, dtype, device } => (|| {
+            let dtype = dtype.as_deref().map(float_dtype).transpose()?;
+            let device = device_by_name(&device)?;
+            let r = checkpoint::dequantize_file(device.as_ref(), &input, &output, dtype)?;
+            println!("{} weights restored, {} tensors copied; wrote {}", r.restored.len(), r.copied, output.display());
+            Ok(ExitCode::SUCCESS)
+        })(),
+    };
+    result.unwrap_or_else(|e: Error| {
+        eprintln!("error: {e}");
+        ExitCode::from(2)
+    })
+}

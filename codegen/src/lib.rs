@@ -2,5 +2,6 @@
 //! output can be produced and snapshot-tested on any machine.
 #![deny(missing_docs)]
 
+pub mod cranelift;
 mod error;
 pub use error::{Error, Result};

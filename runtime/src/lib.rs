@@ -3,10 +3,13 @@
 //! bitsandbytes functional API (`quantize_4bit`, `dequantize_4bit`, `quantize_blockwise`, ...).
 #![deny(missing_docs)]
 
+mod cpu;
 mod device;
 mod error;
+pub mod ops;
 mod tensor;
 
+pub use cpu::{CpuDevice, CpuOptions};
 pub use device::{Device, InterpreterDevice};
 pub use error::{Error, Result};
 pub use tensor::{bytes_f32, f32_bytes, HostTensor};

@@ -1,1 +1,215 @@
-//! The op library: bitsandbytes-compatible kernels built with the public [`crate::KernelBuilder`].
+//! The op library: bitsandbytes-compatible kernels built with the public [`crate::KernelBuilder`]
+//! (nothing here is privileged; a custom op uses the same API).
+//!
+//! Families (see each module for the exact semantics and parameter order):
+//! * [`quant4`]: NF4/FP4 blockwise `quantize_4bit`, `dequantize_4bit` and the nested
+//!   (double-quantized absmax) dequantization, blocksizes 32..=4096.
+//! * [`blockwise8`]: 8-bit blockwise `quantize_blockwise` / `dequantize_blockwise` with the
+//!   dynamic (signed and unsigned) and linear maps, blocksizes 64..=4096.
+//! * [`doublequant`]: `compress_statistics`: the absmax mean (offset) and the nested 8-bit level.
+//! * [`maps`]: the code tables with bitsandbytes' exact `f32` values.
+//! * [`catalog()`]: every kernel variant, able to build itself and example arguments.
+//!
+//! Where bitsandbytes' backends disagree, these kernels follow the CUDA kernels' choices; the
+//! differences from the CPU backend (which produced the golden vectors) are listed in
+//! `docs/compat.md`.
+
+use crate::error::{Error, Result};
+use crate::types::DType;
+
+pub mod blockwise8;
+mod catalog;
+pub mod doublequant;
+mod emit;
+#[cfg(test)]
+mod kernel_tests;
+pub mod maps;
+mod normal;
+pub mod quant4;
+
+pub use catalog::{catalog, KernelSpec};
+pub use normal::{erfc, normal_cdf, normal_ppf};
+
+/// Blocksizes supported by the 4-bit kernels.
+pub const BLOCKSIZES_4BIT: [u32; 8] = [32, 64, 128, 256, 512, 1024, 2048, 4096];
+/// Blocksizes supported by the 8-bit blockwise kernels.
+pub const BLOCKSIZES_8BIT: [u32; 7] = [64, 128, 256, 512, 1024, 2048, 4096];
+/// Blocksize of the nested (double-quantization) level, as bitsandbytes.
+pub const NESTED_BLOCKSIZE: u32 = 256;
+/// Input/output dtypes of the quantization kernels.
+pub const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// A 4-bit data type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantType {
+    /// NormalFloat4 (QLoRA): 16 quantiles of N(0, 1), scaled to [-1, 1].
+    Nf4,
+    /// FP4 (1 sign, 2 exponent, 1 mantissa bit), scaled to [-1, 1].
+    Fp4,
+}
+
+impl QuantType {
+    /// Both 4-bit types.
+    pub const ALL: [QuantType; 2] = [QuantType::Nf4, QuantType::Fp4];
+
+    /// `nf4` or `fp4` (bitsandbytes' `quant_type` string).
+    pub const fn name(self) -> &'static str {
+        match self {
+            QuantType::Nf4 => "nf4",
+            QuantType::Fp4 => "fp4",
+        }
+    }
+
+    /// Parses a name produced by [`QuantType::name`].
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming the value and the allowed set.
+    pub fn parse(name: &str) -> Result<QuantType> {
+        QuantType::ALL.into_iter().find(|q| q.name() == name).ok_or_else(|| {
+            Error::Unsupported(format!("quant type '{name}' is not supported; allowed: nf4, fp4"))
+        })
+    }
+
+    /// The 16 code values, index = 4-bit code ([`maps::nf4_code`] or [`maps::fp4_code`]).
+    pub fn code(self) -> [f32; 16] {
+        match self {
+            QuantType::Nf4 => maps::nf4_code(),
+            QuantType::Fp4 => maps::fp4_code(),
+        }
+    }
+
+    /// The code a `+0.0` input gets (and the padding nibble of an odd length): 7 for NF4, 0 for
+    /// FP4.
+    pub const fn zero_code(self) -> u8 {
+        match self {
+            QuantType::Nf4 => 7,
+            QuantType::Fp4 => 0,
+        }
+    }
+}
+
+impl std::fmt::Display for QuantType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An 8-bit code table (bitsandbytes quantization map) with a kernel variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Map8 {
+    /// `create_dynamic_map(signed=True)`, bitsandbytes' default 8-bit code.
+    Dynamic,
+    /// `create_dynamic_map(signed=False)` (optimizer second-moment map).
+    DynamicUnsigned,
+    /// `create_linear_map(signed=True)`.
+    Linear,
+}
+
+impl Map8 {
+    /// All 8-bit maps.
+    pub const ALL: [Map8; 3] = [Map8::Dynamic, Map8::DynamicUnsigned, Map8::Linear];
+
+    /// The name used in kernel names and on the command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Map8::Dynamic => "dynamic",
+            Map8::DynamicUnsigned => "dynamic_unsigned",
+            Map8::Linear => "linear",
+        }
+    }
+
+    /// Parses a name produced by [`Map8::name`].
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming the value and the allowed set.
+    pub fn parse(name: &str) -> Result<Map8> {
+        Map8::ALL.into_iter().find(|m| m.name() == name).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "8-bit map '{name}' is not supported; allowed: dynamic, dynamic_unsigned, linear"
+            ))
+        })
+    }
+
+    /// The 256 sorted code values.
+    pub fn code(self) -> Vec<f32> {
+        let m = match self {
+            Map8::Dynamic => maps::create_dynamic_map(true, 7, 8),
+            Map8::DynamicUnsigned => maps::create_dynamic_map(false, 7, 8),
+            Map8::Linear => maps::create_linear_map(true, 8, true),
+        };
+        m.unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for Map8 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn list(values: &[u32]) -> String {
+    values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// Checks a 4-bit blocksize.
+///
+/// # Errors
+/// [`Error::Unsupported`] naming the value and the allowed set.
+pub fn check_blocksize_4bit(blocksize: u32) -> Result<()> {
+    if BLOCKSIZES_4BIT.contains(&blocksize) {
+        Ok(())
+    } else {
+        Err(Error::Unsupported(format!(
+            "blocksize {blocksize} is not supported for 4-bit quantization; allowed: {}",
+            list(&BLOCKSIZES_4BIT)
+        )))
+    }
+}
+
+/// Checks an 8-bit blockwise blocksize.
+///
+/// # Errors
+/// [`Error::Unsupported`] naming the value and the allowed set.
+pub fn check_blocksize_8bit(blocksize: u32) -> Result<()> {
+    if BLOCKSIZES_8BIT.contains(&blocksize) {
+        Ok(())
+    } else {
+        Err(Error::Unsupported(format!(
+            "blocksize {blocksize} is not supported for 8-bit blockwise quantization; allowed: {}",
+            list(&BLOCKSIZES_8BIT)
+        )))
+    }
+}
+
+/// Checks that `dtype` is a float dtype the quantization kernels accept.
+///
+/// # Errors
+/// [`Error::Unsupported`] naming the value and the allowed set.
+pub fn check_float_dtype(dtype: DType) -> Result<()> {
+    if FLOAT_DTYPES.contains(&dtype) {
+        Ok(())
+    } else {
+        Err(Error::Unsupported(format!("dtype {dtype} is not supported for quantization; allowed: f32, f16, bf16")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_bad_requests_name_value_and_allowed_set() {
+        let e = check_blocksize_4bit(48).unwrap_err().to_string();
+        assert!(e.contains("48") && e.contains("32, 64, 128"), "{e}");
+        let e = check_blocksize_8bit(32).unwrap_err().to_string();
+        assert!(e.contains("32") && e.contains("64, 128"), "{e}");
+        let e = QuantType::parse("int3").unwrap_err().to_string();
+        assert!(e.contains("int3") && e.contains("nf4, fp4"), "{e}");
+        let e = Map8::parse("log").unwrap_err().to_string();
+        assert!(e.contains("log") && e.contains("dynamic"), "{e}");
+        let e = check_float_dtype(DType::U8).unwrap_err().to_string();
+        assert!(e.contains("u8") && e.contains("bf16"), "{e}");
+        assert_eq!(QuantType::parse("fp4").unwrap(), QuantType::Fp4);
+        assert_eq!(Map8::parse("dynamic_unsigned").unwrap(), Map8::DynamicUnsigned);
+    }
+}

@@ -1,0 +1,187 @@
+//! The Cranelift CPU backend: lowers a verified [`Kernel`] to one Cranelift IR function.
+//!
+//! # ABI of the lowered function
+//!
+//! ```text
+//! extern "C" fn(args: *const u64, begin: u32, end: u32)
+//! ```
+//!
+//! The function runs the work items `begin..end` in increasing order. `args` is an array of
+//! [`ArgLayout::len`] 64-bit slots:
+//!
+//! | slot | holds |
+//! |---|---|
+//! | `i` for parameter `i` | a buffer's base pointer, or a scalar's 32 bits zero-extended |
+//! | [`ArgLayout::table`]`(t)` | pointer to table `t`'s elements (`u32` bit patterns, 4-aligned) |
+//! | [`ArgLayout::status`] (bounds checks on) | pointer to a `u32` status word, 0 before the call |
+//! | [`ArgLayout::count`]`(i)` (bounds checks on) | element count of buffer parameter `i` |
+//!
+//! With bounds checks on, an out-of-range buffer access is redirected to a private scratch slot
+//! (loads read an unspecified value, stores are dropped) and the first work item `w` in
+//! `begin..end` that made one is reported by storing `w + 1` into the status word (if it is
+//! still 0). Without bounds checks an out-of-range index is undefined behaviour, exactly as the
+//! IR allows for compiled backends.
+//!
+//! # Semantics
+//!
+//! Every op follows the doc comments of [`qforge_ir::Op`] to the bit: separate `fmul`/`fadd`
+//! (Cranelift never contracts), `fma` only for [`qforge_ir::Op::Fma`], min/max as compare +
+//! select, sign operations as bit operations, guarded integer division, exact f16/bf16
+//! conversions written with integer operations, reductions in their stated order.
+
+mod arith;
+mod lower;
+mod memory;
+mod reduce;
+
+use cranelift_codegen::ir::Function;
+use cranelift_codegen::isa::CallConv;
+use cranelift_codegen::settings;
+use qforge_ir::Kernel;
+
+use crate::error::{Error, Result};
+
+/// The backend name used in errors and in `qforge check`.
+pub const BACKEND: &str = "cranelift";
+
+/// Choices that change the emitted function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LowerOptions {
+    /// Calling convention of the emitted function; use the target's default C convention
+    /// (`isa.default_call_conv()`) when compiling for a host. [`clif_text`] uses `system_v`.
+    pub call_conv: CallConv,
+    /// Check every buffer access against the buffer's element count (see the module docs).
+    pub bounds_checks: bool,
+    /// Allow `f32x4` vector code (strided sums of `f32` buffers). Every 64-bit Cranelift target
+    /// with a vector unit (x86_64, aarch64) supports it.
+    pub simd: bool,
+}
+
+impl Default for LowerOptions {
+    /// `system_v`, bounds checks on, SIMD on.
+    fn default() -> Self {
+        LowerOptions {
+            call_conv: CallConv::SystemV,
+            bounds_checks: true,
+            simd: true,
+        }
+    }
+}
+
+/// Where each launch argument goes in the `args` array of the lowered function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArgLayout {
+    params: usize,
+    tables: usize,
+    bounds_checks: bool,
+}
+
+impl ArgLayout {
+    /// The layout for `kernel` lowered with or without bounds checks.
+    pub fn new(kernel: &Kernel, bounds_checks: bool) -> Self {
+        ArgLayout {
+            params: kernel.params.len(),
+            tables: kernel.tables.len(),
+            bounds_checks,
+        }
+    }
+
+    /// Slot of table number `table` (its arena index).
+    pub fn table(&self, table: usize) -> usize {
+        self.params + table
+    }
+
+    /// Slot of the pointer to the `u32` status word, when bounds checks are on.
+    pub fn status(&self) -> Option<usize> {
+        self.bounds_checks.then_some(self.params + self.tables)
+    }
+
+    /// Slot of the element count of parameter number `param`, when bounds checks are on (the
+    /// slot exists for scalar parameters too and is ignored there).
+    pub fn count(&self, param: usize) -> Option<usize> {
+        self.bounds_checks
+            .then_some(self.params + self.tables + 1 + param)
+    }
+
+    /// Whether the function checks buffer accesses.
+    pub fn bounds_checks(&self) -> bool {
+        self.bounds_checks
+    }
+
+    /// Number of 64-bit slots in `args`.
+    pub fn len(&self) -> usize {
+        if self.bounds_checks {
+            2 * self.params + self.tables + 1
+        } else {
+            self.params + self.tables
+        }
+    }
+
+    /// True when the function takes no argument slot at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A kernel lowered to Cranelift IR, ready for a JIT or an object writer.
+#[derive(Clone, Debug)]
+pub struct LoweredKernel {
+    /// The function, with the ABI described in the module docs (not yet optimized).
+    pub function: Function,
+    /// Where the launch arguments go.
+    pub layout: ArgLayout,
+}
+
+/// The Cranelift backend with its options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CraneliftBackend {
+    /// How to lower.
+    pub options: LowerOptions,
+}
+
+impl CraneliftBackend {
+    /// The backend name, [`BACKEND`].
+    pub fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    /// Lowers `kernel`; see [`lower`].
+    ///
+    /// # Errors
+    /// As [`lower`].
+    pub fn lower(&self, kernel: &Kernel) -> Result<LoweredKernel> {
+        lower(kernel, &self.options)
+    }
+}
+
+/// Verifies `kernel` and lowers it to one Cranelift function with the ABI of the module docs.
+///
+/// # Errors
+/// [`Error::Ir`] when the kernel does not verify, [`Error::Unsupported`] for an op this backend
+/// cannot lower (an f16/bf16 store rounding other than `rne`), [`Error::Backend`] when
+/// Cranelift's verifier rejects the function (a bug in this backend).
+pub fn lower(kernel: &Kernel, options: &LowerOptions) -> Result<LoweredKernel> {
+    qforge_ir::verify(kernel)?;
+    let function = lower::build(kernel, options)?;
+    let flags = settings::Flags::new(settings::builder());
+    cranelift_codegen::verify_function(&function, &flags).map_err(|errors| Error::Backend {
+        backend: BACKEND,
+        message: format!("kernel '{}': Cranelift verifier: {errors}", kernel.name),
+    })?;
+    Ok(LoweredKernel {
+        function,
+        layout: ArgLayout::new(kernel, options.bounds_checks),
+    })
+}
+
+/// The Cranelift IR text of `kernel` lowered with [`LowerOptions::default`] (target
+/// independent and deterministic: suitable for snapshots).
+///
+/// # Errors
+/// As [`lower`].
+pub fn clif_text(kernel: &Kernel) -> Result<String> {
+    Ok(lower(kernel, &LowerOptions::default())?
+        .function
+        .display()
+        .to_string())
+}

@@ -1,0 +1,329 @@
+//! The catalog of every library kernel variant, for `qforge check`, the cross-backend
+//! conformance tests and the CLI.
+
+use half::{bf16, f16};
+
+use crate::args::OwnedArg;
+use crate::error::{Error, Result};
+use crate::kernel::Kernel;
+use crate::library::{
+    blockwise8, doublequant, quant4, Map8, QuantType, BLOCKSIZES_4BIT, BLOCKSIZES_8BIT, FLOAT_DTYPES,
+    NESTED_BLOCKSIZE,
+};
+use crate::types::{DType, Scalar};
+
+/// One library kernel variant: what it computes and with which parameters. [`KernelSpec::name`]
+/// is the kernel's name (bitsandbytes' function name, then the variant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelSpec {
+    /// [`quant4::quantize_4bit`].
+    Quantize4 {
+        /// NF4 or FP4.
+        quant_type: QuantType,
+        /// Elements per absmax block.
+        blocksize: u32,
+        /// Input dtype.
+        dtype: DType,
+    },
+    /// [`quant4::dequantize_4bit`].
+    Dequantize4 {
+        /// NF4 or FP4.
+        quant_type: QuantType,
+        /// Elements per absmax block.
+        blocksize: u32,
+        /// Output dtype.
+        dtype: DType,
+    },
+    /// [`quant4::dequantize_4bit_nested`].
+    Dequantize4Nested {
+        /// NF4 or FP4.
+        quant_type: QuantType,
+        /// Elements per absmax block.
+        blocksize: u32,
+        /// Output dtype.
+        dtype: DType,
+    },
+    /// [`blockwise8::quantize_blockwise`].
+    QuantizeBlockwise {
+        /// The code table.
+        map: Map8,
+        /// Elements per absmax block.
+        blocksize: u32,
+        /// Input dtype.
+        dtype: DType,
+    },
+    /// [`blockwise8::dequantize_blockwise`].
+    DequantizeBlockwise {
+        /// The code table.
+        map: Map8,
+        /// Elements per absmax block.
+        blocksize: u32,
+        /// Output dtype.
+        dtype: DType,
+    },
+    /// [`doublequant::absmax_mean`].
+    AbsmaxMean,
+    /// [`doublequant::quantize_nested`].
+    QuantizeNested,
+    /// [`doublequant::dequantize_nested`].
+    DequantizeNested,
+}
+
+/// Every library kernel variant: all quant types x blocksizes x dtypes x ops, then the 8-bit maps
+/// x blocksizes x dtypes x ops, then the three double-quantization kernels.
+pub fn catalog() -> Vec<KernelSpec> {
+    let mut out = Vec::new();
+    for quant_type in QuantType::ALL {
+        for blocksize in BLOCKSIZES_4BIT {
+            for dtype in FLOAT_DTYPES {
+                out.push(KernelSpec::Quantize4 { quant_type, blocksize, dtype });
+                out.push(KernelSpec::Dequantize4 { quant_type, blocksize, dtype });
+                out.push(KernelSpec::Dequantize4Nested { quant_type, blocksize, dtype });
+            }
+        }
+    }
+    for map in Map8::ALL {
+        for blocksize in BLOCKSIZES_8BIT {
+            for dtype in FLOAT_DTYPES {
+                out.push(KernelSpec::QuantizeBlockwise { map, blocksize, dtype });
+                out.push(KernelSpec::DequantizeBlockwise { map, blocksize, dtype });
+            }
+        }
+    }
+    out.extend([KernelSpec::AbsmaxMean, KernelSpec::QuantizeNested, KernelSpec::DequantizeNested]);
+    out
+}
+
+/// Deterministic mixing of an index and a value's bits into 32 pseudo-random bits (for codes in
+/// example arguments).
+fn mix(i: usize, v: f32) -> u32 {
+    let mut h = v.to_bits() ^ (i as u32).wrapping_mul(0x9E37_79B9);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xC2B2_AE35);
+    h ^ (h >> 16)
+}
+
+/// `values` stored as `dtype` (round to nearest even for f16/bf16).
+fn float_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
+        DType::BF16 => values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// Host absmax of each block of `values` (NaN propagating or ignored).
+fn host_absmax(values: &[f32], blocksize: usize, propagate_nan: bool) -> Vec<f32> {
+    values
+        .chunks(blocksize)
+        .map(|c| {
+            c.iter().fold(0.0f32, |acc, v| {
+                let a = v.abs();
+                if a.is_nan() {
+                    if propagate_nan { f32::NAN } else { acc }
+                } else if acc.is_nan() || a <= acc {
+                    acc
+                } else {
+                    a
+                }
+            })
+        })
+        .collect()
+}
+
+fn u32_arg(v: usize) -> OwnedArg {
+    OwnedArg::Scalar(Scalar::U32(v as u32))
+}
+
+impl KernelSpec {
+    /// The kernel name, e.g. `quantize_4bit_nf4_bs64_f32`, `dequantize_blockwise_dynamic_bs4096_bf16`.
+    pub fn name(&self) -> String {
+        match *self {
+            KernelSpec::Quantize4 { quant_type, blocksize, dtype } => quant4::quantize_name(quant_type, blocksize, dtype),
+            KernelSpec::Dequantize4 { quant_type, blocksize, dtype } => quant4::dequantize_name(quant_type, blocksize, dtype),
+            KernelSpec::Dequantize4Nested { quant_type, blocksize, dtype } => {
+                quant4::dequantize_nested_name(quant_type, blocksize, dtype)
+            }
+            KernelSpec::QuantizeBlockwise { map, blocksize, dtype } => blockwise8::quantize_name(map, blocksize, dtype),
+            KernelSpec::DequantizeBlockwise { map, blocksize, dtype } => blockwise8::dequantize_name(map, blocksize, dtype),
+            KernelSpec::AbsmaxMean => doublequant::MEAN_NAME.to_string(),
+            KernelSpec::QuantizeNested => doublequant::QUANTIZE_NESTED_NAME.to_string(),
+            KernelSpec::DequantizeNested => doublequant::DEQUANTIZE_NESTED_NAME.to_string(),
+        }
+    }
+
+    /// The catalog entry called `name`, if any.
+    pub fn from_name(name: &str) -> Option<KernelSpec> {
+        catalog().into_iter().find(|s| s.name() == name)
+    }
+
+    /// Builds the kernel.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the spec's parameters are outside the supported sets (a spec
+    /// from [`catalog()`] always builds).
+    pub fn build(&self) -> Result<Kernel> {
+        match *self {
+            KernelSpec::Quantize4 { quant_type, blocksize, dtype } => quant4::quantize_4bit(quant_type, blocksize, dtype),
+            KernelSpec::Dequantize4 { quant_type, blocksize, dtype } => quant4::dequantize_4bit(quant_type, blocksize, dtype),
+            KernelSpec::Dequantize4Nested { quant_type, blocksize, dtype } => {
+                quant4::dequantize_4bit_nested(quant_type, blocksize, dtype)
+            }
+            KernelSpec::QuantizeBlockwise { map, blocksize, dtype } => blockwise8::quantize_blockwise(map, blocksize, dtype),
+            KernelSpec::DequantizeBlockwise { map, blocksize, dtype } => blockwise8::dequantize_blockwise(map, blocksize, dtype),
+            KernelSpec::AbsmaxMean => Ok(doublequant::absmax_mean()),
+            KernelSpec::QuantizeNested => doublequant::quantize_nested(),
+            KernelSpec::DequantizeNested => doublequant::dequantize_nested(),
+        }
+    }
+
+    /// Launch arguments (in parameter order) exercising every buffer, derived from `values`
+    /// (`n = values.len()` elements). Quantize kernels take `values` as input (rounded to the
+    /// dtype); dequantize kernels take codes mixed from the values' bits and an absmax per block
+    /// computed from the values, so NaN, inf and zero blocks in `values` reach the kernel. Write
+    /// buffers start zeroed.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for an empty `values` or more than `u32::MAX` values.
+    pub fn example_args(&self, values: &[f32]) -> Result<Vec<OwnedArg>> {
+        let n = values.len();
+        if n == 0 || u32::try_from(n).is_err() {
+            return Err(Error::Unsupported(format!(
+                "example arguments need between 1 and {} values, got {n}",
+                u32::MAX
+            )));
+        }
+        let n_packed = n.div_ceil(2);
+        let first_finite = values.iter().copied().find(|v| v.is_finite()).unwrap_or(0.5);
+        Ok(match *self {
+            KernelSpec::Quantize4 { blocksize, dtype, .. } => {
+                let n_blocks = n.div_ceil(blocksize as usize);
+                vec![
+                    u32_arg(n),
+                    u32_arg(n_packed),
+                    u32_arg(n_blocks),
+                    OwnedArg::Read(float_bytes(dtype, values)),
+                    OwnedArg::Write(vec![0; n_packed]),
+                    OwnedArg::Write(vec![0; 4 * n_blocks]),
+                ]
+            }
+            KernelSpec::Dequantize4 { blocksize, dtype, .. } | KernelSpec::Dequantize4Nested { blocksize, dtype, .. } => {
+                let bs = blocksize as usize;
+                let n_blocks = n.div_ceil(bs);
+                let packed: Vec<u8> = (0..n_packed)
+                    .map(|j| {
+                        let hi = mix(2 * j, values[2 * j]) & 15;
+                        let lo = values.get(2 * j + 1).map_or(0, |v| mix(2 * j + 1, *v) & 15);
+                        (hi << 4 | lo) as u8
+                    })
+                    .collect();
+                let out = OwnedArg::Write(vec![0; n * dtype.size_bytes()]);
+                if matches!(self, KernelSpec::Dequantize4 { .. }) {
+                    let absmax = host_absmax(values, bs, true);
+                    vec![
+                        u32_arg(n),
+                        u32_arg(n_packed),
+                        u32_arg(n_blocks),
+                        OwnedArg::Read(packed),
+                        OwnedArg::Read(float_bytes(DType::F32, &absmax)),
+                        out,
+                    ]
+                } else {
+                    let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE as usize);
+                    let qabsmax: Vec<u8> = (0..n_blocks).map(|b| mix(b, values[b * bs]) as u8).collect();
+                    let nested: Vec<f32> = (0..n_nested).map(|i| values[i % n].abs()).collect();
+                    vec![
+                        u32_arg(n),
+                        u32_arg(n_packed),
+                        u32_arg(n_blocks),
+                        u32_arg(n_nested),
+                        OwnedArg::Scalar(Scalar::f32(first_finite * 0.5)),
+                        OwnedArg::Read(packed),
+                        OwnedArg::Read(qabsmax),
+                        OwnedArg::Read(float_bytes(DType::F32, &nested)),
+                        OwnedArg::Read(float_bytes(DType::F32, &doublequant::NESTED_MAP.code())),
+                        out,
+                    ]
+                }
+            }
+            KernelSpec::QuantizeBlockwise { blocksize, dtype, .. } => {
+                let n_blocks = n.div_ceil(blocksize as usize);
+                vec![
+                    u32_arg(n),
+                    u32_arg(n_blocks),
+                    OwnedArg::Read(float_bytes(dtype, values)),
+                    OwnedArg::Write(vec![0; n]),
+                    OwnedArg::Write(vec![0; 4 * n_blocks]),
+                ]
+            }
+            KernelSpec::DequantizeBlockwise { blocksize, dtype, .. } => {
+                let n_blocks = n.div_ceil(blocksize as usize);
+                let q: Vec<u8> = values.iter().enumerate().map(|(i, v)| mix(i, *v) as u8).collect();
+                let absmax = host_absmax(values, blocksize as usize, false);
+                vec![
+                    u32_arg(n),
+                    u32_arg(n_blocks),
+                    OwnedArg::Read(q),
+                    OwnedArg::Read(float_bytes(DType::F32, &absmax)),
+                    OwnedArg::Write(vec![0; n * dtype.size_bytes()]),
+                ]
+            }
+            KernelSpec::AbsmaxMean => {
+                vec![u32_arg(n), OwnedArg::Read(float_bytes(DType::F32, values)), OwnedArg::Write(vec![0; 4])]
+            }
+            KernelSpec::QuantizeNested => {
+                let n_blocks = n.div_ceil(NESTED_BLOCKSIZE as usize);
+                vec![
+                    u32_arg(n),
+                    u32_arg(n_blocks),
+                    OwnedArg::Scalar(Scalar::f32(first_finite * 0.5)),
+                    OwnedArg::Read(float_bytes(DType::F32, values)),
+                    OwnedArg::Write(vec![0; n]),
+                    OwnedArg::Write(vec![0; 4 * n_blocks]),
+                ]
+            }
+            KernelSpec::DequantizeNested => {
+                let n_blocks = n.div_ceil(NESTED_BLOCKSIZE as usize);
+                let q: Vec<u8> = values.iter().enumerate().map(|(i, v)| mix(i, *v) as u8).collect();
+                let absmax = host_absmax(values, NESTED_BLOCKSIZE as usize, false);
+                vec![
+                    u32_arg(n),
+                    u32_arg(n_blocks),
+                    OwnedArg::Scalar(Scalar::f32(first_finite * 0.5)),
+                    OwnedArg::Read(q),
+                    OwnedArg::Read(float_bytes(DType::F32, &absmax)),
+                    OwnedArg::Write(vec![0; 4 * n]),
+                ]
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_catalog_builds_verifies_and_binds() {
+        let cat = catalog();
+        assert_eq!(cat.len(), 2 * 8 * 3 * 3 + 3 * 7 * 3 * 2 + 3);
+        let mut names = std::collections::HashSet::new();
+        let values = [1.0f32, -0.5, 0.0, f32::NAN, 3.0, -0.0, 1e-40, f32::INFINITY, 0.25];
+        for spec in &cat {
+            let k = spec.build().unwrap();
+            assert_eq!(k.name, spec.name());
+            assert!(names.insert(k.name.clone()), "duplicate {}", k.name);
+            crate::verify(&k).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+            let mut args = spec.example_args(&values).unwrap();
+            let borrowed = OwnedArg::borrow_all(&mut args);
+            crate::bind(&k, &borrowed).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+            assert_eq!(KernelSpec::from_name(&k.name), Some(*spec));
+        }
+        assert!(names.contains("quantize_4bit_nf4_bs64_f32"));
+        assert!(names.contains("dequantize_blockwise_dynamic_bs4096_bf16"));
+        assert!(KernelSpec::from_name("quantize_4bit_nf4_bs48_f32").is_none());
+        assert!(cat[0].example_args(&[]).is_err());
+    }
+}

@@ -1,0 +1,118 @@
+//! Small IR fragments shared by the library kernels, built with the public builder: block ranges,
+//! guarded loads, the absmax reciprocal and the code searches. Every index a fragment loads or
+//! stores is bounded by the buffer's own size parameter, so a kernel stays in bounds even when its
+//! size scalars are inconsistent with each other.
+
+use crate::builder::KernelBuilder;
+use crate::kernel::{ParamId, TableId, Value};
+use crate::ops::CmpOp;
+use crate::types::ScalarType;
+
+/// The clamp bitsandbytes applies to absmax before taking its reciprocal.
+pub(crate) const ABSMAX_FLOOR: f32 = 1e-38;
+
+/// `[start, end)` with `start = item * size` and `end = min(start + size, limit)`, or an empty
+/// range (`end = start`) when `start >= limit`.
+pub(crate) fn block_range(b: &mut KernelBuilder, item: Value, size: u32, limit: Value) -> (Value, Value) {
+    let size_v = b.const_u32(size);
+    let start = b.mul(item, size_v);
+    let stop = b.add(start, size_v);
+    let end = b.min(stop, limit);
+    let inside = b.cmp(CmpOp::Lt, start, limit);
+    let end = b.select(inside, end, start);
+    (start, end)
+}
+
+/// `end - start` for a range from [`block_range`].
+pub(crate) fn range_len(b: &mut KernelBuilder, start: Value, end: Value) -> Value {
+    b.binary(crate::ops::BinaryOp::Sub, end, start)
+}
+
+/// `buf[index]` when `index < limit`, else `+0.0` (no load happens out of bounds).
+pub(crate) fn load_f32_or_zero(b: &mut KernelBuilder, buf: ParamId, index: Value, limit: Value, name: &str) -> Value {
+    let var = b.var(name, ScalarType::F32);
+    let inside = b.cmp(CmpOp::Lt, index, limit);
+    b.if_then(inside, |b| {
+        let x = b.load(buf, index);
+        b.assign(var, x);
+    });
+    b.read_var(var)
+}
+
+/// `1.0 / max(absmax, 1e-38)` in `f32` (a NaN absmax propagates through `max`).
+pub(crate) fn inv_absmax(b: &mut KernelBuilder, absmax: Value) -> Value {
+    let floor = b.const_f32(ABSMAX_FLOOR);
+    let clamped = b.max(absmax, floor);
+    let one = b.const_f32(1.0);
+    b.div(one, clamped)
+}
+
+/// `pos = 0; for step in steps { if pred(lookup(table, pos + step - 1)) { pos += step } }`:
+/// a branchless binary search counting the table prefix whose entries satisfy `pred`.
+pub(crate) fn count_prefix(
+    b: &mut KernelBuilder,
+    steps: &[u32],
+    mut pred: impl FnMut(&mut KernelBuilder, Value) -> Value,
+) -> Value {
+    let mut pos = b.const_u32(0);
+    for &step in steps {
+        let off = b.const_u32(step - 1);
+        let idx = b.add(pos, off);
+        let take = pred(b, idx);
+        let step_v = b.const_u32(step);
+        let next = b.add(pos, step_v);
+        pos = b.select(take, next, pos);
+    }
+    pos
+}
+
+/// NF4 code of a scaled value `v`: the number of the 15 midpoints `m_k` with `!(v <= m_k)`, so a
+/// tie goes to the lower code and NaN gives 15.
+pub(crate) fn nf4_code(b: &mut KernelBuilder, v: Value, midpoints: TableId) -> Value {
+    count_prefix(b, &[8, 4, 2, 1], |b, idx| {
+        let m = b.lookup(midpoints, idx);
+        let le = b.cmp(CmpOp::Le, v, m);
+        b.not(le)
+    })
+}
+
+/// FP4 code of a scaled value `v`: NaN gives 3; otherwise the sign bit of `v` (bit 3) and the
+/// magnitude index among the 8 sorted magnitudes, found with the 7 positive midpoints, a tie going
+/// to the lower magnitude for a positive sign and to the larger one for a negative sign.
+pub(crate) fn fp4_code(b: &mut KernelBuilder, v: Value, midpoints: TableId, mag_codes: TableId) -> Value {
+    let is_nan = b.cmp(CmpOp::Ne, v, v);
+    let raw = b.bitcast(v, ScalarType::U32);
+    let c31 = b.const_u32(31);
+    let sign = b.shr(raw, c31);
+    let zero = b.const_u32(0);
+    let negative = b.cmp(CmpOp::Ne, sign, zero);
+    let a = b.abs(v);
+    let mag = count_prefix(b, &[4, 2, 1], |b, idx| {
+        let m = b.lookup(midpoints, idx);
+        let gt = b.cmp(CmpOp::Gt, a, m);
+        let ge = b.cmp(CmpOp::Ge, a, m);
+        b.select(negative, ge, gt)
+    });
+    let mag_code = b.lookup(mag_codes, mag);
+    let c3 = b.const_u32(3);
+    let sign_bit = b.shl(sign, c3);
+    let code = b.or(mag_code, sign_bit);
+    b.select(is_nan, c3, code)
+}
+
+/// 8-bit code of a scaled value `v`: the number of exact midpoints `mid_k` (between sorted codes
+/// `k` and `k + 1`) with `mid_k < v`, i.e. the exact nearest code with ties to the lower code and
+/// NaN to code 0. Each midpoint is the unevaluated pair `hi + lo` with `hi = f32(mid)`; since `v`
+/// is an `f32`, `mid < v` is `hi < v` when `lo >= 0` and `hi <= v` when `lo < 0`
+/// (`lo_neg[k]` is 1 for the latter).
+pub(crate) fn code8(b: &mut KernelBuilder, v: Value, mid_hi: TableId, lo_neg: TableId) -> Value {
+    count_prefix(b, &[128, 64, 32, 16, 8, 4, 2, 1], |b, idx| {
+        let hi = b.lookup(mid_hi, idx);
+        let flag = b.lookup(lo_neg, idx);
+        let zero = b.const_u32(0);
+        let use_le = b.cmp(CmpOp::Ne, flag, zero);
+        let lt = b.cmp(CmpOp::Lt, hi, v);
+        let le = b.cmp(CmpOp::Le, hi, v);
+        b.select(use_le, le, lt)
+    })
+}

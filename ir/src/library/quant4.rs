@@ -1,0 +1,250 @@
+//! NF4/FP4 blockwise 4-bit quantization (bitsandbytes `quantize_4bit` / `dequantize_4bit`).
+//!
+//! Layout (as bitsandbytes): the input is flattened to `n` elements; block `b` holds elements
+//! `b*blocksize .. min((b+1)*blocksize, n)` (the last block may be partial) and has one `f32`
+//! absmax; two codes per byte, the FIRST element in the HIGH nibble; an odd `n` pads the last low
+//! nibble with the code of `+0.0` (NF4 7, FP4 0). `n_packed = ceil(n / 2)`,
+//! `n_blocks = ceil(n / blocksize)`. One work item per block (blocks own whole bytes because the
+//! blocksize is even); the blocksize is baked into the kernel.
+//!
+//! Semantics (the CUDA kernels' choices):
+//! * `absmax = max |x|` over the block, NaN propagating; stored raw.
+//! * Every block, the partial tail included, is scaled by `v = x * inv` with
+//!   `inv = 1.0 / max(absmax, 1e-38)` in `f32` (a NaN absmax gives NaN `v`).
+//! * NF4: `code = #{k : !(v <= m_k)}` over the 15 `f32` midpoints ([`maps::nf4_midpoints`]), so
+//!   a tie goes to the lower code and NaN gives 15.
+//! * FP4: NaN gives 3; otherwise bit 3 is the sign BIT of `v` and the low bits code the magnitude
+//!   index among `[0, 0.0052, 0.1667, 0.25, 0.3333, 0.5, 0.6667, 1]` (codes `[0,1,6,7,4,5,2,3]`),
+//!   found with the positive midpoints ([`maps::fp4_midpoints`]); a tie goes to the lower
+//!   magnitude for a positive sign and to the larger magnitude for a negative sign.
+//! * Dequant: `code[nibble] * absmax` in `f32`, stored round-to-nearest-even in the output dtype.
+//!   The nested variant first decodes the absmax:
+//!   `absmax_b = nested_code[qabsmax_b] * nested_absmax[b / 256] + offset` (two `f32` roundings).
+//!
+//! Parameter order (scalars first, then buffers):
+//! * `quantize_4bit_{nf4|fp4}_bs{B}_{f32|f16|bf16}`:
+//!   `(n: u32, n_packed: u32, n_blocks: u32, x: dtype[n] read, packed: u8[n_packed] write,
+//!   absmax: f32[n_blocks] write)`, grid `n_blocks`.
+//! * `dequantize_4bit_{qt}_bs{B}_{dtype}`: `(n: u32, n_packed: u32, n_blocks: u32,
+//!   packed: u8[n_packed] read, absmax: f32[n_blocks] read, out: dtype[n] write)`, grid `n_blocks`.
+//! * `dequantize_4bit_{qt}_nested_bs{B}_{dtype}`: `(n: u32, n_packed: u32, n_blocks: u32,
+//!   n_nested: u32, offset: f32, packed: u8[n_packed] read, qabsmax: u8[n_blocks] read,
+//!   nested_absmax: f32[n_nested] read, nested_code: f32[256] read, out: dtype[n] write)`,
+//!   grid `n_blocks`, `n_nested = ceil(n_blocks / 256)`.
+
+use crate::builder::KernelBuilder;
+use crate::error::Result;
+use crate::kernel::{Access, Dim, Kernel, ParamId, TableId, Value};
+use crate::library::emit::{block_range, fp4_code, inv_absmax, load_f32_or_zero, nf4_code, range_len};
+use crate::library::{check_blocksize_4bit, check_float_dtype, maps, QuantType, NESTED_BLOCKSIZE};
+use crate::ops::{CmpOp, NanMode};
+use crate::types::{DType, ScalarType};
+
+/// Name of the quantize kernel, e.g. `quantize_4bit_nf4_bs64_f32`.
+pub fn quantize_name(qt: QuantType, blocksize: u32, dtype: DType) -> String {
+    format!("quantize_4bit_{qt}_bs{blocksize}_{dtype}")
+}
+
+/// Name of the dequantize kernel, e.g. `dequantize_4bit_fp4_bs128_bf16`.
+pub fn dequantize_name(qt: QuantType, blocksize: u32, dtype: DType) -> String {
+    format!("dequantize_4bit_{qt}_bs{blocksize}_{dtype}")
+}
+
+/// Name of the nested dequantize kernel, e.g. `dequantize_4bit_nf4_nested_bs64_f16`.
+pub fn dequantize_nested_name(qt: QuantType, blocksize: u32, dtype: DType) -> String {
+    format!("dequantize_4bit_{qt}_nested_bs{blocksize}_{dtype}")
+}
+
+fn check(blocksize: u32, dtype: DType) -> Result<()> {
+    check_blocksize_4bit(blocksize)?;
+    check_float_dtype(dtype)
+}
+
+/// The per-element code computation of one quant type, with its tables declared once.
+enum Coder {
+    Nf4 { midpoints: TableId },
+    Fp4 { midpoints: TableId, mag_codes: TableId },
+}
+
+impl Coder {
+    fn new(b: &mut KernelBuilder, qt: QuantType) -> Coder {
+        match qt {
+            QuantType::Nf4 => Coder::Nf4 { midpoints: b.table_f32("nf4_midpoints", &maps::nf4_midpoints()) },
+            QuantType::Fp4 => Coder::Fp4 {
+                midpoints: b.table_f32("fp4_midpoints", &maps::fp4_midpoints()),
+                mag_codes: b.table_u32("fp4_magnitude_codes", &maps::FP4_MAGNITUDE_CODES),
+            },
+        }
+    }
+
+    fn code(&self, b: &mut KernelBuilder, v: Value) -> Value {
+        match *self {
+            Coder::Nf4 { midpoints } => nf4_code(b, v, midpoints),
+            Coder::Fp4 { midpoints, mag_codes } => fp4_code(b, v, midpoints, mag_codes),
+        }
+    }
+}
+
+/// Builds `quantize_4bit_{qt}_bs{blocksize}_{dtype}` (see the module docs for semantics and
+/// parameters).
+///
+/// # Errors
+/// [`crate::Error::Unsupported`] for a blocksize outside 32..=4096 (powers of two) or a non-float
+/// dtype.
+pub fn quantize_4bit(qt: QuantType, blocksize: u32, dtype: DType) -> Result<Kernel> {
+    check(blocksize, dtype)?;
+    let mut b = KernelBuilder::new(&quantize_name(qt, blocksize, dtype));
+    let n = b.scalar_param("n", ScalarType::U32);
+    let n_packed = b.scalar_param("n_packed", ScalarType::U32);
+    let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
+    let x = b.buffer_param("x", dtype, &[Dim::Param(n)], Access::Read);
+    let packed = b.buffer_param("packed", DType::U8, &[Dim::Param(n_packed)], Access::Write);
+    let absmax = b.buffer_param("absmax", DType::F32, &[Dim::Param(n_blocks)], Access::Write);
+    b.set_grid(Dim::Param(n_blocks));
+    let coder = Coder::new(&mut b, qt);
+
+    let block = b.work_item();
+    let nv = b.param(n);
+    let (start, end) = block_range(&mut b, block, blocksize, nv);
+    let len = range_len(&mut b, start, end);
+    let am = b.reduce_absmax(x, start, len, NanMode::Propagate);
+    b.store(absmax, block, am);
+    let inv = inv_absmax(&mut b, am);
+
+    let npv = b.param(n_packed);
+    let (byte_start, byte_end) = block_range(&mut b, block, blocksize / 2, npv);
+    let zero_code = b.const_u32(qt.zero_code() as u32);
+    b.for_range(byte_start, byte_end, 1, |b, j| {
+        let one = b.const_u32(1);
+        let e0 = b.shl(j, one);
+        let e1 = b.add(e0, one);
+        let x0 = load_f32_or_zero(b, x, e0, nv, "x0");
+        let x1 = load_f32_or_zero(b, x, e1, nv, "x1");
+        let v0 = b.mul(x0, inv);
+        let v1 = b.mul(x1, inv);
+        let c0 = coder.code(b, v0);
+        let c1 = coder.code(b, v1);
+        let has_second = b.cmp(CmpOp::Lt, e1, nv);
+        let c1 = b.select(has_second, c1, zero_code);
+        let four = b.const_u32(4);
+        let high = b.shl(c0, four);
+        let byte = b.or(high, c1);
+        b.store(packed, j, byte);
+    });
+    Ok(b.finish())
+}
+
+/// Emits the dequantization loop of one block with scale `scale`.
+fn dequant_block(b: &mut KernelBuilder, qt: QuantType, blocksize: u32, block: Value, scale: Value, bufs: (ParamId, ParamId), sizes: (ParamId, ParamId)) {
+    let (packed, out) = bufs;
+    let code = b.table_f32("code", &qt.code());
+    let nv = b.param(sizes.0);
+    let npv = b.param(sizes.1);
+    let (byte_start, byte_end) = block_range(b, block, blocksize / 2, npv);
+    b.for_range(byte_start, byte_end, 1, |b, j| {
+        let byte = b.load(packed, j);
+        let four = b.const_u32(4);
+        let fifteen = b.const_u32(15);
+        let high = b.shr(byte, four);
+        let low = b.and(byte, fifteen);
+        let one = b.const_u32(1);
+        let e0 = b.shl(j, one);
+        let e1 = b.add(e0, one);
+        for (e, nibble) in [(e0, high), (e1, low)] {
+            let inside = b.cmp(CmpOp::Lt, e, nv);
+            b.if_then(inside, |b| {
+                let c = b.lookup(code, nibble);
+                let y = b.mul(c, scale);
+                b.store_auto(out, e, y);
+            });
+        }
+    });
+}
+
+/// Builds `dequantize_4bit_{qt}_bs{blocksize}_{dtype}` (see the module docs).
+///
+/// # Errors
+/// [`crate::Error::Unsupported`] for an unsupported blocksize or dtype.
+pub fn dequantize_4bit(qt: QuantType, blocksize: u32, dtype: DType) -> Result<Kernel> {
+    check(blocksize, dtype)?;
+    let mut b = KernelBuilder::new(&dequantize_name(qt, blocksize, dtype));
+    let n = b.scalar_param("n", ScalarType::U32);
+    let n_packed = b.scalar_param("n_packed", ScalarType::U32);
+    let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
+    let packed = b.buffer_param("packed", DType::U8, &[Dim::Param(n_packed)], Access::Read);
+    let absmax = b.buffer_param("absmax", DType::F32, &[Dim::Param(n_blocks)], Access::Read);
+    let out = b.buffer_param("out", dtype, &[Dim::Param(n)], Access::Write);
+    b.set_grid(Dim::Param(n_blocks));
+    let block = b.work_item();
+    let scale = b.load(absmax, block);
+    dequant_block(&mut b, qt, blocksize, block, scale, (packed, out), (n, n_packed));
+    Ok(b.finish())
+}
+
+/// Builds `dequantize_4bit_{qt}_nested_bs{blocksize}_{dtype}`: dequantization with a
+/// double-quantized absmax decoded in-kernel (see the module docs).
+///
+/// # Errors
+/// [`crate::Error::Unsupported`] for an unsupported blocksize or dtype.
+pub fn dequantize_4bit_nested(qt: QuantType, blocksize: u32, dtype: DType) -> Result<Kernel> {
+    check(blocksize, dtype)?;
+    let mut b = KernelBuilder::new(&dequantize_nested_name(qt, blocksize, dtype));
+    let n = b.scalar_param("n", ScalarType::U32);
+    let n_packed = b.scalar_param("n_packed", ScalarType::U32);
+    let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
+    let n_nested = b.scalar_param("n_nested", ScalarType::U32);
+    let offset = b.scalar_param("offset", ScalarType::F32);
+    let packed = b.buffer_param("packed", DType::U8, &[Dim::Param(n_packed)], Access::Read);
+    let qabsmax = b.buffer_param("qabsmax", DType::U8, &[Dim::Param(n_blocks)], Access::Read);
+    let nested_absmax = b.buffer_param("nested_absmax", DType::F32, &[Dim::Param(n_nested)], Access::Read);
+    let nested_code = b.buffer_param("nested_code", DType::F32, &[Dim::Const(256)], Access::Read);
+    let out = b.buffer_param("out", dtype, &[Dim::Param(n)], Access::Write);
+    b.set_grid(Dim::Param(n_blocks));
+    let block = b.work_item();
+    let q = b.load(qabsmax, block);
+    let c = b.load(nested_code, q);
+    let shift = b.const_u32(NESTED_BLOCKSIZE.trailing_zeros());
+    let nested_block = b.shr(block, shift);
+    let nnv = b.param(n_nested);
+    let na = load_f32_or_zero(&mut b, nested_absmax, nested_block, nnv, "nested_scale");
+    let prod = b.mul(c, na);
+    let off = b.param(offset);
+    let scale = b.add(prod, off);
+    dequant_block(&mut b, qt, blocksize, block, scale, (packed, out), (n, n_packed));
+    Ok(b.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn library_quant4_kernels_verify_for_every_variant() {
+        for qt in QuantType::ALL {
+            for bs in crate::library::BLOCKSIZES_4BIT {
+                for dt in crate::library::FLOAT_DTYPES {
+                    for k in [quantize_4bit(qt, bs, dt), dequantize_4bit(qt, bs, dt), dequantize_4bit_nested(qt, bs, dt)] {
+                        let k = k.unwrap();
+                        crate::verify(&k).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn library_quant4_rejects_bad_requests() {
+        let e = quantize_4bit(QuantType::Nf4, 48, DType::F32).unwrap_err().to_string();
+        assert!(e.contains("48"), "{e}");
+        let e = dequantize_4bit(QuantType::Fp4, 64, DType::I32).unwrap_err().to_string();
+        assert!(e.contains("i32"), "{e}");
+        assert!(dequantize_4bit_nested(QuantType::Fp4, 8192, DType::F32).is_err());
+    }
+
+    #[test]
+    fn library_quant4_names() {
+        assert_eq!(quantize_4bit(QuantType::Nf4, 64, DType::F32).unwrap().name, "quantize_4bit_nf4_bs64_f32");
+        assert_eq!(dequantize_name(QuantType::Fp4, 4096, DType::BF16), "dequantize_4bit_fp4_bs4096_bf16");
+        assert_eq!(dequantize_nested_name(QuantType::Nf4, 32, DType::F16), "dequantize_4bit_nf4_nested_bs32_f16");
+    }
+}

@@ -1,0 +1,188 @@
+//! The CPU device: kernels lowered by `qforge_codegen::cranelift`, JIT-compiled for the host
+//! CPU, cached by [`Kernel::content_hash`], and launched on all cores when the work is large.
+
+mod jit;
+mod launch;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use qforge_codegen::cranelift::{lower, ArgLayout, LowerOptions};
+use qforge_ir::{Arg, Kernel};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use jit::{Entry, Jit};
+
+/// When and how widely the CPU device runs a launch on several threads. Splitting never changes
+/// a bit of the result: work items are independent and each runs the same code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// Threads for a large launch; `None` uses `std::thread::available_parallelism()`.
+    pub threads: Option<usize>,
+    /// A launch whose buffers hold at least this many bytes in total runs multi-threaded.
+    pub parallel_min_bytes: usize,
+    /// A launch with at least this many work items runs multi-threaded.
+    pub parallel_min_grid: u32,
+}
+
+impl Default for CpuOptions {
+    /// All cores, for launches over at least 256 KiB of buffers or 65536 work items.
+    fn default() -> Self {
+        CpuOptions {
+            threads: None,
+            parallel_min_bytes: 256 * 1024,
+            parallel_min_grid: 1 << 16,
+        }
+    }
+}
+
+/// A compiled kernel in the cache.
+struct Compiled {
+    /// The kernel it was compiled from (guards against hash collisions).
+    kernel: Kernel,
+    entry: Entry,
+    layout: ArgLayout,
+    /// Table data the code reads through `args`, owned here.
+    tables: Vec<Vec<u32>>,
+}
+
+/// Runs kernels as native code on the host CPU (Cranelift JIT).
+///
+/// ```
+/// use qforge_ir::{Access, Arg, DType, Dim, KernelBuilder, Scalar, ScalarType};
+/// use qforge_runtime::{CpuDevice, Device};
+/// let mut b = KernelBuilder::new("double");
+/// let n = b.scalar_param("n", ScalarType::U32);
+/// let x = b.buffer_param("x", DType::F32, &[Dim::Param(n)], Access::ReadWrite);
+/// b.set_grid(Dim::Param(n));
+/// let i = b.work_item();
+/// let v = b.load(x, i);
+/// let two = b.const_f32(2.0);
+/// let y = b.mul(v, two);
+/// b.store(x, i, y);
+/// let kernel = b.finish();
+/// let mut data: Vec<u8> = [1.0f32, 2.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+/// let cpu = CpuDevice::new().unwrap();
+/// cpu.launch(&kernel, &mut [Arg::Scalar(Scalar::U32(2)), Arg::Write(&mut data)]).unwrap();
+/// assert_eq!(&data[4..8], &5.0f32.to_le_bytes());
+/// ```
+pub struct CpuDevice {
+    jit: Jit,
+    cache: Mutex<HashMap<u64, Arc<Compiled>>>,
+    options: CpuOptions,
+    bounds_checks: bool,
+}
+
+impl std::fmt::Debug for CpuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuDevice")
+            .field("options", &self.options)
+            .field("bounds_checks", &self.bounds_checks)
+            .field("cached_kernels", &self.cached_kernels())
+            .finish()
+    }
+}
+
+impl CpuDevice {
+    /// A CPU device with [`CpuOptions::default`] and bounds-checked buffer accesses (an
+    /// out-of-range index makes the launch fail instead of touching other memory).
+    ///
+    /// # Errors
+    /// [`Error::Device`] when Cranelift does not support the host CPU.
+    pub fn new() -> Result<Self> {
+        Self::with_options(CpuOptions::default())
+    }
+
+    /// A bounds-checked CPU device with the given threading options.
+    ///
+    /// # Errors
+    /// As [`CpuDevice::new`].
+    pub fn with_options(options: CpuOptions) -> Result<Self> {
+        Ok(CpuDevice {
+            jit: Jit::new()?,
+            cache: Mutex::new(HashMap::new()),
+            options,
+            bounds_checks: true,
+        })
+    }
+
+    /// A CPU device whose kernels do not check buffer indices (a little faster).
+    ///
+    /// # Errors
+    /// As [`CpuDevice::new`].
+    ///
+    /// # Safety
+    /// Every kernel launched on this device must index every buffer in range for the arguments
+    /// it is launched with (the op library's kernels do); an out-of-range access is undefined
+    /// behaviour. Check new kernels on [`crate::InterpreterDevice`] or a checked device first.
+    pub unsafe fn new_unchecked(options: CpuOptions) -> Result<Self> {
+        Ok(CpuDevice {
+            jit: Jit::new()?,
+            cache: Mutex::new(HashMap::new()),
+            options,
+            bounds_checks: false,
+        })
+    }
+
+    /// The threading options.
+    pub fn options(&self) -> CpuOptions {
+        self.options
+    }
+
+    /// Number of compiled kernels in the cache.
+    pub fn cached_kernels(&self) -> usize {
+        self.cache.lock().map(|c| c.len()).unwrap_or(0)
+    }
+
+    /// The cached compilation of `kernel`, compiling (and verifying) it first if needed.
+    fn compiled(&self, kernel: &Kernel) -> Result<Arc<Compiled>> {
+        let hash = kernel.content_hash();
+        let lock_error = || Error::Device {
+            device: "cpu".into(),
+            message: "kernel cache lock poisoned".into(),
+        };
+        if let Some(c) = self.cache.lock().map_err(|_| lock_error())?.get(&hash) {
+            if c.kernel == *kernel {
+                return Ok(Arc::clone(c));
+            }
+        }
+        let options = LowerOptions {
+            call_conv: self.jit.call_conv(),
+            bounds_checks: self.bounds_checks,
+            simd: cfg!(any(target_arch = "x86_64", target_arch = "aarch64")),
+        };
+        let lowered = lower(kernel, &options)?;
+        let entry = self.jit.compile(&kernel.name, lowered.function)?;
+        let compiled = Arc::new(Compiled {
+            kernel: kernel.clone(),
+            entry,
+            layout: lowered.layout,
+            tables: kernel.tables.iter().map(|(_, t)| t.data.clone()).collect(),
+        });
+        self.cache
+            .lock()
+            .map_err(|_| lock_error())?
+            .insert(hash, Arc::clone(&compiled));
+        Ok(compiled)
+    }
+}
+
+impl Device for CpuDevice {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn backend(&self) -> &'static str {
+        qforge_codegen::cranelift::BACKEND
+    }
+
+    fn compile(&self, kernel: &Kernel) -> Result<()> {
+        self.compiled(kernel).map(|_| ())
+    }
+
+    fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
+        let compiled = self.compiled(kernel)?;
+        launch::launch(&self.jit, &compiled, &self.options, args)
+    }
+}

@@ -1,0 +1,133 @@
+//! Host-side ops with bitsandbytes' functional API, over any [`Device`]: each call validates its
+//! inputs, takes the library kernel (built once and cached by name) and launches it.
+//!
+//! * [`quantize_4bit`] / [`dequantize_4bit`]: NF4/FP4, optional double quantization of the absmax.
+//! * [`quantize_blockwise`] / [`dequantize_blockwise`]: 8-bit blockwise with a [`Map8`].
+//! * [`absmax_mean`], [`compress_absmax`], [`compress_absmax_with_offset`],
+//!   [`decompress_absmax`]: the double-quantization steps on their own.
+//!
+//! The exact semantics of every kernel are documented in [`qforge_ir::library`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use qforge_ir::{DType, Kernel, OwnedArg, Scalar};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::tensor::HostTensor;
+
+mod blockwise8;
+mod quant4;
+
+pub use blockwise8::{
+    absmax_mean, compress_absmax, compress_absmax_with_offset, decompress_absmax, dequantize_blockwise,
+    quantize_blockwise,
+};
+pub use qforge_ir::library::{Map8, QuantType};
+pub use quant4::{dequantize_4bit, quantize_4bit, Absmax4, NestedAbsmax, QuantState4};
+
+/// The library kernel called `name`, built by `build` on first use and cached for the process.
+fn cached_kernel(name: &str, build: impl FnOnce() -> qforge_ir::Result<Kernel>) -> Result<Arc<Kernel>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Kernel>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(k) = cache.lock().map_err(|_| poisoned())?.get(name) {
+        return Ok(Arc::clone(k));
+    }
+    let kernel = Arc::new(build()?);
+    cache.lock().map_err(|_| poisoned())?.insert(name.to_string(), Arc::clone(&kernel));
+    Ok(kernel)
+}
+
+fn poisoned() -> Error {
+    Error::Invalid("the kernel cache lock is poisoned (a thread panicked while holding it)".into())
+}
+
+/// Launches `kernel` on `dev` with owned arguments; outputs land in the `Write` arguments.
+fn launch(dev: &dyn Device, kernel: &Kernel, args: &mut [OwnedArg]) -> Result<()> {
+    let mut borrowed = OwnedArg::borrow_all(args);
+    dev.launch(kernel, &mut borrowed)
+}
+
+/// Takes the bytes of the `Write` argument at `index`.
+fn take_output(args: &mut [OwnedArg], index: usize) -> Vec<u8> {
+    match args.get_mut(index) {
+        Some(OwnedArg::Write(bytes)) => std::mem::take(bytes),
+        _ => Vec::new(),
+    }
+}
+
+/// A `u32` scalar argument.
+fn u32_arg(v: u32) -> OwnedArg {
+    OwnedArg::Scalar(Scalar::U32(v))
+}
+
+/// `what` as a `u32` element count.
+///
+/// # Errors
+/// [`Error::Invalid`] when the count does not fit in `u32`.
+fn count_u32(op: &str, what: &str, n: usize) -> Result<u32> {
+    u32::try_from(n).map_err(|_| Error::Invalid(format!("{op}: {what} has {n} elements, more than the supported {}", u32::MAX)))
+}
+
+/// The element count of a float tensor whose bytes match its shape.
+///
+/// # Errors
+/// [`Error::Invalid`] for an empty tensor, a non-float dtype, bytes that do not match the shape,
+/// or more than `u32::MAX` elements.
+fn float_input(op: &str, x: &HostTensor) -> Result<u32> {
+    if !x.dtype.is_float() {
+        return Err(Error::Invalid(format!("{op}: the input must be f32, f16 or bf16, got {}", x.dtype)));
+    }
+    let numel = numel(op, &x.shape)?;
+    if numel == 0 {
+        return Err(Error::Invalid(format!("{op}: the input tensor is empty (shape {:?})", x.shape)));
+    }
+    if x.data.len() != numel * x.dtype.size_bytes() {
+        return Err(Error::Invalid(format!(
+            "{op}: a {} tensor of shape {:?} needs {} bytes, got {}",
+            x.dtype,
+            x.shape,
+            numel * x.dtype.size_bytes(),
+            x.data.len()
+        )));
+    }
+    count_u32(op, "the input", numel)
+}
+
+/// The product of `shape`, checked for overflow.
+fn numel(op: &str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| Error::Invalid(format!("{op}: shape {shape:?} overflows the element count")))
+}
+
+/// Checks that an output dtype is a float dtype.
+fn float_dtype(op: &str, dtype: DType) -> Result<()> {
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!("{op}: the output dtype must be f32, f16 or bf16, got {dtype}")))
+    }
+}
+
+/// Checks a buffer length against the length the state implies.
+fn expect_len(op: &str, what: &str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!("{op}: {what} has {got} elements, the quant state needs {want}")))
+    }
+}
+
+fn f32_le(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn le_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,163 @@
+//! `quantize_4bit` / `dequantize_4bit` (bitsandbytes' functional API).
+
+use qforge_ir::library::{quant4, QuantType, NESTED_BLOCKSIZE};
+use qforge_ir::{DType, OwnedArg, Scalar};
+
+use super::{
+    cached_kernel, count_u32, expect_len, f32_le, float_dtype, float_input, launch, le_f32, numel, take_output,
+    u32_arg,
+};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::tensor::HostTensor;
+
+/// The double-quantized absmax of a 4-bit tensor (bitsandbytes' `state2` plus `offset`):
+/// `absmax_b = nested_code[qabsmax_b] * nested_absmax[b / nested_blocksize] + offset`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NestedAbsmax {
+    /// One 8-bit code per 4-bit block.
+    pub qabsmax: Vec<u8>,
+    /// One `f32` scale per `nested_blocksize` codes.
+    pub nested_absmax: Vec<f32>,
+    /// The 256-entry code table of the nested level (the signed dynamic map).
+    pub nested_code: Vec<f32>,
+    /// The mean of the raw absmax, subtracted before the nested quantization.
+    pub offset: f32,
+    /// Codes per nested block; always 256.
+    pub nested_blocksize: u32,
+}
+
+/// The absmax of a 4-bit tensor: raw `f32` per block, or double-quantized.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Absmax4 {
+    /// One `f32` per block (`compress_statistics = false`).
+    Plain(Vec<f32>),
+    /// Double-quantized (`compress_statistics = true`).
+    Nested(NestedAbsmax),
+}
+
+/// Everything needed to dequantize packed 4-bit codes (bitsandbytes' `QuantState`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantState4 {
+    /// NF4 or FP4.
+    pub quant_type: QuantType,
+    /// Elements per absmax block.
+    pub blocksize: u32,
+    /// Dtype of the original tensor (and of the dequantized one).
+    pub dtype: DType,
+    /// Shape of the original tensor.
+    pub shape: Vec<usize>,
+    /// The per-block scales.
+    pub absmax: Absmax4,
+}
+
+/// Quantizes a float tensor to packed 4-bit codes (two per byte, first element in the high
+/// nibble) with one absmax per `blocksize` elements of the flattened tensor, like bitsandbytes'
+/// `quantize_4bit(A, blocksize, quant_type, compress_statistics)`. With `compress_statistics`
+/// the absmax is double-quantized ([`super::compress_absmax`]).
+///
+/// # Errors
+/// [`Error::Invalid`] for an empty or non-float tensor, bytes that do not match the shape, or more
+/// than `u32::MAX` elements; an unsupported blocksize (allowed: 32..=4096, powers of two) as
+/// [`Error::Ir`]; any device error.
+pub fn quantize_4bit(
+    dev: &dyn Device,
+    x: &HostTensor,
+    quant_type: QuantType,
+    blocksize: u32,
+    compress_statistics: bool,
+) -> Result<(Vec<u8>, QuantState4)> {
+    qforge_ir::library::check_blocksize_4bit(blocksize)?;
+    let n = float_input("quantize_4bit", x)?;
+    let (n_packed, n_blocks) = (n.div_ceil(2), n.div_ceil(blocksize));
+    let name = quant4::quantize_name(quant_type, blocksize, x.dtype);
+    let kernel = cached_kernel(&name, || quant4::quantize_4bit(quant_type, blocksize, x.dtype))?;
+    let mut args = vec![
+        u32_arg(n),
+        u32_arg(n_packed),
+        u32_arg(n_blocks),
+        OwnedArg::Read(x.data.clone()),
+        OwnedArg::Write(vec![0; n_packed as usize]),
+        OwnedArg::Write(vec![0; 4 * n_blocks as usize]),
+    ];
+    launch(dev, &kernel, &mut args)?;
+    let packed = take_output(&mut args, 4);
+    let absmax = le_f32(&take_output(&mut args, 5));
+    let absmax = if compress_statistics {
+        Absmax4::Nested(super::compress_absmax(dev, &absmax)?)
+    } else {
+        Absmax4::Plain(absmax)
+    };
+    Ok((packed, QuantState4 { quant_type, blocksize, dtype: x.dtype, shape: x.shape.clone(), absmax }))
+}
+
+/// Dequantizes packed 4-bit codes to a tensor of the state's dtype and shape, like bitsandbytes'
+/// `dequantize_4bit(A, quant_state)`: `code[nibble] * absmax` in `f32`, rounded to nearest even
+/// to the dtype; a nested absmax is decoded in the kernel.
+///
+/// # Errors
+/// [`Error::Invalid`] when the state describes an empty or oversized tensor, has a non-float
+/// dtype, or a buffer length does not match it (`packed` must hold `ceil(n/2)` bytes, the absmax
+/// `ceil(n/blocksize)` entries, the nested absmax `ceil(n_blocks/256)` entries, the nested code
+/// 256); an unsupported blocksize as [`Error::Ir`]; any device error.
+pub fn dequantize_4bit(dev: &dyn Device, packed: &[u8], state: &QuantState4) -> Result<HostTensor> {
+    const OP: &str = "dequantize_4bit";
+    let (qt, bs, dtype) = (state.quant_type, state.blocksize, state.dtype);
+    qforge_ir::library::check_blocksize_4bit(bs)?;
+    float_dtype(OP, dtype)?;
+    let numel = numel(OP, &state.shape)?;
+    if numel == 0 {
+        return Err(Error::Invalid(format!("{OP}: the quant state describes an empty tensor (shape {:?})", state.shape)));
+    }
+    let n = count_u32(OP, "the tensor", numel)?;
+    let (n_packed, n_blocks) = (n.div_ceil(2), n.div_ceil(bs));
+    expect_len(OP, "packed", packed.len(), n_packed as usize)?;
+    let out = OwnedArg::Write(vec![0; numel * dtype.size_bytes()]);
+    let mut args = match &state.absmax {
+        Absmax4::Plain(absmax) => {
+            expect_len(OP, "absmax", absmax.len(), n_blocks as usize)?;
+            let kernel = cached_kernel(&quant4::dequantize_name(qt, bs, dtype), || quant4::dequantize_4bit(qt, bs, dtype))?;
+            let mut args = vec![
+                u32_arg(n),
+                u32_arg(n_packed),
+                u32_arg(n_blocks),
+                OwnedArg::Read(packed.to_vec()),
+                OwnedArg::Read(f32_le(absmax)),
+                out,
+            ];
+            launch(dev, &kernel, &mut args)?;
+            args
+        }
+        Absmax4::Nested(nested) => {
+            if nested.nested_blocksize != NESTED_BLOCKSIZE {
+                return Err(Error::Invalid(format!(
+                    "{OP}: nested blocksize {} is not supported; allowed: {NESTED_BLOCKSIZE}",
+                    nested.nested_blocksize
+                )));
+            }
+            let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE);
+            expect_len(OP, "qabsmax", nested.qabsmax.len(), n_blocks as usize)?;
+            expect_len(OP, "nested_absmax", nested.nested_absmax.len(), n_nested as usize)?;
+            expect_len(OP, "nested_code", nested.nested_code.len(), 256)?;
+            let kernel = cached_kernel(&quant4::dequantize_nested_name(qt, bs, dtype), || {
+                quant4::dequantize_4bit_nested(qt, bs, dtype)
+            })?;
+            let mut args = vec![
+                u32_arg(n),
+                u32_arg(n_packed),
+                u32_arg(n_blocks),
+                u32_arg(n_nested),
+                OwnedArg::Scalar(Scalar::f32(nested.offset)),
+                OwnedArg::Read(packed.to_vec()),
+                OwnedArg::Read(nested.qabsmax.clone()),
+                OwnedArg::Read(f32_le(&nested.nested_absmax)),
+                OwnedArg::Read(f32_le(&nested.nested_code)),
+                out,
+            ];
+            launch(dev, &kernel, &mut args)?;
+            args
+        }
+    };
+    let last = args.len() - 1;
+    HostTensor::new(dtype, state.shape.clone(), take_output(&mut args, last))
+}

@@ -1,0 +1,4 @@
+//! The commands behind the `qforge` binary, as library functions (the binary only parses
+//! arguments and prints).
+
+pub mod check;

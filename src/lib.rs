@@ -1,0 +1,17 @@
+//! qforge: a kernel-generation compiler for low-bit training and inference kernels.
+//!
+//! This facade crate re-exports the IR ([`ir`]), code generation ([`codegen`]) and runtime
+//! ([`runtime`]) crates and holds the checkpoint tooling behind the `qforge` CLI
+//! ([`checkpoint`]: `quantize`, `dequantize`) and `qforge check` ([`cli::check`]).
+#![deny(missing_docs)]
+
+pub use qforge_codegen as codegen;
+pub use qforge_ir as ir;
+pub use qforge_runtime as runtime;
+
+pub mod checkpoint;
+pub mod cli;
+pub mod devices;
+mod error;
+
+pub use error::{Error, Result};

@@ -1,0 +1,136 @@
+//! The `qforge` binary on bad input: each case gets a clear one-line error naming the file,
+//! tensor or value, a non-zero exit, and no output file left behind.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use safetensors::tensor::{Dtype, TensorView};
+
+fn qforge(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_qforge")).args(args).output().expect("binary runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn write_st(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).expect("valid view")))
+        .collect();
+    safetensors::serialize_to_file(views, &None, path).expect("write test file");
+}
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn good_file(dir: &Path) -> PathBuf {
+    let p = dir.join("in.safetensors");
+    let w: Vec<f32> = (0..8 * 64).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
+    write_st(&p, &[
+        ("layer.dense.weight", Dtype::F32, vec![8, 64], f32s(&w)),
+        ("layer.dense.bias", Dtype::F32, vec![8], f32s(&[0.5; 8])),
+        ("embeddings.word.weight", Dtype::F32, vec![4, 4], f32s(&[1.0; 16])),
+    ]);
+    p
+}
+
+/// Runs a failing command and checks exit code, message and that `out` was not created.
+fn fails(args: &[&str], out: &Path, needle: &str) {
+    let (code, _, err) = qforge(args);
+    assert_ne!(code, 0, "{args:?} should fail");
+    assert!(err.starts_with("error: "), "{args:?}: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one-line error expected: {err}");
+    assert!(err.contains(needle), "{args:?}: error should mention '{needle}': {err}");
+    assert!(!out.exists(), "{args:?} left an output file");
+    let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).collect();
+    assert!(leftovers.is_empty(), "temporary files left behind: {leftovers:?}");
+}
+
+#[test]
+fn bad_inputs_give_clear_errors_and_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = good_file(dir.path());
+    let out = dir.path().join("out.safetensors");
+    let o = out.to_str().unwrap();
+    let g = good.to_str().unwrap();
+
+    let missing = dir.path().join("missing.safetensors");
+    fails(&["quantize", missing.to_str().unwrap(), "-o", o], &out, "missing.safetensors");
+
+    let bytes = std::fs::read(&good).unwrap();
+    let truncated = dir.path().join("truncated.safetensors");
+    std::fs::write(&truncated, &bytes[..bytes.len() - 100]).unwrap();
+    fails(&["quantize", truncated.to_str().unwrap(), "-o", o], &out, "truncated.safetensors");
+
+    let tiny = dir.path().join("tiny.safetensors");
+    std::fs::write(&tiny, [1u8, 2, 3]).unwrap();
+    fails(&["quantize", tiny.to_str().unwrap(), "-o", o], &out, "truncated");
+
+    let corrupt = dir.path().join("corrupt.safetensors");
+    let mut c = bytes.clone();
+    c[8] = b'[';
+    std::fs::write(&corrupt, &c).unwrap();
+    fails(&["quantize", corrupt.to_str().unwrap(), "-o", o], &out, "corrupt.safetensors");
+
+    // A header whose offsets point past the end of the file.
+    let header = br#"{"w.weight":{"dtype":"F32","shape":[4,4],"data_offsets":[0,64]}}"#;
+    let mut off = (header.len() as u64).to_le_bytes().to_vec();
+    off.extend_from_slice(header);
+    off.extend_from_slice(&[0u8; 16]);
+    let offsets = dir.path().join("offsets.safetensors");
+    std::fs::write(&offsets, &off).unwrap();
+    fails(&["quantize", offsets.to_str().unwrap(), "-o", o], &out, "offsets.safetensors");
+
+    let ints = dir.path().join("ints.safetensors");
+    write_st(&ints, &[("proj.weight", Dtype::I32, vec![2, 2], vec![0u8; 16])]);
+    fails(&["quantize", ints.to_str().unwrap(), "-o", o], &out, "proj.weight");
+
+    fails(&["quantize", g, "-o", o, "--blocksize", "48"], &out, "blocksize 48");
+    fails(&["quantize", g, "-o", o, "--quant-type", "int3"], &out, "int3");
+    fails(&["quantize", g, "-o", g], &out, "is the input file");
+
+    let nan = dir.path().join("nan.safetensors");
+    let mut w = vec![0.25f32; 8 * 64];
+    w[77] = f32::NAN;
+    write_st(&nan, &[("a.weight", Dtype::F32, vec![8, 64], f32s(&w))]);
+    fails(&["quantize", nan.to_str().unwrap(), "-o", o], &out, "'a.weight' has a non-finite value NaN at flat index 77");
+    let (code, _, err) = qforge(&["quantize", nan.to_str().unwrap(), "-o", o, "--allow-nonfinite"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.exists());
+    std::fs::remove_file(&out).unwrap();
+
+    fails(&["dequantize", g, "-o", o], &out, "no quantized weights");
+    fails(&["quantize", g, "-o", o, "--device", "tpu"], &out, "unknown device 'tpu'");
+}
+
+#[test]
+fn quantize_then_dequantize_round_trips_the_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = good_file(dir.path());
+    let q = dir.path().join("q.safetensors");
+    let r = dir.path().join("r.safetensors");
+    let (code, stdout, err) = qforge(&["quantize", good.to_str().unwrap(), "-o", q.to_str().unwrap(), "--double-quant"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("layer.dense.weight"), "{stdout}");
+    let bytes = std::fs::read(&q).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<_> = st.names().into_iter().cloned().collect();
+    names.sort();
+    assert_eq!(names, [
+        "embeddings.word.weight", "layer.dense.bias", "layer.dense.weight", "layer.dense.weight.absmax",
+        "layer.dense.weight.nested_absmax", "layer.dense.weight.nested_quant_map", "layer.dense.weight.quant_map",
+        "layer.dense.weight.quant_state.bitsandbytes__nf4",
+    ]);
+    let packed = st.tensor("layer.dense.weight").unwrap();
+    assert_eq!((packed.dtype(), packed.shape()), (Dtype::U8, &[256usize, 1][..]));
+    let json = st.tensor("layer.dense.weight.quant_state.bitsandbytes__nf4").unwrap();
+    let json = std::str::from_utf8(json.data()).unwrap();
+    assert!(json.starts_with(r#"{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [8, 64], "nested_blocksize": 256, "nested_dtype": "float32", "nested_offset": "#), "{json}");
+    let (code, _, err) = qforge(&["dequantize", q.to_str().unwrap(), "-o", r.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let bytes = std::fs::read(&r).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.len(), 3);
+    let w = st.tensor("layer.dense.weight").unwrap();
+    assert_eq!((w.dtype(), w.shape()), (Dtype::F32, &[8usize, 64][..]));
+}
