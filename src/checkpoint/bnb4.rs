@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use qforge_ir::library::QuantType;
+use qforge_ir::library::{BlockwiseMap, QuantType};
 use qforge_ir::DType;
 use qforge_runtime::ops::{Absmax4, QuantState4};
 use safetensors::Dtype;
@@ -34,6 +34,16 @@ pub fn torch_dtype_name(dtype: DType) -> &'static str {
 
 fn dtype_from_torch(name: &str) -> Option<DType> {
     [DType::F32, DType::F16, DType::BF16].into_iter().find(|d| torch_dtype_name(*d) == name)
+}
+
+/// The code table bitsandbytes writes as `quant_map` (its Python `get_4bit_type`, where FP4's
+/// index 8 is +0.0; qforge's dequant kernels use the native tables' -0.0 there).
+pub fn bnb_quant_map(qt: QuantType) -> [f32; 16] {
+    let mut code = qt.code();
+    if qt == QuantType::Fp4 {
+        code[8] = 0.0;
+    }
+    code
 }
 
 /// The JSON blob, formatted as Python's `json.dumps` formats bitsandbytes' dict.
@@ -73,7 +83,7 @@ pub fn encode(name: &str, packed: Vec<u8>, state: &QuantState4) -> Vec<(String, 
             out.push((format!("{name}.nested_quant_map"), f32_tensor(nested_code)));
         }
     }
-    out.push((format!("{name}.quant_map"), f32_tensor(&state.quant_type.code())));
+    out.push((format!("{name}.quant_map"), f32_tensor(&bnb_quant_map(state.quant_type))));
     let json = state_json(state).into_bytes();
     out.push((
         format!("{name}{STATE_MARK}{}", state.quant_type.name()),
@@ -113,6 +123,11 @@ pub fn decode(path: &Path, tensors: &BTreeMap<String, TensorRef<'_>>, name: &str
         .as_array()
         .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
         .ok_or_else(|| bad("shape is not a list of integers".into()))?;
+    let quant_map = f32s(".quant_map")?;
+    let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y);
+    if !same(&quant_map, &bnb_quant_map(qt)) {
+        return Err(bad(format!("quant_map is not the standard {} table; custom code tables are not supported", qt.name())));
+    }
     let packed = get("")?;
     if packed.dtype != Dtype::U8 {
         return Err(bad(format!("packed weight must be U8, found {:?}", packed.dtype)));
@@ -124,10 +139,14 @@ pub fn decode(path: &Path, tensors: &BTreeMap<String, TensorRef<'_>>, name: &str
         if q.dtype != Dtype::U8 {
             return Err(bad(format!("double-quantized absmax must be U8, found {:?}", q.dtype)));
         }
+        let nested_code = f32s(".nested_quant_map")?;
+        if !same(&nested_code, &BlockwiseMap::Dynamic.code()) {
+            return Err(bad("nested_quant_map is not the signed dynamic map; custom maps are not supported".into()));
+        }
         Absmax4::Nested {
             qabsmax: q.data.to_vec(),
             nested_absmax: f32s(".nested_absmax")?,
-            nested_code: f32s(".nested_quant_map")?,
+            nested_code,
             offset,
             nested_blocksize,
         }

@@ -42,7 +42,7 @@ pub fn encode(name: &str, codes: Vec<u8>, absmax: &[f32], blocksize: usize, orig
     vec![
         (name.to_string(), RawTensor { dtype: Dtype::U8, shape: original.shape.clone(), data: codes }),
         (format!("{name}.absmax"), f32s(absmax)),
-        (format!("{name}.quant_map"), f32s(&qforge_ir::library::maps::create_dynamic_map(true, 7, 8))),
+        (format!("{name}.quant_map"), f32s(&qforge_ir::library::BlockwiseMap::Dynamic.code())),
         (format!("{name}{STATE_SUFFIX}"), RawTensor { dtype: Dtype::U8, shape: vec![json.len()], data: json }),
     ]
 }

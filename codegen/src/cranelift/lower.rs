@@ -4,8 +4,7 @@
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{F32, I32, I64, I8};
 use cranelift_codegen::ir::{
-    AbiParam, Function, InstBuilder, MemFlagsData, Signature, StackSlotData, StackSlotKind, Type,
-    UserFuncName, Value,
+    AbiParam, Function, InstBuilder, MemFlagsData, Signature, Type, UserFuncName, Value,
 };
 use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
@@ -41,10 +40,8 @@ pub(super) struct Lowerer<'a> {
     pub(super) params: Vec<ParamVal>,
     /// Base pointer of each table.
     pub(super) tables: Vec<Value>,
-    /// Address of a private 16-byte slot that out-of-range accesses are redirected to.
-    pub(super) scratch: Option<Value>,
-    /// Per work item: whether an out-of-range access happened (bounds checks only).
-    pub(super) bad: Option<Variable>,
+    /// Pointer to the `u32` status word (bounds checks only).
+    status: Option<Value>,
     /// The current work item.
     work_item: Option<Value>,
 }
@@ -83,8 +80,7 @@ pub(super) fn build(kernel: &Kernel, opts: &LowerOptions) -> Result<Function> {
         vars: Vec::new(),
         params: Vec::new(),
         tables: Vec::new(),
-        scratch: None,
-        bad: None,
+        status: None,
         work_item: None,
     };
     l.function_body()?;
@@ -155,20 +151,7 @@ impl Lowerer<'_> {
             let v = slot(&mut self.b, layout.table(t));
             self.tables.push(v);
         }
-        let status = layout.status().map(|s| slot(&mut self.b, s));
-        if self.opts.bounds_checks {
-            let ss = self.b.create_sized_stack_slot(StackSlotData::new(
-                StackSlotKind::ExplicitSlot,
-                16,
-                4,
-            ));
-            let addr = self.b.ins().stack_addr(I64, ss, 0);
-            let zero = self.c64(0);
-            self.b.ins().store(MemFlagsData::trusted(), zero, addr, 0);
-            self.b.ins().store(MemFlagsData::trusted(), zero, addr, 8);
-            self.scratch = Some(addr);
-            self.bad = Some(self.b.declare_var(I8));
-        }
+        self.status = layout.status().map(|s| slot(&mut self.b, s));
         for (_, var) in self.k.vars.iter() {
             let ty = clif_type(var.ty);
             let v = self.b.declare_var(ty);
@@ -182,22 +165,14 @@ impl Lowerer<'_> {
                 let zero = l.zero(ty);
                 l.b.def_var(var, zero);
             }
-            if let Some(bad) = l.bad {
-                let zero = l.b.ins().iconst(I8, 0);
-                l.b.def_var(bad, zero);
-            }
             let k = l.k;
-            l.block(&k.body)?;
-            if let (Some(bad), Some(status)) = (l.bad, status) {
-                l.record_bad(bad, status, wi);
-            }
-            Ok(())
+            l.block(&k.body)
         })?;
         self.b.ins().return_(&[]);
         Ok(())
     }
 
-    fn zero(&mut self, ty: Type) -> Value {
+    pub(super) fn zero(&mut self, ty: Type) -> Value {
         if ty == F32 {
             self.b.ins().f32const(0.0)
         } else {
@@ -205,23 +180,49 @@ impl Lowerer<'_> {
         }
     }
 
-    /// `if bad && *status == 0 { *status = wi + 1 }`.
-    fn record_bad(&mut self, bad: Variable, status: Value, wi: Value) {
-        let flag = self.b.use_var(bad);
-        let record = self.b.create_block();
-        let next = self.b.create_block();
-        self.b.ins().brif(flag, record, &[], next, &[]);
-        self.b.seal_block(record);
-        self.b.switch_to_block(record);
+    /// Emits `if oob { report } else { in_range }`: the report (a cold block) records the
+    /// current work item in the status word unless an earlier one is there (`*status = wi + 1`
+    /// when `*status == 0`) and yields zero; `in_range` emits the access. Returns the value of
+    /// type `ty` the access yields (`None` for a store).
+    pub(super) fn guarded(
+        &mut self,
+        oob: Value,
+        ty: Option<Type>,
+        in_range: impl FnOnce(&mut Self) -> Option<Value>,
+    ) -> Result<Option<Value>> {
+        let status = self
+            .status
+            .ok_or_else(|| internal("bounds check without a status word"))?;
+        let wi = self
+            .work_item
+            .ok_or_else(|| internal("bounds check outside the work-item loop"))?;
+        let ok = self.b.create_block();
+        let cold = self.b.create_block();
+        let join = self.b.create_block();
+        let result = ty.map(|ty| self.b.append_block_param(join, ty));
+        self.b.set_cold_block(cold);
+        self.b.ins().brif(oob, cold, &[], ok, &[]);
+        self.b.seal_block(ok);
+        self.b.seal_block(cold);
+
+        self.b.switch_to_block(cold);
         let old = self.b.ins().load(I32, MemFlagsData::trusted(), status, 0);
         let none = self.b.ins().icmp_imm_u(IntCC::Equal, old, 0);
         let one = self.c32(1);
         let wi1 = self.b.ins().iadd(wi, one);
         let new = self.b.ins().select(none, wi1, old);
         self.b.ins().store(MemFlagsData::trusted(), new, status, 0);
-        self.b.ins().jump(next, &[]);
-        self.b.seal_block(next);
-        self.b.switch_to_block(next);
+        let zero = ty.map(|ty| self.zero(ty));
+        let args: Vec<_> = zero.into_iter().map(Into::into).collect();
+        self.b.ins().jump(join, &args);
+
+        self.b.switch_to_block(ok);
+        let value = in_range(self);
+        let args: Vec<_> = value.into_iter().map(Into::into).collect();
+        self.b.ins().jump(join, &args);
+        self.b.seal_block(join);
+        self.b.switch_to_block(join);
+        Ok(result)
     }
 
     /// Emits `for i in (start..end).step_by(step) { body(i) }` on unsigned integers of the type
@@ -280,15 +281,6 @@ impl Lowerer<'_> {
                 "parameter #{} is not a buffer",
                 p.index()
             ))),
-        }
-    }
-
-    /// Records an out-of-range access (`oob` is an `i8` 0/1) for the current work item.
-    pub(super) fn note_oob(&mut self, oob: Value) {
-        if let Some(bad) = self.bad {
-            let old = self.b.use_var(bad);
-            let new = self.b.ins().bor(old, oob);
-            self.b.def_var(bad, new);
         }
     }
 
@@ -403,10 +395,7 @@ impl Lowerer<'_> {
                 let index = self.val(*index)?;
                 self.load(*buf, index)?
             }
-            Op::Lookup { table, index } => {
-                let index = self.val(*index)?;
-                self.lookup(*table, index)?
-            }
+            Op::Lookup { table, index } => self.lookup(*table, *index)?,
             Op::Unary(u, a) => {
                 let a = self.val(*a)?;
                 self.unary(*u, ty, a)?

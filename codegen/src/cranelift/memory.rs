@@ -3,46 +3,25 @@
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{F32, I32, I64};
-use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Value};
-use qforge_ir::{Access, DType, ParamId, Rounding, ScalarType, TableId};
+use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Type, Value};
+use qforge_ir::{Access, BinaryOp, DType, Op, ParamId, Rounding, ScalarType, TableId};
 
-use super::lower::{internal, Lowerer};
+use super::lower::{clif_type, internal, Lowerer};
 use super::BACKEND;
 use crate::error::{Error, Result};
 
 impl Lowerer<'_> {
-    /// Flags of a buffer access: little endian, never trapping (the index is the kernel's
-    /// responsibility, or checked), possibly unaligned, and immutable for `Read` buffers when
-    /// accesses are not redirected to the scratch slot.
+    /// Flags of a buffer access: little endian, never trapping (the index is in range: checked,
+    /// or the kernel's responsibility), possibly unaligned, and immutable for `Read` buffers.
     pub(super) fn buffer_mem(&self, access: Access) -> MemFlagsData {
         let flags = MemFlagsData::new()
             .with_notrap()
             .with_endianness(Endianness::Little);
-        if access == Access::Read && !self.opts.bounds_checks {
+        if access == Access::Read {
             flags.with_readonly()
         } else {
             flags
         }
-    }
-
-    /// Address of element `index` (`i32`) of buffer `buf`; with bounds checks, an index at or
-    /// past the element count yields the scratch slot and marks the work item.
-    fn element_address(&mut self, buf: ParamId, index: Value) -> Result<(Value, DType, Access)> {
-        let (base, count, dtype, access) = self.buffer(buf)?;
-        let index = self.b.ins().uextend(I64, index);
-        let addr = self.offset(base, index, dtype);
-        let addr = match (count, self.scratch) {
-            (Some(count), Some(scratch)) => {
-                let oob = self
-                    .b
-                    .ins()
-                    .icmp(IntCC::UnsignedGreaterThanOrEqual, index, count);
-                self.note_oob(oob);
-                self.b.ins().select(oob, scratch, addr)
-            }
-            _ => addr,
-        };
-        Ok((addr, dtype, access))
     }
 
     /// `base + index * size_of(dtype)` on 64-bit addresses.
@@ -54,11 +33,40 @@ impl Lowerer<'_> {
         self.b.ins().iadd(base, bytes)
     }
 
+    /// Emits the access `emit(address)` to element `index` (`i32`) of buffer `buf`. With bounds
+    /// checks, an index at or past the element count skips the access, reports the work item,
+    /// and yields zero (see [`Lowerer::guarded`]).
+    fn access(
+        &mut self,
+        buf: ParamId,
+        index: Value,
+        ty: Option<Type>,
+        emit: impl FnOnce(&mut Self, Value) -> Option<Value>,
+    ) -> Result<Option<Value>> {
+        let (base, count, dtype, _) = self.buffer(buf)?;
+        let index = self.b.ins().uextend(I64, index);
+        let addr = self.offset(base, index, dtype);
+        match count {
+            Some(count) => {
+                let oob = self
+                    .b
+                    .ins()
+                    .icmp(IntCC::UnsignedGreaterThanOrEqual, index, count);
+                self.guarded(oob, ty, |l| emit(l, addr))
+            }
+            None => Ok(emit(self, addr)),
+        }
+    }
+
     /// `buf[index]`, widened to the value type.
     pub(super) fn load(&mut self, buf: ParamId, index: Value) -> Result<Value> {
-        let (addr, dtype, access) = self.element_address(buf, index)?;
+        let (_, _, dtype, access) = self.buffer(buf)?;
         let flags = self.buffer_mem(access);
-        Ok(self.load_element(dtype, addr, flags))
+        let ty = clif_type(dtype.value_type());
+        self.access(buf, index, Some(ty), |l, addr| {
+            Some(l.load_element(dtype, addr, flags))
+        })?
+        .ok_or_else(|| internal("load without a value"))
     }
 
     /// Loads one element of `dtype` at `addr` and widens it: floats exactly to `f32`, `u8` by
@@ -90,27 +98,18 @@ impl Lowerer<'_> {
         value: Value,
         rounding: Option<Rounding>,
     ) -> Result<()> {
-        let (addr, dtype, access) = self.element_address(buf, index)?;
+        let (_, _, dtype, access) = self.buffer(buf)?;
         let flags = self.buffer_mem(access);
         let narrow = |op: &str, r: Rounding| Error::Unsupported {
             backend: BACKEND,
             op: format!("{op} store with rounding {}", r.name()),
         };
-        match (dtype, rounding) {
-            (DType::F32 | DType::I32 | DType::U32, None) => {
-                self.b.ins().store(flags, value, addr, 0);
-            }
-            (DType::U8 | DType::I8, None) => {
-                self.b.ins().istore8(flags, value, addr, 0);
-            }
-            (DType::F16, Some(Rounding::NearestEven)) => {
-                let h = self.f32_to_f16_rne(value);
-                self.b.ins().istore16(flags, h, addr, 0);
-            }
-            (DType::BF16, Some(Rounding::NearestEven)) => {
-                let h = self.f32_to_bf16_rne(value);
-                self.b.ins().istore16(flags, h, addr, 0);
-            }
+        // The bytes to write: all 4, the low byte, or the low 2 bytes of `bits`.
+        let (bits, width) = match (dtype, rounding) {
+            (DType::F32 | DType::I32 | DType::U32, None) => (value, 4),
+            (DType::U8 | DType::I8, None) => (value, 1),
+            (DType::F16, Some(Rounding::NearestEven)) => (self.f32_to_f16_rne(value), 2),
+            (DType::BF16, Some(Rounding::NearestEven)) => (self.f32_to_bf16_rne(value), 2),
             (DType::F16, Some(r)) => return Err(narrow("f16", r)),
             (DType::BF16, Some(r)) => return Err(narrow("bf16", r)),
             (DType::F16 | DType::BF16, None) => {
@@ -119,12 +118,21 @@ impl Lowerer<'_> {
             (DType::F32 | DType::I32 | DType::U32 | DType::U8 | DType::I8, Some(_)) => {
                 return Err(internal("rounding on a store that does not round"))
             }
-        }
+        };
+        self.access(buf, index, None, |l, addr| {
+            match width {
+                1 => l.b.ins().istore8(flags, bits, addr, 0),
+                2 => l.b.ins().istore16(flags, bits, addr, 0),
+                _ => l.b.ins().store(flags, bits, addr, 0),
+            };
+            None
+        })?;
         Ok(())
     }
 
-    /// `table[min(index, len - 1)]`.
-    pub(super) fn lookup(&mut self, table: TableId, index: Value) -> Result<Value> {
+    /// `table[min(index, len - 1)]`; the clamp is left out when [`Lowerer::upper_bound`] proves
+    /// the index in range (e.g. a nibble `byte >> 4` or `byte & 15` of a `u8` load).
+    pub(super) fn lookup(&mut self, table: TableId, index: qforge_ir::Value) -> Result<Value> {
         let t = self
             .k
             .tables
@@ -140,11 +148,68 @@ impl Lowerer<'_> {
             .tables
             .get(table.index())
             .ok_or_else(|| internal("missing table pointer"))?;
-        let last = self.c32(last);
-        let index = self.b.ins().umin(index, last);
+        let bound = self.upper_bound(index, 8);
+        let mut index = self.val(index)?;
+        if bound > last {
+            let last = self.c32(last);
+            index = self.b.ins().umin(index, last);
+        }
         let index = self.b.ins().uextend(I64, index);
         let addr = self.offset(base, index, DType::U32);
         Ok(self.b.ins().load(ty, Self::const_mem(), addr, 0))
+    }
+
+    /// An upper bound of the `u32` value `v` from its defining ops, looking `depth` ops deep:
+    /// constants, `u8` loads, `and`, `min`, `rem` and `shr` by constants, selects and `u32`
+    /// table lookups; `u32::MAX` when nothing smaller is known.
+    pub(super) fn upper_bound(&self, v: qforge_ir::Value, depth: u32) -> u32 {
+        let Some(def) = self.k.values.try_get(v) else {
+            return u32::MAX;
+        };
+        if depth == 0 || def.ty != ScalarType::U32 {
+            return u32::MAX;
+        }
+        let ub = |x: &qforge_ir::Value| self.upper_bound(*x, depth - 1);
+        let constant = |x: &qforge_ir::Value| match self.k.values.try_get(*x).map(|d| &d.op) {
+            Some(Op::Const(c)) => Some(c.bits()),
+            _ => None,
+        };
+        match &def.op {
+            Op::Const(c) => c.bits(),
+            Op::Load { buf, .. } => match self.buffer(*buf) {
+                Ok((_, _, DType::U8, _)) => u8::MAX as u32,
+                _ => u32::MAX,
+            },
+            Op::Binary(BinaryOp::And | BinaryOp::Min, a, b) => ub(a).min(ub(b)),
+            Op::Binary(BinaryOp::Shr, a, b) => match constant(b) {
+                Some(s) => ub(a) >> (s & 31),
+                None => ub(a),
+            },
+            // x % c < c for c > 0, and x % 0 = 0.
+            Op::Binary(BinaryOp::Rem, a, b) => match constant(b) {
+                Some(c) => ub(a).min(c.saturating_sub(1)),
+                None => ub(a),
+            },
+            Op::Select {
+                if_true, if_false, ..
+            } => ub(if_true).max(ub(if_false)),
+            Op::Lookup { table, .. } => match self.k.tables.try_get(*table) {
+                Some(t) if t.ty == ScalarType::U32 => t.data.iter().copied().max().unwrap_or(0),
+                _ => u32::MAX,
+            },
+            Op::WorkItem
+            | Op::LoopIndex
+            | Op::Param(_)
+            | Op::ReadVar(_)
+            | Op::Unary(..)
+            | Op::Binary(..)
+            | Op::Fma(..)
+            | Op::Cmp(..)
+            | Op::FloatToInt { .. }
+            | Op::IntToFloat { .. }
+            | Op::Bitcast { .. }
+            | Op::Reduce { .. } => u32::MAX,
+        }
     }
 
     /// Exact f16 (bits in the low half of an `i32`) to `f32`: rebias the exponent; infinities

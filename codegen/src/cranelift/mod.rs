@@ -16,11 +16,11 @@
 //! | [`ArgLayout::status`] (bounds checks on) | pointer to a `u32` status word, 0 before the call |
 //! | [`ArgLayout::count`]`(i)` (bounds checks on) | element count of buffer parameter `i` |
 //!
-//! With bounds checks on, an out-of-range buffer access is redirected to a private scratch slot
-//! (loads read an unspecified value, stores are dropped) and the first work item `w` in
+//! With bounds checks on, an out-of-range buffer access (or a non-empty reduce range reaching
+//! past its buffer) is skipped, a skipped load yields zero, and the first work item `w` in
 //! `begin..end` that made one is reported by storing `w + 1` into the status word (if it is
-//! still 0). Without bounds checks an out-of-range index is undefined behaviour, exactly as the
-//! IR allows for compiled backends.
+//! still 0); the check is a compare and a branch to a cold block. Without bounds checks an
+//! out-of-range index is undefined behaviour, exactly as the IR allows for compiled backends.
 //!
 //! # Semantics
 //!

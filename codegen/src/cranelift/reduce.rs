@@ -32,9 +32,8 @@ impl Lowerer<'_> {
             let zero = self.c64(0);
             let some = self.b.ins().icmp(IntCC::NotEqual, len, zero);
             let oob = self.b.ins().band(past, some);
-            self.note_oob(oob);
-            let zero = self.c64(0);
-            len = self.b.ins().select(oob, zero, len);
+            let checked = self.guarded(oob, Some(I64), |_| Some(len))?;
+            len = checked.ok_or_else(|| internal("guarded length without a value"))?;
         }
         let first = self.offset(base, start, dtype);
         let flags = self.buffer_mem(access);
@@ -97,7 +96,7 @@ impl Lowerer<'_> {
         if !(2..=64).contains(&ways) || !ways.is_power_of_two() {
             return Err(internal(format!("strided reduce with {ways} ways")));
         }
-        let lanes: u32 = if self.opts.simd && dtype == DType::F32 && ways % 4 == 0 {
+        let lanes: u32 = if self.opts.simd && dtype == DType::F32 && ways.is_multiple_of(4) {
             4
         } else {
             1

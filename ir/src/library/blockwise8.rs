@@ -26,7 +26,7 @@ use crate::builder::KernelBuilder;
 use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, TableId, Value};
 use crate::library::emit::{block_range, code8, inv_absmax, range_len};
-use crate::library::{check_blocksize_8bit, check_float_dtype, Map8};
+use crate::library::{check_blocksize_8bit, check_float_dtype, BlockwiseMap};
 use crate::ops::NanMode;
 use crate::types::{DType, ScalarType};
 
@@ -54,8 +54,13 @@ impl Midpoints8 {
 /// [`Error::Unsupported`] when the table does not have 256 finite, non-decreasing entries, or a
 /// midpoint is not exactly representable as `hi + lo` (never the case for bitsandbytes' maps).
 pub fn exact_midpoints(code: &[f32]) -> Result<Midpoints8> {
-    if code.len() != 256 || code.iter().any(|c| !c.is_finite()) || code.windows(2).any(|w| w[0] > w[1]) {
-        return Err(Error::Unsupported("an 8-bit code table needs 256 finite, sorted values".into()));
+    if code.len() != 256
+        || code.iter().any(|c| !c.is_finite())
+        || code.windows(2).any(|w| w[0] > w[1])
+    {
+        return Err(Error::Unsupported(
+            "an 8-bit code table needs 256 finite, sorted values".into(),
+        ));
     }
     let mut hi = Vec::with_capacity(255);
     let mut lo = Vec::with_capacity(255);
@@ -69,7 +74,9 @@ pub fn exact_midpoints(code: &[f32]) -> Result<Midpoints8> {
         let h = mid as f32;
         let l = (mid - h as f64) as f32;
         if err != 0.0 || h as f64 + l as f64 != mid {
-            return Err(Error::Unsupported(format!("midpoint {k} of the code table is not exactly representable")));
+            return Err(Error::Unsupported(format!(
+                "midpoint {k} of the code table is not exactly representable"
+            )));
         }
         hi.push(h);
         lo.push(l);
@@ -78,17 +85,17 @@ pub fn exact_midpoints(code: &[f32]) -> Result<Midpoints8> {
 }
 
 /// Name of the quantize kernel, e.g. `quantize_blockwise_dynamic_bs4096_f32`.
-pub fn quantize_name(map: Map8, blocksize: u32, dtype: DType) -> String {
+pub fn quantize_name(map: BlockwiseMap, blocksize: u32, dtype: DType) -> String {
     format!("quantize_blockwise_{map}_bs{blocksize}_{dtype}")
 }
 
 /// Name of the dequantize kernel, e.g. `dequantize_blockwise_linear_bs256_bf16`.
-pub fn dequantize_name(map: Map8, blocksize: u32, dtype: DType) -> String {
+pub fn dequantize_name(map: BlockwiseMap, blocksize: u32, dtype: DType) -> String {
     format!("dequantize_blockwise_{map}_bs{blocksize}_{dtype}")
 }
 
 /// Declares the midpoint tables of `map`.
-fn midpoint_tables(b: &mut KernelBuilder, map: Map8) -> Result<(TableId, TableId)> {
+fn midpoint_tables(b: &mut KernelBuilder, map: BlockwiseMap) -> Result<(TableId, TableId)> {
     let mids = exact_midpoints(&map.code())?;
     let hi = b.table_f32("mid_hi", &mids.hi);
     let flags = b.table_u32("mid_lo_negative", &mids.lo_negative_flags());
@@ -98,7 +105,13 @@ fn midpoint_tables(b: &mut KernelBuilder, map: Map8) -> Result<(TableId, TableId
 /// The quantize body shared with the double-quantization variant: with `offset`, every loaded
 /// element becomes `x - offset` (one `f32` subtraction) before the absmax and the scaling, and
 /// the absmax is a NaN-ignoring `max` loop over those values.
-pub(crate) fn build_quantize(name: &str, map: Map8, blocksize: u32, dtype: DType, with_offset: bool) -> Result<Kernel> {
+pub(crate) fn build_quantize(
+    name: &str,
+    map: BlockwiseMap,
+    blocksize: u32,
+    dtype: DType,
+    with_offset: bool,
+) -> Result<Kernel> {
     let mut b = KernelBuilder::new(name);
     let n = b.scalar_param("n", ScalarType::U32);
     let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
@@ -150,7 +163,13 @@ pub(crate) fn build_quantize(name: &str, map: Map8, blocksize: u32, dtype: DType
 
 /// The dequantize body shared with the double-quantization variant (`out = code[q] * absmax`,
 /// plus `offset` in a second `f32` rounding when given).
-pub(crate) fn build_dequantize(name: &str, map: Map8, blocksize: u32, dtype: DType, with_offset: bool) -> Result<Kernel> {
+pub(crate) fn build_dequantize(
+    name: &str,
+    map: BlockwiseMap,
+    blocksize: u32,
+    dtype: DType,
+    with_offset: bool,
+) -> Result<Kernel> {
     let mut b = KernelBuilder::new(name);
     let n = b.scalar_param("n", ScalarType::U32);
     let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
@@ -182,18 +201,30 @@ pub(crate) fn build_dequantize(name: &str, map: Map8, blocksize: u32, dtype: DTy
 ///
 /// # Errors
 /// [`Error::Unsupported`] for a blocksize outside 64..=4096 (powers of two) or a non-float dtype.
-pub fn quantize_blockwise(map: Map8, blocksize: u32, dtype: DType) -> Result<Kernel> {
+pub fn quantize_blockwise(map: BlockwiseMap, blocksize: u32, dtype: DType) -> Result<Kernel> {
     check_blocksize_8bit(blocksize)?;
     check_float_dtype(dtype)?;
-    build_quantize(&quantize_name(map, blocksize, dtype), map, blocksize, dtype, false)
+    build_quantize(
+        &quantize_name(map, blocksize, dtype),
+        map,
+        blocksize,
+        dtype,
+        false,
+    )
 }
 
 /// Builds `dequantize_blockwise_{map}_bs{blocksize}_{dtype}` (see the module docs).
 ///
 /// # Errors
 /// [`Error::Unsupported`] for an unsupported blocksize or dtype.
-pub fn dequantize_blockwise(map: Map8, blocksize: u32, dtype: DType) -> Result<Kernel> {
+pub fn dequantize_blockwise(map: BlockwiseMap, blocksize: u32, dtype: DType) -> Result<Kernel> {
     check_blocksize_8bit(blocksize)?;
     check_float_dtype(dtype)?;
-    build_dequantize(&dequantize_name(map, blocksize, dtype), map, blocksize, dtype, false)
+    build_dequantize(
+        &dequantize_name(map, blocksize, dtype),
+        map,
+        blocksize,
+        dtype,
+        false,
+    )
 }

@@ -7,8 +7,8 @@ use crate::args::OwnedArg;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::library::{
-    blockwise8, doublequant, quant4, Map8, QuantType, BLOCKSIZES_4BIT, BLOCKSIZES_8BIT, FLOAT_DTYPES,
-    NESTED_BLOCKSIZE,
+    blockwise8, doublequant, quant4, BlockwiseMap, QuantType, BLOCKSIZES_4BIT, BLOCKSIZES_8BIT,
+    FLOAT_DTYPES, NESTED_BLOCKSIZE,
 };
 use crate::types::{DType, Scalar};
 
@@ -46,7 +46,7 @@ pub enum KernelSpec {
     /// [`blockwise8::quantize_blockwise`].
     QuantizeBlockwise {
         /// The code table.
-        map: Map8,
+        map: BlockwiseMap,
         /// Elements per absmax block.
         blocksize: u32,
         /// Input dtype.
@@ -55,7 +55,7 @@ pub enum KernelSpec {
     /// [`blockwise8::dequantize_blockwise`].
     DequantizeBlockwise {
         /// The code table.
-        map: Map8,
+        map: BlockwiseMap,
         /// Elements per absmax block.
         blocksize: u32,
         /// Output dtype.
@@ -76,21 +76,45 @@ pub fn catalog() -> Vec<KernelSpec> {
     for quant_type in QuantType::ALL {
         for blocksize in BLOCKSIZES_4BIT {
             for dtype in FLOAT_DTYPES {
-                out.push(KernelSpec::Quantize4 { quant_type, blocksize, dtype });
-                out.push(KernelSpec::Dequantize4 { quant_type, blocksize, dtype });
-                out.push(KernelSpec::Dequantize4Nested { quant_type, blocksize, dtype });
+                out.push(KernelSpec::Quantize4 {
+                    quant_type,
+                    blocksize,
+                    dtype,
+                });
+                out.push(KernelSpec::Dequantize4 {
+                    quant_type,
+                    blocksize,
+                    dtype,
+                });
+                out.push(KernelSpec::Dequantize4Nested {
+                    quant_type,
+                    blocksize,
+                    dtype,
+                });
             }
         }
     }
-    for map in Map8::ALL {
+    for map in BlockwiseMap::ALL {
         for blocksize in BLOCKSIZES_8BIT {
             for dtype in FLOAT_DTYPES {
-                out.push(KernelSpec::QuantizeBlockwise { map, blocksize, dtype });
-                out.push(KernelSpec::DequantizeBlockwise { map, blocksize, dtype });
+                out.push(KernelSpec::QuantizeBlockwise {
+                    map,
+                    blocksize,
+                    dtype,
+                });
+                out.push(KernelSpec::DequantizeBlockwise {
+                    map,
+                    blocksize,
+                    dtype,
+                });
             }
         }
     }
-    out.extend([KernelSpec::AbsmaxMean, KernelSpec::QuantizeNested, KernelSpec::DequantizeNested]);
+    out.extend([
+        KernelSpec::AbsmaxMean,
+        KernelSpec::QuantizeNested,
+        KernelSpec::DequantizeNested,
+    ]);
     out
 }
 
@@ -108,8 +132,14 @@ fn mix(i: usize, v: f32) -> u32 {
 /// `values` stored as `dtype` (round to nearest even for f16/bf16).
 fn float_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
     match dtype {
-        DType::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
-        DType::BF16 => values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+        DType::F16 => values
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        DType::BF16 => values
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect(),
         _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
     }
 }
@@ -122,7 +152,11 @@ fn host_absmax(values: &[f32], blocksize: usize, propagate_nan: bool) -> Vec<f32
             c.iter().fold(0.0f32, |acc, v| {
                 let a = v.abs();
                 if a.is_nan() {
-                    if propagate_nan { f32::NAN } else { acc }
+                    if propagate_nan {
+                        f32::NAN
+                    } else {
+                        acc
+                    }
                 } else if acc.is_nan() || a <= acc {
                     acc
                 } else {
@@ -141,16 +175,49 @@ impl KernelSpec {
     /// The kernel name, e.g. `quantize_4bit_nf4_bs64_f32`, `dequantize_blockwise_dynamic_bs4096_bf16`.
     pub fn name(&self) -> String {
         match *self {
-            KernelSpec::Quantize4 { quant_type, blocksize, dtype } => quant4::quantize_name(quant_type, blocksize, dtype),
-            KernelSpec::Dequantize4 { quant_type, blocksize, dtype } => quant4::dequantize_name(quant_type, blocksize, dtype),
-            KernelSpec::Dequantize4Nested { quant_type, blocksize, dtype } => {
-                quant4::dequantize_nested_name(quant_type, blocksize, dtype)
-            }
-            KernelSpec::QuantizeBlockwise { map, blocksize, dtype } => blockwise8::quantize_name(map, blocksize, dtype),
-            KernelSpec::DequantizeBlockwise { map, blocksize, dtype } => blockwise8::dequantize_name(map, blocksize, dtype),
+            KernelSpec::Quantize4 {
+                quant_type,
+                blocksize,
+                dtype,
+            } => quant4::quantize_name(quant_type, blocksize, dtype),
+            KernelSpec::Dequantize4 {
+                quant_type,
+                blocksize,
+                dtype,
+            } => quant4::dequantize_name(quant_type, blocksize, dtype),
+            KernelSpec::Dequantize4Nested {
+                quant_type,
+                blocksize,
+                dtype,
+            } => quant4::dequantize_nested_name(quant_type, blocksize, dtype),
+            KernelSpec::QuantizeBlockwise {
+                map,
+                blocksize,
+                dtype,
+            } => blockwise8::quantize_name(map, blocksize, dtype),
+            KernelSpec::DequantizeBlockwise {
+                map,
+                blocksize,
+                dtype,
+            } => blockwise8::dequantize_name(map, blocksize, dtype),
             KernelSpec::AbsmaxMean => doublequant::MEAN_NAME.to_string(),
             KernelSpec::QuantizeNested => doublequant::QUANTIZE_NESTED_NAME.to_string(),
             KernelSpec::DequantizeNested => doublequant::DEQUANTIZE_NESTED_NAME.to_string(),
+        }
+    }
+
+    /// Elements per block (per work item) of the kernel; for `absmax_mean_f32`, which reduces
+    /// its whole input in one work item, the nested blocksize 256 (a useful test length).
+    pub fn blocksize(&self) -> usize {
+        match *self {
+            KernelSpec::Quantize4 { blocksize, .. }
+            | KernelSpec::Dequantize4 { blocksize, .. }
+            | KernelSpec::Dequantize4Nested { blocksize, .. }
+            | KernelSpec::QuantizeBlockwise { blocksize, .. }
+            | KernelSpec::DequantizeBlockwise { blocksize, .. } => blocksize as usize,
+            KernelSpec::AbsmaxMean | KernelSpec::QuantizeNested | KernelSpec::DequantizeNested => {
+                NESTED_BLOCKSIZE as usize
+            }
         }
     }
 
@@ -166,13 +233,31 @@ impl KernelSpec {
     /// from [`catalog()`] always builds).
     pub fn build(&self) -> Result<Kernel> {
         match *self {
-            KernelSpec::Quantize4 { quant_type, blocksize, dtype } => quant4::quantize_4bit(quant_type, blocksize, dtype),
-            KernelSpec::Dequantize4 { quant_type, blocksize, dtype } => quant4::dequantize_4bit(quant_type, blocksize, dtype),
-            KernelSpec::Dequantize4Nested { quant_type, blocksize, dtype } => {
-                quant4::dequantize_4bit_nested(quant_type, blocksize, dtype)
-            }
-            KernelSpec::QuantizeBlockwise { map, blocksize, dtype } => blockwise8::quantize_blockwise(map, blocksize, dtype),
-            KernelSpec::DequantizeBlockwise { map, blocksize, dtype } => blockwise8::dequantize_blockwise(map, blocksize, dtype),
+            KernelSpec::Quantize4 {
+                quant_type,
+                blocksize,
+                dtype,
+            } => quant4::quantize_4bit(quant_type, blocksize, dtype),
+            KernelSpec::Dequantize4 {
+                quant_type,
+                blocksize,
+                dtype,
+            } => quant4::dequantize_4bit(quant_type, blocksize, dtype),
+            KernelSpec::Dequantize4Nested {
+                quant_type,
+                blocksize,
+                dtype,
+            } => quant4::dequantize_4bit_nested(quant_type, blocksize, dtype),
+            KernelSpec::QuantizeBlockwise {
+                map,
+                blocksize,
+                dtype,
+            } => blockwise8::quantize_blockwise(map, blocksize, dtype),
+            KernelSpec::DequantizeBlockwise {
+                map,
+                blocksize,
+                dtype,
+            } => blockwise8::dequantize_blockwise(map, blocksize, dtype),
             KernelSpec::AbsmaxMean => Ok(doublequant::absmax_mean()),
             KernelSpec::QuantizeNested => doublequant::quantize_nested(),
             KernelSpec::DequantizeNested => doublequant::dequantize_nested(),
@@ -196,9 +281,15 @@ impl KernelSpec {
             )));
         }
         let n_packed = n.div_ceil(2);
-        let first_finite = values.iter().copied().find(|v| v.is_finite()).unwrap_or(0.5);
+        let first_finite = values
+            .iter()
+            .copied()
+            .find(|v| v.is_finite())
+            .unwrap_or(0.5);
         Ok(match *self {
-            KernelSpec::Quantize4 { blocksize, dtype, .. } => {
+            KernelSpec::Quantize4 {
+                blocksize, dtype, ..
+            } => {
                 let n_blocks = n.div_ceil(blocksize as usize);
                 vec![
                     u32_arg(n),
@@ -209,7 +300,12 @@ impl KernelSpec {
                     OwnedArg::Write(vec![0; 4 * n_blocks]),
                 ]
             }
-            KernelSpec::Dequantize4 { blocksize, dtype, .. } | KernelSpec::Dequantize4Nested { blocksize, dtype, .. } => {
+            KernelSpec::Dequantize4 {
+                blocksize, dtype, ..
+            }
+            | KernelSpec::Dequantize4Nested {
+                blocksize, dtype, ..
+            } => {
                 let bs = blocksize as usize;
                 let n_blocks = n.div_ceil(bs);
                 let packed: Vec<u8> = (0..n_packed)
@@ -232,7 +328,9 @@ impl KernelSpec {
                     ]
                 } else {
                     let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE as usize);
-                    let qabsmax: Vec<u8> = (0..n_blocks).map(|b| mix(b, values[b * bs]) as u8).collect();
+                    let qabsmax: Vec<u8> = (0..n_blocks)
+                        .map(|b| mix(b, values[b * bs]) as u8)
+                        .collect();
                     let nested: Vec<f32> = (0..n_nested).map(|i| values[i % n].abs()).collect();
                     vec![
                         u32_arg(n),
@@ -248,7 +346,9 @@ impl KernelSpec {
                     ]
                 }
             }
-            KernelSpec::QuantizeBlockwise { blocksize, dtype, .. } => {
+            KernelSpec::QuantizeBlockwise {
+                blocksize, dtype, ..
+            } => {
                 let n_blocks = n.div_ceil(blocksize as usize);
                 vec![
                     u32_arg(n),
@@ -258,9 +358,15 @@ impl KernelSpec {
                     OwnedArg::Write(vec![0; 4 * n_blocks]),
                 ]
             }
-            KernelSpec::DequantizeBlockwise { blocksize, dtype, .. } => {
+            KernelSpec::DequantizeBlockwise {
+                blocksize, dtype, ..
+            } => {
                 let n_blocks = n.div_ceil(blocksize as usize);
-                let q: Vec<u8> = values.iter().enumerate().map(|(i, v)| mix(i, *v) as u8).collect();
+                let q: Vec<u8> = values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| mix(i, *v) as u8)
+                    .collect();
                 let absmax = host_absmax(values, blocksize as usize, false);
                 vec![
                     u32_arg(n),
@@ -271,7 +377,11 @@ impl KernelSpec {
                 ]
             }
             KernelSpec::AbsmaxMean => {
-                vec![u32_arg(n), OwnedArg::Read(float_bytes(DType::F32, values)), OwnedArg::Write(vec![0; 4])]
+                vec![
+                    u32_arg(n),
+                    OwnedArg::Read(float_bytes(DType::F32, values)),
+                    OwnedArg::Write(vec![0; 4]),
+                ]
             }
             KernelSpec::QuantizeNested => {
                 let n_blocks = n.div_ceil(NESTED_BLOCKSIZE as usize);
@@ -286,7 +396,11 @@ impl KernelSpec {
             }
             KernelSpec::DequantizeNested => {
                 let n_blocks = n.div_ceil(NESTED_BLOCKSIZE as usize);
-                let q: Vec<u8> = values.iter().enumerate().map(|(i, v)| mix(i, *v) as u8).collect();
+                let q: Vec<u8> = values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| mix(i, *v) as u8)
+                    .collect();
                 let absmax = host_absmax(values, NESTED_BLOCKSIZE as usize, false);
                 vec![
                     u32_arg(n),
@@ -310,7 +424,17 @@ mod tests {
         let cat = catalog();
         assert_eq!(cat.len(), 2 * 8 * 3 * 3 + 3 * 7 * 3 * 2 + 3);
         let mut names = std::collections::HashSet::new();
-        let values = [1.0f32, -0.5, 0.0, f32::NAN, 3.0, -0.0, 1e-40, f32::INFINITY, 0.25];
+        let values = [
+            1.0f32,
+            -0.5,
+            0.0,
+            f32::NAN,
+            3.0,
+            -0.0,
+            1e-40,
+            f32::INFINITY,
+            0.25,
+        ];
         for spec in &cat {
             let k = spec.build().unwrap();
             assert_eq!(k.name, spec.name());

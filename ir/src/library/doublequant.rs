@@ -22,7 +22,7 @@ use crate::builder::KernelBuilder;
 use crate::error::Result;
 use crate::kernel::{Access, Dim, Kernel};
 use crate::library::blockwise8::{build_dequantize, build_quantize};
-use crate::library::{Map8, NESTED_BLOCKSIZE};
+use crate::library::{BlockwiseMap, NESTED_BLOCKSIZE};
 use crate::ops::ReduceOrder;
 use crate::types::{DType, ScalarType};
 
@@ -32,7 +32,7 @@ use crate::types::{DType, ScalarType};
 pub const OFFSET_ORDER: ReduceOrder = ReduceOrder::Strided(16);
 
 /// The map of the nested level (bitsandbytes' default signed dynamic map).
-pub const NESTED_MAP: Map8 = Map8::Dynamic;
+pub const NESTED_MAP: BlockwiseMap = BlockwiseMap::Dynamic;
 
 /// Name of the absmax-mean kernel.
 pub const MEAN_NAME: &str = "absmax_mean_f32";
@@ -61,7 +61,13 @@ pub fn absmax_mean() -> Kernel {
 /// # Errors
 /// Never for these fixed parameters; the `Result` comes from the shared builder.
 pub fn quantize_nested() -> Result<Kernel> {
-    build_quantize(QUANTIZE_NESTED_NAME, NESTED_MAP, NESTED_BLOCKSIZE, DType::F32, true)
+    build_quantize(
+        QUANTIZE_NESTED_NAME,
+        NESTED_MAP,
+        NESTED_BLOCKSIZE,
+        DType::F32,
+        true,
+    )
 }
 
 /// Builds `dequantize_blockwise_dynamic_offset_bs256_f32` (see the module docs).
@@ -69,5 +75,11 @@ pub fn quantize_nested() -> Result<Kernel> {
 /// # Errors
 /// Never for these fixed parameters; the `Result` comes from the shared builder.
 pub fn dequantize_nested() -> Result<Kernel> {
-    build_dequantize(DEQUANTIZE_NESTED_NAME, NESTED_MAP, NESTED_BLOCKSIZE, DType::F32, true)
+    build_dequantize(
+        DEQUANTIZE_NESTED_NAME,
+        NESTED_MAP,
+        NESTED_BLOCKSIZE,
+        DType::F32,
+        true,
+    )
 }

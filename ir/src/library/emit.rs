@@ -13,7 +13,12 @@ pub(crate) const ABSMAX_FLOOR: f32 = 1e-38;
 
 /// `[start, end)` with `start = item * size` and `end = min(start + size, limit)`, or an empty
 /// range (`end = start`) when `start >= limit`.
-pub(crate) fn block_range(b: &mut KernelBuilder, item: Value, size: u32, limit: Value) -> (Value, Value) {
+pub(crate) fn block_range(
+    b: &mut KernelBuilder,
+    item: Value,
+    size: u32,
+    limit: Value,
+) -> (Value, Value) {
     let size_v = b.const_u32(size);
     let start = b.mul(item, size_v);
     let stop = b.add(start, size_v);
@@ -29,7 +34,13 @@ pub(crate) fn range_len(b: &mut KernelBuilder, start: Value, end: Value) -> Valu
 }
 
 /// `buf[index]` when `index < limit`, else `+0.0` (no load happens out of bounds).
-pub(crate) fn load_f32_or_zero(b: &mut KernelBuilder, buf: ParamId, index: Value, limit: Value, name: &str) -> Value {
+pub(crate) fn load_f32_or_zero(
+    b: &mut KernelBuilder,
+    buf: ParamId,
+    index: Value,
+    limit: Value,
+    name: &str,
+) -> Value {
     let var = b.var(name, ScalarType::F32);
     let inside = b.cmp(CmpOp::Lt, index, limit);
     b.if_then(inside, |b| {
@@ -79,7 +90,12 @@ pub(crate) fn nf4_code(b: &mut KernelBuilder, v: Value, midpoints: TableId) -> V
 /// FP4 code of a scaled value `v`: NaN gives 3; otherwise the sign bit of `v` (bit 3) and the
 /// magnitude index among the 8 sorted magnitudes, found with the 7 positive midpoints, a tie going
 /// to the lower magnitude for a positive sign and to the larger one for a negative sign.
-pub(crate) fn fp4_code(b: &mut KernelBuilder, v: Value, midpoints: TableId, mag_codes: TableId) -> Value {
+pub(crate) fn fp4_code(
+    b: &mut KernelBuilder,
+    v: Value,
+    midpoints: TableId,
+    mag_codes: TableId,
+) -> Value {
     let is_nan = b.cmp(CmpOp::Ne, v, v);
     let raw = b.bitcast(v, ScalarType::U32);
     let c31 = b.const_u32(31);

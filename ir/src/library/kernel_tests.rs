@@ -6,7 +6,7 @@ use half::{bf16, f16};
 
 use crate::args::OwnedArg;
 use crate::library::blockwise8::{exact_midpoints, quantize_blockwise};
-use crate::library::{doublequant, maps, quant4, Map8, QuantType};
+use crate::library::{doublequant, maps, quant4, BlockwiseMap, QuantType};
 use crate::types::{DType, Scalar};
 
 fn run(kernel: &crate::Kernel, args: &mut [OwnedArg]) {
@@ -28,8 +28,14 @@ fn to_dtype(dtype: DType, v: f32) -> f32 {
 
 fn bytes_of(dtype: DType, values: &[f32]) -> Vec<u8> {
     match dtype {
-        DType::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
-        DType::BF16 => values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
+        DType::F16 => values
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        DType::BF16 => values
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect(),
         _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
     }
 }
@@ -37,14 +43,26 @@ fn bytes_of(dtype: DType, values: &[f32]) -> Vec<u8> {
 /// Output bytes of `dtype` widened to f32 bit patterns.
 fn out_bits(dtype: DType, bytes: &[u8]) -> Vec<u32> {
     match dtype {
-        DType::F16 => bytes.chunks(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32().to_bits()).collect(),
-        DType::BF16 => bytes.chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32().to_bits()).collect(),
-        _ => bytes.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        DType::F16 => bytes
+            .chunks(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32().to_bits())
+            .collect(),
+        DType::BF16 => bytes
+            .chunks(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32().to_bits())
+            .collect(),
+        _ => bytes
+            .chunks(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
     }
 }
 
 fn f32s(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes
+        .chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn write(arg: &OwnedArg) -> &[u8] {
@@ -76,7 +94,11 @@ fn host_absmax(block: &[f32], propagate: bool) -> f32 {
 }
 
 fn host_inv(absmax: f32) -> f32 {
-    let c = if absmax.is_nan() { absmax } else { absmax.max(1e-38) };
+    let c = if absmax.is_nan() {
+        absmax
+    } else {
+        absmax.max(1e-38)
+    };
     1.0 / c
 }
 
@@ -90,7 +112,11 @@ fn host_fp4(v: f32) -> u8 {
     }
     let a = v.abs();
     let mids = maps::fp4_midpoints();
-    let mag = if v.is_sign_negative() { mids.iter().filter(|m| **m <= a).count() } else { mids.iter().filter(|m| **m < a).count() };
+    let mag = if v.is_sign_negative() {
+        mids.iter().filter(|m| **m <= a).count()
+    } else {
+        mids.iter().filter(|m| **m < a).count()
+    };
     maps::FP4_MAGNITUDE_CODES[mag] as u8 | if v.is_sign_negative() { 8 } else { 0 }
 }
 
@@ -121,7 +147,10 @@ fn host_quantize4(qt: QuantType, bs: usize, x: &[f32]) -> (Vec<u8>, Vec<f32>) {
 /// and FP4 midpoint with its neighbours and signs, then scaled and special blocks.
 fn quant4_input(bs: usize) -> Vec<f32> {
     let mut probes = Vec::new();
-    for m in maps::nf4_midpoints().iter().chain(maps::fp4_midpoints().iter()) {
+    for m in maps::nf4_midpoints()
+        .iter()
+        .chain(maps::fp4_midpoints().iter())
+    {
         for s in [1.0f32, -1.0] {
             let v = s * m;
             probes.extend([v, v.next_up(), v.next_down()]);
@@ -179,10 +208,23 @@ fn library_quant4_kernels_match_host_model_on_interpreter() {
             let packed = write(&args[4]).to_vec();
             let absmax = f32s(write(&args[5]));
             for (i, (g, w)) in packed.iter().zip(&want_packed).enumerate() {
-                assert_eq!(g, w, "{}: byte {i} (elements {} {}: {} {})", k.name, 2 * i, 2 * i + 1, x[2 * i], x.get(2 * i + 1).copied().unwrap_or(0.0));
+                assert_eq!(
+                    g,
+                    w,
+                    "{}: byte {i} (elements {} {}: {} {})",
+                    k.name,
+                    2 * i,
+                    2 * i + 1,
+                    x[2 * i],
+                    x.get(2 * i + 1).copied().unwrap_or(0.0)
+                );
             }
             for (b, (g, w)) in absmax.iter().zip(&want_absmax).enumerate() {
-                assert!(same(g.to_bits(), w.to_bits()), "{}: absmax {b}: {g} vs {w}", k.name);
+                assert!(
+                    same(g.to_bits(), w.to_bits()),
+                    "{}: absmax {b}: {g} vs {w}",
+                    k.name
+                );
             }
 
             // dequantize our codes and compare with table[code] * absmax rounded to the dtype
@@ -199,13 +241,22 @@ fn library_quant4_kernels_match_host_model_on_interpreter() {
             run(&k, &mut args);
             let got = out_bits(dtype, write(&args[5]));
             for i in 0..n {
-                let c = if i % 2 == 0 { packed[i / 2] >> 4 } else { packed[i / 2] & 15 };
+                let c = if i % 2 == 0 {
+                    packed[i / 2] >> 4
+                } else {
+                    packed[i / 2] & 15
+                };
                 let want = to_dtype(dtype, code[c as usize] * absmax[i / bs]).to_bits();
-                assert!(same(got[i], want), "{}: element {i}: {:#x} vs {want:#x}", k.name, got[i]);
+                assert!(
+                    same(got[i], want),
+                    "{}: element {i}: {:#x} vs {want:#x}",
+                    k.name,
+                    got[i]
+                );
             }
 
             // the nested variant with a decoded absmax
-            let dyn_code = Map8::Dynamic.code();
+            let dyn_code = BlockwiseMap::Dynamic.code();
             let qabsmax: Vec<u8> = (0..n_blocks).map(|b| (b * 37 + 11) as u8).collect();
             let nested = [0.75f32];
             let offset = 0.125f32;
@@ -225,7 +276,11 @@ fn library_quant4_kernels_match_host_model_on_interpreter() {
             run(&k, &mut args);
             let got = out_bits(dtype, write(&args[9]));
             for i in 0..n {
-                let c = if i % 2 == 0 { packed[i / 2] >> 4 } else { packed[i / 2] & 15 };
+                let c = if i % 2 == 0 {
+                    packed[i / 2] >> 4
+                } else {
+                    packed[i / 2] & 15
+                };
                 let a = dyn_code[qabsmax[i / bs] as usize] * nested[0] + offset;
                 let want = to_dtype(dtype, code[c as usize] * a).to_bits();
                 assert!(same(got[i], want), "{}: element {i}", k.name);
@@ -246,8 +301,16 @@ fn library_quant4_known_codes() {
     assert_eq!(host_fp4(0.0), 0);
     assert_eq!(host_fp4(f32::NAN), 3);
     let f = maps::fp4_midpoints();
-    assert_eq!(host_fp4(f[1]), 1, "positive tie -> lower magnitude (0.0052)");
-    assert_eq!(host_fp4(-f[1]), 8 | 6, "negative tie -> larger magnitude (0.1667)");
+    assert_eq!(
+        host_fp4(f[1]),
+        1,
+        "positive tie -> lower magnitude (0.0052)"
+    );
+    assert_eq!(
+        host_fp4(-f[1]),
+        8 | 6,
+        "negative tie -> larger magnitude (0.1667)"
+    );
 }
 
 /// `f64` brute force: the index of the nearest code value (lowest index on ties, 0 for NaN),
@@ -267,7 +330,10 @@ fn brute_nearest(code: &[f32], v: f32) -> u8 {
     for (k, c) in code.iter().enumerate().skip(1) {
         let (d, ex) = exact(*c);
         if (d - best_d).abs() <= best_d * 1e-12 {
-            assert!(ex && best_exact, "near tie at v={v:e} between codes {best} and {k} is not exact in f64");
+            assert!(
+                ex && best_exact,
+                "near tie at v={v:e} between codes {best} and {k} is not exact in f64"
+            );
         }
         if d < best_d {
             best = k;
@@ -308,12 +374,12 @@ fn blockwise8_probes(code: &[f32]) -> Vec<f32> {
 
 #[test]
 fn library_blockwise8_search_is_the_exact_nearest_code() {
-    for map in Map8::ALL {
+    for map in BlockwiseMap::ALL {
         let code = map.code();
         let mids = exact_midpoints(&code).unwrap();
         let inexact = mids.lo.iter().filter(|l| **l != 0.0).count();
         // The f32 midpoints alone are not exact for the dynamic maps: the pairs matter.
-        if map != Map8::Linear {
+        if map != BlockwiseMap::Linear {
             assert!(inexact > 0, "{map}: expected some inexact f32 midpoints");
         }
         let probes = blockwise8_probes(&code);
@@ -344,19 +410,24 @@ fn library_blockwise8_search_is_the_exact_nearest_code() {
             naive_wrong += usize::from(naive != want);
         }
         println!("{map}: {inexact} inexact f32 midpoints; the naive f32-midpoint search is wrong on {naive_wrong} probes");
-        if map != Map8::Linear {
-            assert!(naive_wrong > 0, "{map}: the probes should hit an inexact midpoint");
+        if map != BlockwiseMap::Linear {
+            assert!(
+                naive_wrong > 0,
+                "{map}: the probes should hit an inexact midpoint"
+            );
         }
     }
 }
 
 #[test]
 fn library_blockwise8_kernels_match_host_model_on_interpreter() {
-    for map in Map8::ALL {
+    for map in BlockwiseMap::ALL {
         let code = map.code();
         for dtype in [DType::F32, DType::BF16] {
             let bs = 64usize;
-            let mut raw: Vec<f32> = (0..200).map(|i| ((i * 7919 % 401) as f32 - 200.0) / 37.0).collect();
+            let mut raw: Vec<f32> = (0..200)
+                .map(|i| ((i * 7919 % 401) as f32 - 200.0) / 37.0)
+                .collect();
             raw[5] = f32::NAN; // NaN ignored by the absmax, code 0
             raw.extend(vec![f32::NAN; bs]); // all-NaN block: absmax 0
             raw.extend(vec![0.0; bs]);
@@ -384,10 +455,17 @@ fn library_blockwise8_kernels_match_host_model_on_interpreter() {
                 assert_eq!(absmax[b].to_bits(), a.to_bits(), "{}: absmax {b}", k.name);
                 let inv = host_inv(a);
                 for (j, v) in block.iter().enumerate() {
-                    assert_eq!(q[b * bs + j], brute_nearest(&code, v * inv), "{}: element {}", k.name, b * bs + j);
+                    assert_eq!(
+                        q[b * bs + j],
+                        brute_nearest(&code, v * inv),
+                        "{}: element {}",
+                        k.name,
+                        b * bs + j
+                    );
                 }
             }
-            let k = crate::library::blockwise8::dequantize_blockwise(map, bs as u32, dtype).unwrap();
+            let k =
+                crate::library::blockwise8::dequantize_blockwise(map, bs as u32, dtype).unwrap();
             let mut args = vec![
                 u32a(n),
                 u32a(n_blocks),
@@ -426,12 +504,21 @@ fn library_doublequant_kernels_match_host_model_on_interpreter() {
     let crate::ops::ReduceOrder::Strided(ways) = doublequant::OFFSET_ORDER else {
         panic!("the host model assumes a strided order");
     };
-    let absmax: Vec<f32> = (0..700).map(|i| 0.5 + ((i * 104_729) % 1000) as f32 / 333.0).collect();
+    let absmax: Vec<f32> = (0..700)
+        .map(|i| 0.5 + ((i * 104_729) % 1000) as f32 / 333.0)
+        .collect();
     let k = doublequant::absmax_mean();
-    let mut args = vec![u32a(absmax.len()), OwnedArg::Read(bytes_of(DType::F32, &absmax)), OwnedArg::Write(vec![0; 4])];
+    let mut args = vec![
+        u32a(absmax.len()),
+        OwnedArg::Read(bytes_of(DType::F32, &absmax)),
+        OwnedArg::Write(vec![0; 4]),
+    ];
     run(&k, &mut args);
     let offset = f32s(write(&args[2]))[0];
-    assert_eq!(offset.to_bits(), host_strided_mean(&absmax, ways as usize).to_bits());
+    assert_eq!(
+        offset.to_bits(),
+        host_strided_mean(&absmax, ways as usize).to_bits()
+    );
 
     // nested quantize == quantize_blockwise_dynamic_bs256 of (absmax - offset)
     let n = absmax.len();
@@ -447,7 +534,7 @@ fn library_doublequant_kernels_match_host_model_on_interpreter() {
     ];
     run(&k, &mut args);
     let diff: Vec<f32> = absmax.iter().map(|a| a - offset).collect();
-    let k2 = quantize_blockwise(Map8::Dynamic, 256, DType::F32).unwrap();
+    let k2 = quantize_blockwise(BlockwiseMap::Dynamic, 256, DType::F32).unwrap();
     let mut args2 = vec![
         u32a(n),
         u32a(n_blocks),
@@ -472,12 +559,15 @@ fn library_doublequant_kernels_match_host_model_on_interpreter() {
         OwnedArg::Write(vec![0; 4 * n]),
     ];
     run(&k, &mut args);
-    let code = Map8::Dynamic.code();
+    let code = BlockwiseMap::Dynamic.code();
     let got = f32s(write(&args[5]));
     for i in 0..n {
         let want = code[q[i] as usize] * nested[i / 256] + offset;
         assert_eq!(got[i].to_bits(), want.to_bits(), "element {i}");
         // the largest gap of the dynamic map is about 0.014, so the error is at most 0.007 * scale
-        assert!((got[i] - absmax[i]).abs() <= 0.008 * nested[i / 256], "decoded absmax {i} is far off");
+        assert!(
+            (got[i] - absmax[i]).abs() <= 0.008 * nested[i / 256],
+            "decoded absmax {i} is far off"
+        );
     }
 }

@@ -24,7 +24,11 @@ pub fn linspace_f32(start: f32, end: f32, steps: usize) -> Vec<f32> {
             let half = steps / 2;
             (0..steps)
                 .map(|i| {
-                    let (base, k) = if i < half { (start, i as f64) } else { (end, -((steps - 1 - i) as f64)) };
+                    let (base, k) = if i < half {
+                        (start, i as f64)
+                    } else {
+                        (end, -((steps - 1 - i) as f64))
+                    };
                     (base as f64 + step as f64 * k) as f32
                 })
                 .collect()
@@ -47,7 +51,11 @@ fn pow10_scalar_f32(e: i32) -> f32 {
 /// [`Error::Unsupported`] when `total_bits` is not in `2..=8`, `max_exponent_bits` is not in
 /// `1..=total_bits-1`, or (as bitsandbytes' own assertion) the unsigned map would not have
 /// exactly `2^total_bits` entries.
-pub fn create_dynamic_map(signed: bool, max_exponent_bits: u32, total_bits: u32) -> Result<Vec<f32>> {
+pub fn create_dynamic_map(
+    signed: bool,
+    max_exponent_bits: u32,
+    total_bits: u32,
+) -> Result<Vec<f32>> {
     if !(2..=8).contains(&total_bits) {
         return Err(Error::Unsupported(format!(
             "create_dynamic_map: total_bits {total_bits} is not supported; allowed: 2..=8"
@@ -74,7 +82,11 @@ pub fn create_dynamic_map(signed: bool, max_exponent_bits: u32, total_bits: u32)
     };
     let top = max_exponent_bits as i32 - 1;
     for i in 0..max_exponent_bits {
-        let items = if signed { (1usize << (i + free)) + 1 } else { (1usize << (i + free + 1)) + 1 };
+        let items = if signed {
+            (1usize << (i + free)) + 1
+        } else {
+            (1usize << (i + free + 1)) + 1
+        };
         push_scaled(&mut data, items, -top + i as i32);
     }
     if additional_items > 0 {
@@ -142,9 +154,16 @@ pub fn create_normal_map(offset: f32, use_extra_value: bool) -> Result<Vec<f32>>
     }
     let ppf = |steps: usize| -> Vec<f32> {
         let q = linspace_f32(offset, 0.5, steps);
-        q[..steps - 1].iter().map(|&q| normal_ppf(q as f64) as f32).collect()
+        q[..steps - 1]
+            .iter()
+            .map(|&q| normal_ppf(q as f64) as f32)
+            .collect()
     };
-    let (v1, zeros, v3) = if use_extra_value { (ppf(9), 256 - 15, ppf(8)) } else { (ppf(8), 256 - 14, ppf(8)) };
+    let (v1, zeros, v3) = if use_extra_value {
+        (ppf(9), 256 - 15, ppf(8))
+    } else {
+        (ppf(8), 256 - 14, ppf(8))
+    };
     let mut v: Vec<f32> = v1;
     v.extend(std::iter::repeat_n(0.0, zeros));
     v.extend(v3.iter().map(|x| -x));
@@ -238,7 +257,13 @@ mod tests {
     fn library_nf4_from_normal_map_equals_bitsandbytes_literal() {
         let got = nf4_code();
         for k in 0..16 {
-            assert_eq!(got[k].to_bits(), NF4_LITERAL[k].to_bits(), "nf4[{k}] = {} want {}", got[k], NF4_LITERAL[k]);
+            assert_eq!(
+                got[k].to_bits(),
+                NF4_LITERAL[k].to_bits(),
+                "nf4[{k}] = {} want {}",
+                got[k],
+                NF4_LITERAL[k]
+            );
         }
         let m = create_normal_map(0.967_708_3, true).unwrap();
         assert_eq!(m.iter().filter(|v| **v == 0.0).count(), 241);
@@ -251,7 +276,19 @@ mod tests {
         assert_eq!(c[0].to_bits(), 0);
         assert_eq!(c[3], 1.0);
         assert_eq!(c[1], 0.0625f32 / 12.0);
-        assert_eq!(fp4_magnitudes(), [0.0, 0.0625f32 / 12.0, 2.0 / 12.0, 0.25, 4.0 / 12.0, 0.5, 8.0 / 12.0, 1.0]);
+        assert_eq!(
+            fp4_magnitudes(),
+            [
+                0.0,
+                0.0625f32 / 12.0,
+                2.0 / 12.0,
+                0.25,
+                4.0 / 12.0,
+                0.5,
+                8.0 / 12.0,
+                1.0
+            ]
+        );
         for (k, code) in FP4_MAGNITUDE_CODES.iter().enumerate() {
             assert_eq!(c[*code as usize], fp4_magnitudes()[k]);
         }
@@ -302,14 +339,36 @@ mod tests {
 
     #[test]
     fn library_map_parameters_are_validated() {
-        assert!(matches!(create_dynamic_map(true, 0, 8), Err(Error::Unsupported(_))));
-        assert!(matches!(create_dynamic_map(true, 7, 9), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            create_dynamic_map(true, 0, 8),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(
+            create_dynamic_map(true, 7, 9),
+            Err(Error::Unsupported(_))
+        ));
         // bitsandbytes' own assertion fails for an unsigned map with free fraction bits.
-        assert!(matches!(create_dynamic_map(false, 4, 8), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            create_dynamic_map(false, 4, 8),
+            Err(Error::Unsupported(_))
+        ));
         assert_eq!(create_dynamic_map(true, 4, 8).unwrap().len(), 256);
-        assert!(matches!(create_linear_map(true, 0, true), Err(Error::Unsupported(_))));
-        assert_eq!(create_linear_map(true, 4, true).unwrap().iter().filter(|v| **v == 0.0).count(), 241);
-        assert!(matches!(create_normal_map(1.0, true), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            create_linear_map(true, 0, true),
+            Err(Error::Unsupported(_))
+        ));
+        assert_eq!(
+            create_linear_map(true, 4, true)
+                .unwrap()
+                .iter()
+                .filter(|v| **v == 0.0)
+                .count(),
+            241
+        );
+        assert!(matches!(
+            create_normal_map(1.0, true),
+            Err(Error::Unsupported(_))
+        ));
         assert_eq!(create_normal_map(0.99, false).unwrap().len(), 256);
     }
 }

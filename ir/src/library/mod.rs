@@ -60,13 +60,20 @@ impl QuantType {
         }
     }
 
+    /// The quant type called `name` (`nf4`, `fp4`), if any.
+    pub fn from_name(name: &str) -> Option<QuantType> {
+        QuantType::ALL.into_iter().find(|q| q.name() == name)
+    }
+
     /// Parses a name produced by [`QuantType::name`].
     ///
     /// # Errors
     /// [`Error::Unsupported`] naming the value and the allowed set.
     pub fn parse(name: &str) -> Result<QuantType> {
-        QuantType::ALL.into_iter().find(|q| q.name() == name).ok_or_else(|| {
-            Error::Unsupported(format!("quant type '{name}' is not supported; allowed: nf4, fp4"))
+        QuantType::from_name(name).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "quant type '{name}' is not supported; allowed: nf4, fp4"
+            ))
         })
     }
 
@@ -96,7 +103,7 @@ impl std::fmt::Display for QuantType {
 
 /// An 8-bit code table (bitsandbytes quantization map) with a kernel variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Map8 {
+pub enum BlockwiseMap {
     /// `create_dynamic_map(signed=True)`, bitsandbytes' default 8-bit code.
     Dynamic,
     /// `create_dynamic_map(signed=False)` (optimizer second-moment map).
@@ -105,25 +112,34 @@ pub enum Map8 {
     Linear,
 }
 
-impl Map8 {
+impl BlockwiseMap {
     /// All 8-bit maps.
-    pub const ALL: [Map8; 3] = [Map8::Dynamic, Map8::DynamicUnsigned, Map8::Linear];
+    pub const ALL: [BlockwiseMap; 3] = [
+        BlockwiseMap::Dynamic,
+        BlockwiseMap::DynamicUnsigned,
+        BlockwiseMap::Linear,
+    ];
 
     /// The name used in kernel names and on the command line.
     pub const fn name(self) -> &'static str {
         match self {
-            Map8::Dynamic => "dynamic",
-            Map8::DynamicUnsigned => "dynamic_unsigned",
-            Map8::Linear => "linear",
+            BlockwiseMap::Dynamic => "dynamic",
+            BlockwiseMap::DynamicUnsigned => "dynamic_unsigned",
+            BlockwiseMap::Linear => "linear",
         }
     }
 
-    /// Parses a name produced by [`Map8::name`].
+    /// The map called `name` (`dynamic`, `dynamic_unsigned`, `linear`), if any.
+    pub fn from_name(name: &str) -> Option<BlockwiseMap> {
+        BlockwiseMap::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// Parses a name produced by [`BlockwiseMap::name`].
     ///
     /// # Errors
     /// [`Error::Unsupported`] naming the value and the allowed set.
-    pub fn parse(name: &str) -> Result<Map8> {
-        Map8::ALL.into_iter().find(|m| m.name() == name).ok_or_else(|| {
+    pub fn parse(name: &str) -> Result<BlockwiseMap> {
+        BlockwiseMap::from_name(name).ok_or_else(|| {
             Error::Unsupported(format!(
                 "8-bit map '{name}' is not supported; allowed: dynamic, dynamic_unsigned, linear"
             ))
@@ -133,22 +149,26 @@ impl Map8 {
     /// The 256 sorted code values.
     pub fn code(self) -> Vec<f32> {
         let m = match self {
-            Map8::Dynamic => maps::create_dynamic_map(true, 7, 8),
-            Map8::DynamicUnsigned => maps::create_dynamic_map(false, 7, 8),
-            Map8::Linear => maps::create_linear_map(true, 8, true),
+            BlockwiseMap::Dynamic => maps::create_dynamic_map(true, 7, 8),
+            BlockwiseMap::DynamicUnsigned => maps::create_dynamic_map(false, 7, 8),
+            BlockwiseMap::Linear => maps::create_linear_map(true, 8, true),
         };
         m.unwrap_or_default()
     }
 }
 
-impl std::fmt::Display for Map8 {
+impl std::fmt::Display for BlockwiseMap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
 }
 
 fn list(values: &[u32]) -> String {
-    values.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
+    values
+        .iter()
+        .map(|v| v.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Checks a 4-bit blocksize.
@@ -189,7 +209,9 @@ pub fn check_float_dtype(dtype: DType) -> Result<()> {
     if FLOAT_DTYPES.contains(&dtype) {
         Ok(())
     } else {
-        Err(Error::Unsupported(format!("dtype {dtype} is not supported for quantization; allowed: f32, f16, bf16")))
+        Err(Error::Unsupported(format!(
+            "dtype {dtype} is not supported for quantization; allowed: f32, f16, bf16"
+        )))
     }
 }
 
@@ -205,11 +227,14 @@ mod tests {
         assert!(e.contains("32") && e.contains("64, 128"), "{e}");
         let e = QuantType::parse("int3").unwrap_err().to_string();
         assert!(e.contains("int3") && e.contains("nf4, fp4"), "{e}");
-        let e = Map8::parse("log").unwrap_err().to_string();
+        let e = BlockwiseMap::parse("log").unwrap_err().to_string();
         assert!(e.contains("log") && e.contains("dynamic"), "{e}");
         let e = check_float_dtype(DType::U8).unwrap_err().to_string();
         assert!(e.contains("u8") && e.contains("bf16"), "{e}");
         assert_eq!(QuantType::parse("fp4").unwrap(), QuantType::Fp4);
-        assert_eq!(Map8::parse("dynamic_unsigned").unwrap(), Map8::DynamicUnsigned);
+        assert_eq!(
+            BlockwiseMap::parse("dynamic_unsigned").unwrap(),
+            BlockwiseMap::DynamicUnsigned
+        );
     }
 }

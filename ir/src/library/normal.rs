@@ -119,7 +119,11 @@ mod tests {
             (5.0, 1.5374597944280349e-12),
         ];
         for (z, want) in cases {
-            assert!(rel(erfc(z), want) < 1e-14, "erfc({z}) = {} want {want}", erfc(z));
+            assert!(
+                rel(erfc(z), want) < 1e-14,
+                "erfc({z}) = {} want {want}",
+                erfc(z)
+            );
         }
         assert!(rel(erfc(-1.0), 2.0 - 0.15729920705028513) < 1e-15);
     }
@@ -135,7 +139,11 @@ mod tests {
             (0.025, -1.959963984540054),
         ];
         for (q, want) in cases {
-            assert!(rel(normal_ppf(q), want) < 1e-14, "ppf({q}) = {} want {want}", normal_ppf(q));
+            assert!(
+                rel(normal_ppf(q), want) < 1e-14,
+                "ppf({q}) = {} want {want}",
+                normal_ppf(q)
+            );
         }
         assert_eq!(normal_ppf(0.5), 0.0);
         assert_eq!(normal_ppf(0.0), f64::NEG_INFINITY);
@@ -148,7 +156,11 @@ mod tests {
         for i in 1..2000 {
             let q = i as f64 / 2000.0;
             let x = normal_ppf(q);
-            let back = if q < 0.5 { normal_cdf(x) } else { 1.0 - normal_cdf(x) };
+            let back = if q < 0.5 {
+                normal_cdf(x)
+            } else {
+                1.0 - normal_cdf(x)
+            };
             let want = if q < 0.5 { q } else { 1.0 - q };
             assert!(rel(back, want) < 1e-13, "q={q}: Phi(ppf(q)) = {back}");
         }

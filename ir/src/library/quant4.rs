@@ -35,7 +35,9 @@
 use crate::builder::KernelBuilder;
 use crate::error::Result;
 use crate::kernel::{Access, Dim, Kernel, ParamId, TableId, Value};
-use crate::library::emit::{block_range, fp4_code, inv_absmax, load_f32_or_zero, nf4_code, range_len};
+use crate::library::emit::{
+    block_range, fp4_code, inv_absmax, load_f32_or_zero, nf4_code, range_len,
+};
 use crate::library::{check_blocksize_4bit, check_float_dtype, maps, QuantType, NESTED_BLOCKSIZE};
 use crate::ops::{CmpOp, NanMode};
 use crate::types::{DType, ScalarType};
@@ -62,14 +64,21 @@ fn check(blocksize: u32, dtype: DType) -> Result<()> {
 
 /// The per-element code computation of one quant type, with its tables declared once.
 enum Coder {
-    Nf4 { midpoints: TableId },
-    Fp4 { midpoints: TableId, mag_codes: TableId },
+    Nf4 {
+        midpoints: TableId,
+    },
+    Fp4 {
+        midpoints: TableId,
+        mag_codes: TableId,
+    },
 }
 
 impl Coder {
     fn new(b: &mut KernelBuilder, qt: QuantType) -> Coder {
         match qt {
-            QuantType::Nf4 => Coder::Nf4 { midpoints: b.table_f32("nf4_midpoints", &maps::nf4_midpoints()) },
+            QuantType::Nf4 => Coder::Nf4 {
+                midpoints: b.table_f32("nf4_midpoints", &maps::nf4_midpoints()),
+            },
             QuantType::Fp4 => Coder::Fp4 {
                 midpoints: b.table_f32("fp4_midpoints", &maps::fp4_midpoints()),
                 mag_codes: b.table_u32("fp4_magnitude_codes", &maps::FP4_MAGNITUDE_CODES),
@@ -80,7 +89,10 @@ impl Coder {
     fn code(&self, b: &mut KernelBuilder, v: Value) -> Value {
         match *self {
             Coder::Nf4 { midpoints } => nf4_code(b, v, midpoints),
-            Coder::Fp4 { midpoints, mag_codes } => fp4_code(b, v, midpoints, mag_codes),
+            Coder::Fp4 {
+                midpoints,
+                mag_codes,
+            } => fp4_code(b, v, midpoints, mag_codes),
         }
     }
 }
@@ -135,7 +147,15 @@ pub fn quantize_4bit(qt: QuantType, blocksize: u32, dtype: DType) -> Result<Kern
 }
 
 /// Emits the dequantization loop of one block with scale `scale`.
-fn dequant_block(b: &mut KernelBuilder, qt: QuantType, blocksize: u32, block: Value, scale: Value, bufs: (ParamId, ParamId), sizes: (ParamId, ParamId)) {
+fn dequant_block(
+    b: &mut KernelBuilder,
+    qt: QuantType,
+    blocksize: u32,
+    block: Value,
+    scale: Value,
+    bufs: (ParamId, ParamId),
+    sizes: (ParamId, ParamId),
+) {
     let (packed, out) = bufs;
     let code = b.table_f32("code", &qt.code());
     let nv = b.param(sizes.0);
@@ -177,7 +197,15 @@ pub fn dequantize_4bit(qt: QuantType, blocksize: u32, dtype: DType) -> Result<Ke
     b.set_grid(Dim::Param(n_blocks));
     let block = b.work_item();
     let scale = b.load(absmax, block);
-    dequant_block(&mut b, qt, blocksize, block, scale, (packed, out), (n, n_packed));
+    dequant_block(
+        &mut b,
+        qt,
+        blocksize,
+        block,
+        scale,
+        (packed, out),
+        (n, n_packed),
+    );
     Ok(b.finish())
 }
 
@@ -196,7 +224,12 @@ pub fn dequantize_4bit_nested(qt: QuantType, blocksize: u32, dtype: DType) -> Re
     let offset = b.scalar_param("offset", ScalarType::F32);
     let packed = b.buffer_param("packed", DType::U8, &[Dim::Param(n_packed)], Access::Read);
     let qabsmax = b.buffer_param("qabsmax", DType::U8, &[Dim::Param(n_blocks)], Access::Read);
-    let nested_absmax = b.buffer_param("nested_absmax", DType::F32, &[Dim::Param(n_nested)], Access::Read);
+    let nested_absmax = b.buffer_param(
+        "nested_absmax",
+        DType::F32,
+        &[Dim::Param(n_nested)],
+        Access::Read,
+    );
     let nested_code = b.buffer_param("nested_code", DType::F32, &[Dim::Const(256)], Access::Read);
     let out = b.buffer_param("out", dtype, &[Dim::Param(n)], Access::Write);
     b.set_grid(Dim::Param(n_blocks));
@@ -210,7 +243,15 @@ pub fn dequantize_4bit_nested(qt: QuantType, blocksize: u32, dtype: DType) -> Re
     let prod = b.mul(c, na);
     let off = b.param(offset);
     let scale = b.add(prod, off);
-    dequant_block(&mut b, qt, blocksize, block, scale, (packed, out), (n, n_packed));
+    dequant_block(
+        &mut b,
+        qt,
+        blocksize,
+        block,
+        scale,
+        (packed, out),
+        (n, n_packed),
+    );
     Ok(b.finish())
 }
 
@@ -223,7 +264,11 @@ mod tests {
         for qt in QuantType::ALL {
             for bs in crate::library::BLOCKSIZES_4BIT {
                 for dt in crate::library::FLOAT_DTYPES {
-                    for k in [quantize_4bit(qt, bs, dt), dequantize_4bit(qt, bs, dt), dequantize_4bit_nested(qt, bs, dt)] {
+                    for k in [
+                        quantize_4bit(qt, bs, dt),
+                        dequantize_4bit(qt, bs, dt),
+                        dequantize_4bit_nested(qt, bs, dt),
+                    ] {
                         let k = k.unwrap();
                         crate::verify(&k).unwrap_or_else(|e| panic!("{}: {e}", k.name));
                     }
@@ -234,17 +279,30 @@ mod tests {
 
     #[test]
     fn library_quant4_rejects_bad_requests() {
-        let e = quantize_4bit(QuantType::Nf4, 48, DType::F32).unwrap_err().to_string();
+        let e = quantize_4bit(QuantType::Nf4, 48, DType::F32)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("48"), "{e}");
-        let e = dequantize_4bit(QuantType::Fp4, 64, DType::I32).unwrap_err().to_string();
+        let e = dequantize_4bit(QuantType::Fp4, 64, DType::I32)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("i32"), "{e}");
         assert!(dequantize_4bit_nested(QuantType::Fp4, 8192, DType::F32).is_err());
     }
 
     #[test]
     fn library_quant4_names() {
-        assert_eq!(quantize_4bit(QuantType::Nf4, 64, DType::F32).unwrap().name, "quantize_4bit_nf4_bs64_f32");
-        assert_eq!(dequantize_name(QuantType::Fp4, 4096, DType::BF16), "dequantize_4bit_fp4_bs4096_bf16");
-        assert_eq!(dequantize_nested_name(QuantType::Nf4, 32, DType::F16), "dequantize_4bit_nf4_nested_bs32_f16");
+        assert_eq!(
+            quantize_4bit(QuantType::Nf4, 64, DType::F32).unwrap().name,
+            "quantize_4bit_nf4_bs64_f32"
+        );
+        assert_eq!(
+            dequantize_name(QuantType::Fp4, 4096, DType::BF16),
+            "dequantize_4bit_fp4_bs4096_bf16"
+        );
+        assert_eq!(
+            dequantize_nested_name(QuantType::Nf4, 32, DType::F16),
+            "dequantize_4bit_nf4_nested_bs32_f16"
+        );
     }
 }

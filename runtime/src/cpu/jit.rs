@@ -66,8 +66,10 @@ fn libcall_name(call: LibCall) -> String {
 }
 
 impl Jit {
-    /// A JIT for the host CPU (all its features), optimizing for speed.
-    pub(super) fn new() -> Result<Self> {
+    /// A JIT for the host CPU, optimizing for speed, using all the host's instruction-set
+    /// extensions when `native_features` is set, else only the architecture's baseline (x86_64:
+    /// SSE2, so `fma` and the rounding instructions become calls to the routines above).
+    pub(super) fn new(native_features: bool) -> Result<Self> {
         let mut flags = settings::builder();
         for (name, value) in [
             ("opt_level", "speed"),
@@ -78,7 +80,7 @@ impl Jit {
                 .set(name, value)
                 .map_err(|e| device_error(format!("Cranelift flag {name}: {e}")))?;
         }
-        let isa = cranelift_native::builder()
+        let isa = cranelift_native::builder_with_options(native_features)
             .map_err(|e| device_error(format!("host CPU not supported by Cranelift: {e}")))?
             .finish(settings::Flags::new(flags))
             .map_err(|e| device_error(format!("Cranelift ISA: {e}")))?;

@@ -14,8 +14,9 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use jit::{Entry, Jit};
 
-/// When and how widely the CPU device runs a launch on several threads. Splitting never changes
-/// a bit of the result: work items are independent and each runs the same code.
+/// How the CPU device compiles, and when and how widely it runs a launch on several threads.
+/// Splitting never changes a bit of the result: work items are independent and each runs the
+/// same code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuOptions {
     /// Threads for a large launch; `None` uses `std::thread::available_parallelism()`.
@@ -24,15 +25,21 @@ pub struct CpuOptions {
     pub parallel_min_bytes: usize,
     /// A launch with at least this many work items runs multi-threaded.
     pub parallel_min_grid: u32,
+    /// Compile for every instruction-set extension of the host CPU (the default); `false`
+    /// restricts code to the architecture's baseline (x86_64: SSE2), e.g. to test the exact
+    /// software fallbacks of `fma` and rounding.
+    pub native_features: bool,
 }
 
 impl Default for CpuOptions {
-    /// All cores, for launches over at least 256 KiB of buffers or 65536 work items.
+    /// All cores, for launches over at least 256 KiB of buffers or 65536 work items; native
+    /// CPU features.
     fn default() -> Self {
         CpuOptions {
             threads: None,
             parallel_min_bytes: 256 * 1024,
             parallel_min_grid: 1 << 16,
+            native_features: true,
         }
     }
 }
@@ -47,7 +54,8 @@ struct Compiled {
     tables: Vec<Vec<u32>>,
 }
 
-/// Runs kernels as native code on the host CPU (Cranelift JIT).
+/// Runs kernels as native code on the host CPU (Cranelift JIT), compiled once per distinct
+/// kernel and cached by [`Kernel::content_hash`]; thread-safe.
 ///
 /// ```
 /// use qforge_ir::{Access, Arg, DType, Dim, KernelBuilder, Scalar, ScalarType};
@@ -94,13 +102,13 @@ impl CpuDevice {
         Self::with_options(CpuOptions::default())
     }
 
-    /// A bounds-checked CPU device with the given threading options.
+    /// A bounds-checked CPU device with the given options.
     ///
     /// # Errors
     /// As [`CpuDevice::new`].
     pub fn with_options(options: CpuOptions) -> Result<Self> {
         Ok(CpuDevice {
-            jit: Jit::new()?,
+            jit: Jit::new(options.native_features)?,
             cache: Mutex::new(HashMap::new()),
             options,
             bounds_checks: true,
@@ -118,19 +126,20 @@ impl CpuDevice {
     /// behaviour. Check new kernels on [`crate::InterpreterDevice`] or a checked device first.
     pub unsafe fn new_unchecked(options: CpuOptions) -> Result<Self> {
         Ok(CpuDevice {
-            jit: Jit::new()?,
+            jit: Jit::new(options.native_features)?,
             cache: Mutex::new(HashMap::new()),
             options,
             bounds_checks: false,
         })
     }
 
-    /// The threading options.
+    /// The options the device was created with.
     pub fn options(&self) -> CpuOptions {
         self.options
     }
 
-    /// Number of compiled kernels in the cache.
+    /// Number of compiled kernels in the cache. The cache keeps every distinct kernel (and its
+    /// machine code) for the life of the device.
     pub fn cached_kernels(&self) -> usize {
         self.cache.lock().map(|c| c.len()).unwrap_or(0)
     }

@@ -1,11 +1,13 @@
 //! `quantize_blockwise` / `dequantize_blockwise` and the double-quantization steps.
 
-use qforge_ir::library::{blockwise8, doublequant, Map8, NESTED_BLOCKSIZE};
+use qforge_ir::library::{
+    blockwise8, doublequant, BlockwiseMap, BLOCKSIZES_8BIT, NESTED_BLOCKSIZE,
+};
 use qforge_ir::{DType, OwnedArg, Scalar};
 
 use super::{
-    cached_kernel, count_u32, expect_len, f32_le, float_dtype, float_input, launch, le_f32, numel, take_output,
-    u32_arg, NestedAbsmax,
+    blocksize_u32, cached_kernel, count_u32, expect_len, f32_le, float_dtype, float_input, launch,
+    le_f32, numel, take_output, u32_arg, Absmax4,
 };
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -16,11 +18,16 @@ use crate::tensor::HostTensor;
 /// Returns `(codes, absmax)`.
 ///
 /// # Errors
-/// [`Error::Invalid`] for an empty or non-float tensor, bytes that do not match the shape, or more
-/// than `u32::MAX` elements; an unsupported blocksize (allowed: 64..=4096, powers of two) as
-/// [`Error::Ir`]; any device error.
-pub fn quantize_blockwise(dev: &dyn Device, x: &HostTensor, map: Map8, blocksize: u32) -> Result<(Vec<u8>, Vec<f32>)> {
-    qforge_ir::library::check_blocksize_8bit(blocksize)?;
+/// [`Error::Invalid`] for an empty or non-float tensor, bytes that do not match the shape, more
+/// than `u32::MAX` elements, or an unsupported blocksize (allowed: 64..=4096, powers of two);
+/// any device error.
+pub fn quantize_blockwise(
+    dev: &dyn Device,
+    x: &HostTensor,
+    map: BlockwiseMap,
+    blocksize: usize,
+) -> Result<(Vec<u8>, Vec<f32>)> {
+    let blocksize = blocksize_u32("quantize_blockwise", blocksize, &BLOCKSIZES_8BIT)?;
     let n = float_input("quantize_blockwise", x)?;
     let n_blocks = n.div_ceil(blocksize);
     let kernel = cached_kernel(&blockwise8::quantize_name(map, blocksize, x.dtype), || {
@@ -34,7 +41,10 @@ pub fn quantize_blockwise(dev: &dyn Device, x: &HostTensor, map: Map8, blocksize
         OwnedArg::Write(vec![0; 4 * n_blocks as usize]),
     ];
     launch(dev, &kernel, &mut args)?;
-    Ok((take_output(&mut args, 3), le_f32(&take_output(&mut args, 4))))
+    Ok((
+        take_output(&mut args, 3),
+        le_f32(&take_output(&mut args, 4)),
+    ))
 }
 
 /// Dequantizes 8-bit codes to a tensor of `dtype` and `shape`, like bitsandbytes'
@@ -42,19 +52,19 @@ pub fn quantize_blockwise(dev: &dyn Device, x: &HostTensor, map: Map8, blocksize
 ///
 /// # Errors
 /// [`Error::Invalid`] for an empty or oversized shape, a non-float dtype, `q` not holding one code
-/// per element or `absmax` not one value per block; an unsupported blocksize as [`Error::Ir`];
-/// any device error.
+/// per element or `absmax` not one value per block, or an unsupported blocksize; any device
+/// error.
 pub fn dequantize_blockwise(
     dev: &dyn Device,
     q: &[u8],
     absmax: &[f32],
-    map: Map8,
-    blocksize: u32,
+    map: BlockwiseMap,
+    blocksize: usize,
     dtype: DType,
     shape: &[usize],
 ) -> Result<HostTensor> {
     const OP: &str = "dequantize_blockwise";
-    qforge_ir::library::check_blocksize_8bit(blocksize)?;
+    let blocksize = blocksize_u32(OP, blocksize, &BLOCKSIZES_8BIT)?;
     float_dtype(OP, dtype)?;
     let numel = numel(OP, shape)?;
     if numel == 0 {
@@ -86,31 +96,46 @@ pub fn dequantize_blockwise(
 pub fn absmax_mean(dev: &dyn Device, absmax: &[f32]) -> Result<f32> {
     let n = nonempty("absmax_mean", absmax)?;
     let kernel = cached_kernel(doublequant::MEAN_NAME, || Ok(doublequant::absmax_mean()))?;
-    let mut args = vec![u32_arg(n), OwnedArg::Read(f32_le(absmax)), OwnedArg::Write(vec![0; 4])];
+    let mut args = vec![
+        u32_arg(n),
+        OwnedArg::Read(f32_le(absmax)),
+        OwnedArg::Write(vec![0; 4]),
+    ];
     launch(dev, &kernel, &mut args)?;
-    Ok(le_f32(&take_output(&mut args, 2)).first().copied().unwrap_or(f32::NAN))
+    Ok(le_f32(&take_output(&mut args, 2))
+        .first()
+        .copied()
+        .unwrap_or(f32::NAN))
 }
 
 /// Double-quantizes a 4-bit absmax like bitsandbytes' `compress_statistics=True`:
-/// `offset = absmax_mean(absmax)`, then [`compress_absmax_with_offset`].
+/// `offset = absmax_mean(absmax)`, then [`compress_absmax_with_offset`]. Returns
+/// [`Absmax4::Nested`].
 ///
 /// # Errors
 /// As [`absmax_mean`].
-pub fn compress_absmax(dev: &dyn Device, absmax: &[f32]) -> Result<NestedAbsmax> {
+pub fn compress_absmax(dev: &dyn Device, absmax: &[f32]) -> Result<Absmax4> {
     let offset = absmax_mean(dev, absmax)?;
     compress_absmax_with_offset(dev, absmax, offset)
 }
 
 /// Quantizes `absmax - offset` (one `f32` subtraction per element) with 8-bit blockwise
-/// quantization, signed dynamic map, blocksize 256. Useful to pin the offset (e.g. to a value
-/// computed by bitsandbytes).
+/// quantization, signed dynamic map, blocksize 256, and returns [`Absmax4::Nested`]. Useful to
+/// pin the offset (e.g. to a value computed by bitsandbytes).
 ///
 /// # Errors
 /// [`Error::Invalid`] for an empty or oversized `absmax`; any device error.
-pub fn compress_absmax_with_offset(dev: &dyn Device, absmax: &[f32], offset: f32) -> Result<NestedAbsmax> {
+pub fn compress_absmax_with_offset(
+    dev: &dyn Device,
+    absmax: &[f32],
+    offset: f32,
+) -> Result<Absmax4> {
     let n = nonempty("compress_absmax", absmax)?;
     let n_blocks = n.div_ceil(NESTED_BLOCKSIZE);
-    let kernel = cached_kernel(doublequant::QUANTIZE_NESTED_NAME, doublequant::quantize_nested)?;
+    let kernel = cached_kernel(
+        doublequant::QUANTIZE_NESTED_NAME,
+        doublequant::quantize_nested,
+    )?;
     let mut args = vec![
         u32_arg(n),
         u32_arg(n_blocks),
@@ -120,44 +145,66 @@ pub fn compress_absmax_with_offset(dev: &dyn Device, absmax: &[f32], offset: f32
         OwnedArg::Write(vec![0; 4 * n_blocks as usize]),
     ];
     launch(dev, &kernel, &mut args)?;
-    Ok(NestedAbsmax {
+    Ok(Absmax4::Nested {
         qabsmax: take_output(&mut args, 4),
         nested_absmax: le_f32(&take_output(&mut args, 5)),
         nested_code: doublequant::NESTED_MAP.code(),
         offset,
-        nested_blocksize: NESTED_BLOCKSIZE,
+        nested_blocksize: NESTED_BLOCKSIZE as usize,
     })
 }
 
-/// Decodes a double-quantized absmax: `nested_code[q] * nested_absmax[i / 256] + offset` (two
-/// `f32` roundings), as bitsandbytes' `dequantize_blockwise(qabsmax, state2) + offset`.
+/// The `f32` absmax that dequantization uses: a plain absmax as it is; a nested one decoded as
+/// `nested_code[q] * nested_absmax[i / 256] + offset` (two `f32` roundings), like
+/// bitsandbytes' `dequantize_blockwise(qabsmax, state2) + offset`.
 ///
 /// # Errors
-/// [`Error::Invalid`] when the lengths are inconsistent, the nested blocksize is not 256, or the
-/// nested code is not the signed dynamic map (the only one this kernel bakes in); any device
-/// error.
-pub fn decompress_absmax(dev: &dyn Device, nested: &NestedAbsmax) -> Result<Vec<f32>> {
+/// [`Error::Invalid`] when a nested absmax is empty, its lengths are inconsistent, its nested
+/// blocksize is not 256, or its nested code is not the signed dynamic map (the only one this
+/// kernel bakes in); any device error.
+pub fn decompress_absmax(dev: &dyn Device, absmax: &Absmax4) -> Result<Vec<f32>> {
     const OP: &str = "decompress_absmax";
-    let n = nonempty(OP, &nested.qabsmax)?;
+    let (qabsmax, nested_absmax, nested_code, offset, nested_blocksize) = match absmax {
+        Absmax4::Plain(values) => return Ok(values.clone()),
+        Absmax4::Nested {
+            qabsmax,
+            nested_absmax,
+            nested_code,
+            offset,
+            nested_blocksize,
+        } => (
+            qabsmax,
+            nested_absmax,
+            nested_code,
+            *offset,
+            *nested_blocksize,
+        ),
+    };
+    let n = nonempty(OP, qabsmax)?;
     let n_blocks = n.div_ceil(NESTED_BLOCKSIZE);
-    if nested.nested_blocksize != NESTED_BLOCKSIZE {
+    blocksize_u32(OP, nested_blocksize, &[NESTED_BLOCKSIZE])?;
+    expect_len(OP, "nested_absmax", nested_absmax.len(), n_blocks as usize)?;
+    let dynamic = doublequant::NESTED_MAP.code();
+    if nested_code.len() != 256
+        || nested_code
+            .iter()
+            .zip(&dynamic)
+            .any(|(a, b)| a.to_bits() != b.to_bits())
+    {
         return Err(Error::Invalid(format!(
-            "{OP}: nested blocksize {} is not supported; allowed: {NESTED_BLOCKSIZE}",
-            nested.nested_blocksize
+            "{OP}: the nested code is not the signed dynamic map"
         )));
     }
-    expect_len(OP, "nested_absmax", nested.nested_absmax.len(), n_blocks as usize)?;
-    let dynamic = doublequant::NESTED_MAP.code();
-    if nested.nested_code.len() != 256 || nested.nested_code.iter().zip(&dynamic).any(|(a, b)| a.to_bits() != b.to_bits()) {
-        return Err(Error::Invalid(format!("{OP}: the nested code is not the signed dynamic map")));
-    }
-    let kernel = cached_kernel(doublequant::DEQUANTIZE_NESTED_NAME, doublequant::dequantize_nested)?;
+    let kernel = cached_kernel(
+        doublequant::DEQUANTIZE_NESTED_NAME,
+        doublequant::dequantize_nested,
+    )?;
     let mut args = vec![
         u32_arg(n),
         u32_arg(n_blocks),
-        OwnedArg::Scalar(Scalar::f32(nested.offset)),
-        OwnedArg::Read(nested.qabsmax.clone()),
-        OwnedArg::Read(f32_le(&nested.nested_absmax)),
+        OwnedArg::Scalar(Scalar::f32(offset)),
+        OwnedArg::Read(qabsmax.clone()),
+        OwnedArg::Read(f32_le(nested_absmax)),
         OwnedArg::Write(vec![0; 4 * n as usize]),
     ];
     launch(dev, &kernel, &mut args)?;

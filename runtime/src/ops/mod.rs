@@ -2,7 +2,7 @@
 //! inputs, takes the library kernel (built once and cached by name) and launches it.
 //!
 //! * [`quantize_4bit`] / [`dequantize_4bit`]: NF4/FP4, optional double quantization of the absmax.
-//! * [`quantize_blockwise`] / [`dequantize_blockwise`]: 8-bit blockwise with a [`Map8`].
+//! * [`quantize_blockwise`] / [`dequantize_blockwise`]: 8-bit blockwise with a [`BlockwiseMap`].
 //! * [`absmax_mean`], [`compress_absmax`], [`compress_absmax_with_offset`],
 //!   [`decompress_absmax`]: the double-quantization steps on their own.
 //!
@@ -21,21 +21,27 @@ mod blockwise8;
 mod quant4;
 
 pub use blockwise8::{
-    absmax_mean, compress_absmax, compress_absmax_with_offset, decompress_absmax, dequantize_blockwise,
-    quantize_blockwise,
+    absmax_mean, compress_absmax, compress_absmax_with_offset, decompress_absmax,
+    dequantize_blockwise, quantize_blockwise,
 };
-pub use qforge_ir::library::{Map8, QuantType};
-pub use quant4::{dequantize_4bit, quantize_4bit, Absmax4, NestedAbsmax, QuantState4};
+pub use qforge_ir::library::{BlockwiseMap, QuantType};
+pub use quant4::{dequantize_4bit, quantize_4bit, Absmax4, QuantState4};
 
 /// The library kernel called `name`, built by `build` on first use and cached for the process.
-fn cached_kernel(name: &str, build: impl FnOnce() -> qforge_ir::Result<Kernel>) -> Result<Arc<Kernel>> {
+fn cached_kernel(
+    name: &str,
+    build: impl FnOnce() -> qforge_ir::Result<Kernel>,
+) -> Result<Arc<Kernel>> {
     static CACHE: OnceLock<Mutex<HashMap<String, Arc<Kernel>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     if let Some(k) = cache.lock().map_err(|_| poisoned())?.get(name) {
         return Ok(Arc::clone(k));
     }
     let kernel = Arc::new(build()?);
-    cache.lock().map_err(|_| poisoned())?.insert(name.to_string(), Arc::clone(&kernel));
+    cache
+        .lock()
+        .map_err(|_| poisoned())?
+        .insert(name.to_string(), Arc::clone(&kernel));
     Ok(kernel)
 }
 
@@ -67,7 +73,12 @@ fn u32_arg(v: u32) -> OwnedArg {
 /// # Errors
 /// [`Error::Invalid`] when the count does not fit in `u32`.
 fn count_u32(op: &str, what: &str, n: usize) -> Result<u32> {
-    u32::try_from(n).map_err(|_| Error::Invalid(format!("{op}: {what} has {n} elements, more than the supported {}", u32::MAX)))
+    u32::try_from(n).map_err(|_| {
+        Error::Invalid(format!(
+            "{op}: {what} has {n} elements, more than the supported {}",
+            u32::MAX
+        ))
+    })
 }
 
 /// The element count of a float tensor whose bytes match its shape.
@@ -77,11 +88,17 @@ fn count_u32(op: &str, what: &str, n: usize) -> Result<u32> {
 /// or more than `u32::MAX` elements.
 fn float_input(op: &str, x: &HostTensor) -> Result<u32> {
     if !x.dtype.is_float() {
-        return Err(Error::Invalid(format!("{op}: the input must be f32, f16 or bf16, got {}", x.dtype)));
+        return Err(Error::Invalid(format!(
+            "{op}: the input must be f32, f16 or bf16, got {}",
+            x.dtype
+        )));
     }
     let numel = numel(op, &x.shape)?;
     if numel == 0 {
-        return Err(Error::Invalid(format!("{op}: the input tensor is empty (shape {:?})", x.shape)));
+        return Err(Error::Invalid(format!(
+            "{op}: the input tensor is empty (shape {:?})",
+            x.shape
+        )));
     }
     if x.data.len() != numel * x.dtype.size_bytes() {
         return Err(Error::Invalid(format!(
@@ -103,12 +120,32 @@ fn numel(op: &str, shape: &[usize]) -> Result<usize> {
         .ok_or_else(|| Error::Invalid(format!("{op}: shape {shape:?} overflows the element count")))
 }
 
+/// A host blocksize as the `u32` the kernels bake in, checked against the allowed set.
+///
+/// # Errors
+/// [`Error::Invalid`] naming the value and the allowed set.
+fn blocksize_u32(op: &str, blocksize: usize, allowed: &[u32]) -> Result<u32> {
+    match u32::try_from(blocksize) {
+        Ok(b) if allowed.contains(&b) => Ok(b),
+        _ => Err(Error::Invalid(format!(
+            "{op}: blocksize {blocksize} is not supported; allowed: {}",
+            allowed
+                .iter()
+                .map(|b| b.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
 /// Checks that an output dtype is a float dtype.
 fn float_dtype(op: &str, dtype: DType) -> Result<()> {
     if dtype.is_float() {
         Ok(())
     } else {
-        Err(Error::Invalid(format!("{op}: the output dtype must be f32, f16 or bf16, got {dtype}")))
+        Err(Error::Invalid(format!(
+            "{op}: the output dtype must be f32, f16 or bf16, got {dtype}"
+        )))
     }
 }
 
@@ -117,7 +154,9 @@ fn expect_len(op: &str, what: &str, got: usize, want: usize) -> Result<()> {
     if got == want {
         Ok(())
     } else {
-        Err(Error::Invalid(format!("{op}: {what} has {got} elements, the quant state needs {want}")))
+        Err(Error::Invalid(format!(
+            "{op}: {what} has {got} elements, the quant state needs {want}"
+        )))
     }
 }
 
@@ -126,7 +165,10 @@ fn f32_le(values: &[f32]) -> Vec<u8> {
 }
 
 fn le_f32(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,39 +1,36 @@
 //! `quantize_4bit` / `dequantize_4bit` (bitsandbytes' functional API).
 
-use qforge_ir::library::{quant4, QuantType, NESTED_BLOCKSIZE};
+use qforge_ir::library::{quant4, QuantType, BLOCKSIZES_4BIT, NESTED_BLOCKSIZE};
 use qforge_ir::{DType, OwnedArg, Scalar};
 
 use super::{
-    cached_kernel, count_u32, expect_len, f32_le, float_dtype, float_input, launch, le_f32, numel, take_output,
-    u32_arg,
+    blocksize_u32, cached_kernel, count_u32, expect_len, f32_le, float_dtype, float_input, launch,
+    le_f32, numel, take_output, u32_arg,
 };
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 
-/// The double-quantized absmax of a 4-bit tensor (bitsandbytes' `state2` plus `offset`):
-/// `absmax_b = nested_code[qabsmax_b] * nested_absmax[b / nested_blocksize] + offset`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NestedAbsmax {
-    /// One 8-bit code per 4-bit block.
-    pub qabsmax: Vec<u8>,
-    /// One `f32` scale per `nested_blocksize` codes.
-    pub nested_absmax: Vec<f32>,
-    /// The 256-entry code table of the nested level (the signed dynamic map).
-    pub nested_code: Vec<f32>,
-    /// The mean of the raw absmax, subtracted before the nested quantization.
-    pub offset: f32,
-    /// Codes per nested block; always 256.
-    pub nested_blocksize: u32,
-}
-
-/// The absmax of a 4-bit tensor: raw `f32` per block, or double-quantized.
+/// The absmax of a 4-bit tensor: raw `f32` per block, or double-quantized (bitsandbytes'
+/// `state2` plus `offset`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Absmax4 {
     /// One `f32` per block (`compress_statistics = false`).
     Plain(Vec<f32>),
-    /// Double-quantized (`compress_statistics = true`).
-    Nested(NestedAbsmax),
+    /// Double-quantized (`compress_statistics = true`):
+    /// `absmax_b = nested_code[qabsmax_b] * nested_absmax[b / nested_blocksize] + offset`.
+    Nested {
+        /// One 8-bit code per 4-bit block.
+        qabsmax: Vec<u8>,
+        /// One `f32` scale per `nested_blocksize` codes.
+        nested_absmax: Vec<f32>,
+        /// The 256-entry code table of the nested level (the signed dynamic map).
+        nested_code: Vec<f32>,
+        /// The mean of the raw absmax, subtracted before the nested quantization.
+        offset: f32,
+        /// Codes per nested block; always 256.
+        nested_blocksize: usize,
+    },
 }
 
 /// Everything needed to dequantize packed 4-bit codes (bitsandbytes' `QuantState`).
@@ -42,7 +39,7 @@ pub struct QuantState4 {
     /// NF4 or FP4.
     pub quant_type: QuantType,
     /// Elements per absmax block.
-    pub blocksize: u32,
+    pub blocksize: usize,
     /// Dtype of the original tensor (and of the dequantized one).
     pub dtype: DType,
     /// Shape of the original tensor.
@@ -57,21 +54,21 @@ pub struct QuantState4 {
 /// the absmax is double-quantized ([`super::compress_absmax`]).
 ///
 /// # Errors
-/// [`Error::Invalid`] for an empty or non-float tensor, bytes that do not match the shape, or more
-/// than `u32::MAX` elements; an unsupported blocksize (allowed: 32..=4096, powers of two) as
-/// [`Error::Ir`]; any device error.
+/// [`Error::Invalid`] for an empty or non-float tensor, bytes that do not match the shape, more
+/// than `u32::MAX` elements, or an unsupported blocksize (allowed: 32..=4096, powers of two);
+/// any device error.
 pub fn quantize_4bit(
     dev: &dyn Device,
     x: &HostTensor,
     quant_type: QuantType,
-    blocksize: u32,
+    blocksize: usize,
     compress_statistics: bool,
 ) -> Result<(Vec<u8>, QuantState4)> {
-    qforge_ir::library::check_blocksize_4bit(blocksize)?;
+    let bs = blocksize_u32("quantize_4bit", blocksize, &BLOCKSIZES_4BIT)?;
     let n = float_input("quantize_4bit", x)?;
-    let (n_packed, n_blocks) = (n.div_ceil(2), n.div_ceil(blocksize));
-    let name = quant4::quantize_name(quant_type, blocksize, x.dtype);
-    let kernel = cached_kernel(&name, || quant4::quantize_4bit(quant_type, blocksize, x.dtype))?;
+    let (n_packed, n_blocks) = (n.div_ceil(2), n.div_ceil(bs));
+    let name = quant4::quantize_name(quant_type, bs, x.dtype);
+    let kernel = cached_kernel(&name, || quant4::quantize_4bit(quant_type, bs, x.dtype))?;
     let mut args = vec![
         u32_arg(n),
         u32_arg(n_packed),
@@ -84,11 +81,20 @@ pub fn quantize_4bit(
     let packed = take_output(&mut args, 4);
     let absmax = le_f32(&take_output(&mut args, 5));
     let absmax = if compress_statistics {
-        Absmax4::Nested(super::compress_absmax(dev, &absmax)?)
+        super::compress_absmax(dev, &absmax)?
     } else {
         Absmax4::Plain(absmax)
     };
-    Ok((packed, QuantState4 { quant_type, blocksize, dtype: x.dtype, shape: x.shape.clone(), absmax }))
+    Ok((
+        packed,
+        QuantState4 {
+            quant_type,
+            blocksize,
+            dtype: x.dtype,
+            shape: x.shape.clone(),
+            absmax,
+        },
+    ))
 }
 
 /// Dequantizes packed 4-bit codes to a tensor of the state's dtype and shape, like bitsandbytes'
@@ -99,15 +105,18 @@ pub fn quantize_4bit(
 /// [`Error::Invalid`] when the state describes an empty or oversized tensor, has a non-float
 /// dtype, or a buffer length does not match it (`packed` must hold `ceil(n/2)` bytes, the absmax
 /// `ceil(n/blocksize)` entries, the nested absmax `ceil(n_blocks/256)` entries, the nested code
-/// 256); an unsupported blocksize as [`Error::Ir`]; any device error.
+/// 256), or an unsupported blocksize or nested blocksize; any device error.
 pub fn dequantize_4bit(dev: &dyn Device, packed: &[u8], state: &QuantState4) -> Result<HostTensor> {
     const OP: &str = "dequantize_4bit";
-    let (qt, bs, dtype) = (state.quant_type, state.blocksize, state.dtype);
-    qforge_ir::library::check_blocksize_4bit(bs)?;
+    let (qt, dtype) = (state.quant_type, state.dtype);
+    let bs = blocksize_u32(OP, state.blocksize, &BLOCKSIZES_4BIT)?;
     float_dtype(OP, dtype)?;
     let numel = numel(OP, &state.shape)?;
     if numel == 0 {
-        return Err(Error::Invalid(format!("{OP}: the quant state describes an empty tensor (shape {:?})", state.shape)));
+        return Err(Error::Invalid(format!(
+            "{OP}: the quant state describes an empty tensor (shape {:?})",
+            state.shape
+        )));
     }
     let n = count_u32(OP, "the tensor", numel)?;
     let (n_packed, n_blocks) = (n.div_ceil(2), n.div_ceil(bs));
@@ -116,7 +125,9 @@ pub fn dequantize_4bit(dev: &dyn Device, packed: &[u8], state: &QuantState4) -> 
     let mut args = match &state.absmax {
         Absmax4::Plain(absmax) => {
             expect_len(OP, "absmax", absmax.len(), n_blocks as usize)?;
-            let kernel = cached_kernel(&quant4::dequantize_name(qt, bs, dtype), || quant4::dequantize_4bit(qt, bs, dtype))?;
+            let kernel = cached_kernel(&quant4::dequantize_name(qt, bs, dtype), || {
+                quant4::dequantize_4bit(qt, bs, dtype)
+            })?;
             let mut args = vec![
                 u32_arg(n),
                 u32_arg(n_packed),
@@ -128,17 +139,18 @@ pub fn dequantize_4bit(dev: &dyn Device, packed: &[u8], state: &QuantState4) -> 
             launch(dev, &kernel, &mut args)?;
             args
         }
-        Absmax4::Nested(nested) => {
-            if nested.nested_blocksize != NESTED_BLOCKSIZE {
-                return Err(Error::Invalid(format!(
-                    "{OP}: nested blocksize {} is not supported; allowed: {NESTED_BLOCKSIZE}",
-                    nested.nested_blocksize
-                )));
-            }
+        Absmax4::Nested {
+            qabsmax,
+            nested_absmax,
+            nested_code,
+            offset,
+            nested_blocksize,
+        } => {
+            blocksize_u32(OP, *nested_blocksize, &[NESTED_BLOCKSIZE])?;
             let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE);
-            expect_len(OP, "qabsmax", nested.qabsmax.len(), n_blocks as usize)?;
-            expect_len(OP, "nested_absmax", nested.nested_absmax.len(), n_nested as usize)?;
-            expect_len(OP, "nested_code", nested.nested_code.len(), 256)?;
+            expect_len(OP, "qabsmax", qabsmax.len(), n_blocks as usize)?;
+            expect_len(OP, "nested_absmax", nested_absmax.len(), n_nested as usize)?;
+            expect_len(OP, "nested_code", nested_code.len(), 256)?;
             let kernel = cached_kernel(&quant4::dequantize_nested_name(qt, bs, dtype), || {
                 quant4::dequantize_4bit_nested(qt, bs, dtype)
             })?;
@@ -147,11 +159,11 @@ pub fn dequantize_4bit(dev: &dyn Device, packed: &[u8], state: &QuantState4) -> 
                 u32_arg(n_packed),
                 u32_arg(n_blocks),
                 u32_arg(n_nested),
-                OwnedArg::Scalar(Scalar::f32(nested.offset)),
+                OwnedArg::Scalar(Scalar::f32(*offset)),
                 OwnedArg::Read(packed.to_vec()),
-                OwnedArg::Read(nested.qabsmax.clone()),
-                OwnedArg::Read(f32_le(&nested.nested_absmax)),
-                OwnedArg::Read(f32_le(&nested.nested_code)),
+                OwnedArg::Read(qabsmax.clone()),
+                OwnedArg::Read(f32_le(nested_absmax)),
+                OwnedArg::Read(f32_le(nested_code)),
                 out,
             ];
             launch(dev, &kernel, &mut args)?;

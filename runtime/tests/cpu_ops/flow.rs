@@ -133,11 +133,11 @@ fn out_of_range_accesses_fail_the_launch() {
         b.store(y, i, s);
     });
     for (k, first_bad) in [(&load_next, 9), (&store_twice, 5), (&sum_three, 8)] {
-        let mut x = le_f32(&[1.0; 10]);
+        let x = le_f32(&[1.0; 10]);
         let mut y = vec![0u8; 40];
         let mut args = [
             qforge_ir::Arg::Scalar(Scalar::U32(10)),
-            qforge_ir::Arg::Read(&mut x),
+            qforge_ir::Arg::Read(&x),
             qforge_ir::Arg::Write(&mut y),
         ];
         match cpu().launch(k, &mut args) {
@@ -184,6 +184,7 @@ fn multi_threaded_launch_equals_single_threaded() {
         threads: Some(threads),
         parallel_min_bytes: 0,
         parallel_min_grid: 0,
+        ..CpuOptions::default()
     };
     let four = CpuDevice::with_options(force(4)).expect("cpu");
     let one = CpuDevice::with_options(force(1)).expect("cpu");
@@ -233,7 +234,7 @@ fn unchecked_device_gives_the_same_bits() {
         .step_by(7)
         .flat_map(|h| h.to_le_bytes())
         .collect();
-    let checked = run_elementwise(&k, &[x.clone()], DType::BF16);
+    let checked = run_elementwise(&k, std::slice::from_ref(&x), DType::BF16);
     let n = x.len() / 2;
     let out = run_on(
         &dev,
@@ -270,4 +271,20 @@ fn clif_text_is_deterministic_and_uses_no_fused_or_native_min_max() {
         text.contains("fmul") && text.contains("fadd") && !text.contains("fma"),
         "{text}"
     );
+    let nibble = elementwise("nibble", &[DType::U8], DType::F32, |b, v| {
+        let t = b.table_f32("code", &[0.5; 16]);
+        let fifteen = b.const_u32(15);
+        let lo = b.and(v[0], fifteen);
+        b.lookup(t, lo)
+    });
+    let text = clif_text(&nibble).expect("lowers");
+    assert!(
+        !text.contains("umin"),
+        "a u8 & 15 index needs no clamp for 16 entries: {text}"
+    );
+    let raw = elementwise("raw_index", &[DType::U32], DType::F32, |b, v| {
+        let t = b.table_f32("code", &[0.5; 16]);
+        b.lookup(t, v[0])
+    });
+    assert!(clif_text(&raw).expect("lowers").contains("umin"));
 }
