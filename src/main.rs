@@ -72,6 +72,18 @@ enum Command {
     },
 }
 
+/// Prints a line to stdout; a closed pipe (`qforge check --json | head`) ends the process quietly
+/// instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        if writeln!(stdout, $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 fn float_dtype(name: &str) -> Result<DType> {
     match name {
         "f32" | "float32" => Ok(DType::F32),
@@ -85,7 +97,7 @@ fn check(json: bool) -> Result<bool> {
     let devices = available_devices();
     let mut on_row = |r: &CheckRow| {
         if json {
-            println!("{}", r.to_json());
+            out!("{}", r.to_json());
         }
     };
     let rows = run_check(&devices, &mut on_row)?;
@@ -98,15 +110,15 @@ fn check(json: bool) -> Result<bool> {
             }
         }
         let width = rows.iter().map(|r| r.kernel.len()).max().unwrap_or(6);
-        print!("{:width$}", "kernel");
+        let mut header = format!("{:width$}", "kernel");
         for b in &backends {
-            print!("  {b:>14}");
+            header += &format!("  {b:>14}");
         }
-        println!();
+        out!("{header}");
         let mut kernels: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
         kernels.dedup();
         for k in kernels {
-            print!("{k:width$}");
+            let mut line = format!("{k:width$}");
             for b in &backends {
                 let cell = match rows.iter().find(|r| r.kernel == k && r.backend == *b) {
                     Some(r) if r.status == "exact" => "bit-exact".to_string(),
@@ -115,15 +127,15 @@ fn check(json: bool) -> Result<bool> {
                     Some(r) => format!("{} mismatches", r.mismatches),
                     None => "not built".to_string(),
                 };
-                print!("  {cell:>14}");
+                line += &format!("  {cell:>14}");
             }
-            println!();
+            out!("{line}");
         }
         for r in rows.iter().filter(|r| r.reason.is_some()) {
-            println!("{} on {}: {}", r.kernel, r.backend, r.reason.as_deref().unwrap_or(""));
+            out!("{} on {}: {}", r.kernel, r.backend, r.reason.as_deref().unwrap_or(""));
         }
         let kernels = rows.iter().filter(|r| r.backend == "interpreter").count();
-        println!("{kernels} kernels x {} backends: {} exact, {failed} mismatching", backends.len(), rows.len() - failed);
+        out!("{kernels} kernels x {} backends: {} exact, {failed} mismatching", backends.len(), rows.len() - failed);
     }
     Ok(failed == 0)
 }
@@ -155,12 +167,12 @@ fn quantize(input: PathBuf, output: PathBuf, quant_type: &str, blocksize: Option
         bar.finish_and_clear();
     }
     let width = report.tensors.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
-    println!("{:width$}  {:>12}  {:>8}  {:>10}  {:>10}", "name", "shape", "bits/par", "rmse", "max|err|");
+    out!("{:width$}  {:>12}  {:>8}  {:>10}  {:>10}", "name", "shape", "bits/par", "rmse", "max|err|");
     for t in &report.tensors {
         let shape = t.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
-        println!("{:width$}  {shape:>12}  {:>8.3}  {:>10.3e}  {:>10.3e}", t.name, t.bits_per_param, t.rmse, t.max_abs_err);
+        out!("{:width$}  {shape:>12}  {:>8.3}  {:>10.3e}  {:>10.3e}", t.name, t.bits_per_param, t.rmse, t.max_abs_err);
     }
-    println!(
+    out!(
         "{} tensors quantized, {} copied; {} -> {} bytes ({:.2}x smaller); wrote {}",
         report.tensors.len(),
         report.copied,
@@ -170,10 +182,10 @@ fn quantize(input: PathBuf, output: PathBuf, quant_type: &str, blocksize: Option
         output.display()
     );
     if let Some(c) = &report.config {
-        println!("wrote {}", c.display());
+        out!("wrote {}", c.display());
     }
     for n in &report.notes {
-        println!("note: {n}");
+        out!("note: {n}");
     }
     Ok(())
 }
@@ -189,7 +201,7 @@ fn main() -> ExitCode {
             let dtype = dtype.as_deref().map(float_dtype).transpose()?;
             let device = device_by_name(&device)?;
             let r = checkpoint::dequantize_file(device.as_ref(), &input, &output, dtype)?;
-            println!("{} weights restored, {} tensors copied; wrote {}", r.restored.len(), r.copied, output.display());
+            out!("{} weights restored, {} tensors copied; wrote {}", r.restored.len(), r.copied, output.display());
             Ok(ExitCode::SUCCESS)
         })(),
     };
