@@ -2,6 +2,9 @@
 //! output can be produced and snapshot-tested on any machine.
 #![deny(missing_docs)]
 
+mod backend;
 pub mod cranelift;
 mod error;
+
+pub use backend::Backend;
 pub use error::{Error, Result};

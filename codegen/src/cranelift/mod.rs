@@ -139,18 +139,19 @@ pub struct CraneliftBackend {
     pub options: LowerOptions,
 }
 
-impl CraneliftBackend {
-    /// The backend name, [`BACKEND`].
-    pub fn name(&self) -> &'static str {
+impl crate::Backend for CraneliftBackend {
+    type Artifact = LoweredKernel;
+
+    fn name(&self) -> &'static str {
         BACKEND
     }
 
-    /// Lowers `kernel`; see [`lower`].
-    ///
-    /// # Errors
-    /// As [`lower`].
-    pub fn lower(&self, kernel: &Kernel) -> Result<LoweredKernel> {
+    fn lower(&self, kernel: &Kernel) -> Result<LoweredKernel> {
         lower(kernel, &self.options)
+    }
+
+    fn emit_text(&self, kernel: &Kernel) -> Result<String> {
+        Ok(lower(kernel, &self.options)?.function.display().to_string())
     }
 }
 
@@ -180,8 +181,5 @@ pub fn lower(kernel: &Kernel, options: &LowerOptions) -> Result<LoweredKernel> {
 /// # Errors
 /// As [`lower`].
 pub fn clif_text(kernel: &Kernel) -> Result<String> {
-    Ok(lower(kernel, &LowerOptions::default())?
-        .function
-        .display()
-        .to_string())
+    crate::Backend::emit_text(&CraneliftBackend::default(), kernel)
 }
