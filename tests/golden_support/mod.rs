@@ -1,7 +1,7 @@
 //! Support for `tests/golden.rs`: loading the bitsandbytes golden vectors, independent host
 //! models of bitsandbytes' CPU quantizers and of our canonical (CUDA-like) semantics, and the
 //! per-category mismatch counters.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::neg_cmp_op_on_partial_ord)] // `!(v <= m)`: the NaN-aware rule
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -161,7 +161,7 @@ pub fn ulp_diff(a: f32, b: f32) -> i64 {
 
 /// The 4-bit code of element `i` of a packed buffer (first element in the high nibble).
 pub fn nibble(packed: &[u8], i: usize) -> u8 {
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         packed[i / 2] >> 4
     } else {
         packed[i / 2] & 15
@@ -311,6 +311,7 @@ pub fn map_of(code_param: &str) -> BlockwiseMap {
 /// accumulators of 8 lanes over groups of 32, leftover whole vectors into accumulator 0, the
 /// accumulators combined 0+1, +2, +3 lane by lane, then a scalar sum of the tail elements
 /// followed by the 8 lanes in order. `mean` divides that sum by `n` once.
+#[allow(clippy::needless_range_loop)] // indexed like torch's loops
 pub fn torch_mean_model(xs: &[f32]) -> f32 {
     let n = xs.len();
     assert!(

@@ -173,15 +173,18 @@ pub fn create_normal_map(offset: f32, use_extra_value: bool) -> Result<Vec<f32>>
 }
 
 /// The 16 NF4 code values (bitsandbytes `get_4bit_type("nf4")`), index = 4-bit code, ascending:
-/// the distinct values of [`create_normal_map`] with the defaults (code 7 is 0).
+/// the distinct values of [`create_normal_map`] with the defaults (code 7 is 0), computed once.
 pub fn nf4_code() -> [f32; 16] {
-    let m = create_normal_map(0.967_708_3, true).unwrap_or_default();
-    let mut out = [0.0f32; 16];
-    if m.len() == 256 {
-        out[..8].copy_from_slice(&m[..8]);
-        out[8..].copy_from_slice(&m[248..]);
-    }
-    out
+    static NF4: std::sync::OnceLock<[f32; 16]> = std::sync::OnceLock::new();
+    *NF4.get_or_init(|| {
+        let m = create_normal_map(0.967_708_3, true).unwrap_or_default();
+        let mut out = [0.0f32; 16];
+        if m.len() == 256 {
+            out[..8].copy_from_slice(&m[..8]);
+            out[8..].copy_from_slice(&m[248..]);
+        }
+        out
+    })
 }
 
 /// The 16 FP4 code values (bitsandbytes' FP4: 1 sign bit, 2 exponent bits, 1 mantissa bit, values
@@ -230,6 +233,7 @@ pub fn fp4_midpoints() -> [f32; 7] {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::excessive_precision)] // bitsandbytes' literals, kept verbatim
     use super::*;
 
     /// bitsandbytes' literal NF4 table in `get_4bit_type("nf4")` (Python floats, i.e. the
