@@ -3,11 +3,11 @@
 use qforge_ir::library::{
     blockwise8, doublequant, BlockwiseMap, BLOCKSIZES_8BIT, NESTED_BLOCKSIZE,
 };
-use qforge_ir::{DType, OwnedArg, Scalar};
+use qforge_ir::{Arg, DType, OwnedArg, Scalar};
 
 use super::{
     blocksize_u32, cached_kernel, count_u32, expect_len, f32_le, float_dtype, float_input, launch,
-    le_f32, numel, take_output, u32_arg, Absmax4,
+    le_f32, numel, scalar_u32, take_output, u32_arg, Absmax4,
 };
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -33,18 +33,19 @@ pub fn quantize_blockwise(
     let kernel = cached_kernel(&blockwise8::quantize_name(map, blocksize, x.dtype), || {
         blockwise8::quantize_blockwise(map, blocksize, x.dtype)
     })?;
-    let mut args = vec![
-        u32_arg(n),
-        u32_arg(n_blocks),
-        OwnedArg::Read(x.data.clone()),
-        OwnedArg::Write(vec![0; n as usize]),
-        OwnedArg::Write(vec![0; 4 * n_blocks as usize]),
-    ];
-    launch(dev, &kernel, &mut args)?;
-    Ok((
-        take_output(&mut args, 3),
-        le_f32(&take_output(&mut args, 4)),
-    ))
+    let mut q = vec![0u8; n as usize];
+    let mut absmax = vec![0u8; 4 * n_blocks as usize];
+    dev.launch(
+        &kernel,
+        &mut [
+            scalar_u32(n),
+            scalar_u32(n_blocks),
+            Arg::Read(&x.data),
+            Arg::Write(&mut q),
+            Arg::Write(&mut absmax),
+        ],
+    )?;
+    Ok((q, le_f32(&absmax)))
 }
 
 /// Dequantizes 8-bit codes to a tensor of `dtype` and `shape`, like bitsandbytes'
@@ -77,15 +78,19 @@ pub fn dequantize_blockwise(
     let kernel = cached_kernel(&blockwise8::dequantize_name(map, blocksize, dtype), || {
         blockwise8::dequantize_blockwise(map, blocksize, dtype)
     })?;
-    let mut args = vec![
-        u32_arg(n),
-        u32_arg(n_blocks),
-        OwnedArg::Read(q.to_vec()),
-        OwnedArg::Read(f32_le(absmax)),
-        OwnedArg::Write(vec![0; numel * dtype.size_bytes()]),
-    ];
-    launch(dev, &kernel, &mut args)?;
-    HostTensor::new(dtype, shape.to_vec(), take_output(&mut args, 4))
+    let absmax = f32_le(absmax);
+    let mut out = vec![0u8; numel * dtype.size_bytes()];
+    dev.launch(
+        &kernel,
+        &mut [
+            scalar_u32(n),
+            scalar_u32(n_blocks),
+            Arg::Read(q),
+            Arg::Read(&absmax),
+            Arg::Write(&mut out),
+        ],
+    )?;
+    HostTensor::new(dtype, shape.to_vec(), out)
 }
 
 /// The double-quantization offset: the `f32` mean of `absmax`, summed in the order

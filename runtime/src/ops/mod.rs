@@ -63,6 +63,11 @@ fn take_output(args: &mut [OwnedArg], index: usize) -> Vec<u8> {
     }
 }
 
+/// A borrowed `u32` scalar argument.
+fn scalar_u32(v: u32) -> qforge_ir::Arg<'static> {
+    qforge_ir::Arg::Scalar(Scalar::U32(v))
+}
+
 /// A `u32` scalar argument.
 fn u32_arg(v: u32) -> OwnedArg {
     OwnedArg::Scalar(Scalar::U32(v))

@@ -1,11 +1,11 @@
 //! `quantize_4bit` / `dequantize_4bit` (bitsandbytes' functional API).
 
 use qforge_ir::library::{quant4, QuantType, BLOCKSIZES_4BIT, NESTED_BLOCKSIZE};
-use qforge_ir::{DType, OwnedArg, Scalar};
+use qforge_ir::{Arg, DType, Scalar};
 
 use super::{
-    blocksize_u32, cached_kernel, count_u32, expect_len, f32_le, float_dtype, float_input, launch,
-    le_f32, numel, take_output, u32_arg,
+    blocksize_u32, cached_kernel, count_u32, expect_len, f32_le, float_dtype, float_input, le_f32,
+    numel, scalar_u32,
 };
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -69,17 +69,20 @@ pub fn quantize_4bit(
     let (n_packed, n_blocks) = (n.div_ceil(2), n.div_ceil(bs));
     let name = quant4::quantize_name(quant_type, bs, x.dtype);
     let kernel = cached_kernel(&name, || quant4::quantize_4bit(quant_type, bs, x.dtype))?;
-    let mut args = vec![
-        u32_arg(n),
-        u32_arg(n_packed),
-        u32_arg(n_blocks),
-        OwnedArg::Read(x.data.clone()),
-        OwnedArg::Write(vec![0; n_packed as usize]),
-        OwnedArg::Write(vec![0; 4 * n_blocks as usize]),
-    ];
-    launch(dev, &kernel, &mut args)?;
-    let packed = take_output(&mut args, 4);
-    let absmax = le_f32(&take_output(&mut args, 5));
+    let mut packed = vec![0u8; n_packed as usize];
+    let mut absmax = vec![0u8; 4 * n_blocks as usize];
+    dev.launch(
+        &kernel,
+        &mut [
+            scalar_u32(n),
+            scalar_u32(n_packed),
+            scalar_u32(n_blocks),
+            Arg::Read(&x.data),
+            Arg::Write(&mut packed),
+            Arg::Write(&mut absmax),
+        ],
+    )?;
+    let absmax = le_f32(&absmax);
     let absmax = if compress_statistics {
         super::compress_absmax(dev, &absmax)?
     } else {
@@ -121,23 +124,25 @@ pub fn dequantize_4bit(dev: &dyn Device, packed: &[u8], state: &QuantState4) -> 
     let n = count_u32(OP, "the tensor", numel)?;
     let (n_packed, n_blocks) = (n.div_ceil(2), n.div_ceil(bs));
     expect_len(OP, "packed", packed.len(), n_packed as usize)?;
-    let out = OwnedArg::Write(vec![0; numel * dtype.size_bytes()]);
-    let mut args = match &state.absmax {
+    let mut out = vec![0u8; numel * dtype.size_bytes()];
+    match &state.absmax {
         Absmax4::Plain(absmax) => {
             expect_len(OP, "absmax", absmax.len(), n_blocks as usize)?;
             let kernel = cached_kernel(&quant4::dequantize_name(qt, bs, dtype), || {
                 quant4::dequantize_4bit(qt, bs, dtype)
             })?;
-            let mut args = vec![
-                u32_arg(n),
-                u32_arg(n_packed),
-                u32_arg(n_blocks),
-                OwnedArg::Read(packed.to_vec()),
-                OwnedArg::Read(f32_le(absmax)),
-                out,
-            ];
-            launch(dev, &kernel, &mut args)?;
-            args
+            let absmax = f32_le(absmax);
+            dev.launch(
+                &kernel,
+                &mut [
+                    scalar_u32(n),
+                    scalar_u32(n_packed),
+                    scalar_u32(n_blocks),
+                    Arg::Read(packed),
+                    Arg::Read(&absmax),
+                    Arg::Write(&mut out),
+                ],
+            )?;
         }
         Absmax4::Nested {
             qabsmax,
@@ -154,22 +159,23 @@ pub fn dequantize_4bit(dev: &dyn Device, packed: &[u8], state: &QuantState4) -> 
             let kernel = cached_kernel(&quant4::dequantize_nested_name(qt, bs, dtype), || {
                 quant4::dequantize_4bit_nested(qt, bs, dtype)
             })?;
-            let mut args = vec![
-                u32_arg(n),
-                u32_arg(n_packed),
-                u32_arg(n_blocks),
-                u32_arg(n_nested),
-                OwnedArg::Scalar(Scalar::f32(*offset)),
-                OwnedArg::Read(packed.to_vec()),
-                OwnedArg::Read(qabsmax.clone()),
-                OwnedArg::Read(f32_le(nested_absmax)),
-                OwnedArg::Read(f32_le(nested_code)),
-                out,
-            ];
-            launch(dev, &kernel, &mut args)?;
-            args
+            let (nested_absmax, nested_code) = (f32_le(nested_absmax), f32_le(nested_code));
+            dev.launch(
+                &kernel,
+                &mut [
+                    scalar_u32(n),
+                    scalar_u32(n_packed),
+                    scalar_u32(n_blocks),
+                    scalar_u32(n_nested),
+                    Arg::Scalar(Scalar::f32(*offset)),
+                    Arg::Read(packed),
+                    Arg::Read(qabsmax),
+                    Arg::Read(&nested_absmax),
+                    Arg::Read(&nested_code),
+                    Arg::Write(&mut out),
+                ],
+            )?;
         }
-    };
-    let last = args.len() - 1;
-    HostTensor::new(dtype, state.shape.clone(), take_output(&mut args, last))
+    }
+    HostTensor::new(dtype, state.shape.clone(), out)
 }
