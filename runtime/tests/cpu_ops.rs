@@ -18,6 +18,8 @@ use qforge_runtime::{CpuDevice, CpuOptions, Device};
 mod expr;
 #[path = "cpu_ops/flow.rs"]
 mod flow;
+#[path = "cpu_ops/fused.rs"]
+mod fused;
 #[path = "cpu_ops/memory.rs"]
 mod memory;
 #[path = "cpu_ops/reduce.rs"]

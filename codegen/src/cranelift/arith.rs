@@ -1,6 +1,6 @@
 //! Arithmetic, bit operations, comparisons and conversions.
 
-use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::condcodes::{CondCode, FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I32};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use qforge_ir::{BinaryOp, CmpOp, Rounding, ScalarType, UnaryOp};
@@ -129,6 +129,68 @@ impl Lowerer<'_> {
         })
     }
 
+    /// The comparison defining the bool `v`, when `v` is a `cmp` (so `not(v)` can be lowered
+    /// as one compare with the complemented condition).
+    pub(super) fn negatable_compare(
+        &self,
+        v: qforge_ir::Value,
+    ) -> Option<(CmpOp, qforge_ir::Value, qforge_ir::Value)> {
+        match self.k.values.try_get(v).map(|d| &d.op) {
+            Some(qforge_ir::Op::Cmp(c, x, y)) => Some((*c, *x, *y)),
+            _ => None,
+        }
+    }
+
+    /// `not(cmp op x y)` as one comparison with the complemented condition code (for `f32`:
+    /// true when `x op y` is false, unordered operands included), yielding an `i8` 0/1.
+    pub(super) fn compare_negated(
+        &mut self,
+        op: CmpOp,
+        ty: ScalarType,
+        x: Value,
+        y: Value,
+    ) -> Result<Value> {
+        Ok(match ty {
+            ScalarType::F32 => {
+                let cc = Self::float_cc(op).complement();
+                self.b.ins().fcmp(cc, x, y)
+            }
+            ScalarType::U32 | ScalarType::I32 | ScalarType::Bool => {
+                let cc = Self::int_cc(op, ty == ScalarType::I32).complement();
+                self.b.ins().icmp(cc, x, y)
+            }
+        })
+    }
+
+    /// The Cranelift condition of an `f32` comparison: ordered (false on NaN) except `ne`,
+    /// which is "unordered or not equal" (true on NaN), as IEEE 754 and the IR say.
+    fn float_cc(op: CmpOp) -> FloatCC {
+        match op {
+            CmpOp::Eq => FloatCC::Equal,
+            CmpOp::Ne => FloatCC::NotEqual,
+            CmpOp::Lt => FloatCC::LessThan,
+            CmpOp::Le => FloatCC::LessThanOrEqual,
+            CmpOp::Gt => FloatCC::GreaterThan,
+            CmpOp::Ge => FloatCC::GreaterThanOrEqual,
+        }
+    }
+
+    /// The Cranelift condition of an integer comparison.
+    fn int_cc(op: CmpOp, signed: bool) -> IntCC {
+        match (op, signed) {
+            (CmpOp::Eq, _) => IntCC::Equal,
+            (CmpOp::Ne, _) => IntCC::NotEqual,
+            (CmpOp::Lt, true) => IntCC::SignedLessThan,
+            (CmpOp::Le, true) => IntCC::SignedLessThanOrEqual,
+            (CmpOp::Gt, true) => IntCC::SignedGreaterThan,
+            (CmpOp::Ge, true) => IntCC::SignedGreaterThanOrEqual,
+            (CmpOp::Lt, false) => IntCC::UnsignedLessThan,
+            (CmpOp::Le, false) => IntCC::UnsignedLessThanOrEqual,
+            (CmpOp::Gt, false) => IntCC::UnsignedGreaterThan,
+            (CmpOp::Ge, false) => IntCC::UnsignedGreaterThanOrEqual,
+        }
+    }
+
     /// A comparison of two operands of type `ty`, yielding an `i8` 0/1.
     pub(super) fn compare(
         &mut self,
@@ -138,33 +200,9 @@ impl Lowerer<'_> {
         y: Value,
     ) -> Result<Value> {
         Ok(match ty {
-            ScalarType::F32 => {
-                // Ordered comparisons (false on NaN) except `ne`, which is "unordered or not
-                // equal" (true on NaN), as IEEE 754 and the IR say.
-                let cc = match op {
-                    CmpOp::Eq => FloatCC::Equal,
-                    CmpOp::Ne => FloatCC::NotEqual,
-                    CmpOp::Lt => FloatCC::LessThan,
-                    CmpOp::Le => FloatCC::LessThanOrEqual,
-                    CmpOp::Gt => FloatCC::GreaterThan,
-                    CmpOp::Ge => FloatCC::GreaterThanOrEqual,
-                };
-                self.b.ins().fcmp(cc, x, y)
-            }
+            ScalarType::F32 => self.b.ins().fcmp(Self::float_cc(op), x, y),
             ScalarType::U32 | ScalarType::I32 | ScalarType::Bool => {
-                let signed = ty == ScalarType::I32;
-                let cc = match (op, signed) {
-                    (CmpOp::Eq, _) => IntCC::Equal,
-                    (CmpOp::Ne, _) => IntCC::NotEqual,
-                    (CmpOp::Lt, true) => IntCC::SignedLessThan,
-                    (CmpOp::Le, true) => IntCC::SignedLessThanOrEqual,
-                    (CmpOp::Gt, true) => IntCC::SignedGreaterThan,
-                    (CmpOp::Ge, true) => IntCC::SignedGreaterThanOrEqual,
-                    (CmpOp::Lt, false) => IntCC::UnsignedLessThan,
-                    (CmpOp::Le, false) => IntCC::UnsignedLessThanOrEqual,
-                    (CmpOp::Gt, false) => IntCC::UnsignedGreaterThan,
-                    (CmpOp::Ge, false) => IntCC::UnsignedGreaterThanOrEqual,
-                };
+                let cc = Self::int_cc(op, ty == ScalarType::I32);
                 self.b.ins().icmp(cc, x, y)
             }
         })

@@ -35,6 +35,8 @@ pub(super) struct Lowerer<'a> {
     pub(super) opts: LowerOptions,
     /// Cranelift value of each IR value, once lowered.
     values: Vec<Option<Value>>,
+    /// Upper bound of each `u32` IR value, once lowered (`u32::MAX`: unknown).
+    pub(super) bounds: Vec<u32>,
     /// Cranelift variable and type of each IR variable.
     vars: Vec<(Variable, Type)>,
     pub(super) params: Vec<ParamVal>,
@@ -77,6 +79,7 @@ pub(super) fn build(kernel: &Kernel, opts: &LowerOptions) -> Result<Function> {
         b,
         opts: *opts,
         values: vec![None; kernel.values.len()],
+        bounds: vec![u32::MAX; kernel.values.len()],
         vars: Vec::new(),
         params: Vec::new(),
         tables: Vec::new(),
@@ -301,6 +304,7 @@ impl Lowerer<'_> {
                     .ok_or_else(|| internal("let of a missing value"))?;
                 let out = self.op(&def.op, def.ty)?;
                 self.values[v.index()] = Some(out);
+                self.bounds[v.index()] = self.bound_of(def);
             }
             Stmt::Store {
                 buf,
@@ -353,6 +357,8 @@ impl Lowerer<'_> {
                 step,
                 body,
             } => {
+                // The index stays below `end`.
+                self.bounds[index.index()] = self.upper_bound(*end).saturating_sub(1);
                 let (start, end) = (self.val(*start)?, self.val(*end)?);
                 self.counted_loop(start, end, *step, |l, i| {
                     l.values[index.index()] = Some(i);
@@ -396,10 +402,19 @@ impl Lowerer<'_> {
                 self.load(*buf, index)?
             }
             Op::Lookup { table, index } => self.lookup(*table, *index)?,
-            Op::Unary(u, a) => {
-                let a = self.val(*a)?;
-                self.unary(*u, ty, a)?
-            }
+            Op::Unary(u, a) => match (u, self.negatable_compare(*a)) {
+                // `not(cmp)` is one compare with the complemented condition, which the
+                // instruction selector can fuse into a following select or branch.
+                (qforge_ir::UnaryOp::Not, Some((c, x, y))) => {
+                    let operand_ty = self.k.values[x].ty;
+                    let (x, y) = (self.val(x)?, self.val(y)?);
+                    self.compare_negated(c, operand_ty, x, y)?
+                }
+                _ => {
+                    let a = self.val(*a)?;
+                    self.unary(*u, ty, a)?
+                }
+            },
             Op::Binary(bop, x, y) => {
                 let operand_ty = self.k.values[*x].ty;
                 let (x, y) = (self.val(*x)?, self.val(*y)?);

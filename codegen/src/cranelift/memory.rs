@@ -131,7 +131,8 @@ impl Lowerer<'_> {
     }
 
     /// `table[min(index, len - 1)]`; the clamp is left out when [`Lowerer::upper_bound`] proves
-    /// the index in range (e.g. a nibble `byte >> 4` or `byte & 15` of a `u8` load).
+    /// the index in range (e.g. a nibble `byte >> 4` or `byte & 15` of a `u8` load, or a
+    /// search position built from constants by adds and selects).
     pub(super) fn lookup(&mut self, table: TableId, index: qforge_ir::Value) -> Result<Value> {
         let t = self
             .k
@@ -148,7 +149,7 @@ impl Lowerer<'_> {
             .tables
             .get(table.index())
             .ok_or_else(|| internal("missing table pointer"))?;
-        let bound = self.upper_bound(index, 8);
+        let bound = self.upper_bound(index);
         let mut index = self.val(index)?;
         if bound > last {
             let last = self.c32(last);
@@ -159,17 +160,21 @@ impl Lowerer<'_> {
         Ok(self.b.ins().load(ty, Self::const_mem(), addr, 0))
     }
 
-    /// An upper bound of the `u32` value `v` from its defining ops, looking `depth` ops deep:
-    /// constants, `u8` loads, `and`, `min`, `rem` and `shr` by constants, selects and `u32`
-    /// table lookups; `u32::MAX` when nothing smaller is known.
-    pub(super) fn upper_bound(&self, v: qforge_ir::Value, depth: u32) -> u32 {
-        let Some(def) = self.k.values.try_get(v) else {
-            return u32::MAX;
-        };
-        if depth == 0 || def.ty != ScalarType::U32 {
+    /// The upper bound of the `u32` value `v` recorded when it was lowered (see
+    /// [`Lowerer::bound_of`]); `u32::MAX` when nothing smaller is known.
+    pub(super) fn upper_bound(&self, v: qforge_ir::Value) -> u32 {
+        self.bounds.get(v.index()).copied().unwrap_or(u32::MAX)
+    }
+
+    /// An upper bound of the value defined by `def`, from the bounds of its operands (lowered
+    /// before it): constants, `u8` loads, `and`, `min`, `add` (without overflow), `rem` and
+    /// `shr` by constants, selects and `u32` table lookups; `u32::MAX` for anything else and
+    /// for values that are not `u32`.
+    pub(super) fn bound_of(&self, def: &qforge_ir::ValueDef) -> u32 {
+        if def.ty != ScalarType::U32 {
             return u32::MAX;
         }
-        let ub = |x: &qforge_ir::Value| self.upper_bound(*x, depth - 1);
+        let ub = |x: &qforge_ir::Value| self.upper_bound(*x);
         let constant = |x: &qforge_ir::Value| match self.k.values.try_get(*x).map(|d| &d.op) {
             Some(Op::Const(c)) => Some(c.bits()),
             _ => None,
@@ -181,6 +186,8 @@ impl Lowerer<'_> {
                 _ => u32::MAX,
             },
             Op::Binary(BinaryOp::And | BinaryOp::Min, a, b) => ub(a).min(ub(b)),
+            // A sum of bounds that fits in u32 bounds a sum that cannot wrap.
+            Op::Binary(BinaryOp::Add, a, b) => ub(a).saturating_add(ub(b)),
             Op::Binary(BinaryOp::Shr, a, b) => match constant(b) {
                 Some(s) => ub(a) >> (s & 31),
                 None => ub(a),

@@ -45,6 +45,17 @@ impl Midpoints8 {
     pub fn lo_negative_flags(&self) -> Vec<u32> {
         self.lo.iter().map(|l| u32::from(*l < 0.0)).collect()
     }
+
+    /// One `f32` threshold per midpoint with `mid_k < v` exactly when `t_k < v` for every
+    /// non-NaN `f32` `v`: `hi_k` when `lo_k >= 0`, else the next `f32` below `hi_k` (then
+    /// `mid < v` is `hi <= v`, and no `f32` lies strictly between the two).
+    pub fn thresholds(&self) -> Vec<f32> {
+        self.hi
+            .iter()
+            .zip(&self.lo)
+            .map(|(h, l)| if *l < 0.0 { h.next_down() } else { *h })
+            .collect()
+    }
 }
 
 /// Computes the exact midpoints `(c[k] + c[k+1]) / 2` of a sorted code table in `f64` and splits
@@ -94,12 +105,10 @@ pub fn dequantize_name(map: BlockwiseMap, blocksize: u32, dtype: DType) -> Strin
     format!("dequantize_blockwise_{map}_bs{blocksize}_{dtype}")
 }
 
-/// Declares the midpoint tables of `map`.
-fn midpoint_tables(b: &mut KernelBuilder, map: BlockwiseMap) -> Result<(TableId, TableId)> {
+/// Declares the midpoint threshold table of `map` ([`Midpoints8::thresholds`]).
+fn midpoint_table(b: &mut KernelBuilder, map: BlockwiseMap) -> Result<TableId> {
     let mids = exact_midpoints(&map.code())?;
-    let hi = b.table_f32("mid_hi", &mids.hi);
-    let flags = b.table_u32("mid_lo_negative", &mids.lo_negative_flags());
-    Ok((hi, flags))
+    Ok(b.table_f32("mid_thresholds", &mids.thresholds()))
 }
 
 /// The quantize body shared with the double-quantization variant: with `offset`, every loaded
@@ -120,7 +129,7 @@ pub(crate) fn build_quantize(
     let q = b.buffer_param("q", DType::U8, &[Dim::Param(n)], Access::Write);
     let absmax = b.buffer_param("absmax", DType::F32, &[Dim::Param(n_blocks)], Access::Write);
     b.set_grid(Dim::Param(n_blocks));
-    let (mid_hi, lo_neg) = midpoint_tables(&mut b, map)?;
+    let thresholds = midpoint_table(&mut b, map)?;
     let block = b.work_item();
     let nv = b.param(n);
     let (start, end) = block_range(&mut b, block, blocksize, nv);
@@ -155,7 +164,7 @@ pub(crate) fn build_quantize(
     b.for_range(start, end, 1, |b, e| {
         let d = load(b, e);
         let v = b.mul(d, inv);
-        let c = code8(b, v, mid_hi, lo_neg);
+        let c = code8(b, v, thresholds);
         b.store(q, e, c);
     });
     Ok(b.finish())

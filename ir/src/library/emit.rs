@@ -87,27 +87,46 @@ pub(crate) fn nf4_code(b: &mut KernelBuilder, v: Value, midpoints: TableId) -> V
     })
 }
 
+/// The 16-entry threshold table of [`fp4_code`]: the 7 positive midpoints `m_k`, then the
+/// largest `f32` below each (`t[8 + k] = prev(m_k)`); entries 7 and 15 are never read. For a
+/// non-NaN `a`, `a > prev(m)` is `a >= m` (no `f32` lies strictly between them).
+pub(crate) fn fp4_thresholds(midpoints: &[f32; 7]) -> [f32; 16] {
+    let mut t = [f32::INFINITY; 16];
+    for (k, m) in midpoints.iter().enumerate() {
+        t[k] = *m;
+        // Positive, finite and non-zero: the bits below are the next smaller float.
+        t[8 + k] = f32::from_bits(m.to_bits() - 1);
+    }
+    t
+}
+
 /// FP4 code of a scaled value `v`: NaN gives 3; otherwise the sign bit of `v` (bit 3) and the
 /// magnitude index among the 8 sorted magnitudes, found with the 7 positive midpoints, a tie going
 /// to the lower magnitude for a positive sign and to the larger one for a negative sign.
+///
+/// `thresholds` is [`fp4_thresholds`]: the search compares `|v| > t[idx + 8 * sign]`, i.e.
+/// `|v| > m` for a positive sign and `|v| >= m` for a negative one, with integer index
+/// arithmetic only (no select between two comparison results).
 pub(crate) fn fp4_code(
     b: &mut KernelBuilder,
     v: Value,
-    midpoints: TableId,
+    thresholds: TableId,
     mag_codes: TableId,
 ) -> Value {
     let is_nan = b.cmp(CmpOp::Ne, v, v);
     let raw = b.bitcast(v, ScalarType::U32);
     let c31 = b.const_u32(31);
     let sign = b.shr(raw, c31);
-    let zero = b.const_u32(0);
-    let negative = b.cmp(CmpOp::Ne, sign, zero);
+    // 8 * sign, as `(raw >> 28) & 8` (bounded by 8 for the table index bound).
+    let c28 = b.const_u32(28);
+    let c8 = b.const_u32(8);
+    let high = b.shr(raw, c28);
+    let half = b.and(high, c8);
     let a = b.abs(v);
     let mag = count_prefix(b, &[4, 2, 1], |b, idx| {
-        let m = b.lookup(midpoints, idx);
-        let gt = b.cmp(CmpOp::Gt, a, m);
-        let ge = b.cmp(CmpOp::Ge, a, m);
-        b.select(negative, ge, gt)
+        let at = b.add(idx, half);
+        let t = b.lookup(thresholds, at);
+        b.cmp(CmpOp::Gt, a, t)
     });
     let mag_code = b.lookup(mag_codes, mag);
     let c3 = b.const_u32(3);
@@ -118,17 +137,12 @@ pub(crate) fn fp4_code(
 
 /// 8-bit code of a scaled value `v`: the number of exact midpoints `mid_k` (between sorted codes
 /// `k` and `k + 1`) with `mid_k < v`, i.e. the exact nearest code with ties to the lower code and
-/// NaN to code 0. Each midpoint is the unevaluated pair `hi + lo` with `hi = f32(mid)`; since `v`
-/// is an `f32`, `mid < v` is `hi < v` when `lo >= 0` and `hi <= v` when `lo < 0`
-/// (`lo_neg[k]` is 1 for the latter).
-pub(crate) fn code8(b: &mut KernelBuilder, v: Value, mid_hi: TableId, lo_neg: TableId) -> Value {
+/// NaN to code 0. `thresholds` holds one `f32` per midpoint with `mid_k < v` exactly when
+/// `t_k < v` (see `Midpoints8::thresholds`), so each of the 8 branchless steps is one lookup
+/// and one comparison.
+pub(crate) fn code8(b: &mut KernelBuilder, v: Value, thresholds: TableId) -> Value {
     count_prefix(b, &[128, 64, 32, 16, 8, 4, 2, 1], |b, idx| {
-        let hi = b.lookup(mid_hi, idx);
-        let flag = b.lookup(lo_neg, idx);
-        let zero = b.const_u32(0);
-        let use_le = b.cmp(CmpOp::Ne, flag, zero);
-        let lt = b.cmp(CmpOp::Lt, hi, v);
-        let le = b.cmp(CmpOp::Le, hi, v);
-        b.select(use_le, le, lt)
+        let t = b.lookup(thresholds, idx);
+        b.cmp(CmpOp::Lt, t, v)
     })
 }

@@ -36,7 +36,7 @@ use crate::builder::KernelBuilder;
 use crate::error::Result;
 use crate::kernel::{Access, Dim, Kernel, ParamId, TableId, Value};
 use crate::library::emit::{
-    block_range, fp4_code, inv_absmax, load_f32_or_zero, nf4_code, range_len,
+    block_range, fp4_code, fp4_thresholds, inv_absmax, load_f32_or_zero, nf4_code, range_len,
 };
 use crate::library::{check_blocksize_4bit, check_float_dtype, maps, QuantType, NESTED_BLOCKSIZE};
 use crate::ops::{CmpOp, NanMode};
@@ -68,7 +68,7 @@ enum Coder {
         midpoints: TableId,
     },
     Fp4 {
-        midpoints: TableId,
+        thresholds: TableId,
         mag_codes: TableId,
     },
 }
@@ -80,7 +80,7 @@ impl Coder {
                 midpoints: b.table_f32("nf4_midpoints", &maps::nf4_midpoints()),
             },
             QuantType::Fp4 => Coder::Fp4 {
-                midpoints: b.table_f32("fp4_midpoints", &maps::fp4_midpoints()),
+                thresholds: b.table_f32("fp4_thresholds", &fp4_thresholds(&maps::fp4_midpoints())),
                 mag_codes: b.table_u32("fp4_magnitude_codes", &maps::FP4_MAGNITUDE_CODES),
             },
         }
@@ -90,11 +90,25 @@ impl Coder {
         match *self {
             Coder::Nf4 { midpoints } => nf4_code(b, v, midpoints),
             Coder::Fp4 {
-                midpoints,
+                thresholds,
                 mag_codes,
-            } => fp4_code(b, v, midpoints, mag_codes),
+            } => fp4_code(b, v, thresholds, mag_codes),
         }
     }
+}
+
+/// The code of `x * inv`.
+fn scaled_code(b: &mut KernelBuilder, coder: &Coder, x: Value, inv: Value) -> Value {
+    let v = b.mul(x, inv);
+    coder.code(b, v)
+}
+
+/// `packed[j] = c0 << 4 | c1`.
+fn store_pair(b: &mut KernelBuilder, packed: ParamId, j: Value, c0: Value, c1: Value) {
+    let four = b.const_u32(4);
+    let high = b.shl(c0, four);
+    let byte = b.or(high, c1);
+    b.store(packed, j, byte);
 }
 
 /// Builds `quantize_4bit_{qt}_bs{blocksize}_{dtype}` (see the module docs for semantics and
@@ -126,23 +140,40 @@ pub fn quantize_4bit(qt: QuantType, blocksize: u32, dtype: DType) -> Result<Kern
     let npv = b.param(n_packed);
     let (byte_start, byte_end) = block_range(&mut b, block, blocksize / 2, npv);
     let zero_code = b.const_u32(qt.zero_code() as u32);
-    b.for_range(byte_start, byte_end, 1, |b, j| {
-        let one = b.const_u32(1);
-        let e0 = b.shl(j, one);
-        let e1 = b.add(e0, one);
-        let x0 = load_f32_or_zero(b, x, e0, nv, "x0");
-        let x1 = load_f32_or_zero(b, x, e1, nv, "x1");
-        let v0 = b.mul(x0, inv);
-        let v1 = b.mul(x1, inv);
-        let c0 = coder.code(b, v0);
-        let c1 = coder.code(b, v1);
-        let has_second = b.cmp(CmpOp::Lt, e1, nv);
-        let c1 = b.select(has_second, c1, zero_code);
-        let four = b.const_u32(4);
-        let high = b.shl(c0, four);
-        let byte = b.or(high, c1);
-        b.store(packed, j, byte);
-    });
+    // A full block (`len == blocksize`) has both elements of each of its bytes inside `x`
+    // (`2j + 1 < start + blocksize = end <= n`), so its loop needs no guards; it computes
+    // exactly what the guarded loop below computes for the tail block.
+    let bs = b.const_u32(blocksize);
+    let full = b.cmp(CmpOp::Eq, len, bs);
+    b.if_else(
+        full,
+        |b| {
+            b.for_range(byte_start, byte_end, 1, |b, j| {
+                let one = b.const_u32(1);
+                let e0 = b.shl(j, one);
+                let e1 = b.add(e0, one);
+                let x0 = b.load(x, e0);
+                let x1 = b.load(x, e1);
+                let c0 = scaled_code(b, &coder, x0, inv);
+                let c1 = scaled_code(b, &coder, x1, inv);
+                store_pair(b, packed, j, c0, c1);
+            });
+        },
+        |b| {
+            b.for_range(byte_start, byte_end, 1, |b, j| {
+                let one = b.const_u32(1);
+                let e0 = b.shl(j, one);
+                let e1 = b.add(e0, one);
+                let x0 = load_f32_or_zero(b, x, e0, nv, "x0");
+                let x1 = load_f32_or_zero(b, x, e1, nv, "x1");
+                let c0 = scaled_code(b, &coder, x0, inv);
+                let c1 = scaled_code(b, &coder, x1, inv);
+                let has_second = b.cmp(CmpOp::Lt, e1, nv);
+                let c1 = b.select(has_second, c1, zero_code);
+                store_pair(b, packed, j, c0, c1);
+            });
+        },
+    );
     Ok(b.finish())
 }
 
