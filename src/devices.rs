@@ -19,11 +19,23 @@ pub fn device_by_name(name: &str) -> Result<Box<dyn Device>> {
     }
 }
 
-/// Every device that can run on this machine, with the backend column each fills in `check`.
-pub fn available_devices() -> Vec<Box<dyn Device>> {
+/// A backend compiled in whose device cannot run on this machine, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unavailable {
+    /// Backend column name.
+    pub backend: &'static str,
+    /// Why its device could not start.
+    pub reason: String,
+}
+
+/// Every device of the backends compiled in that can run here (the interpreter is not among
+/// them: it is the reference), plus the backends whose device could not start, with the reason.
+pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
     let mut devices: Vec<Box<dyn Device>> = Vec::new();
-    if let Ok(cpu) = CpuDevice::new() {
-        devices.push(Box::new(cpu));
+    let mut unavailable = Vec::new();
+    match CpuDevice::new() {
+        Ok(cpu) => devices.push(Box::new(cpu)),
+        Err(e) => unavailable.push(Unavailable { backend: "cranelift", reason: e.to_string() }),
     }
-    devices
+    (devices, unavailable)
 }

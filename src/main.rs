@@ -72,14 +72,20 @@ enum Command {
     },
 }
 
-/// Prints a line to stdout; a closed pipe (`qforge check --json | head`) ends the process quietly
-/// instead of panicking.
+/// Prints a line to stdout without ever panicking: a closed pipe ends the process quietly, any
+/// other write error (a full disk) is reported with exit code 2.
 macro_rules! out {
     ($($arg:tt)*) => {{
         use std::io::Write;
         let mut stdout = std::io::stdout().lock();
-        if writeln!(stdout, $($arg)*).is_err() {
-            std::process::exit(0);
+        match writeln!(stdout, $($arg)*) {
+            Ok(()) => {}
+            // A closed pipe (`qforge check --json | head`) means the reader has what it wants.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+            Err(e) => {
+                eprintln!("error: writing to stdout: {e}");
+                std::process::exit(2);
+            }
         }
     }};
 }
@@ -94,13 +100,13 @@ fn float_dtype(name: &str) -> Result<DType> {
 }
 
 fn check(json: bool) -> Result<bool> {
-    let devices = available_devices();
+    let (devices, unavailable) = available_devices();
     let mut on_row = |r: &CheckRow| {
         if json {
             out!("{}", r.to_json());
         }
     };
-    let rows = run_check(&devices, &mut on_row)?;
+    let rows = run_check(&devices, &unavailable, &mut on_row)?;
     let failed = rows.iter().filter(|r| r.status == "mismatch").count();
     if !json {
         let mut backends: Vec<&str> = Vec::new();
@@ -131,11 +137,17 @@ fn check(json: bool) -> Result<bool> {
             }
             out!("{line}");
         }
-        for r in rows.iter().filter(|r| r.reason.is_some()) {
+        for r in rows.iter().filter(|r| r.status == "mismatch" && r.reason.is_some()) {
             out!("{} on {}: {}", r.kernel, r.backend, r.reason.as_deref().unwrap_or(""));
         }
+        for u in &unavailable {
+            out!("{}: not runnable here: {}", u.backend, u.reason);
+        }
         let kernels = rows.iter().filter(|r| r.backend == "interpreter").count();
-        out!("{kernels} kernels x {} backends: {} exact, {failed} mismatching", backends.len(), rows.len() - failed);
+        let compared: Vec<&CheckRow> = rows.iter().filter(|r| r.backend != "interpreter").collect();
+        let exact = compared.iter().filter(|r| r.status == "exact").count();
+        let skipped = compared.iter().filter(|r| r.status == "skipped").count();
+        out!("{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact, {failed} mismatching, {skipped} not runnable here", backends.len() - 1);
     }
     Ok(failed == 0)
 }
@@ -144,7 +156,10 @@ fn check(json: bool) -> Result<bool> {
 fn quantize(input: PathBuf, output: PathBuf, quant_type: &str, blocksize: Option<usize>, double_quant: bool, compute_dtype: &str, skip: &str, allow_nonfinite: bool, device: &str) -> Result<()> {
     let format = WeightFormat::from_name(quant_type)
         .ok_or_else(|| Error::Usage(format!("unsupported quant type '{quant_type}' (nf4, fp4, int8-blockwise)")))?;
-    let skip = regex::Regex::new(skip).map_err(|e| Error::Usage(format!("--skip is not a valid regex: {e}")))?;
+    let skip = regex::Regex::new(skip).map_err(|e| {
+        let detail = e.to_string().lines().filter(|l| !l.trim().is_empty()).last().unwrap_or("").trim().to_string();
+        Error::Usage(format!("--skip '{skip}' is not a valid regex: {detail}"))
+    })?;
     let opts = QuantizeOptions {
         format,
         blocksize: blocksize.unwrap_or(format.default_blocksize()),
@@ -192,6 +207,13 @@ fn quantize(input: PathBuf, output: PathBuf, quant_type: &str, blocksize: Option
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // An interrupted run removes the temporary output it was writing (the real output is only
+    // ever created by a rename, so nothing partial is left).
+    let _ = ctrlc::set_handler(|| {
+        qforge::checkpoint::io::remove_pending_temps();
+        eprintln!("error: interrupted; no output written");
+        std::process::exit(130);
+    });
     let result = match cli.command {
         Command::Check { json } => check(json).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
         Command::Quantize { input, output, quant_type, blocksize, double_quant, compute_dtype, skip, allow_nonfinite, device } => {

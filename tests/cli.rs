@@ -134,3 +134,94 @@ fn quantize_then_dequantize_round_trips_the_layout() {
     let w = st.tensor("layer.dense.weight").unwrap();
     assert_eq!((w.dtype(), w.shape()), (Dtype::F32, &[8usize, 64][..]));
 }
+
+#[test]
+fn outputs_never_replace_what_they_must_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = good_file(dir.path());
+    let g = good.to_str().unwrap();
+
+    // A directory (or device, pipe) at the output path is refused, never replaced.
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let (code, _, err) = qforge(&["quantize", g, "-o", sub.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is a directory; refusing to replace it"), "{err}");
+    assert!(sub.is_dir());
+
+    // A read-only existing output is refused.
+    let ro = dir.path().join("ro.safetensors");
+    std::fs::write(&ro, b"keep").unwrap();
+    let mut perm = std::fs::metadata(&ro).unwrap().permissions();
+    perm.set_readonly(true);
+    std::fs::set_permissions(&ro, perm).unwrap();
+    let (code, _, err) = qforge(&["quantize", g, "-o", ro.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("read-only"), "{err}");
+    assert_eq!(std::fs::read(&ro).unwrap(), b"keep");
+
+    // A symlink is written through: the link stays, its target gets the output.
+    let target = dir.path().join("target.safetensors");
+    let link = dir.path().join("link.safetensors");
+    std::fs::write(&target, b"old").unwrap();
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let (code, _, err) = qforge(&["quantize", g, "-o", link.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert!(safetensors::SafeTensors::deserialize(&std::fs::read(&target).unwrap()).is_ok());
+
+    // Re-quantizing a quantized file is refused with the reason.
+    let (code, _, err) = qforge(&["quantize", target.to_str().unwrap(), "-o", dir.path().join("again.safetensors").to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("already quantized"), "{err}");
+}
+
+#[test]
+fn colliding_names_and_overflowing_offsets_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.safetensors");
+    let o = out.to_str().unwrap();
+    let collide = dir.path().join("collide.safetensors");
+    write_st(&collide, &[
+        ("a.weight", Dtype::F32, vec![8, 64], f32s(&[0.5; 512])),
+        ("a.weight.absmax", Dtype::F32, vec![3], f32s(&[0.0; 3])),
+    ]);
+    fails(&["quantize", collide.to_str().unwrap(), "-o", o], &out, "'a.weight.absmax'");
+
+    // Finite weights whose absmax mean overflows f32 cannot be double-quantized.
+    let big = dir.path().join("big.safetensors");
+    write_st(&big, &[("b.weight", Dtype::F32, vec![8, 64], f32s(&[3e38; 512]))]);
+    fails(&["quantize", big.to_str().unwrap(), "-o", o, "--double-quant"], &out, "'b.weight': double quantization needs a finite absmax mean");
+}
+
+#[test]
+fn config_json_is_written_once_and_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let dst = dir.path().join("dst");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&dst).unwrap();
+    let input = good_file(&src);
+    std::fs::write(src.join("config.json"), br#"{"hidden_size": 64}"#).unwrap();
+    let out = dst.join("model.safetensors");
+    let (code, _, err) = qforge(&["quantize", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(dst.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["quantization_config"]["bnb_4bit_quant_type"], "nf4");
+    assert_eq!(config["hidden_size"], 64);
+
+    // A second run into the same folder leaves the existing config.json alone and says so.
+    std::fs::write(dst.join("config.json"), b"mine").unwrap();
+    let out2 = dst.join("model2.safetensors");
+    let (code, stdout, err) = qforge(&["quantize", input.to_str().unwrap(), "-o", out2.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("already exists and is left as it is"), "{stdout}");
+    assert_eq!(std::fs::read(dst.join("config.json")).unwrap(), b"mine");
+
+    // Writing next to the input never replaces the input's config.json.
+    let out3 = src.join("model-nf4.safetensors");
+    let (code, stdout, _) = qforge(&["quantize", input.to_str().unwrap(), "-o", out3.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    assert!(stdout.contains("config.json not written"), "{stdout}");
+    assert_eq!(std::fs::read(src.join("config.json")).unwrap(), br#"{"hidden_size": 64}"#);
+}

@@ -12,7 +12,7 @@ use qforge::runtime::{Device, InterpreterDevice};
 /// An f32 drawn from normal-looking data mixed with edge values.
 fn value() -> impl Strategy<Value = f32> {
     prop_oneof![
-        6 => (-3.0f32..3.0),
+        6 => -3.0f32..3.0,
         1 => prop::sample::select(vec![
             0.0, -0.0, f32::MIN_POSITIVE / 3.0, -f32::MIN_POSITIVE / 5.0, f32::from_bits(1),
             f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 3.0e38, -3.0e38, 1.0, -1.0, 0.5,
@@ -28,7 +28,10 @@ fn lengths(blocksize: usize) -> Vec<usize> {
 
 #[test]
 fn every_library_kernel_is_bit_exact_on_every_device() {
-    let devices = available_devices();
+    let (devices, unavailable) = available_devices();
+    for u in &unavailable {
+        println!("skipped on {}: {}", u.backend, u.reason);
+    }
     if devices.is_empty() {
         println!("skipped: no device besides the interpreter can run on this machine");
         return;

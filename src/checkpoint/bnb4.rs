@@ -116,6 +116,9 @@ pub fn decode(path: &Path, tensors: &BTreeMap<String, TensorRef<'_>>, name: &str
     let field = |k: &str| json.get(k).ok_or_else(|| bad(format!("quant state JSON lacks '{k}'")));
     let qt_name = field("quant_type")?.as_str().ok_or_else(|| bad("quant_type is not a string".into()))?;
     let qt = QuantType::from_name(qt_name).ok_or_else(|| bad(format!("unsupported quant_type '{qt_name}' (nf4, fp4)")))?;
+    if qt.name() != quant_type {
+        return Err(bad(format!("quant state tensor says '__{quant_type}' but its JSON says quant_type '{qt_name}'")));
+    }
     let blocksize = field("blocksize")?.as_u64().ok_or_else(|| bad("blocksize is not an integer".into()))? as usize;
     let dtype_name = field("dtype")?.as_str().unwrap_or("?");
     let dtype = dtype_from_torch(dtype_name).ok_or_else(|| bad(format!("unsupported dtype '{dtype_name}' (float32, float16, bfloat16)")))?;
@@ -134,7 +137,13 @@ pub fn decode(path: &Path, tensors: &BTreeMap<String, TensorRef<'_>>, name: &str
     }
     let absmax = if json.get("nested_offset").is_some() {
         let offset = field("nested_offset")?.as_f64().ok_or_else(|| bad("nested_offset is not a number".into()))? as f32;
+        if !offset.is_finite() {
+            return Err(bad(format!("nested_offset {offset} is not a finite f32")));
+        }
         let nested_blocksize = field("nested_blocksize")?.as_u64().ok_or_else(|| bad("nested_blocksize is not an integer".into()))? as usize;
+        if nested_blocksize != 256 {
+            return Err(bad(format!("nested_blocksize {nested_blocksize} is not supported (bitsandbytes uses 256)")));
+        }
         let q = get(".absmax")?;
         if q.dtype != Dtype::U8 {
             return Err(bad(format!("double-quantized absmax must be U8, found {:?}", q.dtype)));

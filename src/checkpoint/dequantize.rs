@@ -51,15 +51,21 @@ pub fn dequantize_file(device: &dyn Device, input: &Path, output: &Path, dtype: 
     };
     let mut out: Vec<(String, RawTensor)> = Vec::new();
     let mut report = DequantizeReport { restored: vec![], copied: 0 };
+    for (i, (name, _)) in weights.iter().enumerate() {
+        if weights[..i].iter().any(|(w, _)| w == name) {
+            return Err(Error::Tensor { path: input.to_path_buf(), tensor: name.clone(), message: "has more than one quant state".into() });
+        }
+    }
     for (name, qt) in &weights {
+        let tensor_err = |e: qforge_runtime::Error| Error::Tensor { path: input.to_path_buf(), tensor: name.clone(), message: e.to_string() };
         let restored = match qt {
             Some(qt) => {
                 let (packed, state) = bnb4::decode(input, &tensors, name, qt)?;
-                ops::dequantize_4bit(device, &packed, &state)?
+                ops::dequantize_4bit(device, &packed, &state).map_err(tensor_err)?
             }
             None => {
                 let (codes, s) = int8::decode(input, &tensors, name)?;
-                ops::dequantize_blockwise(device, &codes, &s.absmax, BlockwiseMap::Dynamic, s.blocksize, s.dtype, &s.shape)?
+                ops::dequantize_blockwise(device, &codes, &s.absmax, BlockwiseMap::Dynamic, s.blocksize, s.dtype, &s.shape).map_err(tensor_err)?
             }
         };
         let restored = match dtype {
@@ -79,6 +85,6 @@ pub fn dequantize_file(device: &dyn Device, input: &Path, output: &Path, dtype: 
         return Err(Error::Usage(format!("{}: no quantized weights found (no '*{}<type>' or '*{}' tensors)", input.display(), bnb4::STATE_MARK, int8::STATE_SUFFIX)));
     }
     let serialized = io::serialize(&out, &metadata, output)?;
-    io::write_atomic(output, &serialized)?;
+    io::write_files_atomic(&[(output.to_path_buf(), serialized)])?;
     Ok(report)
 }

@@ -64,11 +64,27 @@ pub fn decode(path: &Path, tensors: &BTreeMap<String, TensorRef<'_>>, name: &str
         .into_iter()
         .find(|d| torch_dtype_name(*d) == dtype_name)
         .ok_or_else(|| bad(format!("unsupported dtype '{dtype_name}'")))?;
+    let text = |k: &str| json.get(k).and_then(Value::as_str).unwrap_or("?");
+    if text("quant_type") != "int8_blockwise" || text("code") != "dynamic" {
+        return Err(bad(format!("quant state says quant_type '{}' with code '{}'; only int8_blockwise with the dynamic code is supported", text("quant_type"), text("code"))));
+    }
+    let shape: Vec<usize> = json
+        .get("shape")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
+        .ok_or_else(|| bad("quant state JSON lacks a 'shape' list of integers".into()))?;
     let codes = get("")?;
     let absmax = get(".absmax")?;
-    if codes.dtype != Dtype::U8 || absmax.dtype != Dtype::F32 {
-        return Err(bad("codes must be U8 and absmax F32".into()));
+    let quant_map = get(".quant_map")?;
+    if codes.dtype != Dtype::U8 || absmax.dtype != Dtype::F32 || quant_map.dtype != Dtype::F32 {
+        return Err(bad("codes must be U8, absmax and quant_map F32".into()));
     }
-    let absmax = absmax.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    Ok((codes.data.to_vec(), Int8State { dtype, shape: codes.shape.clone(), blocksize, absmax }))
+    if codes.shape != shape {
+        return Err(bad(format!("codes have shape {:?} but the quant state says {shape:?}", codes.shape)));
+    }
+    let f32s = |b: &[u8]| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<f32>>();
+    if f32s(quant_map.data) != qforge_ir::library::BlockwiseMap::Dynamic.code() {
+        return Err(bad("quant_map is not the signed dynamic map; custom maps are not supported".into()));
+    }
+    Ok((codes.data.to_vec(), Int8State { dtype, shape, blocksize, absmax: f32s(absmax.data) }))
 }

@@ -2,6 +2,7 @@
 //! file in the same folder, then rename), so a failure never leaves a partial output behind.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -54,18 +55,21 @@ pub fn index<'a>(st: &SafeTensors<'a>) -> BTreeMap<String, TensorRef<'a>> {
         .collect()
 }
 
-/// Reads a whole file.
+/// Reads a whole regular file (symlinks followed).
 ///
 /// # Errors
-/// [`Error::Io`] naming the file (missing, unreadable, a directory).
+/// [`Error::Io`] naming the file: missing, unreadable, a directory, or not a regular file
+/// (a device or pipe, which could be endless).
 pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    if path.is_dir() {
-        return Err(Error::Io {
-            path: path.to_path_buf(),
-            source: std::io::Error::other("is a directory, not a file"),
-        });
+    let io = |source| Error::Io { path: path.to_path_buf(), source };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if meta.is_dir() {
+        return Err(io(std::io::Error::other("is a directory, not a file")));
     }
-    std::fs::read(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })
+    if !meta.is_file() {
+        return Err(io(std::io::Error::other("is not a regular file (device, pipe or socket)")));
+    }
+    std::fs::read(path).map_err(io)
 }
 
 /// Parses the safetensors header of `bytes` (read from `path`) and checks every tensor's offsets.
@@ -104,28 +108,85 @@ pub fn serialize(tensors: &[(String, RawTensor)], metadata: &Option<HashMap<Stri
         .map_err(|e| Error::Safetensors { path: path.to_path_buf(), message: describe(e) })
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file next to it, flushed, then renamed.
+/// Temporary files being written, removed by [`remove_pending_temps`] (the CLI's Ctrl-C / SIGTERM
+/// handler) so an interrupted run leaves nothing behind.
+static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Removes every temporary file still being written; returns how many were removed.
+pub fn remove_pending_temps() -> usize {
+    let pending = std::mem::take(&mut *PENDING.lock().unwrap_or_else(|p| p.into_inner()));
+    pending.iter().filter(|p| std::fs::remove_file(p).is_ok()).count()
+}
+
+fn track(path: &Path, add: bool) {
+    let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+    if add {
+        pending.push(path.to_path_buf());
+    } else {
+        pending.retain(|p| p != path);
+    }
+}
+
+/// Where an output should go: `path` itself, or the file a symlink at `path` points to.
 ///
 /// # Errors
-/// [`Error::Io`] naming the path; the temporary file is removed on failure.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
+/// [`Error::Usage`] when something other than a regular file (a device, pipe, directory) or a
+/// read-only file is already there: it is never replaced.
+pub fn output_target(path: &Path) -> Result<PathBuf> {
+    let usage = |what: &str| Error::Usage(format!("output {} {what}; refusing to replace it", path.display()));
+    let target = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(|_| usage("is a dangling symlink"))?,
+        _ => path.to_path_buf(),
     };
-    let file_name = path.file_name().ok_or_else(|| Error::Usage(format!("{}: not a file path", path.display())))?;
-    let tmp = dir.join(format!(".{}.{}.tmp", file_name.to_string_lossy(), std::process::id()));
-    let io = |source| Error::Io { path: path.to_path_buf(), source };
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    match std::fs::metadata(&target) {
+        Ok(m) if m.is_dir() => Err(usage("is a directory")),
+        Ok(m) if !m.is_file() => Err(usage("exists and is not a regular file")),
+        Ok(m) if m.permissions().readonly() => Err(usage("exists and is read-only")),
+        _ => Ok(target),
     }
-    result.map_err(io)
+}
+
+/// Writes every `(path, bytes)` atomically: each to a temporary file in its folder, flushed;
+/// only when all are written are they renamed into place (symlinks are written through).
+///
+/// # Errors
+/// [`Error::Usage`] for a target that must not be replaced (see [`output_target`]),
+/// [`Error::Io`] naming the path; temporary files are removed on any failure.
+pub fn write_files_atomic(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
+    let targets = files.iter().map(|(p, _)| output_target(p)).collect::<Result<Vec<_>>>()?;
+    let mut temps: Vec<PathBuf> = Vec::new();
+    let cleanup = |temps: &[PathBuf]| {
+        for t in temps {
+            let _ = std::fs::remove_file(t);
+            track(t, false);
+        }
+    };
+    for (i, (target, (_, bytes))) in targets.iter().zip(files).enumerate() {
+        let dir = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let tmp = dir.join(format!(".qforge-{}-{i}.tmp", std::process::id()));
+        track(&tmp, true);
+        temps.push(tmp.clone());
+        let written = (|| {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()
+        })();
+        if let Err(source) = written {
+            cleanup(&temps);
+            return Err(Error::Io { path: target.clone(), source });
+        }
+    }
+    for (i, (tmp, target)) in temps.iter().zip(&targets).enumerate() {
+        if let Err(source) = std::fs::rename(tmp, target) {
+            cleanup(&temps[i..]);
+            return Err(Error::Io { path: target.clone(), source });
+        }
+        track(tmp, false);
+    }
+    Ok(())
 }
 
 /// True when `a` and `b` name the same existing file (or the same path when `b` does not exist).

@@ -56,8 +56,10 @@ pub struct QuantizeOptions {
     pub allow_nonfinite: bool,
 }
 
-/// Default `--skip` pattern: embeddings and normalization weights stay in full precision.
-pub const DEFAULT_SKIP: &str = "embeddings|LayerNorm|norm";
+/// Default `--skip` pattern: embeddings (`embeddings`, `embed_tokens`, GPT-2's `wte`/`wpe`), the
+/// output head `lm_head` and normalization weights stay in full precision, as transformers'
+/// bitsandbytes integration keeps them.
+pub const DEFAULT_SKIP: &str = "embed|wte|wpe|lm_head|LayerNorm|norm";
 
 /// One quantized tensor in the report.
 #[derive(Clone, Debug, PartialEq)]
@@ -77,7 +79,7 @@ pub struct TensorReport {
 /// What [`quantize_file`] did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantizeReport {
-    /// Quantized tensors, in file order.
+    /// Quantized tensors, sorted by name.
     pub tensors: Vec<TensorReport>,
     /// Tensors copied unchanged.
     pub copied: usize,
@@ -129,6 +131,13 @@ pub fn quantize_file(device: &dyn Device, input: &Path, output: &Path, opts: &Qu
     let bytes = io::read_bytes(input)?;
     let (st, metadata) = io::parse(&bytes, input)?;
     let tensors = io::index(&st);
+    if let Some(name) = tensors.keys().find(|n| n.contains(".quant_state.")) {
+        return Err(Error::Tensor {
+            path: input.to_path_buf(),
+            tensor: name.clone(),
+            message: "the file is already quantized (it has a quant state); dequantize it first".into(),
+        });
+    }
     let mut out: Vec<(String, RawTensor)> = Vec::new();
     let mut report = QuantizeReport { tensors: vec![], copied: 0, bytes_before: bytes.len() as u64, bytes_after: 0, config: None, notes: vec![] };
     let total = tensors.len();
@@ -155,7 +164,8 @@ pub fn quantize_file(device: &dyn Device, input: &Path, output: &Path, opts: &Qu
                 return Err(Error::NonFinite { path: input.to_path_buf(), tensor: name.clone(), index, value });
             }
         }
-        let (tensors, restored) = quantize_one(device, name, &tensor, opts)?;
+        let tensor_err = |e: Error| Error::Tensor { path: input.to_path_buf(), tensor: name.clone(), message: e.to_string() };
+        let (tensors, restored) = quantize_one(device, name, &tensor, opts).map_err(tensor_err)?;
         let stored_bytes: usize = tensors.iter().filter(|(n, _)| !n.contains(".quant_state.") && !n.ends_with("quant_map")).map(|(_, t)| t.data.len()).sum();
         let (rmse, max_abs_err) = error_stats(&values, &restored.to_f32()?);
         report.tensors.push(TensorReport {
@@ -168,16 +178,27 @@ pub fn quantize_file(device: &dyn Device, input: &Path, output: &Path, opts: &Qu
         out.extend(tensors);
     }
     progress(total, total);
+    let mut seen = std::collections::HashSet::new();
+    if let Some((name, _)) = out.iter().find(|(n, _)| !seen.insert(n.as_str())) {
+        return Err(Error::Tensor {
+            path: input.to_path_buf(),
+            tensor: name.clone(),
+            message: "an output tensor of this name would be written twice (a quantized weight's companion tensor collides with an existing tensor)".into(),
+        });
+    }
+    if report.tensors.is_empty() {
+        report.notes.push(format!("no tensor was quantized: none is a 2-D float '*.weight' outside --skip '{}'", opts.skip.as_str()));
+    }
     let mut metadata = metadata.unwrap_or_default();
     metadata.entry("format".into()).or_insert_with(|| "pt".into());
     let serialized = io::serialize(&out, &Some(metadata), output)?;
     report.bytes_after = serialized.len() as u64;
-    let config = plan_config(input, output, opts, &mut report.notes)?;
-    io::write_atomic(output, &serialized)?;
-    if let Some((path, text)) = config {
-        io::write_atomic(&path, text.as_bytes())?;
+    let mut files = vec![(output.to_path_buf(), serialized)];
+    if let Some((path, text)) = plan_config(input, output, opts, &mut report.notes)? {
+        files.push((path.clone(), text.into_bytes()));
         report.config = Some(path);
     }
+    io::write_files_atomic(&files)?;
     Ok(report)
 }
 
@@ -187,7 +208,11 @@ fn check_blocksize(opts: &QuantizeOptions) -> Result<()> {
         WeightFormat::Int8Blockwise => &[64, 128, 256, 512, 1024, 2048, 4096],
     };
     if !allowed.contains(&opts.blocksize) {
-        return Err(Error::Usage(format!("unsupported blocksize {} for this quant type (allowed: {allowed:?})", opts.blocksize)));
+        let qt = match opts.format {
+            WeightFormat::FourBit(qt) => qt.name(),
+            WeightFormat::Int8Blockwise => "int8-blockwise",
+        };
+        return Err(Error::Usage(format!("unsupported blocksize {} for quant type {qt} (allowed: {allowed:?})", opts.blocksize)));
     }
     if opts.double_quant && opts.format == WeightFormat::Int8Blockwise {
         return Err(Error::Usage("--double-quant applies to 4-bit quant types (nf4, fp4) only".into()));
@@ -200,6 +225,13 @@ fn quantize_one(device: &dyn Device, name: &str, tensor: &HostTensor, opts: &Qua
     match opts.format {
         WeightFormat::FourBit(qt) => {
             let (packed, state) = ops::quantize_4bit(device, tensor, qt, opts.blocksize, opts.double_quant)?;
+            if let ops::Absmax4::Nested { offset, .. } = &state.absmax {
+                if !offset.is_finite() {
+                    return Err(Error::Usage(format!(
+                        "double quantization needs a finite absmax mean, got {offset} (the weight holds NaN/inf or values so large that the mean overflows); quantize without --double-quant"
+                    )));
+                }
+            }
             let restored = ops::dequantize_4bit(device, &packed, &state)?;
             Ok((bnb4::encode(name, packed, &state), restored))
         }
@@ -212,14 +244,16 @@ fn quantize_one(device: &dyn Device, name: &str, tensor: &HostTensor, opts: &Qua
     }
 }
 
-/// RMSE and max absolute error over the finite pairs, in f64.
+/// RMSE and max absolute error, in f64, over the elements whose original value is finite (NaN and
+/// inf weights, allowed with `--allow-nonfinite`, have no error to measure). A finite weight that
+/// comes back NaN or inf makes both figures NaN or inf, so the report shows it.
 pub fn error_stats(original: &[f32], restored: &[f32]) -> (f64, f64) {
     let (mut sq, mut max, mut n) = (0.0f64, 0.0f64, 0usize);
     for (&a, &b) in original.iter().zip(restored) {
-        let d = (a as f64 - b as f64).abs();
-        if d.is_finite() {
+        if a.is_finite() {
+            let d = (a as f64 - b as f64).abs();
             sq += d * d;
-            max = max.max(d);
+            max = if d.is_nan() || d > max { d } else { max };
             n += 1;
         }
     }
@@ -240,6 +274,14 @@ fn plan_config(input: &Path, output: &Path, opts: &QuantizeOptions, notes: &mut 
     let dst = dir_of(output).join("config.json");
     if io::same_file(&src, &dst) {
         notes.push(format!("config.json not written: it would replace the input's {}; write the output into another folder", src.display()));
+        return Ok(None);
+    }
+    if output.file_name() == Some(std::ffi::OsStr::new("config.json")) {
+        notes.push("config.json not written: the output itself is called config.json".into());
+        return Ok(None);
+    }
+    if std::fs::symlink_metadata(&dst).is_ok() {
+        notes.push(format!("config.json not written: {} already exists and is left as it is", dst.display()));
         return Ok(None);
     }
     let text = io::read_bytes(&src)?;

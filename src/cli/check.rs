@@ -6,6 +6,7 @@ use std::time::Instant;
 use qforge_ir::{count_mismatches, library, OwnedArg};
 use qforge_runtime::{Device, InterpreterDevice};
 
+use crate::devices::Unavailable;
 use crate::error::Result;
 
 /// The outcome of one kernel on one backend.
@@ -74,7 +75,7 @@ pub fn builtin_inputs(blocksize: usize) -> Vec<f32> {
 ///
 /// # Errors
 /// Only for failures to build the library itself; kernel failures become rows.
-pub fn run_check(devices: &[Box<dyn Device>], on_row: &mut dyn FnMut(&CheckRow)) -> Result<Vec<CheckRow>> {
+pub fn run_check(devices: &[Box<dyn Device>], unavailable: &[Unavailable], on_row: &mut dyn FnMut(&CheckRow)) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
     for entry in library::catalog() {
         let kernel = entry.build()?;
@@ -93,6 +94,9 @@ pub fn run_check(devices: &[Box<dyn Device>], on_row: &mut dyn FnMut(&CheckRow))
         }
         let (_, elements) = count_mismatches(&kernel, &reference, &reference);
         row("interpreter", "exact", 0, elements, 0.0, None);
+        for u in unavailable {
+            row(u.backend, "skipped", 0, 0, 0.0, Some(format!("not runnable here: {}", u.reason)));
+        }
         for device in devices {
             let t = Instant::now();
             if let Err(e) = device.compile(&kernel) {
