@@ -1,6 +1,6 @@
 //! The shared conformance suite: every library kernel, on every device this build can run,
 //! bit-exact against the reference interpreter on proptest inputs (normal data mixed with 0, -0,
-//! subnormals, ±inf, NaN, exact code midpoints, huge values; sizes 1, 3, odd, not a multiple of
+//! subnormals, ±inf, NaN, huge values, or blocks of exact 4-bit midpoints and their neighbours; sizes 1, 3, odd, not a multiple of
 //! the block, several blocks). Devices that cannot run here are skipped with a printed reason.
 
 use proptest::prelude::*;
@@ -22,6 +22,17 @@ fn value() -> impl Strategy<Value = f32> {
     ]
 }
 
+/// Values whose scaled form lands exactly on a 4-bit decision midpoint (or a code value) when the
+/// block's absmax is 1.0, which `±1.0` in the mix makes likely: the tie-breaking rules.
+fn tie_value() -> impl Strategy<Value = f32> {
+    let mut ties: Vec<f32> = vec![1.0, -1.0, 0.0, -0.0];
+    for m in library::maps::nf4_midpoints().into_iter().chain(library::maps::fp4_midpoints()) {
+        ties.extend([m, -m, f32::from_bits(m.to_bits() + 1), f32::from_bits(m.to_bits() - 1)]);
+    }
+    ties.extend(library::QuantType::Nf4.code());
+    prop::sample::select(ties)
+}
+
 fn lengths(blocksize: usize) -> Vec<usize> {
     vec![1, 3, blocksize - 1, blocksize + 1, 2 * blocksize + 3]
 }
@@ -40,9 +51,9 @@ fn every_library_kernel_is_bit_exact_on_every_device() {
     let mut checked = 0usize;
     for entry in library::catalog() {
         let kernel = entry.build().expect("library kernels build");
-        let mut runner = TestRunner::new(Config { cases: 2, failure_persistence: None, ..Config::default() });
+        let mut runner = TestRunner::new(Config { cases: 4, failure_persistence: None, ..Config::default() });
         let strategy = prop::sample::select(lengths(entry.blocksize()))
-            .prop_flat_map(|n| prop::collection::vec(value(), n));
+            .prop_flat_map(|n| prop_oneof![prop::collection::vec(value(), n), prop::collection::vec(tie_value(), n)]);
         let result = runner.run(&strategy, |values| {
             let mut reference = entry.example_args(&values).expect("example args");
             let fresh = reference.clone();
