@@ -73,17 +73,22 @@ fn u32_arg(v: u32) -> OwnedArg {
     OwnedArg::Scalar(Scalar::U32(v))
 }
 
-/// `what` as a `u32` element count.
+/// The most elements one host op handles: `2^31 - 1`. The kernels index with `u32`, and every
+/// index they form (a block's end is at most `n + blocksize`, a packed byte's second element
+/// `2 * i + 1`) then stays below `2^32`; it is also the `int` range bitsandbytes' CUDA kernels use.
+pub const MAX_ELEMENTS: usize = i32::MAX as usize;
+
+/// `what` as a `u32` element count, at most [`MAX_ELEMENTS`].
 ///
 /// # Errors
-/// [`Error::Invalid`] when the count does not fit in `u32`.
+/// [`Error::Invalid`] when the count exceeds [`MAX_ELEMENTS`].
 fn count_u32(op: &str, what: &str, n: usize) -> Result<u32> {
-    u32::try_from(n).map_err(|_| {
-        Error::Invalid(format!(
-            "{op}: {what} has {n} elements, more than the supported {}",
-            u32::MAX
-        ))
-    })
+    if n > MAX_ELEMENTS {
+        return Err(Error::Invalid(format!(
+            "{op}: {what} has {n} elements, more than the supported {MAX_ELEMENTS} (2^31 - 1)"
+        )));
+    }
+    Ok(n as u32)
 }
 
 /// The element count of a float tensor whose bytes match its shape.
