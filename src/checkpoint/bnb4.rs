@@ -66,19 +66,19 @@ pub fn state_json(state: &QuantState4) -> String {
     s
 }
 
-fn f32_tensor(values: &[f32]) -> RawTensor {
-    RawTensor { dtype: Dtype::F32, shape: vec![values.len()], data: values.iter().flat_map(|v| v.to_le_bytes()).collect() }
+fn f32_tensor(values: &[f32]) -> RawTensor<'static> {
+    RawTensor { dtype: Dtype::F32, shape: vec![values.len()], data: values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into() }
 }
 
 /// The tensors that replace weight `name` in a bitsandbytes 4-bit checkpoint.
-pub fn encode(name: &str, packed: Vec<u8>, state: &QuantState4) -> Vec<(String, RawTensor)> {
+pub fn encode(name: &str, packed: Vec<u8>, state: &QuantState4) -> Vec<(String, RawTensor<'static>)> {
     let mut out = Vec::with_capacity(6);
     let n_packed = packed.len();
-    out.push((name.to_string(), RawTensor { dtype: Dtype::U8, shape: vec![n_packed, 1], data: packed }));
+    out.push((name.to_string(), RawTensor { dtype: Dtype::U8, shape: vec![n_packed, 1], data: packed.into() }));
     match &state.absmax {
         Absmax4::Plain(absmax) => out.push((format!("{name}.absmax"), f32_tensor(absmax))),
         Absmax4::Nested { qabsmax, nested_absmax, nested_code, .. } => {
-            out.push((format!("{name}.absmax"), RawTensor { dtype: Dtype::U8, shape: vec![qabsmax.len()], data: qabsmax.clone() }));
+            out.push((format!("{name}.absmax"), RawTensor { dtype: Dtype::U8, shape: vec![qabsmax.len()], data: qabsmax.clone().into() }));
             out.push((format!("{name}.nested_absmax"), f32_tensor(nested_absmax)));
             out.push((format!("{name}.nested_quant_map"), f32_tensor(nested_code)));
         }
@@ -87,7 +87,7 @@ pub fn encode(name: &str, packed: Vec<u8>, state: &QuantState4) -> Vec<(String, 
     let json = state_json(state).into_bytes();
     out.push((
         format!("{name}{STATE_MARK}{}", state.quant_type.name()),
-        RawTensor { dtype: Dtype::U8, shape: vec![json.len()], data: json },
+        RawTensor { dtype: Dtype::U8, shape: vec![json.len()], data: json.into() },
     ));
     out
 }

@@ -30,6 +30,7 @@ pub fn dequantize_file(device: &dyn Device, input: &Path, output: &Path, dtype: 
     if io::same_file(input, output) {
         return Err(Error::Usage(format!("output path {} is the input file; choose another output", output.display())));
     }
+    io::output_target(output)?;
     let bytes = io::read_bytes(input)?;
     let (st, metadata) = io::parse(&bytes, input)?;
     let tensors = io::index(&st);
@@ -49,7 +50,7 @@ pub fn dequantize_file(device: &dyn Device, input: &Path, output: &Path, dtype: 
             })
         })
     };
-    let mut out: Vec<(String, RawTensor)> = Vec::new();
+    let mut out: Vec<(String, RawTensor<'_>)> = Vec::new();
     let mut report = DequantizeReport { restored: vec![], copied: 0 };
     for (i, (name, _)) in weights.iter().enumerate() {
         if weights[..i].iter().any(|(w, _)| w == name) {
@@ -72,12 +73,12 @@ pub fn dequantize_file(device: &dyn Device, input: &Path, output: &Path, dtype: 
             Some(d) if d != restored.dtype => HostTensor::from_f32_as(d, restored.shape.clone(), &restored.to_f32()?)?,
             _ => restored,
         };
-        out.push((name.clone(), RawTensor { dtype: st_dtype(restored.dtype), shape: restored.shape, data: restored.data }));
+        out.push((name.clone(), RawTensor { dtype: st_dtype(restored.dtype), shape: restored.shape, data: restored.data.into() }));
         report.restored.push(name.clone());
     }
     for (name, t) in &tensors {
         if !companion(name) && !weights.iter().any(|(w, _)| w == name) {
-            out.push((name.clone(), RawTensor { dtype: t.dtype, shape: t.shape.clone(), data: t.data.to_vec() }));
+            out.push((name.clone(), RawTensor { dtype: t.dtype, shape: t.shape.clone(), data: t.data.into() }));
             report.copied += 1;
         }
     }

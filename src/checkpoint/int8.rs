@@ -31,19 +31,19 @@ pub struct Int8State {
 }
 
 /// The tensors that replace weight `name`.
-pub fn encode(name: &str, codes: Vec<u8>, absmax: &[f32], blocksize: usize, original: &HostTensor) -> Vec<(String, RawTensor)> {
+pub fn encode(name: &str, codes: Vec<u8>, absmax: &[f32], blocksize: usize, original: &HostTensor) -> Vec<(String, RawTensor<'static>)> {
     let shape = original.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
     let json = format!(
         "{{\"quant_type\": \"int8_blockwise\", \"code\": \"dynamic\", \"blocksize\": {blocksize}, \"dtype\": \"{}\", \"shape\": [{shape}]}}",
         torch_dtype_name(original.dtype)
     )
     .into_bytes();
-    let f32s = |v: &[f32]| RawTensor { dtype: Dtype::F32, shape: vec![v.len()], data: v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let f32s = |v: &[f32]| RawTensor { dtype: Dtype::F32, shape: vec![v.len()], data: v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into() };
     vec![
-        (name.to_string(), RawTensor { dtype: Dtype::U8, shape: original.shape.clone(), data: codes }),
+        (name.to_string(), RawTensor { dtype: Dtype::U8, shape: original.shape.clone(), data: codes.into() }),
         (format!("{name}.absmax"), f32s(absmax)),
         (format!("{name}.quant_map"), f32s(&qforge_ir::library::BlockwiseMap::Dynamic.code())),
-        (format!("{name}{STATE_SUFFIX}"), RawTensor { dtype: Dtype::U8, shape: vec![json.len()], data: json }),
+        (format!("{name}{STATE_SUFFIX}"), RawTensor { dtype: Dtype::U8, shape: vec![json.len()], data: json.into() }),
     ]
 }
 

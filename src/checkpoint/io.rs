@@ -10,18 +10,19 @@ use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors};
 
 use crate::error::{Error, Result};
 
-/// A tensor held in memory, in any safetensors dtype.
+/// A tensor to write, in any safetensors dtype; its bytes are borrowed from the input file when
+/// it is copied unchanged, owned when it was computed.
 #[derive(Clone, Debug, PartialEq)]
-pub struct RawTensor {
+pub struct RawTensor<'a> {
     /// Safetensors dtype.
     pub dtype: Dtype,
     /// Shape.
     pub shape: Vec<usize>,
     /// Little-endian bytes.
-    pub data: Vec<u8>,
+    pub data: std::borrow::Cow<'a, [u8]>,
 }
 
-impl safetensors::View for &RawTensor {
+impl safetensors::View for &RawTensor<'_> {
     fn dtype(&self) -> Dtype {
         self.dtype
     }
@@ -103,7 +104,7 @@ fn describe(e: SafeTensorError) -> String {
 ///
 /// # Errors
 /// [`Error::Safetensors`] if the tensors are inconsistent (a bug, reported rather than panicking).
-pub fn serialize(tensors: &[(String, RawTensor)], metadata: &Option<HashMap<String, String>>, path: &Path) -> Result<Vec<u8>> {
+pub fn serialize(tensors: &[(String, RawTensor<'_>)], metadata: &Option<HashMap<String, String>>, path: &Path) -> Result<Vec<u8>> {
     safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), metadata)
         .map_err(|e| Error::Safetensors { path: path.to_path_buf(), message: describe(e) })
 }
@@ -130,7 +131,8 @@ fn track(path: &Path, add: bool) {
 /// Where an output should go: `path` itself, or the file a symlink at `path` points to.
 ///
 /// # Errors
-/// [`Error::Usage`] when something other than a regular file (a device, pipe, directory) or a
+/// [`Error::Usage`] when the folder is missing, or something other than a regular file (a device,
+/// pipe, directory) or a
 /// read-only file is already there: it is never replaced.
 pub fn output_target(path: &Path) -> Result<PathBuf> {
     let usage = |what: &str| Error::Usage(format!("output {} {what}; refusing to replace it", path.display()));
@@ -138,6 +140,10 @@ pub fn output_target(path: &Path) -> Result<PathBuf> {
         Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(|_| usage("is a dangling symlink"))?,
         _ => path.to_path_buf(),
     };
+    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(Error::Usage(format!("output folder {} does not exist", dir.display())));
+    }
     match std::fs::metadata(&target) {
         Ok(m) if m.is_dir() => Err(usage("is a directory")),
         Ok(m) if !m.is_file() => Err(usage("exists and is not a regular file")),

@@ -128,6 +128,7 @@ pub fn quantize_file(device: &dyn Device, input: &Path, output: &Path, opts: &Qu
         return Err(Error::Usage(format!("output path {} is the input file; choose another output", output.display())));
     }
     check_blocksize(opts)?;
+    io::output_target(output)?;
     let bytes = io::read_bytes(input)?;
     let (st, metadata) = io::parse(&bytes, input)?;
     let tensors = io::index(&st);
@@ -138,13 +139,13 @@ pub fn quantize_file(device: &dyn Device, input: &Path, output: &Path, opts: &Qu
             message: "the file is already quantized (it has a quant state); dequantize it first".into(),
         });
     }
-    let mut out: Vec<(String, RawTensor)> = Vec::new();
+    let mut out: Vec<(String, RawTensor<'_>)> = Vec::new();
     let mut report = QuantizeReport { tensors: vec![], copied: 0, bytes_before: bytes.len() as u64, bytes_after: 0, config: None, notes: vec![] };
     let total = tensors.len();
     for (i, (name, view)) in tensors.iter().enumerate() {
         progress(i, total);
         let selected = name.ends_with(".weight") && view.shape.len() == 2 && !opts.skip.is_match(name);
-        let raw = RawTensor { dtype: view.dtype, shape: view.shape.clone(), data: view.data.to_vec() };
+        let raw = RawTensor { dtype: view.dtype, shape: view.shape.clone(), data: view.data.into() };
         if !selected {
             out.push((name.clone(), raw));
             report.copied += 1;
@@ -157,7 +158,7 @@ pub fn quantize_file(device: &dyn Device, input: &Path, output: &Path, opts: &Qu
                 message: format!("dtype {:?} cannot be quantized (only F32, F16, BF16 weights); exclude it with --skip", raw.dtype),
             });
         };
-        let tensor = HostTensor::new(dtype, raw.shape.clone(), raw.data)?;
+        let tensor = HostTensor::new(dtype, raw.shape.clone(), raw.data.into_owned())?;
         let values = tensor.to_f32()?;
         if !opts.allow_nonfinite {
             if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
@@ -221,7 +222,7 @@ fn check_blocksize(opts: &QuantizeOptions) -> Result<()> {
 }
 
 /// Quantizes one weight; returns the tensors to write and the dequantized weight.
-fn quantize_one(device: &dyn Device, name: &str, tensor: &HostTensor, opts: &QuantizeOptions) -> Result<(Vec<(String, RawTensor)>, HostTensor)> {
+fn quantize_one(device: &dyn Device, name: &str, tensor: &HostTensor, opts: &QuantizeOptions) -> Result<(Vec<(String, RawTensor<'static>)>, HostTensor)> {
     match opts.format {
         WeightFormat::FourBit(qt) => {
             let (packed, state) = ops::quantize_4bit(device, tensor, qt, opts.blocksize, opts.double_quant)?;
