@@ -14,7 +14,10 @@ use qforge::ir::{DType, Kernel, OwnedArg};
 use qforge::runtime::{CpuDevice, Device};
 
 fn elements() -> usize {
-    std::env::var("QFORGE_BENCH_ELEMENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(64 << 20)
+    std::env::var("QFORGE_BENCH_ELEMENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64 << 20)
 }
 
 fn values(n: usize) -> Vec<f32> {
@@ -39,13 +42,37 @@ struct Case {
 fn case(spec: KernelSpec, xs: &[f32]) -> Case {
     let kernel = spec.build().expect("kernel builds");
     let args = spec.example_args(xs).expect("example args");
-    let out_bytes = args.iter().map(|a| if let OwnedArg::Write(b) = a { b.len() } else { 0 }).sum();
-    let in_bytes = args.iter().map(|a| if let OwnedArg::Read(b) = a { b.len() } else { 0 }).sum();
-    Case { kernel, args, out_bytes, in_bytes }
+    let out_bytes = args
+        .iter()
+        .map(|a| {
+            if let OwnedArg::Write(b) = a {
+                b.len()
+            } else {
+                0
+            }
+        })
+        .sum();
+    let in_bytes = args
+        .iter()
+        .map(|a| {
+            if let OwnedArg::Read(b) = a {
+                b.len()
+            } else {
+                0
+            }
+        })
+        .sum();
+    Case {
+        kernel,
+        args,
+        out_bytes,
+        in_bytes,
+    }
 }
 
 fn run(dev: &CpuDevice, c: &mut Case) {
-    dev.launch(&c.kernel, &mut OwnedArg::borrow_all(&mut c.args)).expect("launch");
+    dev.launch(&c.kernel, &mut OwnedArg::borrow_all(&mut c.args))
+        .expect("launch");
 }
 
 /// Median of `reps` timings of `f`.
@@ -62,8 +89,16 @@ fn median(reps: usize, mut f: impl FnMut()) -> Duration {
 }
 
 fn specs() -> (KernelSpec, KernelSpec) {
-    let q = KernelSpec::Quantize4 { quant_type: QuantType::Nf4, blocksize: 64, dtype: DType::F32 };
-    let d = KernelSpec::Dequantize4 { quant_type: QuantType::Nf4, blocksize: 64, dtype: DType::F32 };
+    let q = KernelSpec::Quantize4 {
+        quant_type: QuantType::Nf4,
+        blocksize: 64,
+        dtype: DType::F32,
+    };
+    let d = KernelSpec::Dequantize4 {
+        quant_type: QuantType::Nf4,
+        blocksize: 64,
+        dtype: DType::F32,
+    };
     (q, d)
 }
 
@@ -80,15 +115,21 @@ fn benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("nf4_dequantize_64Mi_f32");
     g.sample_size(10).measurement_time(Duration::from_secs(4));
     g.throughput(Throughput::Bytes(dequant.out_bytes as u64));
-    g.bench_function("memcpy_output_bytes", |b| b.iter(|| dst[..dequant.out_bytes].copy_from_slice(black_box(&src[..dequant.out_bytes]))));
+    g.bench_function("memcpy_output_bytes", |b| {
+        b.iter(|| dst[..dequant.out_bytes].copy_from_slice(black_box(&src[..dequant.out_bytes])))
+    });
     g.bench_function("cpu_device", |b| b.iter(|| run(&dev, &mut dequant)));
     g.finish();
 
     let mut g = c.benchmark_group("nf4_quantize_64Mi_f32");
     g.sample_size(10).measurement_time(Duration::from_secs(4));
     g.throughput(Throughput::Bytes(quant.out_bytes as u64));
-    g.bench_function("memcpy_output_bytes", |b| b.iter(|| dst[..quant.out_bytes].copy_from_slice(black_box(&src[..quant.out_bytes]))));
-    g.bench_function("memcpy_input_bytes", |b| b.iter(|| dst[..quant.in_bytes].copy_from_slice(black_box(&src[..quant.in_bytes]))));
+    g.bench_function("memcpy_output_bytes", |b| {
+        b.iter(|| dst[..quant.out_bytes].copy_from_slice(black_box(&src[..quant.out_bytes])))
+    });
+    g.bench_function("memcpy_input_bytes", |b| {
+        b.iter(|| dst[..quant.in_bytes].copy_from_slice(black_box(&src[..quant.in_bytes])))
+    });
     g.bench_function("cpu_device", |b| b.iter(|| run(&dev, &mut quant)));
     g.finish();
 
@@ -96,18 +137,34 @@ fn benches(c: &mut Criterion) {
     g.sample_size(20);
     for spec in [q, d] {
         let kernel = spec.build().expect("kernel builds");
-        g.bench_function(kernel.name.clone(), |b| b.iter(|| CpuDevice::new().expect("device").compile(black_box(&kernel)).expect("compiles")));
+        g.bench_function(kernel.name.clone(), |b| {
+            b.iter(|| {
+                CpuDevice::new()
+                    .expect("device")
+                    .compile(black_box(&kernel))
+                    .expect("compiles")
+            })
+        });
     }
     g.finish();
 
     // Ratios in one run (median of 7), the figure the issue asks for.
-    let mc_out = median(7, || dst[..dequant.out_bytes].copy_from_slice(&src[..dequant.out_bytes]));
+    let mc_out = median(7, || {
+        dst[..dequant.out_bytes].copy_from_slice(&src[..dequant.out_bytes])
+    });
     let deq = median(7, || run(&dev, &mut dequant));
-    let mc_qout = median(7, || dst[..quant.out_bytes].copy_from_slice(&src[..quant.out_bytes]));
-    let mc_qin = median(7, || dst[..quant.in_bytes].copy_from_slice(&src[..quant.in_bytes]));
+    let mc_qout = median(7, || {
+        dst[..quant.out_bytes].copy_from_slice(&src[..quant.out_bytes])
+    });
+    let mc_qin = median(7, || {
+        dst[..quant.in_bytes].copy_from_slice(&src[..quant.in_bytes])
+    });
     let qt = median(7, || run(&dev, &mut quant));
     let gbs = |bytes: usize, t: Duration| bytes as f64 / t.as_secs_f64() / 1e9;
-    println!("\nsummary ({n} elements, {} threads):", std::thread::available_parallelism().map_or(1, |p| p.get()));
+    println!(
+        "\nsummary ({n} elements, {} threads):",
+        std::thread::available_parallelism().map_or(1, |p| p.get())
+    );
     println!("  dequantize nf4 bs64 f32: {:.2} GB/s written; memcpy of the output bytes {:.2} GB/s; ratio {:.2}x memcpy",
         gbs(dequant.out_bytes, deq), gbs(dequant.out_bytes, mc_out), mc_out.as_secs_f64() / deq.as_secs_f64());
     println!("  quantize nf4 bs64 f32: {:.1} ms; memcpy of the output bytes {:.1} ms (ratio {:.2}x); memcpy of the input bytes {:.1} ms (ratio {:.2}x)",

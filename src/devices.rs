@@ -15,7 +15,10 @@ pub fn device_by_name(name: &str) -> Result<Box<dyn Device>> {
     match name {
         "cpu" => Ok(Box::new(CpuDevice::new()?)),
         "interpreter" => Ok(Box::new(InterpreterDevice)),
-        other => Err(Error::Usage(format!("unknown device '{other}' (available: {})", DEVICE_NAMES.join(", ")))),
+        other => Err(Error::Usage(format!(
+            "unknown device '{other}' (available: {})",
+            DEVICE_NAMES.join(", ")
+        ))),
     }
 }
 
@@ -35,7 +38,10 @@ pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
     let mut unavailable = Vec::new();
     match CpuDevice::new() {
         Ok(cpu) => devices.push(Box::new(cpu)),
-        Err(e) => unavailable.push(Unavailable { backend: "cranelift", reason: e.to_string() }),
+        Err(e) => unavailable.push(Unavailable {
+            backend: "cranelift",
+            reason: e.to_string(),
+        }),
     }
     (devices, unavailable)
 }

@@ -11,7 +11,11 @@ use qforge::ir::DType;
 use qforge::{Error, Result};
 
 #[derive(Parser)]
-#[command(name = "qforge", version, about = "Kernel-generation compiler for low-bit training and inference kernels")]
+#[command(
+    name = "qforge",
+    version,
+    about = "Kernel-generation compiler for low-bit training and inference kernels"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -95,7 +99,9 @@ fn float_dtype(name: &str) -> Result<DType> {
         "f32" | "float32" => Ok(DType::F32),
         "f16" | "float16" => Ok(DType::F16),
         "bf16" | "bfloat16" => Ok(DType::BF16),
-        other => Err(Error::Usage(format!("unsupported dtype '{other}' (f32, f16, bf16)"))),
+        other => Err(Error::Usage(format!(
+            "unsupported dtype '{other}' (f32, f16, bf16)"
+        ))),
     }
 }
 
@@ -137,8 +143,16 @@ fn check(json: bool) -> Result<bool> {
             }
             out!("{line}");
         }
-        for r in rows.iter().filter(|r| r.status == "mismatch" && r.reason.is_some()) {
-            out!("{} on {}: {}", r.kernel, r.backend, r.reason.as_deref().unwrap_or(""));
+        for r in rows
+            .iter()
+            .filter(|r| r.status == "mismatch" && r.reason.is_some())
+        {
+            out!(
+                "{} on {}: {}",
+                r.kernel,
+                r.backend,
+                r.reason.as_deref().unwrap_or("")
+            );
         }
         for u in &unavailable {
             out!("{}: not runnable here: {}", u.backend, u.reason);
@@ -153,11 +167,31 @@ fn check(json: bool) -> Result<bool> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn quantize(input: PathBuf, output: PathBuf, quant_type: &str, blocksize: Option<usize>, double_quant: bool, compute_dtype: &str, skip: &str, allow_nonfinite: bool, device: &str) -> Result<()> {
-    let format = WeightFormat::from_name(quant_type)
-        .ok_or_else(|| Error::Usage(format!("unsupported quant type '{quant_type}' (nf4, fp4, int8-blockwise)")))?;
+fn quantize(
+    input: PathBuf,
+    output: PathBuf,
+    quant_type: &str,
+    blocksize: Option<usize>,
+    double_quant: bool,
+    compute_dtype: &str,
+    skip: &str,
+    allow_nonfinite: bool,
+    device: &str,
+) -> Result<()> {
+    let format = WeightFormat::from_name(quant_type).ok_or_else(|| {
+        Error::Usage(format!(
+            "unsupported quant type '{quant_type}' (nf4, fp4, int8-blockwise)"
+        ))
+    })?;
     let skip = regex::Regex::new(skip).map_err(|e| {
-        let detail = e.to_string().lines().filter(|l| !l.trim().is_empty()).last().unwrap_or("").trim().to_string();
+        let detail = e
+            .to_string()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .last()
+            .unwrap_or("")
+            .trim()
+            .to_string();
         Error::Usage(format!("--skip '{skip}' is not a valid regex: {detail}"))
     })?;
     let opts = QuantizeOptions {
@@ -181,11 +215,35 @@ fn quantize(input: PathBuf, output: PathBuf, quant_type: &str, blocksize: Option
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let width = report.tensors.iter().map(|t| t.name.len()).max().unwrap_or(4).max(4);
-    out!("{:width$}  {:>12}  {:>8}  {:>10}  {:>10}", "name", "shape", "bits/par", "rmse", "max|err|");
+    let width = report
+        .tensors
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    out!(
+        "{:width$}  {:>12}  {:>8}  {:>10}  {:>10}",
+        "name",
+        "shape",
+        "bits/par",
+        "rmse",
+        "max|err|"
+    );
     for t in &report.tensors {
-        let shape = t.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
-        out!("{:width$}  {shape:>12}  {:>8.3}  {:>10.3e}  {:>10.3e}", t.name, t.bits_per_param, t.rmse, t.max_abs_err);
+        let shape = t
+            .shape
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join("x");
+        out!(
+            "{:width$}  {shape:>12}  {:>8.3}  {:>10.3e}  {:>10.3e}",
+            t.name,
+            t.bits_per_param,
+            t.rmse,
+            t.max_abs_err
+        );
     }
     out!(
         "{} tensors quantized, {} copied; {} -> {} bytes ({:.2}x smaller); wrote {}",
@@ -215,15 +273,50 @@ fn main() -> ExitCode {
         std::process::exit(130);
     });
     let result = match cli.command {
-        Command::Check { json } => check(json).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
-        Command::Quantize { input, output, quant_type, blocksize, double_quant, compute_dtype, skip, allow_nonfinite, device } => {
-            quantize(input, output, &quant_type, blocksize, double_quant, &compute_dtype, &skip, allow_nonfinite, &device).map(|_| ExitCode::SUCCESS)
-        }
-        Command::Dequantize { input, output, dtype, device } => (|| {
+        Command::Check { json } => check(json).map(|ok| {
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }),
+        Command::Quantize {
+            input,
+            output,
+            quant_type,
+            blocksize,
+            double_quant,
+            compute_dtype,
+            skip,
+            allow_nonfinite,
+            device,
+        } => quantize(
+            input,
+            output,
+            &quant_type,
+            blocksize,
+            double_quant,
+            &compute_dtype,
+            &skip,
+            allow_nonfinite,
+            &device,
+        )
+        .map(|_| ExitCode::SUCCESS),
+        Command::Dequantize {
+            input,
+            output,
+            dtype,
+            device,
+        } => (|| {
             let dtype = dtype.as_deref().map(float_dtype).transpose()?;
             let device = device_by_name(&device)?;
             let r = checkpoint::dequantize_file(device.as_ref(), &input, &output, dtype)?;
-            out!("{} weights restored, {} tensors copied; wrote {}", r.restored.len(), r.copied, output.display());
+            out!(
+                "{} weights restored, {} tensors copied; wrote {}",
+                r.restored.len(),
+                r.copied,
+                output.display()
+            );
             Ok(ExitCode::SUCCESS)
         })(),
     };

@@ -7,14 +7,26 @@ use std::process::Command;
 use safetensors::tensor::{Dtype, TensorView};
 
 fn qforge(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_qforge")).args(args).output().expect("binary runs");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    let out = Command::new(env!("CARGO_BIN_EXE_qforge"))
+        .args(args)
+        .output()
+        .expect("binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
 }
 
 fn write_st(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
     let views: Vec<(String, TensorView<'_>)> = tensors
         .iter()
-        .map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).expect("valid view")))
+        .map(|(n, d, s, b)| {
+            (
+                n.to_string(),
+                TensorView::new(*d, s.clone(), b).expect("valid view"),
+            )
+        })
         .collect();
     safetensors::serialize_to_file(views, &None, path).expect("write test file");
 }
@@ -25,12 +37,22 @@ fn f32s(v: &[f32]) -> Vec<u8> {
 
 fn good_file(dir: &Path) -> PathBuf {
     let p = dir.join("in.safetensors");
-    let w: Vec<f32> = (0..8 * 64).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect();
-    write_st(&p, &[
-        ("layer.dense.weight", Dtype::F32, vec![8, 64], f32s(&w)),
-        ("layer.dense.bias", Dtype::F32, vec![8], f32s(&[0.5; 8])),
-        ("embeddings.word.weight", Dtype::F32, vec![4, 4], f32s(&[1.0; 16])),
-    ]);
+    let w: Vec<f32> = (0..8 * 64)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+        .collect();
+    write_st(
+        &p,
+        &[
+            ("layer.dense.weight", Dtype::F32, vec![8, 64], f32s(&w)),
+            ("layer.dense.bias", Dtype::F32, vec![8], f32s(&[0.5; 8])),
+            (
+                "embeddings.word.weight",
+                Dtype::F32,
+                vec![4, 4],
+                f32s(&[1.0; 16]),
+            ),
+        ],
+    );
     p
 }
 
@@ -39,11 +61,25 @@ fn fails(args: &[&str], out: &Path, needle: &str) {
     let (code, _, err) = qforge(args);
     assert_ne!(code, 0, "{args:?} should fail");
     assert!(err.starts_with("error: "), "{args:?}: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one-line error expected: {err}");
-    assert!(err.contains(needle), "{args:?}: error should mention '{needle}': {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one-line error expected: {err}"
+    );
+    assert!(
+        err.contains(needle),
+        "{args:?}: error should mention '{needle}': {err}"
+    );
     assert!(!out.exists(), "{args:?} left an output file");
-    let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).collect();
-    assert!(leftovers.is_empty(), "temporary files left behind: {leftovers:?}");
+    let leftovers: Vec<_> = std::fs::read_dir(out.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "temporary files left behind: {leftovers:?}"
+    );
 }
 
 #[test]
@@ -55,22 +91,38 @@ fn bad_inputs_give_clear_errors_and_no_output() {
     let g = good.to_str().unwrap();
 
     let missing = dir.path().join("missing.safetensors");
-    fails(&["quantize", missing.to_str().unwrap(), "-o", o], &out, "missing.safetensors");
+    fails(
+        &["quantize", missing.to_str().unwrap(), "-o", o],
+        &out,
+        "missing.safetensors",
+    );
 
     let bytes = std::fs::read(&good).unwrap();
     let truncated = dir.path().join("truncated.safetensors");
     std::fs::write(&truncated, &bytes[..bytes.len() - 100]).unwrap();
-    fails(&["quantize", truncated.to_str().unwrap(), "-o", o], &out, "truncated.safetensors");
+    fails(
+        &["quantize", truncated.to_str().unwrap(), "-o", o],
+        &out,
+        "truncated.safetensors",
+    );
 
     let tiny = dir.path().join("tiny.safetensors");
     std::fs::write(&tiny, [1u8, 2, 3]).unwrap();
-    fails(&["quantize", tiny.to_str().unwrap(), "-o", o], &out, "truncated");
+    fails(
+        &["quantize", tiny.to_str().unwrap(), "-o", o],
+        &out,
+        "truncated",
+    );
 
     let corrupt = dir.path().join("corrupt.safetensors");
     let mut c = bytes.clone();
     c[8] = b'[';
     std::fs::write(&corrupt, &c).unwrap();
-    fails(&["quantize", corrupt.to_str().unwrap(), "-o", o], &out, "corrupt.safetensors");
+    fails(
+        &["quantize", corrupt.to_str().unwrap(), "-o", o],
+        &out,
+        "corrupt.safetensors",
+    );
 
     // A header whose offsets point past the end of the file.
     let header = br#"{"w.weight":{"dtype":"F32","shape":[4,4],"data_offsets":[0,64]}}"#;
@@ -79,28 +131,61 @@ fn bad_inputs_give_clear_errors_and_no_output() {
     off.extend_from_slice(&[0u8; 16]);
     let offsets = dir.path().join("offsets.safetensors");
     std::fs::write(&offsets, &off).unwrap();
-    fails(&["quantize", offsets.to_str().unwrap(), "-o", o], &out, "offsets.safetensors");
+    fails(
+        &["quantize", offsets.to_str().unwrap(), "-o", o],
+        &out,
+        "offsets.safetensors",
+    );
 
     let ints = dir.path().join("ints.safetensors");
-    write_st(&ints, &[("proj.weight", Dtype::I32, vec![2, 2], vec![0u8; 16])]);
-    fails(&["quantize", ints.to_str().unwrap(), "-o", o], &out, "proj.weight");
+    write_st(
+        &ints,
+        &[("proj.weight", Dtype::I32, vec![2, 2], vec![0u8; 16])],
+    );
+    fails(
+        &["quantize", ints.to_str().unwrap(), "-o", o],
+        &out,
+        "proj.weight",
+    );
 
-    fails(&["quantize", g, "-o", o, "--blocksize", "48"], &out, "blocksize 48");
-    fails(&["quantize", g, "-o", o, "--quant-type", "int3"], &out, "int3");
+    fails(
+        &["quantize", g, "-o", o, "--blocksize", "48"],
+        &out,
+        "blocksize 48",
+    );
+    fails(
+        &["quantize", g, "-o", o, "--quant-type", "int3"],
+        &out,
+        "int3",
+    );
     fails(&["quantize", g, "-o", g], &out, "is the input file");
 
     let nan = dir.path().join("nan.safetensors");
     let mut w = vec![0.25f32; 8 * 64];
     w[77] = f32::NAN;
     write_st(&nan, &[("a.weight", Dtype::F32, vec![8, 64], f32s(&w))]);
-    fails(&["quantize", nan.to_str().unwrap(), "-o", o], &out, "'a.weight' has a non-finite value NaN at flat index 77");
-    let (code, _, err) = qforge(&["quantize", nan.to_str().unwrap(), "-o", o, "--allow-nonfinite"]);
+    fails(
+        &["quantize", nan.to_str().unwrap(), "-o", o],
+        &out,
+        "'a.weight' has a non-finite value NaN at flat index 77",
+    );
+    let (code, _, err) = qforge(&[
+        "quantize",
+        nan.to_str().unwrap(),
+        "-o",
+        o,
+        "--allow-nonfinite",
+    ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.exists());
     std::fs::remove_file(&out).unwrap();
 
     fails(&["dequantize", g, "-o", o], &out, "no quantized weights");
-    fails(&["quantize", g, "-o", o, "--device", "tpu"], &out, "unknown device 'tpu'");
+    fails(
+        &["quantize", g, "-o", o, "--device", "tpu"],
+        &out,
+        "unknown device 'tpu'",
+    );
 }
 
 #[test]
@@ -109,21 +194,40 @@ fn quantize_then_dequantize_round_trips_the_layout() {
     let good = good_file(dir.path());
     let q = dir.path().join("q.safetensors");
     let r = dir.path().join("r.safetensors");
-    let (code, stdout, err) = qforge(&["quantize", good.to_str().unwrap(), "-o", q.to_str().unwrap(), "--double-quant"]);
+    let (code, stdout, err) = qforge(&[
+        "quantize",
+        good.to_str().unwrap(),
+        "-o",
+        q.to_str().unwrap(),
+        "--double-quant",
+    ]);
     assert_eq!(code, 0, "{err}");
     assert!(stdout.contains("layer.dense.weight"), "{stdout}");
     let bytes = std::fs::read(&q).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut names: Vec<_> = st.names().into_iter().cloned().collect();
     names.sort();
-    assert_eq!(names, [
-        "embeddings.word.weight", "layer.dense.bias", "layer.dense.weight", "layer.dense.weight.absmax",
-        "layer.dense.weight.nested_absmax", "layer.dense.weight.nested_quant_map", "layer.dense.weight.quant_map",
-        "layer.dense.weight.quant_state.bitsandbytes__nf4",
-    ]);
+    assert_eq!(
+        names,
+        [
+            "embeddings.word.weight",
+            "layer.dense.bias",
+            "layer.dense.weight",
+            "layer.dense.weight.absmax",
+            "layer.dense.weight.nested_absmax",
+            "layer.dense.weight.nested_quant_map",
+            "layer.dense.weight.quant_map",
+            "layer.dense.weight.quant_state.bitsandbytes__nf4",
+        ]
+    );
     let packed = st.tensor("layer.dense.weight").unwrap();
-    assert_eq!((packed.dtype(), packed.shape()), (Dtype::U8, &[256usize, 1][..]));
-    let json = st.tensor("layer.dense.weight.quant_state.bitsandbytes__nf4").unwrap();
+    assert_eq!(
+        (packed.dtype(), packed.shape()),
+        (Dtype::U8, &[256usize, 1][..])
+    );
+    let json = st
+        .tensor("layer.dense.weight.quant_state.bitsandbytes__nf4")
+        .unwrap();
     let json = std::str::from_utf8(json.data()).unwrap();
     assert!(json.starts_with(r#"{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [8, 64], "nested_blocksize": 256, "nested_dtype": "float32", "nested_offset": "#), "{json}");
     let (code, _, err) = qforge(&["dequantize", q.to_str().unwrap(), "-o", r.to_str().unwrap()]);
@@ -146,7 +250,10 @@ fn outputs_never_replace_what_they_must_not() {
     std::fs::create_dir(&sub).unwrap();
     let (code, _, err) = qforge(&["quantize", g, "-o", sub.to_str().unwrap()]);
     assert_ne!(code, 0);
-    assert!(err.contains("is a directory; refusing to replace it"), "{err}");
+    assert!(
+        err.contains("is a directory; refusing to replace it"),
+        "{err}"
+    );
     assert!(sub.is_dir());
 
     // A read-only existing output is refused.
@@ -167,11 +274,19 @@ fn outputs_never_replace_what_they_must_not() {
     std::os::unix::fs::symlink(&target, &link).unwrap();
     let (code, _, err) = qforge(&["quantize", g, "-o", link.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
-    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
     assert!(safetensors::SafeTensors::deserialize(&std::fs::read(&target).unwrap()).is_ok());
 
     // Re-quantizing a quantized file is refused with the reason.
-    let (code, _, err) = qforge(&["quantize", target.to_str().unwrap(), "-o", dir.path().join("again.safetensors").to_str().unwrap()]);
+    let (code, _, err) = qforge(&[
+        "quantize",
+        target.to_str().unwrap(),
+        "-o",
+        dir.path().join("again.safetensors").to_str().unwrap(),
+    ]);
     assert_ne!(code, 0);
     assert!(err.contains("already quantized"), "{err}");
 }
@@ -182,16 +297,30 @@ fn colliding_names_and_overflowing_offsets_are_errors() {
     let out = dir.path().join("out.safetensors");
     let o = out.to_str().unwrap();
     let collide = dir.path().join("collide.safetensors");
-    write_st(&collide, &[
-        ("a.weight", Dtype::F32, vec![8, 64], f32s(&[0.5; 512])),
-        ("a.weight.absmax", Dtype::F32, vec![3], f32s(&[0.0; 3])),
-    ]);
-    fails(&["quantize", collide.to_str().unwrap(), "-o", o], &out, "'a.weight.absmax'");
+    write_st(
+        &collide,
+        &[
+            ("a.weight", Dtype::F32, vec![8, 64], f32s(&[0.5; 512])),
+            ("a.weight.absmax", Dtype::F32, vec![3], f32s(&[0.0; 3])),
+        ],
+    );
+    fails(
+        &["quantize", collide.to_str().unwrap(), "-o", o],
+        &out,
+        "'a.weight.absmax'",
+    );
 
     // Finite weights whose absmax mean overflows f32 cannot be double-quantized.
     let big = dir.path().join("big.safetensors");
-    write_st(&big, &[("b.weight", Dtype::F32, vec![8, 64], f32s(&[3e38; 512]))]);
-    fails(&["quantize", big.to_str().unwrap(), "-o", o, "--double-quant"], &out, "'b.weight': double quantization needs a finite absmax mean");
+    write_st(
+        &big,
+        &[("b.weight", Dtype::F32, vec![8, 64], f32s(&[3e38; 512]))],
+    );
+    fails(
+        &["quantize", big.to_str().unwrap(), "-o", o, "--double-quant"],
+        &out,
+        "'b.weight': double quantization needs a finite absmax mean",
+    );
 }
 
 #[test]
@@ -204,24 +333,46 @@ fn config_json_is_written_once_and_never_overwritten() {
     let input = good_file(&src);
     std::fs::write(src.join("config.json"), br#"{"hidden_size": 64}"#).unwrap();
     let out = dst.join("model.safetensors");
-    let (code, _, err) = qforge(&["quantize", input.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    let (code, _, err) = qforge(&[
+        "quantize",
+        input.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{err}");
-    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(dst.join("config.json")).unwrap()).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dst.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["quantization_config"]["bnb_4bit_quant_type"], "nf4");
     assert_eq!(config["hidden_size"], 64);
 
     // A second run into the same folder leaves the existing config.json alone and says so.
     std::fs::write(dst.join("config.json"), b"mine").unwrap();
     let out2 = dst.join("model2.safetensors");
-    let (code, stdout, err) = qforge(&["quantize", input.to_str().unwrap(), "-o", out2.to_str().unwrap()]);
+    let (code, stdout, err) = qforge(&[
+        "quantize",
+        input.to_str().unwrap(),
+        "-o",
+        out2.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{err}");
-    assert!(stdout.contains("already exists and is left as it is"), "{stdout}");
+    assert!(
+        stdout.contains("already exists and is left as it is"),
+        "{stdout}"
+    );
     assert_eq!(std::fs::read(dst.join("config.json")).unwrap(), b"mine");
 
     // Writing next to the input never replaces the input's config.json.
     let out3 = src.join("model-nf4.safetensors");
-    let (code, stdout, _) = qforge(&["quantize", input.to_str().unwrap(), "-o", out3.to_str().unwrap()]);
+    let (code, stdout, _) = qforge(&[
+        "quantize",
+        input.to_str().unwrap(),
+        "-o",
+        out3.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0);
     assert!(stdout.contains("config.json not written"), "{stdout}");
-    assert_eq!(std::fs::read(src.join("config.json")).unwrap(), br#"{"hidden_size": 64}"#);
+    assert_eq!(
+        std::fs::read(src.join("config.json")).unwrap(),
+        br#"{"hidden_size": 64}"#
+    );
 }

@@ -26,8 +26,16 @@ fn value() -> impl Strategy<Value = f32> {
 /// block's absmax is 1.0, which `±1.0` in the mix makes likely: the tie-breaking rules.
 fn tie_value() -> impl Strategy<Value = f32> {
     let mut ties: Vec<f32> = vec![1.0, -1.0, 0.0, -0.0];
-    for m in library::maps::nf4_midpoints().into_iter().chain(library::maps::fp4_midpoints()) {
-        ties.extend([m, -m, f32::from_bits(m.to_bits() + 1), f32::from_bits(m.to_bits() - 1)]);
+    for m in library::maps::nf4_midpoints()
+        .into_iter()
+        .chain(library::maps::fp4_midpoints())
+    {
+        ties.extend([
+            m,
+            -m,
+            f32::from_bits(m.to_bits() + 1),
+            f32::from_bits(m.to_bits() - 1),
+        ]);
     }
     ties.extend(library::QuantType::Nf4.code());
     prop::sample::select(ties)
@@ -51,18 +59,39 @@ fn every_library_kernel_is_bit_exact_on_every_device() {
     let mut checked = 0usize;
     for entry in library::catalog() {
         let kernel = entry.build().expect("library kernels build");
-        let mut runner = TestRunner::new(Config { cases: 4, failure_persistence: None, ..Config::default() });
-        let strategy = prop::sample::select(lengths(entry.blocksize()))
-            .prop_flat_map(|n| prop_oneof![prop::collection::vec(value(), n), prop::collection::vec(tie_value(), n)]);
+        let mut runner = TestRunner::new(Config {
+            cases: 4,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let strategy = prop::sample::select(lengths(entry.blocksize())).prop_flat_map(|n| {
+            prop_oneof![
+                prop::collection::vec(value(), n),
+                prop::collection::vec(tie_value(), n)
+            ]
+        });
         let result = runner.run(&strategy, |values| {
             let mut reference = entry.example_args(&values).expect("example args");
             let fresh = reference.clone();
-            InterpreterDevice.launch(&kernel, &mut OwnedArg::borrow_all(&mut reference)).expect("interpreter runs");
+            InterpreterDevice
+                .launch(&kernel, &mut OwnedArg::borrow_all(&mut reference))
+                .expect("interpreter runs");
             for device in &devices {
                 let mut args = fresh.clone();
-                device.launch(&kernel, &mut OwnedArg::borrow_all(&mut args)).expect("device runs");
+                device
+                    .launch(&kernel, &mut OwnedArg::borrow_all(&mut args))
+                    .expect("device runs");
                 let (bad, total) = count_mismatches(&kernel, &reference, &args);
-                prop_assert_eq!(bad, 0, "{} on {}: {} of {} elements differ (n = {})", kernel.name, device.backend(), bad, total, values.len());
+                prop_assert_eq!(
+                    bad,
+                    0,
+                    "{} on {}: {} of {} elements differ (n = {})",
+                    kernel.name,
+                    device.backend(),
+                    bad,
+                    total,
+                    values.len()
+                );
             }
             Ok(())
         });
@@ -72,5 +101,10 @@ fn every_library_kernel_is_bit_exact_on_every_device() {
         }
     }
     println!("{checked} kernels checked on {} device(s)", devices.len());
-    assert!(failures.is_empty(), "{} kernels not bit-exact:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} kernels not bit-exact:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -20,9 +20,17 @@ fn ir_text_and_clif_of_every_library_kernel() {
             let kernel = entry.build().expect("library kernels build");
             verify(&kernel).expect("library kernels verify");
             let ir = text::print(&kernel);
-            assert_eq!(text::parse(&ir).expect("printed IR parses"), kernel, "{} does not round-trip", kernel.name);
+            assert_eq!(
+                text::parse(&ir).expect("printed IR parses"),
+                kernel,
+                "{} does not round-trip",
+                kernel.name
+            );
             insta::assert_snapshot!(format!("{}.ir", kernel.name), ir);
-            insta::assert_snapshot!(format!("{}.clif", kernel.name), clif_text(&kernel).expect("lowers to Cranelift"));
+            insta::assert_snapshot!(
+                format!("{}.clif", kernel.name),
+                clif_text(&kernel).expect("lowers to Cranelift")
+            );
         }
     });
 }

@@ -40,7 +40,11 @@ pub fn bind(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Binding> {
     if args.len() != kernel.params.len() {
         return Err(err(
             "*",
-            format!("expected {} arguments, got {}", kernel.params.len(), args.len()),
+            format!(
+                "expected {} arguments, got {}",
+                kernel.params.len(),
+                args.len()
+            ),
         ));
     }
     let dim = |d: &Dim| -> Result<u64> {
@@ -60,19 +64,35 @@ pub fn bind(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Binding> {
         match (&param.kind, arg) {
             (ParamKind::Scalar(ty), Arg::Scalar(s)) => {
                 if s.ty() != *ty {
-                    return Err(err(&param.name, format!("expected a {ty} scalar, got {}", s.ty())));
+                    return Err(err(
+                        &param.name,
+                        format!("expected a {ty} scalar, got {}", s.ty()),
+                    ));
                 }
                 elements.push(0);
             }
             (ParamKind::Scalar(ty), _) => {
-                return Err(err(&param.name, format!("expected a {ty} scalar, got a buffer")));
+                return Err(err(
+                    &param.name,
+                    format!("expected a {ty} scalar, got a buffer"),
+                ));
             }
-            (ParamKind::Buffer { dtype, shape, access }, arg) => {
+            (
+                ParamKind::Buffer {
+                    dtype,
+                    shape,
+                    access,
+                },
+                arg,
+            ) => {
                 let bytes = match arg {
                     Arg::Read(b) if !access.can_write() => b.len(),
                     Arg::Write(b) if access.can_write() => b.len(),
                     Arg::Scalar(_) => {
-                        return Err(err(&param.name, format!("expected a {dtype} buffer, got a scalar")))
+                        return Err(err(
+                            &param.name,
+                            format!("expected a {dtype} buffer, got a scalar"),
+                        ))
                     }
                     _ => {
                         return Err(err(
@@ -134,7 +154,9 @@ pub fn count_mismatches(kernel: &Kernel, a: &[OwnedArg], b: &[OwnedArg]) -> (usi
     use crate::types::DType;
     let (mut bad, mut total) = (0, 0);
     for (((_, param), x), y) in kernel.params.iter().zip(a).zip(b) {
-        let (ParamKind::Buffer { dtype, .. }, OwnedArg::Write(x), OwnedArg::Write(y)) = (&param.kind, x, y) else {
+        let (ParamKind::Buffer { dtype, .. }, OwnedArg::Write(x), OwnedArg::Write(y)) =
+            (&param.kind, x, y)
+        else {
             continue;
         };
         let size = dtype.size_bytes();

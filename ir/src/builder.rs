@@ -50,16 +50,29 @@ impl KernelBuilder {
     }
 
     /// Declares a buffer parameter.
-    pub fn buffer_param(&mut self, name: &str, dtype: DType, shape: &[Dim], access: Access) -> ParamId {
+    pub fn buffer_param(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        shape: &[Dim],
+        access: Access,
+    ) -> ParamId {
         self.kernel.params.append(Param {
             name: name.to_string(),
-            kind: ParamKind::Buffer { dtype, shape: shape.to_vec(), access },
+            kind: ParamKind::Buffer {
+                dtype,
+                shape: shape.to_vec(),
+                access,
+            },
         })
     }
 
     /// Declares a scalar parameter.
     pub fn scalar_param(&mut self, name: &str, ty: ScalarType) -> ParamId {
-        self.kernel.params.append(Param { name: name.to_string(), kind: ParamKind::Scalar(ty) })
+        self.kernel.params.append(Param {
+            name: name.to_string(),
+            kind: ParamKind::Scalar(ty),
+        })
     }
 
     /// Sets the number of work items.
@@ -69,7 +82,11 @@ impl KernelBuilder {
 
     /// Declares a constant `f32` table.
     pub fn table_f32(&mut self, name: &str, data: &[f32]) -> TableId {
-        self.table(name, ScalarType::F32, data.iter().map(|v| v.to_bits()).collect())
+        self.table(
+            name,
+            ScalarType::F32,
+            data.iter().map(|v| v.to_bits()).collect(),
+        )
     }
 
     /// Declares a constant `u32` table.
@@ -79,12 +96,19 @@ impl KernelBuilder {
 
     /// Declares a constant table of raw 32-bit patterns of type `ty`.
     pub fn table(&mut self, name: &str, ty: ScalarType, data: Vec<u32>) -> TableId {
-        self.kernel.tables.append(Table { name: name.to_string(), ty, data })
+        self.kernel.tables.append(Table {
+            name: name.to_string(),
+            ty,
+            data,
+        })
     }
 
     /// Declares a local variable (zero at the start of each work item).
     pub fn var(&mut self, name: &str, ty: ScalarType) -> VarId {
-        self.kernel.vars.append(Var { name: name.to_string(), ty })
+        self.kernel.vars.append(Var {
+            name: name.to_string(),
+            ty,
+        })
     }
 
     /// Appends `op` as a `Let` in the current block and returns its value.
@@ -96,7 +120,10 @@ impl KernelBuilder {
     }
 
     fn push(&mut self, stmt: Stmt) {
-        self.blocks.last_mut().expect("builder always has an open block").push(stmt);
+        self.blocks
+            .last_mut()
+            .expect("builder always has an open block")
+            .push(stmt);
     }
 
     fn nested(&mut self, f: impl FnOnce(&mut Self)) -> Vec<Stmt> {
@@ -156,11 +183,21 @@ impl KernelBuilder {
     }
     /// Stores into a buffer whose dtype needs no rounding.
     pub fn store(&mut self, buf: ParamId, index: Value, value: Value) {
-        self.push(Stmt::Store { buf, index, value, rounding: None });
+        self.push(Stmt::Store {
+            buf,
+            index,
+            value,
+            rounding: None,
+        });
     }
     /// Stores an `f32` into an `f16`/`bf16` buffer with the named rounding.
     pub fn store_rounded(&mut self, buf: ParamId, index: Value, value: Value, rounding: Rounding) {
-        self.push(Stmt::Store { buf, index, value, rounding: Some(rounding) });
+        self.push(Stmt::Store {
+            buf,
+            index,
+            value,
+            rounding: Some(rounding),
+        });
     }
     /// Stores `value`, rounding to nearest even when `buf` has a narrow float dtype.
     pub fn store_auto(&mut self, buf: ParamId, index: Value, value: Value) {
@@ -169,7 +206,12 @@ impl KernelBuilder {
             Some(ParamKind::Buffer { dtype, .. }) if dtype.is_narrow_float()
         );
         let rounding = narrow.then_some(Rounding::NearestEven);
-        self.push(Stmt::Store { buf, index, value, rounding });
+        self.push(Stmt::Store {
+            buf,
+            index,
+            value,
+            rounding,
+        });
     }
 
     // ----- arithmetic -----
@@ -255,18 +297,29 @@ impl KernelBuilder {
     }
     /// `cond ? if_true : if_false`.
     pub fn select(&mut self, cond: Value, if_true: Value, if_false: Value) -> Value {
-        self.op(Op::Select { cond, if_true, if_false })
+        self.op(Op::Select {
+            cond,
+            if_true,
+            if_false,
+        })
     }
 
     // ----- conversions -----
 
     /// `f32` to `u32`/`i32` with rounding and saturation (NaN to 0).
     pub fn float_to_int(&mut self, value: Value, to: ScalarType, rounding: Rounding) -> Value {
-        self.op(Op::FloatToInt { value, to, rounding })
+        self.op(Op::FloatToInt {
+            value,
+            to,
+            rounding,
+        })
     }
     /// `u32`/`i32` to `f32`, round to nearest even.
     pub fn int_to_float(&mut self, value: Value) -> Value {
-        self.op(Op::IntToFloat { value, rounding: Rounding::NearestEven })
+        self.op(Op::IntToFloat {
+            value,
+            rounding: Rounding::NearestEven,
+        })
     }
     /// Reinterprets the bits as `to`.
     pub fn bitcast(&mut self, value: Value, to: ScalarType) -> Value {
@@ -276,12 +329,30 @@ impl KernelBuilder {
     // ----- reductions -----
 
     /// `f32` sum of `buf[start..start+len]` in `order`.
-    pub fn reduce_sum(&mut self, buf: ParamId, start: Value, len: Value, order: ReduceOrder) -> Value {
-        self.op(Op::Reduce { kind: ReduceKind::Sum, buf, start, len, order })
+    pub fn reduce_sum(
+        &mut self,
+        buf: ParamId,
+        start: Value,
+        len: Value,
+        order: ReduceOrder,
+    ) -> Value {
+        self.op(Op::Reduce {
+            kind: ReduceKind::Sum,
+            buf,
+            start,
+            len,
+            order,
+        })
     }
     /// `max |x|` of `buf[start..start+len]`.
     pub fn reduce_absmax(&mut self, buf: ParamId, start: Value, len: Value, nan: NanMode) -> Value {
-        self.op(Op::Reduce { kind: ReduceKind::AbsMax(nan), buf, start, len, order: ReduceOrder::Sequential })
+        self.op(Op::Reduce {
+            kind: ReduceKind::AbsMax(nan),
+            buf,
+            start,
+            len,
+            order: ReduceOrder::Sequential,
+        })
     }
 
     // ----- control flow -----
@@ -289,19 +360,47 @@ impl KernelBuilder {
     /// `if cond { then }`.
     pub fn if_then(&mut self, cond: Value, then: impl FnOnce(&mut Self)) {
         let then_body = self.nested(then);
-        self.push(Stmt::If { cond, then_body, else_body: Vec::new() });
+        self.push(Stmt::If {
+            cond,
+            then_body,
+            else_body: Vec::new(),
+        });
     }
     /// `if cond { then } else { otherwise }`.
-    pub fn if_else(&mut self, cond: Value, then: impl FnOnce(&mut Self), otherwise: impl FnOnce(&mut Self)) {
+    pub fn if_else(
+        &mut self,
+        cond: Value,
+        then: impl FnOnce(&mut Self),
+        otherwise: impl FnOnce(&mut Self),
+    ) {
         let then_body = self.nested(then);
         let else_body = self.nested(otherwise);
-        self.push(Stmt::If { cond, then_body, else_body });
+        self.push(Stmt::If {
+            cond,
+            then_body,
+            else_body,
+        });
     }
     /// `for i in (start..end).step_by(step) { body(i) }`.
-    pub fn for_range(&mut self, start: Value, end: Value, step: u32, body: impl FnOnce(&mut Self, Value)) {
-        let index = self.kernel.values.append(ValueDef { op: Op::LoopIndex, ty: ScalarType::U32 });
+    pub fn for_range(
+        &mut self,
+        start: Value,
+        end: Value,
+        step: u32,
+        body: impl FnOnce(&mut Self, Value),
+    ) {
+        let index = self.kernel.values.append(ValueDef {
+            op: Op::LoopIndex,
+            ty: ScalarType::U32,
+        });
         let body = self.nested(|b| body(b, index));
-        self.push(Stmt::For { index, start, end, step, body });
+        self.push(Stmt::For {
+            index,
+            start,
+            end,
+            step,
+            body,
+        });
     }
 
     /// Finishes the kernel. Run [`crate::verify`] before handing it to a backend.

@@ -15,7 +15,10 @@ pub struct Handle<T> {
 impl<T> Handle<T> {
     /// Makes a handle from a raw index (used by the parser and by tests of the verifier).
     pub const fn from_index(index: u32) -> Self {
-        Handle { index, marker: PhantomData }
+        Handle {
+            index,
+            marker: PhantomData,
+        }
     }
 
     /// The raw index into the arena.
@@ -99,7 +102,10 @@ impl<T> Arena<T> {
 
     /// Iterates over `(handle, item)` pairs in creation order.
     pub fn iter(&self) -> impl Iterator<Item = (Handle<T>, &T)> {
-        self.items.iter().enumerate().map(|(i, t)| (Handle::from_index(i as u32), t))
+        self.items
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (Handle::from_index(i as u32), t))
     }
 }
 

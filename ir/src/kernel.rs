@@ -181,7 +181,10 @@ pub struct Kernel {
 impl Kernel {
     /// The parameter called `name`, if any.
     pub fn param_by_name(&self, name: &str) -> Option<ParamId> {
-        self.params.iter().find(|(_, p)| p.name == name).map(|(h, _)| h)
+        self.params
+            .iter()
+            .find(|(_, p)| p.name == name)
+            .map(|(h, _)| h)
     }
 
     /// A stable 64-bit hash (FNV-1a) of the kernel's text form: equal text, equal hash. Used as
@@ -203,7 +206,11 @@ impl Kernel {
 pub fn infer_type(kernel: &Kernel, op: &Op) -> Result<ScalarType, String> {
     use ScalarType::*;
     let ty = |v: Value| -> Result<ScalarType, String> {
-        kernel.values.try_get(v).map(|d| d.ty).ok_or_else(|| format!("value %{} does not exist", v.index()))
+        kernel
+            .values
+            .try_get(v)
+            .map(|d| d.ty)
+            .ok_or_else(|| format!("value %{} does not exist", v.index()))
     };
     let want = |v: Value, t: ScalarType, what: &str| -> Result<(), String> {
         let got = ty(v)?;
@@ -216,7 +223,10 @@ pub fn infer_type(kernel: &Kernel, op: &Op) -> Result<ScalarType, String> {
     let buffer = |p: ParamId| -> Result<(DType, Access), String> {
         match kernel.params.try_get(p).map(|p| &p.kind) {
             Some(ParamKind::Buffer { dtype, access, .. }) => Ok((*dtype, *access)),
-            Some(ParamKind::Scalar(_)) => Err(format!("parameter '{}' is a scalar, not a buffer", kernel.params[p].name)),
+            Some(ParamKind::Scalar(_)) => Err(format!(
+                "parameter '{}' is a scalar, not a buffer",
+                kernel.params[p].name
+            )),
             None => Err(format!("parameter #{} does not exist", p.index())),
         }
     };
@@ -225,33 +235,58 @@ pub fn infer_type(kernel: &Kernel, op: &Op) -> Result<ScalarType, String> {
         Op::Param(p) => match kernel.params.try_get(*p).map(|p| &p.kind) {
             Some(ParamKind::Scalar(t)) if *t != Bool => Ok(*t),
             Some(ParamKind::Scalar(_)) => Err("scalar parameters cannot be bool".into()),
-            Some(ParamKind::Buffer { .. }) => Err(format!("parameter '{}' is a buffer, not a scalar", kernel.params[*p].name)),
+            Some(ParamKind::Buffer { .. }) => Err(format!(
+                "parameter '{}' is a buffer, not a scalar",
+                kernel.params[*p].name
+            )),
             None => Err(format!("parameter #{} does not exist", p.index())),
         },
         Op::Const(c) => Ok(c.ty()),
-        Op::ReadVar(v) => kernel.vars.try_get(*v).map(|v| v.ty).ok_or_else(|| format!("variable #{} does not exist", v.index())),
+        Op::ReadVar(v) => kernel
+            .vars
+            .try_get(*v)
+            .map(|v| v.ty)
+            .ok_or_else(|| format!("variable #{} does not exist", v.index())),
         Op::Load { buf, index } => {
             let (dtype, access) = buffer(*buf)?;
             want(*index, U32, "load index")?;
             if !access.can_read() {
-                return Err(format!("load from write-only buffer '{}'", kernel.params[*buf].name));
+                return Err(format!(
+                    "load from write-only buffer '{}'",
+                    kernel.params[*buf].name
+                ));
             }
             Ok(dtype.value_type())
         }
         Op::Lookup { table, index } => {
             want(*index, U32, "lookup index")?;
-            kernel.tables.try_get(*table).map(|t| t.ty).ok_or_else(|| format!("table #{} does not exist", table.index()))
+            kernel
+                .tables
+                .try_get(*table)
+                .map(|t| t.ty)
+                .ok_or_else(|| format!("table #{} does not exist", table.index()))
         }
         Op::Unary(u, a) => {
             let t = ty(*a)?;
-            if u.accepts(t) { Ok(t) } else { Err(format!("{} is not defined on {t}", u.name())) }
+            if u.accepts(t) {
+                Ok(t)
+            } else {
+                Err(format!("{} is not defined on {t}", u.name()))
+            }
         }
         Op::Binary(b, x, y) => {
             let (tx, ty_) = (ty(*x)?, ty(*y)?);
             if tx != ty_ {
-                return Err(format!("{} operands differ in type: {tx} and {ty_}", b.name()));
+                return Err(format!(
+                    "{} operands differ in type: {tx} and {ty_}",
+                    b.name()
+                ));
             }
-            if b.accepts(tx) { Ok(tx) } else { Err(format!("{} is not defined on {tx}", b.name())) }
+            if b.accepts(tx) {
+                Ok(tx)
+            } else {
+                Err(format!("{} is not defined on {tx}", b.name()))
+            }
         }
         Op::Fma(a, b, c) => {
             want(*a, F32, "fma operand")?;
@@ -262,14 +297,21 @@ pub fn infer_type(kernel: &Kernel, op: &Op) -> Result<ScalarType, String> {
         Op::Cmp(c, x, y) => {
             let (tx, ty_) = (ty(*x)?, ty(*y)?);
             if tx != ty_ {
-                return Err(format!("{} operands differ in type: {tx} and {ty_}", c.name()));
+                return Err(format!(
+                    "{} operands differ in type: {tx} and {ty_}",
+                    c.name()
+                ));
             }
             if tx == Bool && !matches!(c, CmpOp::Eq | CmpOp::Ne) {
                 return Err(format!("{} is not defined on bool", c.name()));
             }
             Ok(Bool)
         }
-        Op::Select { cond, if_true, if_false } => {
+        Op::Select {
+            cond,
+            if_true,
+            if_false,
+        } => {
             want(*cond, Bool, "select condition")?;
             let t = ty(*if_true)?;
             want(*if_false, t, "select operands")?;
@@ -277,29 +319,55 @@ pub fn infer_type(kernel: &Kernel, op: &Op) -> Result<ScalarType, String> {
         }
         Op::FloatToInt { value, to, .. } => {
             want(*value, F32, "float_to_int operand")?;
-            if to.is_int() { Ok(*to) } else { Err(format!("float_to_int target must be u32 or i32, got {to}")) }
+            if to.is_int() {
+                Ok(*to)
+            } else {
+                Err(format!("float_to_int target must be u32 or i32, got {to}"))
+            }
         }
         Op::IntToFloat { value, .. } => {
             let t = ty(*value)?;
-            if t.is_int() { Ok(F32) } else { Err(format!("int_to_float operand must be u32 or i32, got {t}")) }
+            if t.is_int() {
+                Ok(F32)
+            } else {
+                Err(format!("int_to_float operand must be u32 or i32, got {t}"))
+            }
         }
         Op::Bitcast { value, to } => {
             let t = ty(*value)?;
-            if t == Bool || *to == Bool { Err("bitcast is not defined on bool".into()) } else { Ok(*to) }
+            if t == Bool || *to == Bool {
+                Err("bitcast is not defined on bool".into())
+            } else {
+                Ok(*to)
+            }
         }
-        Op::Reduce { kind, buf, start, len, order } => {
+        Op::Reduce {
+            kind,
+            buf,
+            start,
+            len,
+            order,
+        } => {
             let (dtype, access) = buffer(*buf)?;
             if !access.can_read() {
-                return Err(format!("reduce over write-only buffer '{}'", kernel.params[*buf].name));
+                return Err(format!(
+                    "reduce over write-only buffer '{}'",
+                    kernel.params[*buf].name
+                ));
             }
             if !dtype.is_float() {
-                return Err(format!("reduce needs a float buffer, '{}' is {dtype}", kernel.params[*buf].name));
+                return Err(format!(
+                    "reduce needs a float buffer, '{}' is {dtype}",
+                    kernel.params[*buf].name
+                ));
             }
             want(*start, U32, "reduce start")?;
             want(*len, U32, "reduce len")?;
             if let crate::ops::ReduceOrder::Strided(w) = order {
                 if !(2..=64).contains(w) || !w.is_power_of_two() {
-                    return Err(format!("strided reduce needs a power of two in 2..=64 ways, got {w}"));
+                    return Err(format!(
+                        "strided reduce needs a power of two in 2..=64 ways, got {w}"
+                    ));
                 }
             }
             let _ = kind; // every kind yields f32

@@ -288,8 +288,14 @@ impl UnaryOp {
 
 impl CmpOp {
     /// All comparisons.
-    pub const ALL: [CmpOp; 6] =
-        [CmpOp::Eq, CmpOp::Ne, CmpOp::Lt, CmpOp::Le, CmpOp::Gt, CmpOp::Ge];
+    pub const ALL: [CmpOp; 6] = [
+        CmpOp::Eq,
+        CmpOp::Ne,
+        CmpOp::Lt,
+        CmpOp::Le,
+        CmpOp::Gt,
+        CmpOp::Ge,
+    ];
     /// Name in the text form.
     pub const fn name(self) -> &'static str {
         match self {
@@ -312,8 +318,14 @@ impl Op {
             Op::Unary(_, a) => vec![*a],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) => vec![*a, *b],
             Op::Fma(a, b, c) => vec![*a, *b, *c],
-            Op::Select { cond, if_true, if_false } => vec![*cond, *if_true, *if_false],
-            Op::FloatToInt { value, .. } | Op::IntToFloat { value, .. } | Op::Bitcast { value, .. } => {
+            Op::Select {
+                cond,
+                if_true,
+                if_false,
+            } => vec![*cond, *if_true, *if_false],
+            Op::FloatToInt { value, .. }
+            | Op::IntToFloat { value, .. }
+            | Op::Bitcast { value, .. } => {
                 vec![*value]
             }
             Op::Reduce { start, len, .. } => vec![*start, *len],

@@ -23,8 +23,15 @@ pub enum DType {
 
 impl DType {
     /// All buffer dtypes, in a fixed order.
-    pub const ALL: [DType; 7] =
-        [DType::F32, DType::F16, DType::BF16, DType::U8, DType::I8, DType::I32, DType::U32];
+    pub const ALL: [DType; 7] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::U8,
+        DType::I8,
+        DType::I32,
+        DType::U32,
+    ];
 
     /// Size of one element in bytes.
     pub const fn size_bytes(self) -> usize {
@@ -95,8 +102,12 @@ pub enum ScalarType {
 
 impl ScalarType {
     /// All value types.
-    pub const ALL: [ScalarType; 4] =
-        [ScalarType::F32, ScalarType::U32, ScalarType::I32, ScalarType::Bool];
+    pub const ALL: [ScalarType; 4] = [
+        ScalarType::F32,
+        ScalarType::U32,
+        ScalarType::I32,
+        ScalarType::Bool,
+    ];
 
     /// The name used in the text form.
     pub const fn name(self) -> &'static str {
@@ -190,8 +201,12 @@ pub enum Rounding {
 
 impl Rounding {
     /// All rounding modes.
-    pub const ALL: [Rounding; 4] =
-        [Rounding::NearestEven, Rounding::TowardZero, Rounding::Down, Rounding::Up];
+    pub const ALL: [Rounding; 4] = [
+        Rounding::NearestEven,
+        Rounding::TowardZero,
+        Rounding::Down,
+        Rounding::Up,
+    ];
 
     /// The name used in the text form.
     pub const fn name(self) -> &'static str {

@@ -20,13 +20,21 @@ use crate::types::{Rounding, ScalarType};
 /// # Errors
 /// [`Error::Verify`] listing every problem with its location.
 pub fn verify(kernel: &Kernel) -> Result<()> {
-    let mut v = Verifier { kernel, errors: Vec::new(), defined: HashSet::new(), scopes: vec![Vec::new()] };
+    let mut v = Verifier {
+        kernel,
+        errors: Vec::new(),
+        defined: HashSet::new(),
+        scopes: vec![Vec::new()],
+    };
     v.check_decls();
     v.block(&kernel.body, "body");
     if v.errors.is_empty() {
         Ok(())
     } else {
-        Err(Error::Verify { kernel: kernel.name.clone(), errors: v.errors })
+        Err(Error::Verify {
+            kernel: kernel.name.clone(),
+            errors: v.errors,
+        })
     }
 }
 
@@ -47,7 +55,10 @@ struct Verifier<'k> {
 
 impl Verifier<'_> {
     fn error(&mut self, location: impl Into<String>, message: impl Into<String>) {
-        self.errors.push(VerifyError { location: location.into(), message: message.into() });
+        self.errors.push(VerifyError {
+            location: location.into(),
+            message: message.into(),
+        });
     }
 
     fn check_dim(&mut self, d: &Dim, location: &str) {
@@ -55,7 +66,10 @@ impl Verifier<'_> {
             match self.kernel.params.try_get(*p).map(|p| &p.kind) {
                 Some(ParamKind::Scalar(ScalarType::U32)) => {}
                 Some(_) => self.error(location, "a symbolic dim must name a u32 scalar parameter"),
-                None => self.error(location, format!("dim names parameter #{} which does not exist", p.index())),
+                None => self.error(
+                    location,
+                    format!("dim names parameter #{} which does not exist", p.index()),
+                ),
             }
         }
     }
@@ -63,7 +77,10 @@ impl Verifier<'_> {
     fn check_decls(&mut self) {
         let k = self.kernel;
         if !is_ident(&k.name) {
-            self.error("kernel", format!("kernel name '{}' is not an identifier", k.name));
+            self.error(
+                "kernel",
+                format!("kernel name '{}' is not an identifier", k.name),
+            );
         }
         let mut names = HashSet::new();
         for (_, p) in k.params.iter() {
@@ -75,7 +92,9 @@ impl Verifier<'_> {
                 self.error(&loc, "duplicate parameter name");
             }
             match &p.kind {
-                ParamKind::Scalar(ScalarType::Bool) => self.error(&loc, "scalar parameters cannot be bool"),
+                ParamKind::Scalar(ScalarType::Bool) => {
+                    self.error(&loc, "scalar parameters cannot be bool")
+                }
                 ParamKind::Scalar(_) => {}
                 ParamKind::Buffer { shape, .. } => {
                     if shape.is_empty() {
@@ -104,7 +123,10 @@ impl Verifier<'_> {
         let mut names = HashSet::new();
         for (_, var) in k.vars.iter() {
             if !is_ident(&var.name) || !names.insert(var.name.as_str()) {
-                self.error(format!("var '{}'", var.name), "variable name is not a unique identifier");
+                self.error(
+                    format!("var '{}'", var.name),
+                    "variable name is not a unique identifier",
+                );
             }
         }
     }
@@ -120,7 +142,13 @@ impl Verifier<'_> {
             return None;
         };
         if !self.visible(v) {
-            self.error(loc, format!("%{} is used before its definition or outside its block", v.index()));
+            self.error(
+                loc,
+                format!(
+                    "%{} is used before its definition or outside its block",
+                    v.index()
+                ),
+            );
         }
         Some(def.ty)
     }
@@ -128,7 +156,10 @@ impl Verifier<'_> {
     fn expect(&mut self, v: Value, ty: ScalarType, what: &str, loc: &str) {
         if let Some(t) = self.use_value(v, loc) {
             if t != ty {
-                self.error(loc, format!("{what} must be {ty}, got {t} (%{})", v.index()));
+                self.error(
+                    loc,
+                    format!("{what} must be {ty}, got {t} (%{})", v.index()),
+                );
             }
         }
     }
@@ -161,7 +192,10 @@ impl Verifier<'_> {
         match stmt {
             Stmt::Let(v) => {
                 let Some(def) = k.values.try_get(*v) else {
-                    self.error(loc, format!("let of value %{} which does not exist", v.index()));
+                    self.error(
+                        loc,
+                        format!("let of value %{} which does not exist", v.index()),
+                    );
                     return;
                 };
                 let loc = format!("{loc} (%{})", v.index());
@@ -171,60 +205,106 @@ impl Verifier<'_> {
                 for operand in def.op.operands() {
                     self.use_value(operand, &loc);
                 }
-                if def.op.operands().iter().all(|o| k.values.try_get(*o).is_some()) {
+                if def
+                    .op
+                    .operands()
+                    .iter()
+                    .all(|o| k.values.try_get(*o).is_some())
+                {
                     match infer_type(k, &def.op) {
                         Ok(t) if t == def.ty => {}
-                        Ok(t) => self.error(&loc, format!("recorded type {} but the op yields {t}", def.ty)),
+                        Ok(t) => self.error(
+                            &loc,
+                            format!("recorded type {} but the op yields {t}", def.ty),
+                        ),
                         Err(msg) => self.error(&loc, msg),
                     }
                 }
                 self.define(*v, &loc);
             }
-            Stmt::Store { buf, index, value, rounding } => {
+            Stmt::Store {
+                buf,
+                index,
+                value,
+                rounding,
+            } => {
                 self.expect(*index, ScalarType::U32, "store index", loc);
                 let vty = self.use_value(*value, loc);
                 match k.params.try_get(*buf) {
-                    None => self.error(loc, format!("store to parameter #{} which does not exist", buf.index())),
-                    Some(p) => match &p.kind {
-                        ParamKind::Scalar(_) => self.error(loc, format!("store to scalar parameter '{}'", p.name)),
-                        ParamKind::Buffer { dtype, access, .. } => {
-                            if !access.can_write() {
-                                self.error(loc, format!("store to read-only buffer '{}'", p.name));
+                    None => self.error(
+                        loc,
+                        format!("store to parameter #{} which does not exist", buf.index()),
+                    ),
+                    Some(p) => {
+                        match &p.kind {
+                            ParamKind::Scalar(_) => {
+                                self.error(loc, format!("store to scalar parameter '{}'", p.name))
                             }
-                            if let Some(t) = vty {
-                                if t != dtype.value_type() {
-                                    self.error(loc, format!("store of {t} into {dtype} buffer '{}' (needs {})", p.name, dtype.value_type()));
+                            ParamKind::Buffer { dtype, access, .. } => {
+                                if !access.can_write() {
+                                    self.error(
+                                        loc,
+                                        format!("store to read-only buffer '{}'", p.name),
+                                    );
                                 }
-                            }
-                            match (dtype.is_narrow_float(), rounding) {
+                                if let Some(t) = vty {
+                                    if t != dtype.value_type() {
+                                        self.error(
+                                            loc,
+                                            format!(
+                                                "store of {t} into {dtype} buffer '{}' (needs {})",
+                                                p.name,
+                                                dtype.value_type()
+                                            ),
+                                        );
+                                    }
+                                }
+                                match (dtype.is_narrow_float(), rounding) {
                                 (true, None) => self.error(loc, format!("store into {dtype} buffer '{}' needs a rounding", p.name)),
                                 (true, Some(Rounding::NearestEven)) | (false, None) => {}
                                 (true, Some(r)) => self.error(loc, format!("rounding {} to {dtype} is not supported yet (only rne)", r.name())),
                                 (false, Some(_)) => self.error(loc, format!("store into {dtype} buffer '{}' takes no rounding", p.name)),
                             }
-                        }
-                    },
-                }
-            }
-            Stmt::Assign { var, value } => {
-                let vty = self.use_value(*value, loc);
-                match k.vars.try_get(*var) {
-                    None => self.error(loc, format!("assign to variable #{} which does not exist", var.index())),
-                    Some(var) => {
-                        if let Some(t) = vty {
-                            if t != var.ty {
-                                self.error(loc, format!("assign of {t} to {} variable '{}'", var.ty, var.name));
                             }
                         }
                     }
                 }
             }
-            Stmt::If { cond, then_body, else_body } => {
+            Stmt::Assign { var, value } => {
+                let vty = self.use_value(*value, loc);
+                match k.vars.try_get(*var) {
+                    None => self.error(
+                        loc,
+                        format!("assign to variable #{} which does not exist", var.index()),
+                    ),
+                    Some(var) => {
+                        if let Some(t) = vty {
+                            if t != var.ty {
+                                self.error(
+                                    loc,
+                                    format!("assign of {t} to {} variable '{}'", var.ty, var.name),
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            Stmt::If {
+                cond,
+                then_body,
+                else_body,
+            } => {
                 self.expect(*cond, ScalarType::Bool, "if condition", loc);
                 self.nested(then_body, &format!("{loc}.then"), None);
                 self.nested(else_body, &format!("{loc}.else"), None);
             }
-            Stmt::For { index, start, end, step, body } => {
+            Stmt::For {
+                index,
+                start,
+                end,
+                step,
+                body,
+            } => {
                 self.expect(*start, ScalarType::U32, "loop start", loc);
                 self.expect(*end, ScalarType::U32, "loop end", loc);
                 if *step == 0 {
@@ -232,7 +312,13 @@ impl Verifier<'_> {
                 }
                 match k.values.try_get(*index) {
                     Some(def) if def.op == Op::LoopIndex && def.ty == ScalarType::U32 => {}
-                    Some(_) => self.error(loc, format!("loop index %{} must be a u32 loop_index value", index.index())),
+                    Some(_) => self.error(
+                        loc,
+                        format!(
+                            "loop index %{} must be a u32 loop_index value",
+                            index.index()
+                        ),
+                    ),
                     None => {
                         self.error(loc, format!("loop index %{} does not exist", index.index()));
                         return;

@@ -34,7 +34,11 @@ impl HostTensor {
 
     /// An `f32` tensor from values.
     pub fn from_f32(shape: Vec<usize>, values: &[f32]) -> Result<Self> {
-        Self::new(DType::F32, shape, values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        Self::new(
+            DType::F32,
+            shape,
+            values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        )
     }
 
     /// Converts `f32` values to `dtype` (round to nearest even for f16/bf16).
@@ -44,9 +48,19 @@ impl HostTensor {
     pub fn from_f32_as(dtype: DType, shape: Vec<usize>, values: &[f32]) -> Result<Self> {
         let data = match dtype {
             DType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-            DType::F16 => values.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
-            DType::BF16 => values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect(),
-            other => return Err(Error::Invalid(format!("from_f32_as needs a float dtype, got {other}"))),
+            DType::F16 => values
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            DType::BF16 => values
+                .iter()
+                .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+            other => {
+                return Err(Error::Invalid(format!(
+                    "from_f32_as needs a float dtype, got {other}"
+                )))
+            }
         };
         Self::new(dtype, shape, data)
     }
@@ -62,10 +76,24 @@ impl HostTensor {
     /// [`Error::Invalid`] for a non-float dtype.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         match self.dtype {
-            DType::F32 => Ok(self.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-            DType::F16 => Ok(self.data.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
-            DType::BF16 => Ok(self.data.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
-            other => Err(Error::Invalid(format!("expected a float tensor, got {other}"))),
+            DType::F32 => Ok(self
+                .data
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()),
+            DType::F16 => Ok(self
+                .data
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect()),
+            DType::BF16 => Ok(self
+                .data
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect()),
+            other => Err(Error::Invalid(format!(
+                "expected a float tensor, got {other}"
+            ))),
         }
     }
 }
@@ -77,5 +105,8 @@ pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
 
 /// Little-endian bytes to `f32` values (a trailing partial element is ignored).
 pub fn bytes_f32(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }

@@ -24,6 +24,8 @@ mod fused;
 mod memory;
 #[path = "cpu_ops/reduce.rs"]
 mod reduce;
+#[path = "cpu_ops/vector.rs"]
+mod vector;
 
 // ----- harness -----
 

@@ -6,7 +6,12 @@ use serde_json::{json, Map, Value};
 /// Returns `config` with the bitsandbytes 4-bit `quantization_config` set.
 ///
 /// `quant_type` is `nf4` or `fp4`; `compute_dtype` is `float32`, `float16` or `bfloat16`.
-pub fn with_bnb4_config(mut config: Map<String, Value>, quant_type: &str, double_quant: bool, compute_dtype: &str) -> Map<String, Value> {
+pub fn with_bnb4_config(
+    mut config: Map<String, Value>,
+    quant_type: &str,
+    double_quant: bool,
+    compute_dtype: &str,
+) -> Map<String, Value> {
     config.insert(
         "quantization_config".into(),
         json!({

@@ -31,19 +31,55 @@ pub struct Int8State {
 }
 
 /// The tensors that replace weight `name`.
-pub fn encode(name: &str, codes: Vec<u8>, absmax: &[f32], blocksize: usize, original: &HostTensor) -> Vec<(String, RawTensor<'static>)> {
-    let shape = original.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
+pub fn encode(
+    name: &str,
+    codes: Vec<u8>,
+    absmax: &[f32],
+    blocksize: usize,
+    original: &HostTensor,
+) -> Vec<(String, RawTensor<'static>)> {
+    let shape = original
+        .shape
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     let json = format!(
         "{{\"quant_type\": \"int8_blockwise\", \"code\": \"dynamic\", \"blocksize\": {blocksize}, \"dtype\": \"{}\", \"shape\": [{shape}]}}",
         torch_dtype_name(original.dtype)
     )
     .into_bytes();
-    let f32s = |v: &[f32]| RawTensor { dtype: Dtype::F32, shape: vec![v.len()], data: v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into() };
+    let f32s = |v: &[f32]| RawTensor {
+        dtype: Dtype::F32,
+        shape: vec![v.len()],
+        data: v
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into(),
+    };
     vec![
-        (name.to_string(), RawTensor { dtype: Dtype::U8, shape: original.shape.clone(), data: codes.into() }),
+        (
+            name.to_string(),
+            RawTensor {
+                dtype: Dtype::U8,
+                shape: original.shape.clone(),
+                data: codes.into(),
+            },
+        ),
         (format!("{name}.absmax"), f32s(absmax)),
-        (format!("{name}.quant_map"), f32s(&qforge_ir::library::BlockwiseMap::Dynamic.code())),
-        (format!("{name}{STATE_SUFFIX}"), RawTensor { dtype: Dtype::U8, shape: vec![json.len()], data: json.into() }),
+        (
+            format!("{name}.quant_map"),
+            f32s(&qforge_ir::library::BlockwiseMap::Dynamic.code()),
+        ),
+        (
+            format!("{name}{STATE_SUFFIX}"),
+            RawTensor {
+                dtype: Dtype::U8,
+                shape: vec![json.len()],
+                data: json.into(),
+            },
+        ),
     ]
 }
 
@@ -51,19 +87,37 @@ pub fn encode(name: &str, codes: Vec<u8>, absmax: &[f32], blocksize: usize, orig
 ///
 /// # Errors
 /// [`Error::Tensor`] when a companion tensor is missing or the JSON is malformed.
-pub fn decode(path: &Path, tensors: &BTreeMap<String, TensorRef<'_>>, name: &str) -> Result<(Vec<u8>, Int8State)> {
-    let bad = |message: String| Error::Tensor { path: path.to_path_buf(), tensor: name.to_string(), message };
+pub fn decode(
+    path: &Path,
+    tensors: &BTreeMap<String, TensorRef<'_>>,
+    name: &str,
+) -> Result<(Vec<u8>, Int8State)> {
+    let bad = |message: String| Error::Tensor {
+        path: path.to_path_buf(),
+        tensor: name.to_string(),
+        message,
+    };
     let get = |suffix: &str| {
         let key = format!("{name}{suffix}");
-        tensors.get(&key).ok_or_else(|| bad(format!("companion tensor '{key}' is missing")))
+        tensors
+            .get(&key)
+            .ok_or_else(|| bad(format!("companion tensor '{key}' is missing")))
     };
-    let json: Value = serde_json::from_slice(get(STATE_SUFFIX)?.data).map_err(|e| bad(format!("quant state JSON is malformed: {e}")))?;
-    let blocksize = json.get("blocksize").and_then(Value::as_u64).ok_or_else(|| bad("blocksize missing".into()))? as usize;
+    let json: Value = serde_json::from_slice(get(STATE_SUFFIX)?.data)
+        .map_err(|e| bad(format!("quant state JSON is malformed: {e}")))?;
+    let blocksize = json
+        .get("blocksize")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| bad("blocksize missing".into()))? as usize;
     let dtype_name = json.get("dtype").and_then(Value::as_str).unwrap_or("?");
-    let dtype = [qforge_ir::DType::F32, qforge_ir::DType::F16, qforge_ir::DType::BF16]
-        .into_iter()
-        .find(|d| torch_dtype_name(*d) == dtype_name)
-        .ok_or_else(|| bad(format!("unsupported dtype '{dtype_name}'")))?;
+    let dtype = [
+        qforge_ir::DType::F32,
+        qforge_ir::DType::F16,
+        qforge_ir::DType::BF16,
+    ]
+    .into_iter()
+    .find(|d| torch_dtype_name(*d) == dtype_name)
+    .ok_or_else(|| bad(format!("unsupported dtype '{dtype_name}'")))?;
     let text = |k: &str| json.get(k).and_then(Value::as_str).unwrap_or("?");
     if text("quant_type") != "int8_blockwise" || text("code") != "dynamic" {
         return Err(bad(format!("quant state says quant_type '{}' with code '{}'; only int8_blockwise with the dynamic code is supported", text("quant_type"), text("code"))));
@@ -80,11 +134,28 @@ pub fn decode(path: &Path, tensors: &BTreeMap<String, TensorRef<'_>>, name: &str
         return Err(bad("codes must be U8, absmax and quant_map F32".into()));
     }
     if codes.shape != shape {
-        return Err(bad(format!("codes have shape {:?} but the quant state says {shape:?}", codes.shape)));
+        return Err(bad(format!(
+            "codes have shape {:?} but the quant state says {shape:?}",
+            codes.shape
+        )));
     }
-    let f32s = |b: &[u8]| b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<f32>>();
+    let f32s = |b: &[u8]| {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect::<Vec<f32>>()
+    };
     if f32s(quant_map.data) != qforge_ir::library::BlockwiseMap::Dynamic.code() {
-        return Err(bad("quant_map is not the signed dynamic map; custom maps are not supported".into()));
+        return Err(bad(
+            "quant_map is not the signed dynamic map; custom maps are not supported".into(),
+        ));
     }
-    Ok((codes.data.to_vec(), Int8State { dtype, shape, blocksize, absmax: f32s(absmax.data) }))
+    Ok((
+        codes.data.to_vec(),
+        Int8State {
+            dtype,
+            shape,
+            blocksize,
+            absmax: f32s(absmax.data),
+        },
+    ))
 }

@@ -2,9 +2,9 @@
 //! file in the same folder, then rename), so a failure never leaves a partial output behind.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors};
 
@@ -52,7 +52,16 @@ pub struct TensorRef<'a> {
 pub fn index<'a>(st: &SafeTensors<'a>) -> BTreeMap<String, TensorRef<'a>> {
     st.tensors()
         .into_iter()
-        .map(|(name, v)| (name, TensorRef { dtype: v.dtype(), shape: v.shape().to_vec(), data: v.data() }))
+        .map(|(name, v)| {
+            (
+                name,
+                TensorRef {
+                    dtype: v.dtype(),
+                    shape: v.shape().to_vec(),
+                    data: v.data(),
+                },
+            )
+        })
         .collect()
 }
 
@@ -62,13 +71,18 @@ pub fn index<'a>(st: &SafeTensors<'a>) -> BTreeMap<String, TensorRef<'a>> {
 /// [`Error::Io`] naming the file: missing, unreadable, a directory, or not a regular file
 /// (a device or pipe, which could be endless).
 pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    let io = |source| Error::Io { path: path.to_path_buf(), source };
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let meta = std::fs::metadata(path).map_err(io)?;
     if meta.is_dir() {
         return Err(io(std::io::Error::other("is a directory, not a file")));
     }
     if !meta.is_file() {
-        return Err(io(std::io::Error::other("is not a regular file (device, pipe or socket)")));
+        return Err(io(std::io::Error::other(
+            "is not a regular file (device, pipe or socket)",
+        )));
     }
     std::fs::read(path).map_err(io)
 }
@@ -78,8 +92,14 @@ pub fn read_bytes(path: &Path) -> Result<Vec<u8>> {
 /// # Errors
 /// [`Error::Safetensors`] for a truncated file, a corrupt or oversized header, or offsets that do
 /// not fit the file.
-pub fn parse<'a>(bytes: &'a [u8], path: &Path) -> Result<(SafeTensors<'a>, Option<HashMap<String, String>>)> {
-    let err = |e: SafeTensorError| Error::Safetensors { path: path.to_path_buf(), message: describe(e) };
+pub fn parse<'a>(
+    bytes: &'a [u8],
+    path: &Path,
+) -> Result<(SafeTensors<'a>, Option<HashMap<String, String>>)> {
+    let err = |e: SafeTensorError| Error::Safetensors {
+        path: path.to_path_buf(),
+        message: describe(e),
+    };
     let (_, meta) = SafeTensors::read_metadata(bytes).map_err(err)?;
     let st = SafeTensors::deserialize(bytes).map_err(err)?;
     Ok((st, meta.metadata().clone()))
@@ -87,14 +107,28 @@ pub fn parse<'a>(bytes: &'a [u8], path: &Path) -> Result<(SafeTensors<'a>, Optio
 
 fn describe(e: SafeTensorError) -> String {
     match e {
-        SafeTensorError::HeaderTooSmall => "file is shorter than the 8-byte header length (truncated?)".into(),
-        SafeTensorError::InvalidHeaderLength => "header length points past the end of the file (truncated?)".into(),
+        SafeTensorError::HeaderTooSmall => {
+            "file is shorter than the 8-byte header length (truncated?)".into()
+        }
+        SafeTensorError::InvalidHeaderLength => {
+            "header length points past the end of the file (truncated?)".into()
+        }
         SafeTensorError::HeaderTooLarge => "header length is implausibly large (corrupt?)".into(),
-        SafeTensorError::InvalidHeader | SafeTensorError::InvalidHeaderStart => "header is not UTF-8 JSON (corrupt?)".into(),
-        SafeTensorError::InvalidHeaderDeserialization | SafeTensorError::JsonError(_) => "header JSON is malformed".into(),
-        SafeTensorError::InvalidOffset(name) => format!("tensor '{name}' has data offsets outside the file or overlapping others"),
-        SafeTensorError::MetadataIncompleteBuffer => "tensor data does not cover the file exactly (truncated or trailing bytes)".into(),
-        SafeTensorError::TensorInvalidInfo => "a tensor's shape and dtype do not match its byte range".into(),
+        SafeTensorError::InvalidHeader | SafeTensorError::InvalidHeaderStart => {
+            "header is not UTF-8 JSON (corrupt?)".into()
+        }
+        SafeTensorError::InvalidHeaderDeserialization | SafeTensorError::JsonError(_) => {
+            "header JSON is malformed".into()
+        }
+        SafeTensorError::InvalidOffset(name) => {
+            format!("tensor '{name}' has data offsets outside the file or overlapping others")
+        }
+        SafeTensorError::MetadataIncompleteBuffer => {
+            "tensor data does not cover the file exactly (truncated or trailing bytes)".into()
+        }
+        SafeTensorError::TensorInvalidInfo => {
+            "a tensor's shape and dtype do not match its byte range".into()
+        }
         SafeTensorError::ValidationOverflow => "a tensor's shape overflows".into(),
         other => format!("{other:?}"),
     }
@@ -104,9 +138,17 @@ fn describe(e: SafeTensorError) -> String {
 ///
 /// # Errors
 /// [`Error::Safetensors`] if the tensors are inconsistent (a bug, reported rather than panicking).
-pub fn serialize(tensors: &[(String, RawTensor<'_>)], metadata: &Option<HashMap<String, String>>, path: &Path) -> Result<Vec<u8>> {
-    safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), metadata)
-        .map_err(|e| Error::Safetensors { path: path.to_path_buf(), message: describe(e) })
+pub fn serialize(
+    tensors: &[(String, RawTensor<'_>)],
+    metadata: &Option<HashMap<String, String>>,
+    path: &Path,
+) -> Result<Vec<u8>> {
+    safetensors::serialize(tensors.iter().map(|(n, t)| (n.as_str(), t)), metadata).map_err(|e| {
+        Error::Safetensors {
+            path: path.to_path_buf(),
+            message: describe(e),
+        }
+    })
 }
 
 /// Temporary files being written, removed by [`remove_pending_temps`] (the CLI's Ctrl-C / SIGTERM
@@ -116,7 +158,10 @@ static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 /// Removes every temporary file still being written; returns how many were removed.
 pub fn remove_pending_temps() -> usize {
     let pending = std::mem::take(&mut *PENDING.lock().unwrap_or_else(|p| p.into_inner()));
-    pending.iter().filter(|p| std::fs::remove_file(p).is_ok()).count()
+    pending
+        .iter()
+        .filter(|p| std::fs::remove_file(p).is_ok())
+        .count()
 }
 
 fn track(path: &Path, add: bool) {
@@ -135,14 +180,27 @@ fn track(path: &Path, add: bool) {
 /// pipe, directory) or a
 /// read-only file is already there: it is never replaced.
 pub fn output_target(path: &Path) -> Result<PathBuf> {
-    let usage = |what: &str| Error::Usage(format!("output {} {what}; refusing to replace it", path.display()));
+    let usage = |what: &str| {
+        Error::Usage(format!(
+            "output {} {what}; refusing to replace it",
+            path.display()
+        ))
+    };
     let target = match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => std::fs::canonicalize(path).map_err(|_| usage("is a dangling symlink"))?,
+        Ok(m) if m.file_type().is_symlink() => {
+            std::fs::canonicalize(path).map_err(|_| usage("is a dangling symlink"))?
+        }
         _ => path.to_path_buf(),
     };
-    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = target
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     if !dir.is_dir() {
-        return Err(Error::Usage(format!("output folder {} does not exist", dir.display())));
+        return Err(Error::Usage(format!(
+            "output folder {} does not exist",
+            dir.display()
+        )));
     }
     match std::fs::metadata(&target) {
         Ok(m) if m.is_dir() => Err(usage("is a directory")),
@@ -159,7 +217,10 @@ pub fn output_target(path: &Path) -> Result<PathBuf> {
 /// [`Error::Usage`] for a target that must not be replaced (see [`output_target`]),
 /// [`Error::Io`] naming the path; temporary files are removed on any failure.
 pub fn write_files_atomic(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
-    let targets = files.iter().map(|(p, _)| output_target(p)).collect::<Result<Vec<_>>>()?;
+    let targets = files
+        .iter()
+        .map(|(p, _)| output_target(p))
+        .collect::<Result<Vec<_>>>()?;
     let mut temps: Vec<PathBuf> = Vec::new();
     let cleanup = |temps: &[PathBuf]| {
         for t in temps {
@@ -182,13 +243,19 @@ pub fn write_files_atomic(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
         })();
         if let Err(source) = written {
             cleanup(&temps);
-            return Err(Error::Io { path: target.clone(), source });
+            return Err(Error::Io {
+                path: target.clone(),
+                source,
+            });
         }
     }
     for (i, (tmp, target)) in temps.iter().zip(&targets).enumerate() {
         if let Err(source) = std::fs::rename(tmp, target) {
             cleanup(&temps[i..]);
-            return Err(Error::Io { path: target.clone(), source });
+            return Err(Error::Io {
+                path: target.clone(),
+                source,
+            });
         }
         track(tmp, false);
     }

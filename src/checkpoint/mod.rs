@@ -11,4 +11,6 @@ pub mod pyrepr;
 pub mod quantize;
 
 pub use dequantize::{dequantize_file, DequantizeReport};
-pub use quantize::{quantize_file, QuantizeOptions, QuantizeReport, TensorReport, WeightFormat, DEFAULT_SKIP};
+pub use quantize::{
+    quantize_file, QuantizeOptions, QuantizeReport, TensorReport, WeightFormat, DEFAULT_SKIP,
+};

@@ -8,10 +8,18 @@ pub fn float_repr(v: f64) -> String {
         return "NaN".into();
     }
     if v.is_infinite() {
-        return if v > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if v > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     if v == 0.0 {
-        return if v.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if v.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     // Rust's `{:e}` gives the shortest round-trip digits: "d.ddde±x".
     let sci = format!("{v:e}");
@@ -19,7 +27,11 @@ pub fn float_repr(v: f64) -> String {
     let exp: i32 = exp.parse().expect("integer exponent");
     if (-4..16).contains(&exp) {
         let s = format!("{v}");
-        if s.contains('.') { s } else { format!("{s}.0") }
+        if s.contains('.') {
+            s
+        } else {
+            format!("{s}.0")
+        }
     } else {
         let sign = if exp < 0 { '-' } else { '+' };
         format!("{mantissa}e{sign}{:02}", exp.abs())

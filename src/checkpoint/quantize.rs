@@ -123,9 +123,18 @@ pub fn st_dtype(dtype: DType) -> Dtype {
 /// safetensors, output path equal to input, a selected weight that is not float, NaN/inf in a
 /// weight (unless allowed), unsupported blocksize or quant type. The output (and `config.json`)
 /// is written to a temporary file and renamed, so a failure leaves no partial output.
-pub fn quantize_file(device: &dyn Device, input: &Path, output: &Path, opts: &QuantizeOptions, progress: &mut dyn FnMut(usize, usize)) -> Result<QuantizeReport> {
+pub fn quantize_file(
+    device: &dyn Device,
+    input: &Path,
+    output: &Path,
+    opts: &QuantizeOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<QuantizeReport> {
     if io::same_file(input, output) {
-        return Err(Error::Usage(format!("output path {} is the input file; choose another output", output.display())));
+        return Err(Error::Usage(format!(
+            "output path {} is the input file; choose another output",
+            output.display()
+        )));
     }
     check_blocksize(opts)?;
     io::output_target(output)?;
@@ -136,16 +145,29 @@ pub fn quantize_file(device: &dyn Device, input: &Path, output: &Path, opts: &Qu
         return Err(Error::Tensor {
             path: input.to_path_buf(),
             tensor: name.clone(),
-            message: "the file is already quantized (it has a quant state); dequantize it first".into(),
+            message: "the file is already quantized (it has a quant state); dequantize it first"
+                .into(),
         });
     }
     let mut out: Vec<(String, RawTensor<'_>)> = Vec::new();
-    let mut report = QuantizeReport { tensors: vec![], copied: 0, bytes_before: bytes.len() as u64, bytes_after: 0, config: None, notes: vec![] };
+    let mut report = QuantizeReport {
+        tensors: vec![],
+        copied: 0,
+        bytes_before: bytes.len() as u64,
+        bytes_after: 0,
+        config: None,
+        notes: vec![],
+    };
     let total = tensors.len();
     for (i, (name, view)) in tensors.iter().enumerate() {
         progress(i, total);
-        let selected = name.ends_with(".weight") && view.shape.len() == 2 && !opts.skip.is_match(name);
-        let raw = RawTensor { dtype: view.dtype, shape: view.shape.clone(), data: view.data.into() };
+        let selected =
+            name.ends_with(".weight") && view.shape.len() == 2 && !opts.skip.is_match(name);
+        let raw = RawTensor {
+            dtype: view.dtype,
+            shape: view.shape.clone(),
+            data: view.data.into(),
+        };
         if !selected {
             out.push((name.clone(), raw));
             report.copied += 1;
@@ -162,12 +184,25 @@ pub fn quantize_file(device: &dyn Device, input: &Path, output: &Path, opts: &Qu
         let values = tensor.to_f32()?;
         if !opts.allow_nonfinite {
             if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-                return Err(Error::NonFinite { path: input.to_path_buf(), tensor: name.clone(), index, value });
+                return Err(Error::NonFinite {
+                    path: input.to_path_buf(),
+                    tensor: name.clone(),
+                    index,
+                    value,
+                });
             }
         }
-        let tensor_err = |e: Error| Error::Tensor { path: input.to_path_buf(), tensor: name.clone(), message: e.to_string() };
+        let tensor_err = |e: Error| Error::Tensor {
+            path: input.to_path_buf(),
+            tensor: name.clone(),
+            message: e.to_string(),
+        };
         let (tensors, restored) = quantize_one(device, name, &tensor, opts).map_err(tensor_err)?;
-        let stored_bytes: usize = tensors.iter().filter(|(n, _)| !n.contains(".quant_state.") && !n.ends_with("quant_map")).map(|(_, t)| t.data.len()).sum();
+        let stored_bytes: usize = tensors
+            .iter()
+            .filter(|(n, _)| !n.contains(".quant_state.") && !n.ends_with("quant_map"))
+            .map(|(_, t)| t.data.len())
+            .sum();
         let (rmse, max_abs_err) = error_stats(&values, &restored.to_f32()?);
         report.tensors.push(TensorReport {
             name: name.clone(),
@@ -188,10 +223,15 @@ pub fn quantize_file(device: &dyn Device, input: &Path, output: &Path, opts: &Qu
         });
     }
     if report.tensors.is_empty() {
-        report.notes.push(format!("no tensor was quantized: none is a 2-D float '*.weight' outside --skip '{}'", opts.skip.as_str()));
+        report.notes.push(format!(
+            "no tensor was quantized: none is a 2-D float '*.weight' outside --skip '{}'",
+            opts.skip.as_str()
+        ));
     }
     let mut metadata = metadata.unwrap_or_default();
-    metadata.entry("format".into()).or_insert_with(|| "pt".into());
+    metadata
+        .entry("format".into())
+        .or_insert_with(|| "pt".into());
     let serialized = io::serialize(&out, &Some(metadata), output)?;
     report.bytes_after = serialized.len() as u64;
     let mut files = vec![(output.to_path_buf(), serialized)];
@@ -213,19 +253,30 @@ fn check_blocksize(opts: &QuantizeOptions) -> Result<()> {
             WeightFormat::FourBit(qt) => qt.name(),
             WeightFormat::Int8Blockwise => "int8-blockwise",
         };
-        return Err(Error::Usage(format!("unsupported blocksize {} for quant type {qt} (allowed: {allowed:?})", opts.blocksize)));
+        return Err(Error::Usage(format!(
+            "unsupported blocksize {} for quant type {qt} (allowed: {allowed:?})",
+            opts.blocksize
+        )));
     }
     if opts.double_quant && opts.format == WeightFormat::Int8Blockwise {
-        return Err(Error::Usage("--double-quant applies to 4-bit quant types (nf4, fp4) only".into()));
+        return Err(Error::Usage(
+            "--double-quant applies to 4-bit quant types (nf4, fp4) only".into(),
+        ));
     }
     Ok(())
 }
 
 /// Quantizes one weight; returns the tensors to write and the dequantized weight.
-fn quantize_one(device: &dyn Device, name: &str, tensor: &HostTensor, opts: &QuantizeOptions) -> Result<(Vec<(String, RawTensor<'static>)>, HostTensor)> {
+fn quantize_one(
+    device: &dyn Device,
+    name: &str,
+    tensor: &HostTensor,
+    opts: &QuantizeOptions,
+) -> Result<(Vec<(String, RawTensor<'static>)>, HostTensor)> {
     match opts.format {
         WeightFormat::FourBit(qt) => {
-            let (packed, state) = ops::quantize_4bit(device, tensor, qt, opts.blocksize, opts.double_quant)?;
+            let (packed, state) =
+                ops::quantize_4bit(device, tensor, qt, opts.blocksize, opts.double_quant)?;
             if let ops::Absmax4::Nested { offset, .. } = &state.absmax {
                 if !offset.is_finite() {
                     return Err(Error::Usage(format!(
@@ -239,8 +290,19 @@ fn quantize_one(device: &dyn Device, name: &str, tensor: &HostTensor, opts: &Qua
         WeightFormat::Int8Blockwise => {
             let map = BlockwiseMap::Dynamic;
             let (codes, absmax) = ops::quantize_blockwise(device, tensor, map, opts.blocksize)?;
-            let restored = ops::dequantize_blockwise(device, &codes, &absmax, map, opts.blocksize, tensor.dtype, &tensor.shape)?;
-            Ok((super::int8::encode(name, codes, &absmax, opts.blocksize, tensor), restored))
+            let restored = ops::dequantize_blockwise(
+                device,
+                &codes,
+                &absmax,
+                map,
+                opts.blocksize,
+                tensor.dtype,
+                &tensor.shape,
+            )?;
+            Ok((
+                super::int8::encode(name, codes, &absmax, opts.blocksize, tensor),
+                restored,
+            ))
         }
     }
 }
@@ -262,14 +324,27 @@ pub fn error_stats(original: &[f32], restored: &[f32]) -> (f64, f64) {
 }
 
 /// Decides whether and where to write `config.json` (4-bit only, when one sits beside the input).
-fn plan_config(input: &Path, output: &Path, opts: &QuantizeOptions, notes: &mut Vec<String>) -> Result<Option<(PathBuf, String)>> {
-    let dir_of = |p: &Path| p.parent().filter(|d| !d.as_os_str().is_empty()).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+fn plan_config(
+    input: &Path,
+    output: &Path,
+    opts: &QuantizeOptions,
+    notes: &mut Vec<String>,
+) -> Result<Option<(PathBuf, String)>> {
+    let dir_of = |p: &Path| {
+        p.parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."))
+    };
     let src = dir_of(input).join("config.json");
     if !src.is_file() {
         return Ok(None);
     }
     let WeightFormat::FourBit(qt) = opts.format else {
-        notes.push("config.json not written: transformers has no loader for the 8-bit blockwise layout".into());
+        notes.push(
+            "config.json not written: transformers has no loader for the 8-bit blockwise layout"
+                .into(),
+        );
         return Ok(None);
     };
     let dst = dir_of(output).join("config.json");
@@ -282,17 +357,24 @@ fn plan_config(input: &Path, output: &Path, opts: &QuantizeOptions, notes: &mut 
         return Ok(None);
     }
     if std::fs::symlink_metadata(&dst).is_ok() {
-        notes.push(format!("config.json not written: {} already exists and is left as it is", dst.display()));
+        notes.push(format!(
+            "config.json not written: {} already exists and is left as it is",
+            dst.display()
+        ));
         return Ok(None);
     }
     let text = io::read_bytes(&src)?;
     let config: serde_json::Value = serde_json::from_slice(&text)
         .map_err(|e| Error::Usage(format!("{}: not valid JSON: {e}", src.display())))?;
     let serde_json::Value::Object(map) = config else {
-        return Err(Error::Usage(format!("{}: not a JSON object", src.display())));
+        return Err(Error::Usage(format!(
+            "{}: not a JSON object",
+            src.display()
+        )));
     };
     let compute = bnb4::torch_dtype_name(opts.compute_dtype);
     let map = super::config::with_bnb4_config(map, qt.name(), opts.double_quant, compute);
-    let text = serde_json::to_string_pretty(&serde_json::Value::Object(map)).expect("JSON values always serialize");
+    let text = serde_json::to_string_pretty(&serde_json::Value::Object(map))
+        .expect("JSON values always serialize");
     Ok(Some((dst, text + "\n")))
 }

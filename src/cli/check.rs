@@ -61,12 +61,45 @@ pub fn builtin_inputs(blocksize: usize) -> Vec<f32> {
     };
     let bs = blocksize;
     let mut v: Vec<f32> = (0..2 * bs).map(|_| normal()).collect();
-    let edge = [0.0, -0.0, f32::MIN_POSITIVE / 4.0, -f32::MIN_POSITIVE / 8.0, 1e-30, -1e-30, 3e38, -3e38, 0.5, -0.5, 1.0, -1.0, 0.8614784, -0.3398, 1e-4, -1e-4];
-    v.extend((0..bs).map(|i| if i % 2 == 0 { edge[(i / 2) % edge.len()] } else { normal() }));
-    v.extend((0..bs).map(|i| if i == 3 { f32::INFINITY } else if i == 5 { f32::NEG_INFINITY } else { normal() }));
+    let edge = [
+        0.0,
+        -0.0,
+        f32::MIN_POSITIVE / 4.0,
+        -f32::MIN_POSITIVE / 8.0,
+        1e-30,
+        -1e-30,
+        3e38,
+        -3e38,
+        0.5,
+        -0.5,
+        1.0,
+        -1.0,
+        0.8614784,
+        -0.3398,
+        1e-4,
+        -1e-4,
+    ];
+    v.extend((0..bs).map(|i| {
+        if i % 2 == 0 {
+            edge[(i / 2) % edge.len()]
+        } else {
+            normal()
+        }
+    }));
+    v.extend((0..bs).map(|i| {
+        if i == 3 {
+            f32::INFINITY
+        } else if i == 5 {
+            f32::NEG_INFINITY
+        } else {
+            normal()
+        }
+    }));
     v.extend((0..bs).map(|i| if i == 1 { f32::NAN } else { normal() }));
     v.extend(std::iter::repeat_n(0.0, bs));
-    v.extend((0..bs).map(|i| f32::from_bits(1 + i as u32 * 977) * if i % 3 == 0 { -1.0 } else { 1.0 }));
+    v.extend(
+        (0..bs).map(|i| f32::from_bits(1 + i as u32 * 977) * if i % 3 == 0 { -1.0 } else { 1.0 }),
+    );
     v.extend((0..bs / 2 + 1).map(|_| normal()));
     v
 }
@@ -75,7 +108,11 @@ pub fn builtin_inputs(blocksize: usize) -> Vec<f32> {
 ///
 /// # Errors
 /// Only for failures to build the library itself; kernel failures become rows.
-pub fn run_check(devices: &[Box<dyn Device>], unavailable: &[Unavailable], on_row: &mut dyn FnMut(&CheckRow)) -> Result<Vec<CheckRow>> {
+pub fn run_check(
+    devices: &[Box<dyn Device>],
+    unavailable: &[Unavailable],
+    on_row: &mut dyn FnMut(&CheckRow),
+) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
     for entry in library::catalog() {
         let kernel = entry.build()?;
@@ -83,24 +120,54 @@ pub fn run_check(devices: &[Box<dyn Device>], unavailable: &[Unavailable], on_ro
         let inputs = builtin_inputs(entry.blocksize());
         let mut reference = entry.example_args(&inputs)?;
         let mut row = |backend: &str, status, mismatches, elements, compile_ms, reason| {
-            let r = CheckRow { kernel: name.clone(), backend: backend.to_string(), status, mismatches, elements, compile_ms, reason };
+            let r = CheckRow {
+                kernel: name.clone(),
+                backend: backend.to_string(),
+                status,
+                mismatches,
+                elements,
+                compile_ms,
+                reason,
+            };
             on_row(&r);
             rows.push(r);
         };
         let fresh = reference.clone();
-        if let Err(e) = InterpreterDevice.launch(&kernel, &mut OwnedArg::borrow_all(&mut reference)) {
-            row("interpreter", "mismatch", 0, 0, 0.0, Some(format!("interpreter failed: {e}")));
+        if let Err(e) = InterpreterDevice.launch(&kernel, &mut OwnedArg::borrow_all(&mut reference))
+        {
+            row(
+                "interpreter",
+                "mismatch",
+                0,
+                0,
+                0.0,
+                Some(format!("interpreter failed: {e}")),
+            );
             continue;
         }
         let (_, elements) = count_mismatches(&kernel, &reference, &reference);
         row("interpreter", "exact", 0, elements, 0.0, None);
         for u in unavailable {
-            row(u.backend, "skipped", 0, 0, 0.0, Some(format!("not runnable here: {}", u.reason)));
+            row(
+                u.backend,
+                "skipped",
+                0,
+                0,
+                0.0,
+                Some(format!("not runnable here: {}", u.reason)),
+            );
         }
         for device in devices {
             let t = Instant::now();
             if let Err(e) = device.compile(&kernel) {
-                row(device.backend(), "mismatch", 0, 0, 0.0, Some(format!("compile failed: {e}")));
+                row(
+                    device.backend(),
+                    "mismatch",
+                    0,
+                    0,
+                    0.0,
+                    Some(format!("compile failed: {e}")),
+                );
                 continue;
             }
             let compile_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -111,7 +178,14 @@ pub fn run_check(devices: &[Box<dyn Device>], unavailable: &[Unavailable], on_ro
                     let status = if bad == 0 { "exact" } else { "mismatch" };
                     row(device.backend(), status, bad, total, compile_ms, None);
                 }
-                Err(e) => row(device.backend(), "mismatch", 0, 0, compile_ms, Some(format!("launch failed: {e}"))),
+                Err(e) => row(
+                    device.backend(),
+                    "mismatch",
+                    0,
+                    0,
+                    compile_ms,
+                    Some(format!("launch failed: {e}")),
+                ),
             }
         }
     }

@@ -287,6 +287,21 @@ impl Lowerer<'_> {
         }
     }
 
+    /// Records the Cranelift value of IR value `v`.
+    pub(super) fn set_value(&mut self, v: qforge_ir::Value, out: Value) {
+        self.values[v.index()] = Some(out);
+    }
+
+    /// Records the upper bound of IR value `v` defined by `def` (see [`Lowerer::bound_of`]).
+    pub(super) fn set_bound(&mut self, v: qforge_ir::Value, def: &qforge_ir::ValueDef) {
+        self.bounds[v.index()] = self.bound_of(def);
+    }
+
+    /// Lowers a block of statements.
+    pub(super) fn scalar_block(&mut self, stmts: &[Stmt]) -> Result<()> {
+        self.block(stmts)
+    }
+
     fn block(&mut self, stmts: &[Stmt]) -> Result<()> {
         for stmt in stmts {
             self.stmt(stmt)?;
@@ -360,6 +375,9 @@ impl Lowerer<'_> {
                 // The index stays below `end`.
                 self.bounds[index.index()] = self.upper_bound(*end).saturating_sub(1);
                 let (start, end) = (self.val(*start)?, self.val(*end)?);
+                if self.opts.simd && *step == 1 && super::vectorize::eligible(self.k, body) {
+                    return self.vector_for(*index, start, end, body);
+                }
                 self.counted_loop(start, end, *step, |l, i| {
                     l.values[index.index()] = Some(i);
                     l.block(body)
@@ -370,7 +388,7 @@ impl Lowerer<'_> {
     }
 
     /// Lowers one op yielding a value of IR type `ty`.
-    fn op(&mut self, op: &Op, ty: ScalarType) -> Result<Value> {
+    pub(super) fn op(&mut self, op: &Op, ty: ScalarType) -> Result<Value> {
         Ok(match op {
             Op::WorkItem => self
                 .work_item

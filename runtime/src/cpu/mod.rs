@@ -29,6 +29,9 @@ pub struct CpuOptions {
     /// restricts code to the architecture's baseline (x86_64: SSE2), e.g. to test the exact
     /// software fallbacks of `fma` and rounding.
     pub native_features: bool,
+    /// Allow vector code (the default): [`LowerOptions::simd`] on targets with 128-bit vectors
+    /// (x86_64, aarch64). `false` gives purely scalar code, e.g. to compare the two bit for bit.
+    pub simd: bool,
 }
 
 impl Default for CpuOptions {
@@ -40,6 +43,7 @@ impl Default for CpuOptions {
             parallel_min_bytes: 256 * 1024,
             parallel_min_grid: 1 << 16,
             native_features: true,
+            simd: true,
         }
     }
 }
@@ -159,7 +163,7 @@ impl CpuDevice {
         let options = LowerOptions {
             call_conv: self.jit.call_conv(),
             bounds_checks: self.bounds_checks,
-            simd: cfg!(any(target_arch = "x86_64", target_arch = "aarch64")),
+            simd: self.options.simd && cfg!(any(target_arch = "x86_64", target_arch = "aarch64")),
         };
         let lowered = lower(kernel, &options)?;
         let entry = self.jit.compile(&kernel.name, lowered.function)?;

@@ -229,8 +229,16 @@ fn ops_validate_inputs() {
 fn element_counts_stop_at_the_2_pow_31_boundary() {
     // The largest count keeps every u32 index a kernel forms below 2^32: the last block's end
     // (n + 4096) and a packed byte's second element (2 * i + 1).
-    assert_eq!(count_u32("op", "x", MAX_ELEMENTS).unwrap(), (1u32 << 31) - 1);
+    assert_eq!(
+        count_u32("op", "x", MAX_ELEMENTS).unwrap(),
+        (1u32 << 31) - 1
+    );
     assert!(MAX_ELEMENTS as u64 + 4096 < 1u64 << 32);
-    let err = count_u32("quantize_4bit", "the input", MAX_ELEMENTS + 1).unwrap_err().to_string();
-    assert!(err.contains("2147483648 elements") && err.contains("2^31 - 1"), "{err}");
+    let err = count_u32("quantize_4bit", "the input", MAX_ELEMENTS + 1)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("2147483648 elements") && err.contains("2^31 - 1"),
+        "{err}"
+    );
 }

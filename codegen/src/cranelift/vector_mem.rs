@@ -1,0 +1,176 @@
+//! Vector loads and stores of the loop vectorizer (see `vectorize.rs`): whole-vector accesses
+//! when every lane is in range, the scalar access lane by lane otherwise.
+
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::types::{I32X4, I64, I8X16};
+use cranelift_codegen::ir::{ConstantData, InstBuilder, Type, Value};
+use qforge_ir::{DType, Op, Rounding, ScalarType};
+
+use super::lower::{internal, Lowerer};
+use super::vectorize::{vec_cast, vec_type, Body, VVal, LANES};
+use crate::error::Result;
+
+impl Lowerer<'_> {
+    /// The `i8` condition "elements `s ..= s + span` of `buf` exist and `s + span` does not
+    /// wrap around `u32`" (without bounds checks only the second part).
+    fn span_ok(&mut self, count: Option<Value>, s: Value, span: u32) -> Value {
+        let s64 = self.b.ins().uextend(I64, s);
+        let last = self.b.ins().iadd_imm_u(s64, span as i64);
+        let wrap = self.c64(1 << 32);
+        let limit = match count {
+            Some(c) => self.b.ins().umin(c, wrap),
+            None => wrap,
+        };
+        self.b.ins().icmp(IntCC::UnsignedLessThan, last, limit)
+    }
+
+    /// `if fast_ok { fast } else { slow }`, both yielding a value of type `ty` (or none).
+    fn two_paths(
+        &mut self,
+        fast_ok: Value,
+        ty: Option<Type>,
+        fast: impl FnOnce(&mut Self) -> Result<Option<Value>>,
+        slow: impl FnOnce(&mut Self) -> Result<Option<Value>>,
+    ) -> Result<Option<Value>> {
+        let (fb, sb, join) = (
+            self.b.create_block(),
+            self.b.create_block(),
+            self.b.create_block(),
+        );
+        let result = ty.map(|t| self.b.append_block_param(join, t));
+        self.b.set_cold_block(sb);
+        self.b.ins().brif(fast_ok, fb, &[], sb, &[]);
+        self.b.seal_block(fb);
+        self.b.seal_block(sb);
+        self.b.switch_to_block(fb);
+        let v = fast(self)?;
+        let args: Vec<_> = v.into_iter().map(Into::into).collect();
+        self.b.ins().jump(join, &args);
+        self.b.switch_to_block(sb);
+        let v = slow(self)?;
+        let args: Vec<_> = v.into_iter().map(Into::into).collect();
+        self.b.ins().jump(join, &args);
+        self.b.seal_block(join);
+        self.b.switch_to_block(join);
+        Ok(result)
+    }
+
+    /// A load at a varying index: one vector load (stride 1) or two and a shuffle (stride 2,
+    /// bounds-checked buffers only) of a 32-bit dtype when every lane is in range, otherwise
+    /// (and for other dtypes and strides) the scalar load lane by lane.
+    pub(super) fn vector_load(
+        &mut self,
+        buf: qforge_ir::ParamId,
+        idx: VVal,
+        op: &Op,
+        ty: ScalarType,
+        local: &Body,
+    ) -> Result<VVal> {
+        let (base, count, dtype, access) = self.buffer(buf)?;
+        let wide = matches!(dtype, DType::F32 | DType::U32 | DType::I32);
+        let (s, stride) = match idx {
+            VVal::Affine { base, stride } => (base, stride),
+            VVal::Uniform(_) | VVal::Vector(_) => {
+                return Ok(VVal::Vector(self.lanewise(op, ty, local)?))
+            }
+        };
+        let span = match stride {
+            1 if wide => 3,
+            2 if wide && count.is_some() => 7,
+            _ => return Ok(VVal::Vector(self.lanewise(op, ty, local)?)),
+        };
+        let vt = vec_type(ty);
+        let flags = self.buffer_mem(access);
+        let ok = self.span_ok(count, s, span);
+        let v = self.two_paths(
+            ok,
+            Some(vt),
+            |l| {
+                let s64 = l.b.ins().uextend(I64, s);
+                let addr = l.offset(base, s64, dtype);
+                let v0 = l.b.ins().load(vt, flags, addr, 0);
+                if stride == 1 {
+                    return Ok(Some(v0));
+                }
+                let v1 = l.b.ins().load(vt, flags, addr, 16);
+                let a = l.b.ins().bitcast(I8X16, vec_cast(), v0);
+                let b = l.b.ins().bitcast(I8X16, vec_cast(), v1);
+                let mask: Vec<u8> = [0u8, 2, 4, 6]
+                    .iter()
+                    .flat_map(|lane| (0..4).map(move |k| lane * 4 + k))
+                    .collect();
+                let mask = l.b.func.dfg.immediates.push(ConstantData::from(mask));
+                let even = l.b.ins().shuffle(a, b, mask);
+                Ok(Some(l.b.ins().bitcast(vt, vec_cast(), even)))
+            },
+            |l| Ok(Some(l.lanewise(op, ty, local)?)),
+        )?;
+        Ok(VVal::Vector(
+            v.ok_or_else(|| internal("vector load without a value"))?,
+        ))
+    }
+
+    /// A store of a varying value or at a varying index: one vector store (stride 1, 32-bit
+    /// dtype) or one 4-byte store of the low bytes (stride 1, `u8`/`i8`) when every lane is in
+    /// range, otherwise the scalar store lane by lane, in lane order.
+    pub(super) fn vector_store(
+        &mut self,
+        buf: qforge_ir::ParamId,
+        idx: VVal,
+        val: VVal,
+        vty: ScalarType,
+        rounding: Option<Rounding>,
+    ) -> Result<()> {
+        let (base, count, dtype, access) = self.buffer(buf)?;
+        let lanewise = |l: &mut Self| -> Result<Option<Value>> {
+            for j in 0..LANES {
+                let i = l.lane(idx, ScalarType::U32, j);
+                let v = l.lane(val, vty, j);
+                l.store(buf, i, v, rounding)?;
+            }
+            Ok(None)
+        };
+        let s = match idx {
+            VVal::Affine { base, stride: 1 } => base,
+            VVal::Affine { .. } | VVal::Uniform(_) | VVal::Vector(_) => {
+                lanewise(self)?;
+                return Ok(());
+            }
+        };
+        let width = match dtype {
+            DType::F32 | DType::U32 | DType::I32 => 4,
+            DType::U8 | DType::I8 => 1,
+            DType::F16 | DType::BF16 => {
+                lanewise(self)?;
+                return Ok(());
+            }
+        };
+        let flags = self.buffer_mem(access);
+        let ok = self.span_ok(count, s, 3);
+        self.two_paths(
+            ok,
+            None,
+            |l| {
+                let v = l.as_vec(val, vty);
+                let s64 = l.b.ins().uextend(I64, s);
+                let addr = l.offset(base, s64, dtype);
+                if width == 4 {
+                    l.b.ins().store(flags, v, addr, 0);
+                } else {
+                    // Keep the low bytes, then two saturating narrowings that saturate nothing
+                    // (0..=255 fits i16 and u8): the 4 bytes end up in lane 0.
+                    let low = l.const_i32x4([0xff; 4]);
+                    let v = l.b.ins().band(v, low);
+                    let halves = l.b.ins().snarrow(v, v);
+                    let bytes = l.b.ins().unarrow(halves, halves);
+                    let packed = l.b.ins().bitcast(I32X4, vec_cast(), bytes);
+                    let word = l.b.ins().extractlane(packed, 0);
+                    l.b.ins().store(flags, word, addr, 0);
+                }
+                Ok(None)
+            },
+            lanewise,
+        )?;
+        Ok(())
+    }
+}
