@@ -187,8 +187,7 @@ fn quantize(
         let detail = e
             .to_string()
             .lines()
-            .filter(|l| !l.trim().is_empty())
-            .last()
+            .rfind(|l| !l.trim().is_empty())
             .unwrap_or("")
             .trim()
             .to_string();

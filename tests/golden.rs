@@ -549,16 +549,12 @@ fn golden_constants() {
     };
     let t = &consts["tables"];
     assert_same_f32s("nf4", &maps::nf4_code(), &t.field("nf4").f32s());
-    let fp4 = t.field("fp4").f32s();
-    let ours = maps::fp4_code();
-    for k in 0..16 {
-        if k == 8 {
-            // bnb's pure-PyTorch table has +0.0 here; ours (and its native tables) -0.0.
-            assert_eq!((fp4[8].to_bits(), ours[8].to_bits()), (0, 0x8000_0000));
-        } else {
-            assert_eq!(fp4[k].to_bits(), ours[k].to_bits(), "fp4[{k}]");
-        }
-    }
+    assert_same_f32s("fp4", &maps::fp4_code(), &t.field("fp4").f32s());
+    // The native dequantization table differs from bnb's `code` only by -0.0 at index 8.
+    let native = maps::fp4_dequant_table();
+    assert_eq!(native[8].to_bits(), 0x8000_0000);
+    assert_eq!(&native[..8], &maps::fp4_code()[..8]);
+    assert_eq!(&native[9..], &maps::fp4_code()[9..]);
     assert_same_f32s(
         "dynamic_signed",
         &maps::create_dynamic_map(true, 7, 8).unwrap(),
@@ -607,8 +603,7 @@ fn golden_constants() {
         );
     }
     // bnb's order = stable argsort of its table (+0.0 at index 8).
-    let mut bnb_table = ours;
-    bnb_table[8] = 0.0;
+    let bnb_table = maps::fp4_code();
     let mut order: Vec<i64> = (0..16).collect();
     order.sort_by(|a, b| {
         bnb_table[*a as usize]
@@ -618,6 +613,6 @@ fn golden_constants() {
     assert_eq!(t.field("fp4_quantize_order").i64s(), order);
     // The magnitudes and their codes.
     for (k, c) in maps::FP4_MAGNITUDE_CODES.iter().enumerate() {
-        assert_eq!(fp4[*c as usize], maps::fp4_magnitudes()[k]);
+        assert_eq!(bnb_table[*c as usize], maps::fp4_magnitudes()[k]);
     }
 }

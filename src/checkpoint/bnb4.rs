@@ -38,16 +38,6 @@ fn dtype_from_torch(name: &str) -> Option<DType> {
         .find(|d| torch_dtype_name(*d) == name)
 }
 
-/// The code table bitsandbytes writes as `quant_map` (its Python `get_4bit_type`, where FP4's
-/// index 8 is +0.0; qforge's dequant kernels use the native tables' -0.0 there).
-pub fn bnb_quant_map(qt: QuantType) -> [f32; 16] {
-    let mut code = qt.code();
-    if qt == QuantType::Fp4 {
-        code[8] = 0.0;
-    }
-    code
-}
-
 /// The JSON blob, formatted as Python's `json.dumps` formats bitsandbytes' dict.
 pub fn state_json(state: &QuantState4) -> String {
     let shape = state
@@ -128,7 +118,7 @@ pub fn encode(
     }
     out.push((
         format!("{name}.quant_map"),
-        f32_tensor(&bnb_quant_map(state.quant_type)),
+        f32_tensor(&state.quant_type.code()),
     ));
     let json = state_json(state).into_bytes();
     out.push((
@@ -210,7 +200,7 @@ pub fn decode(
         .ok_or_else(|| bad("shape is not a list of integers".into()))?;
     let quant_map = f32s(".quant_map")?;
     let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y);
-    if !same(&quant_map, &bnb_quant_map(qt)) {
+    if !same(&quant_map, &qt.code()) {
         return Err(bad(format!(
             "quant_map is not the standard {} table; custom code tables are not supported",
             qt.name()

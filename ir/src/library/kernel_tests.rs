@@ -230,7 +230,7 @@ fn library_quant4_kernels_match_host_model_on_interpreter() {
             }
 
             // dequantize our codes and compare with table[code] * absmax rounded to the dtype
-            let code = qt.code();
+            let code = qt.dequant_table();
             let k = quant4::dequantize_4bit(qt, bs as u32, dtype).unwrap();
             let mut args = vec![
                 u32a(n),

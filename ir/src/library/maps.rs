@@ -187,10 +187,19 @@ pub fn nf4_code() -> [f32; 16] {
     })
 }
 
-/// The 16 FP4 code values (bitsandbytes' FP4: 1 sign bit, 2 exponent bits, 1 mantissa bit, values
-/// `[0, 0.0625, 8, 12, 4, 6, 2, 3] / 12` and their negatives). Index 8 is `-0.0`, as in
-/// bitsandbytes' native (CUDA and C++) tables; the pure-PyTorch path has `+0.0` there.
+/// The 16 FP4 code values exactly as bitsandbytes' `get_4bit_type("fp4")` builds its `code`
+/// (1 sign bit, 2 exponent bits, 1 mantissa bit: `[0, 0.0625, 8, 12, 4, 6, 2, 3] / 12` and their
+/// negatives, where Python's integer `-0` makes index 8 `+0.0`). This is the `quant_map` a
+/// bitsandbytes checkpoint stores. The dequantization kernels use [`fp4_dequant_table`].
 pub fn fp4_code() -> [f32; 16] {
+    let mut out = fp4_dequant_table();
+    out[8] = 0.0;
+    out
+}
+
+/// The FP4 table of bitsandbytes' native (CUDA and C++) dequantization kernels: [`fp4_code`] with
+/// `-0.0` at index 8, so code 8 ("negative zero") dequantizes to `-0.0`.
+pub fn fp4_dequant_table() -> [f32; 16] {
     let mags = [0.0f32, 0.0625, 8.0, 12.0, 4.0, 6.0, 2.0, 3.0];
     let mut out = [0.0f32; 16];
     for (i, m) in mags.iter().enumerate() {
@@ -274,9 +283,10 @@ mod tests {
     }
 
     #[test]
-    fn library_fp4_code_has_negative_zero_at_8() {
+    fn library_fp4_code_has_negative_zero_at_8_only_in_the_dequant_table() {
+        assert_eq!(fp4_dequant_table()[8].to_bits(), 0x8000_0000);
+        assert_eq!(fp4_code()[8].to_bits(), 0);
         let c = fp4_code();
-        assert_eq!(c[8].to_bits(), 0x8000_0000);
         assert_eq!(c[0].to_bits(), 0);
         assert_eq!(c[3], 1.0);
         assert_eq!(c[1], 0.0625f32 / 12.0);

@@ -85,6 +85,15 @@ impl QuantType {
         }
     }
 
+    /// The table the dequantization kernels use: [`QuantType::code`], except that FP4 holds
+    /// `-0.0` at index 8 as bitsandbytes' native kernels do ([`maps::fp4_dequant_table`]).
+    pub fn dequant_table(self) -> [f32; 16] {
+        match self {
+            QuantType::Nf4 => maps::nf4_code(),
+            QuantType::Fp4 => maps::fp4_dequant_table(),
+        }
+    }
+
     /// The code a `+0.0` input gets (and the padding nibble of an odd length): 7 for NF4, 0 for
     /// FP4.
     pub const fn zero_code(self) -> u8 {

@@ -188,7 +188,7 @@ fn dequant_block(
     sizes: (ParamId, ParamId),
 ) {
     let (packed, out) = bufs;
-    let code = b.table_f32("code", &qt.code());
+    let code = b.table_f32("code", &qt.dequant_table());
     let nv = b.param(sizes.0);
     let npv = b.param(sizes.1);
     let (byte_start, byte_end) = block_range(b, block, blocksize / 2, npv);

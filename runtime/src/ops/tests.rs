@@ -70,7 +70,7 @@ fn ops_4bit_round_trip_is_close_and_nested_matches_plain_within_the_nested_error
                 .unwrap()
                 .to_f32()
                 .unwrap();
-            let code = qt.code();
+            let code = qt.dequant_table();
             for (i, zi) in z.iter().enumerate() {
                 let c = if i % 2 == 0 {
                     packed[i / 2] >> 4
