@@ -376,3 +376,100 @@ fn config_json_is_written_once_and_never_overwritten() {
         br#"{"hidden_size": 64}"#
     );
 }
+
+/// Rewrites a quantized file with one tensor replaced (or removed when `data` is `None`).
+fn mutate(src: &Path, dst: &Path, name: &str, replacement: Option<(Dtype, Vec<usize>, Vec<u8>)>) {
+    let bytes = std::fs::read(src).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    let names: Vec<String> = st.names().into_iter().cloned().collect();
+    for n in &names {
+        let t = st.tensor(n).unwrap();
+        if n != name {
+            tensors.push((n.as_str(), t.dtype(), t.shape().to_vec(), t.data().to_vec()));
+        }
+    }
+    if let Some((d, s, b)) = replacement {
+        tensors.push((name, d, s, b));
+    }
+    write_st(dst, &tensors);
+}
+
+#[test]
+fn dequantize_rejects_inconsistent_quant_states() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = good_file(dir.path());
+    let q = dir.path().join("q.safetensors");
+    let (code, _, err) = qforge(&[
+        "quantize",
+        good.to_str().unwrap(),
+        "-o",
+        q.to_str().unwrap(),
+        "--double-quant",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let out = dir.path().join("out.safetensors");
+    let o = out.to_str().unwrap();
+    let w = "layer.dense.weight";
+    let state = format!("{w}.quant_state.bitsandbytes__nf4");
+    let json = |text: &str| Some((Dtype::U8, vec![text.len()], text.as_bytes().to_vec()));
+    let cases: Vec<(&str, Option<(Dtype, Vec<usize>, Vec<u8>)>, &str)> = vec![
+        (
+            state.as_str(),
+            json("{not json"),
+            "quant state JSON is malformed",
+        ),
+        (
+            state.as_str(),
+            json(r#"{"quant_type": "fp4", "blocksize": 64, "dtype": "float32", "shape": [8, 64]}"#),
+            "its JSON says quant_type 'fp4'",
+        ),
+        (
+            state.as_str(),
+            json(
+                r#"{"quant_type": "nf4", "blocksize": 48, "dtype": "float32", "shape": [8, 64], "nested_blocksize": 256, "nested_dtype": "float32", "nested_offset": 0.5}"#,
+            ),
+            "blocksize 48",
+        ),
+        (
+            state.as_str(),
+            json(
+                r#"{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [8, 64], "nested_blocksize": 128, "nested_dtype": "float32", "nested_offset": 0.5}"#,
+            ),
+            "nested_blocksize 128",
+        ),
+        (
+            state.as_str(),
+            json(
+                r#"{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [8, 65], "nested_blocksize": 256, "nested_dtype": "float32", "nested_offset": 0.5}"#,
+            ),
+            "packed",
+        ),
+        (
+            "layer.dense.weight.quant_map",
+            Some((Dtype::F32, vec![16], f32s(&[0.5; 16]))),
+            "custom code tables are not supported",
+        ),
+        (
+            "layer.dense.weight.nested_absmax",
+            None,
+            "companion tensor 'layer.dense.weight.nested_absmax' is missing",
+        ),
+        (
+            "layer.dense.weight.absmax",
+            Some((Dtype::U8, vec![7], vec![0; 7])),
+            "qabsmax",
+        ),
+    ];
+    for (i, (name, replacement, needle)) in cases.into_iter().enumerate() {
+        let bad = dir.path().join(format!("bad{i}.safetensors"));
+        mutate(&q, &bad, name, replacement);
+        let (code, _, err) = qforge(&["dequantize", bad.to_str().unwrap(), "-o", o]);
+        assert_ne!(code, 0, "case {i} should fail");
+        assert!(
+            err.contains("'layer.dense.weight'") && err.contains(needle),
+            "case {i}: {err}"
+        );
+        assert!(!out.exists());
+    }
+}

@@ -10,11 +10,11 @@ use qforge_ir::library::{BlockwiseMap, QuantType};
 use qforge_ir::DType;
 use qforge_runtime::ops::{Absmax4, QuantState4};
 use safetensors::Dtype;
-use serde_json::Value;
 
+use super::companions::Companions;
 use super::io::{RawTensor, TensorRef};
 use super::pyrepr::float_repr;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Suffix that marks the JSON quant-state tensor; the quant type follows it.
 pub const STATE_MARK: &str = ".quant_state.bitsandbytes__";
@@ -30,12 +30,6 @@ pub fn torch_dtype_name(dtype: DType) -> &'static str {
         DType::I32 => "int32",
         DType::U32 => "uint32",
     }
-}
-
-fn dtype_from_torch(name: &str) -> Option<DType> {
-    [DType::F32, DType::F16, DType::BF16]
-        .into_iter()
-        .find(|d| torch_dtype_name(*d) == name)
 }
 
 /// The JSON blob, formatted as Python's `json.dumps` formats bitsandbytes' dict.
@@ -144,115 +138,47 @@ pub fn decode(
     name: &str,
     quant_type: &str,
 ) -> Result<(Vec<u8>, QuantState4)> {
-    let bad = |message: String| Error::Tensor {
-        path: path.to_path_buf(),
-        tensor: name.to_string(),
-        message,
-    };
-    let get = |suffix: &str| {
-        let key = format!("{name}{suffix}");
-        tensors
-            .get(&key)
-            .ok_or_else(|| bad(format!("companion tensor '{key}' is missing")))
-    };
-    let f32s = |suffix: &str| -> Result<Vec<f32>> {
-        let t = get(suffix)?;
-        if t.dtype != Dtype::F32 {
-            return Err(bad(format!(
-                "'{name}{suffix}' must be F32, found {:?}",
-                t.dtype
-            )));
-        }
-        Ok(t.data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
-    };
-    let json = get(&format!("{STATE_MARK}{quant_type}"))?.data;
-    let json: Value = serde_json::from_slice(json)
-        .map_err(|e| bad(format!("quant state JSON is malformed: {e}")))?;
-    let field = |k: &str| {
-        json.get(k)
-            .ok_or_else(|| bad(format!("quant state JSON lacks '{k}'")))
-    };
-    let qt_name = field("quant_type")?
-        .as_str()
-        .ok_or_else(|| bad("quant_type is not a string".into()))?;
+    let c = Companions::new(path, tensors, name);
+    let state = c.state(&format!("{STATE_MARK}{quant_type}"))?;
+    let qt_name = state.str("quant_type")?;
     let qt = QuantType::from_name(qt_name)
-        .ok_or_else(|| bad(format!("unsupported quant_type '{qt_name}' (nf4, fp4)")))?;
+        .ok_or_else(|| c.error(format!("unsupported quant_type '{qt_name}' (nf4, fp4)")))?;
     if qt.name() != quant_type {
-        return Err(bad(format!(
+        return Err(c.error(format!(
             "quant state tensor says '__{quant_type}' but its JSON says quant_type '{qt_name}'"
         )));
     }
-    let blocksize = field("blocksize")?
-        .as_u64()
-        .ok_or_else(|| bad("blocksize is not an integer".into()))? as usize;
-    let dtype_name = field("dtype")?.as_str().unwrap_or("?");
-    let dtype = dtype_from_torch(dtype_name).ok_or_else(|| {
-        bad(format!(
-            "unsupported dtype '{dtype_name}' (float32, float16, bfloat16)"
-        ))
-    })?;
-    let shape: Vec<usize> = field("shape")?
-        .as_array()
-        .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
-        .ok_or_else(|| bad("shape is not a list of integers".into()))?;
-    let quant_map = f32s(".quant_map")?;
-    let same = |a: &[f32], b: &[f32]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y);
-    if !same(&quant_map, &qt.code()) {
-        return Err(bad(format!(
-            "quant_map is not the standard {} table; custom code tables are not supported",
-            qt.name()
-        )));
-    }
-    let packed = get("")?;
-    if packed.dtype != Dtype::U8 {
-        return Err(bad(format!(
-            "packed weight must be U8, found {:?}",
-            packed.dtype
-        )));
-    }
-    let absmax = if json.get("nested_offset").is_some() {
-        let offset = field("nested_offset")?
-            .as_f64()
-            .ok_or_else(|| bad("nested_offset is not a number".into()))?
-            as f32;
+    let (blocksize, dtype, shape) = (state.usize("blocksize")?, state.dtype()?, state.shape()?);
+    c.expect_table(
+        ".quant_map",
+        &qt.code(),
+        &format!("the standard {} table", qt.name()),
+    )?;
+    let packed = c.get("", Dtype::U8)?;
+    let absmax = if state.has("nested_offset") {
+        let offset = state.f64("nested_offset")? as f32;
         if !offset.is_finite() {
-            return Err(bad(format!("nested_offset {offset} is not a finite f32")));
+            return Err(c.error(format!("nested_offset {offset} is not a finite f32")));
         }
-        let nested_blocksize = field("nested_blocksize")?
-            .as_u64()
-            .ok_or_else(|| bad("nested_blocksize is not an integer".into()))?
-            as usize;
+        let nested_blocksize = state.usize("nested_blocksize")?;
         if nested_blocksize != 256 {
-            return Err(bad(format!(
+            return Err(c.error(format!(
                 "nested_blocksize {nested_blocksize} is not supported (bitsandbytes uses 256)"
             )));
         }
-        let q = get(".absmax")?;
-        if q.dtype != Dtype::U8 {
-            return Err(bad(format!(
-                "double-quantized absmax must be U8, found {:?}",
-                q.dtype
-            )));
-        }
-        let nested_code = f32s(".nested_quant_map")?;
-        if !same(&nested_code, &BlockwiseMap::Dynamic.code()) {
-            return Err(bad(
-                "nested_quant_map is not the signed dynamic map; custom maps are not supported"
-                    .into(),
-            ));
-        }
         Absmax4::Nested {
-            qabsmax: q.data.to_vec(),
-            nested_absmax: f32s(".nested_absmax")?,
-            nested_code,
+            qabsmax: c.get(".absmax", Dtype::U8)?.data.to_vec(),
+            nested_absmax: c.f32s(".nested_absmax")?,
+            nested_code: c.expect_table(
+                ".nested_quant_map",
+                &BlockwiseMap::Dynamic.code(),
+                "the signed dynamic map",
+            )?,
             offset,
             nested_blocksize,
         }
     } else {
-        Absmax4::Plain(f32s(".absmax")?)
+        Absmax4::Plain(c.f32s(".absmax")?)
     };
     Ok((
         packed.data.to_vec(),

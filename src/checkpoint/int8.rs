@@ -6,13 +6,14 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use qforge_ir::library::BlockwiseMap;
 use qforge_runtime::HostTensor;
 use safetensors::Dtype;
-use serde_json::Value;
 
 use super::bnb4::torch_dtype_name;
+use super::companions::Companions;
 use super::io::{RawTensor, TensorRef};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Suffix of the JSON quant-state tensor of an 8-bit blockwise weight.
 pub const STATE_SUFFIX: &str = ".quant_state.qforge__int8_blockwise";
@@ -70,7 +71,7 @@ pub fn encode(
         (format!("{name}.absmax"), f32s(absmax)),
         (
             format!("{name}.quant_map"),
-            f32s(&qforge_ir::library::BlockwiseMap::Dynamic.code()),
+            f32s(&BlockwiseMap::Dynamic.code()),
         ),
         (
             format!("{name}{STATE_SUFFIX}"),
@@ -92,70 +93,33 @@ pub fn decode(
     tensors: &BTreeMap<String, TensorRef<'_>>,
     name: &str,
 ) -> Result<(Vec<u8>, Int8State)> {
-    let bad = |message: String| Error::Tensor {
-        path: path.to_path_buf(),
-        tensor: name.to_string(),
-        message,
-    };
-    let get = |suffix: &str| {
-        let key = format!("{name}{suffix}");
-        tensors
-            .get(&key)
-            .ok_or_else(|| bad(format!("companion tensor '{key}' is missing")))
-    };
-    let json: Value = serde_json::from_slice(get(STATE_SUFFIX)?.data)
-        .map_err(|e| bad(format!("quant state JSON is malformed: {e}")))?;
-    let blocksize = json
-        .get("blocksize")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| bad("blocksize missing".into()))? as usize;
-    let dtype_name = json.get("dtype").and_then(Value::as_str).unwrap_or("?");
-    let dtype = [
-        qforge_ir::DType::F32,
-        qforge_ir::DType::F16,
-        qforge_ir::DType::BF16,
-    ]
-    .into_iter()
-    .find(|d| torch_dtype_name(*d) == dtype_name)
-    .ok_or_else(|| bad(format!("unsupported dtype '{dtype_name}'")))?;
-    let text = |k: &str| json.get(k).and_then(Value::as_str).unwrap_or("?");
-    if text("quant_type") != "int8_blockwise" || text("code") != "dynamic" {
-        return Err(bad(format!("quant state says quant_type '{}' with code '{}'; only int8_blockwise with the dynamic code is supported", text("quant_type"), text("code"))));
+    let c = Companions::new(path, tensors, name);
+    let state = c.state(STATE_SUFFIX)?;
+    let (quant_type, code) = (state.str("quant_type")?, state.str("code")?);
+    if quant_type != "int8_blockwise" || code != "dynamic" {
+        return Err(c.error(format!("quant state says quant_type '{quant_type}' with code '{code}'; only int8_blockwise with the dynamic code is supported")));
     }
-    let shape: Vec<usize> = json
-        .get("shape")
-        .and_then(Value::as_array)
-        .and_then(|a| a.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
-        .ok_or_else(|| bad("quant state JSON lacks a 'shape' list of integers".into()))?;
-    let codes = get("")?;
-    let absmax = get(".absmax")?;
-    let quant_map = get(".quant_map")?;
-    if codes.dtype != Dtype::U8 || absmax.dtype != Dtype::F32 || quant_map.dtype != Dtype::F32 {
-        return Err(bad("codes must be U8, absmax and quant_map F32".into()));
-    }
+    let (blocksize, dtype, shape) = (state.usize("blocksize")?, state.dtype()?, state.shape()?);
+    let codes = c.get("", Dtype::U8)?;
     if codes.shape != shape {
-        return Err(bad(format!(
+        return Err(c.error(format!(
             "codes have shape {:?} but the quant state says {shape:?}",
             codes.shape
         )));
     }
-    let f32s = |b: &[u8]| {
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect::<Vec<f32>>()
-    };
-    if f32s(quant_map.data) != qforge_ir::library::BlockwiseMap::Dynamic.code() {
-        return Err(bad(
-            "quant_map is not the signed dynamic map; custom maps are not supported".into(),
-        ));
-    }
+    c.expect_table(
+        ".quant_map",
+        &BlockwiseMap::Dynamic.code(),
+        "the signed dynamic map",
+    )?;
+    let absmax = c.f32s(".absmax")?;
     Ok((
         codes.data.to_vec(),
         Int8State {
             dtype,
             shape,
             blocksize,
-            absmax: f32s(absmax.data),
+            absmax,
         },
     ))
 }

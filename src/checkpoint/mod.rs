@@ -3,6 +3,7 @@
 //! jobs built on the runtime's host ops.
 
 pub mod bnb4;
+pub mod companions;
 pub mod config;
 pub mod dequantize;
 pub mod int8;
