@@ -134,6 +134,14 @@ fn check(json: bool) -> Result<bool> {
             for b in &backends {
                 let cell = match rows.iter().find(|r| r.kernel == k && r.backend == *b) {
                     Some(r) if r.status == "exact" => "bit-exact".to_string(),
+                    Some(r)
+                        if r.status == "skipped"
+                            && r.reason
+                                .as_deref()
+                                .is_some_and(|m| m.starts_with("code generated")) =>
+                    {
+                        "generated".to_string()
+                    }
                     Some(r) if r.status == "skipped" => "not runnable".to_string(),
                     Some(r) if r.reason.is_some() => "error".to_string(),
                     Some(r) => format!("{} mismatches", r.mismatches),
@@ -161,7 +169,7 @@ fn check(json: bool) -> Result<bool> {
         let compared: Vec<&CheckRow> = rows.iter().filter(|r| r.backend != "interpreter").collect();
         let exact = compared.iter().filter(|r| r.status == "exact").count();
         let skipped = compared.iter().filter(|r| r.status == "skipped").count();
-        out!("{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact, {failed} mismatching, {skipped} not runnable here", backends.len() - 1);
+        out!("{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact, {failed} mismatching, {skipped} skipped (no device here to run them)", backends.len() - 1);
     }
     Ok(failed == 0)
 }

@@ -5,6 +5,8 @@
 mod backend;
 pub mod cranelift;
 mod error;
+pub mod ptx;
+pub mod wgsl;
 
 pub use backend::Backend;
 pub use error::{Error, Result};

@@ -1,0 +1,234 @@
+//! The WGSL backend: lowers a verified [`Kernel`] to a validated [`naga::Module`] with one compute
+//! entry point, and writes it as WGSL with naga's writer.
+//!
+//! # Pipeline
+//!
+//! `qforge_ir::verify` -> WGSL source of the kernel (`emit.rs`, helpers in `helpers.rs`) ->
+//! naga's WGSL front end (a [`naga::Module`]) -> naga's [`naga::valid::Validator`] (every emitted
+//! module must pass; a rejection is [`Error::Backend`], a qforge bug) -> naga's WGSL writer. The
+//! snapshotted text ([`Backend::emit_text`]) is the writer's output, so it is exactly what a
+//! device compiles.
+//!
+//! # Execution model
+//!
+//! Entry point `main`, `@workgroup_size(64)` ([`WORKGROUP_SIZE`]). Work item
+//! `w = global_invocation_id.x + global_invocation_id.y * (num_workgroups.x * 64)`; invocations
+//! with `w >= grid` return at once. Dispatch with [`WgslLayout::dispatch`]: at most 65535
+//! workgroups in x, the rest in y, so grids up to `2^32 - 1` work items fit.
+//!
+//! # Binding layout (for the runtime)
+//!
+//! All bindings are in `@group(0)` ([`WgslLayout`]):
+//! * buffer parameters, in parameter order, at bindings `0..n_buffers`: storage buffers,
+//!   `read` for [`Access::Read`], `read_write` otherwise. `f32`/`u32`/`i32` buffers are
+//!   `array<f32|u32|i32>`. `u8`/`i8`/`f16`/`bf16` buffers are packed little endian into
+//!   `array<u32>` (element `i` of a byte buffer is byte `i % 4` of word `i / 4`, of a 16-bit
+//!   buffer half `i % 2` of word `i / 2`); a writable one is `array<atomic<u32>>` and a store
+//!   is `atomicAnd` (clear the element's bits) then `atomicOr` (set them), so invocations that
+//!   share a word never race. The runtime must size such a buffer to whole words
+//!   (`ceil(bytes / 4) * 4`; the padding bytes are never read as elements).
+//! * binding `n_buffers`: a uniform struct `Params`: the scalar parameters in parameter order,
+//!   4 bytes each (`u32`/`i32`/`f32` bits), then `qf_zero: u32`, which the runtime must set to
+//!   0 (it makes values opaque to the driver's optimizer, see `docs/backends/wgsl.md`). The
+//!   buffer is [`WgslLayout::params_size`] bytes (a multiple of 16).
+
+mod emit;
+mod helpers;
+
+use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
+use qforge_ir::{Access, DType, Kernel, ParamKind, ScalarType};
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+
+/// The backend name used in errors and in `qforge check`.
+pub const BACKEND: &str = "wgsl";
+
+/// Invocations per workgroup (x dimension only).
+pub const WORKGROUP_SIZE: u32 = 64;
+
+/// Workgroups per dispatch dimension allowed by WebGPU's default limits.
+pub const MAX_GROUPS_PER_DIM: u32 = 65535;
+
+/// The WGSL backend. Stateless; see the module docs for the emitted shape.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WgslBackend;
+
+/// How one buffer parameter is bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferBinding {
+    /// Index of the parameter in the kernel's parameter list.
+    pub param: usize,
+    /// Parameter name.
+    pub name: String,
+    /// `@binding` in group 0.
+    pub binding: u32,
+    /// Element type in memory.
+    pub dtype: DType,
+    /// True when bound `read` (the kernel only loads from it).
+    pub read_only: bool,
+    /// True when elements are packed into `u32` words (`u8`, `i8`, `f16`, `bf16`).
+    pub packed: bool,
+    /// True when the binding is `array<atomic<u32>>` (a packed buffer the kernel stores to).
+    pub atomic: bool,
+}
+
+/// One scalar parameter's place in the `Params` uniform struct.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScalarField {
+    /// Index of the parameter in the kernel's parameter list.
+    pub param: usize,
+    /// Parameter name.
+    pub name: String,
+    /// Its type (`u32`, `i32` or `f32`).
+    pub ty: ScalarType,
+    /// Byte offset in the struct.
+    pub offset: u32,
+}
+
+/// Everything the runtime needs to bind and dispatch an emitted module.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WgslLayout {
+    /// Entry point name (`main`).
+    pub entry_point: &'static str,
+    /// Buffer parameters in parameter order (binding `i` is the `i`-th buffer).
+    pub buffers: Vec<BufferBinding>,
+    /// Binding of the `Params` uniform struct (equal to the number of buffers).
+    pub params_binding: u32,
+    /// Scalar parameters in the struct, in parameter order.
+    pub scalars: Vec<ScalarField>,
+    /// Byte offset of `qf_zero` (must hold 0).
+    pub zero_offset: u32,
+    /// Size of the uniform buffer in bytes (a multiple of 16).
+    pub params_size: u32,
+}
+
+impl WgslLayout {
+    /// The layout of `kernel` (which need not be verified; names are taken as they are).
+    pub fn new(kernel: &Kernel) -> Self {
+        let mut buffers = Vec::new();
+        let mut scalars = Vec::new();
+        for (i, (_, p)) in kernel.params.iter().enumerate() {
+            match &p.kind {
+                ParamKind::Buffer { dtype, access, .. } => {
+                    let packed = dtype.size_bytes() < 4;
+                    buffers.push(BufferBinding {
+                        param: i,
+                        name: p.name.clone(),
+                        binding: buffers.len() as u32,
+                        dtype: *dtype,
+                        read_only: *access == Access::Read,
+                        packed,
+                        atomic: packed && access.can_write(),
+                    });
+                }
+                ParamKind::Scalar(ty) => scalars.push(ScalarField {
+                    param: i,
+                    name: p.name.clone(),
+                    ty: *ty,
+                    offset: 4 * scalars.len() as u32,
+                }),
+            }
+        }
+        let zero_offset = 4 * scalars.len() as u32;
+        WgslLayout {
+            entry_point: "main",
+            params_binding: buffers.len() as u32,
+            buffers,
+            scalars,
+            zero_offset,
+            params_size: (zero_offset + 4).div_ceil(16) * 16,
+        }
+    }
+
+    /// The binding of parameter number `param`, if it is a buffer.
+    pub fn buffer(&self, param: usize) -> Option<&BufferBinding> {
+        self.buffers.iter().find(|b| b.param == param)
+    }
+
+    /// Workgroup counts `[x, y, 1]` that cover `grid` work items (none for an empty grid).
+    pub fn dispatch(grid: u32) -> [u32; 3] {
+        let groups = grid.div_ceil(WORKGROUP_SIZE);
+        if groups == 0 {
+            return [0, 0, 0];
+        }
+        let x = groups.min(MAX_GROUPS_PER_DIM);
+        [x, groups.div_ceil(x), 1]
+    }
+}
+
+/// The result of lowering: the validated module, its validation info, the WGSL text and the
+/// binding layout.
+#[derive(Debug)]
+pub struct WgslArtifact {
+    /// The naga module (one compute entry point).
+    pub module: naga::Module,
+    /// naga's validation info (needed by naga's writers).
+    pub info: ModuleInfo,
+    /// The module written as WGSL by naga's writer.
+    pub wgsl: String,
+    /// How to bind and dispatch it.
+    pub layout: WgslLayout,
+}
+
+impl WgslBackend {
+    /// The WGSL source qforge generates before naga parses it (for debugging; the snapshotted
+    /// and shipped text is naga's rewrite of it, see [`Backend::emit_text`]).
+    ///
+    /// # Errors
+    /// Verification failure or an unsupported op.
+    pub fn source(&self, kernel: &Kernel) -> Result<String> {
+        qforge_ir::verify(kernel)?;
+        emit::emit_source(kernel, &WgslLayout::new(kernel))
+    }
+}
+
+fn backend_error(message: String) -> Error {
+    Error::Backend {
+        backend: BACKEND,
+        message,
+    }
+}
+
+impl Backend for WgslBackend {
+    type Artifact = WgslArtifact;
+
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn lower(&self, kernel: &Kernel) -> Result<WgslArtifact> {
+        qforge_ir::verify(kernel)?;
+        let layout = WgslLayout::new(kernel);
+        let source = emit::emit_source(kernel, &layout)?;
+        let module = naga::front::wgsl::parse_str(&source).map_err(|e| {
+            backend_error(format!(
+                "naga rejected the WGSL of '{}': {}",
+                kernel.name,
+                e.emit_to_string(&source)
+            ))
+        })?;
+        let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+            .validate(&module)
+            .map_err(|e| {
+                backend_error(format!(
+                    "naga's validator rejected '{}': {}",
+                    kernel.name,
+                    e.emit_to_string(&source)
+                ))
+            })?;
+        let wgsl =
+            naga::back::wgsl::write_string(&module, &info, naga::back::wgsl::WriterFlags::empty())
+                .map_err(|e| backend_error(format!("naga's WGSL writer failed: {e}")))?;
+        Ok(WgslArtifact {
+            module,
+            info,
+            wgsl,
+            layout,
+        })
+    }
+
+    fn emit_text(&self, kernel: &Kernel) -> Result<String> {
+        Ok(self.lower(kernel)?.wgsl)
+    }
+}
