@@ -377,8 +377,11 @@ fn config_json_is_written_once_and_never_overwritten() {
     );
 }
 
-/// Rewrites a quantized file with one tensor replaced (or removed when `data` is `None`).
-fn mutate(src: &Path, dst: &Path, name: &str, replacement: Option<(Dtype, Vec<usize>, Vec<u8>)>) {
+/// A tensor's dtype, shape and bytes.
+type Tensor = (Dtype, Vec<usize>, Vec<u8>);
+
+/// Rewrites a quantized file with one tensor replaced (or removed when `replacement` is `None`).
+fn mutate(src: &Path, dst: &Path, name: &str, replacement: Option<Tensor>) {
     let bytes = std::fs::read(src).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut tensors: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -413,7 +416,7 @@ fn dequantize_rejects_inconsistent_quant_states() {
     let w = "layer.dense.weight";
     let state = format!("{w}.quant_state.bitsandbytes__nf4");
     let json = |text: &str| Some((Dtype::U8, vec![text.len()], text.as_bytes().to_vec()));
-    let cases: Vec<(&str, Option<(Dtype, Vec<usize>, Vec<u8>)>, &str)> = vec![
+    let cases: Vec<(&str, Option<Tensor>, &str)> = vec![
         (
             state.as_str(),
             json("{not json"),

@@ -123,7 +123,7 @@ fn codegen_only(
         ),
         (
             "wgsl",
-            time(&|| qforge_codegen::wgsl::WgslBackend::default().emit_text(kernel)),
+            time(&|| qforge_codegen::wgsl::WgslBackend.emit_text(kernel)),
         ),
     ]
 }
