@@ -197,6 +197,12 @@ fn random_loop(steps: &[Step]) -> Kernel {
                     if sub % 2 == 0 {
                         f.push(b.bitcast(ua, ScalarType::F32));
                     } else {
+                        // A NaN's payload and sign are free under the numeric contract (Cranelift
+                        // may turn fma(a, -b, c) into a fused negate-multiply-add whose NaN sign
+                        // differs), so canonicalise NaN before exposing the bits.
+                        let is_nan = b.cmp(CmpOp::Ne, fa, fa);
+                        let qnan = b.const_f32(f32::NAN);
+                        let fa = b.select(is_nan, qnan, fa);
                         u.push(b.bitcast(fa, ScalarType::U32));
                     }
                 }
