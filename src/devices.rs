@@ -5,7 +5,11 @@ use qforge_runtime::{CpuDevice, Device, InterpreterDevice};
 use crate::error::{Error, Result};
 
 /// Device names accepted by `--device`.
+#[cfg(not(feature = "wgpu"))]
 pub const DEVICE_NAMES: &[&str] = &["cpu", "interpreter"];
+/// Device names accepted by `--device` (`wgpu`: the first wgpu adapter, WGSL backend).
+#[cfg(feature = "wgpu")]
+pub const DEVICE_NAMES: &[&str] = &["cpu", "interpreter", "wgpu"];
 
 /// The device called `name` (`cpu`: Cranelift JIT on all cores; `interpreter`: the reference).
 ///
@@ -15,6 +19,8 @@ pub fn device_by_name(name: &str) -> Result<Box<dyn Device>> {
     match name {
         "cpu" => Ok(Box::new(CpuDevice::new()?)),
         "interpreter" => Ok(Box::new(InterpreterDevice)),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => Ok(Box::new(qforge_runtime::WgpuDevice::new()?)),
         other => Err(Error::Usage(format!(
             "unknown device '{other}' (available: {})",
             DEVICE_NAMES.join(", ")
@@ -40,6 +46,14 @@ pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
         Ok(cpu) => devices.push(Box::new(cpu)),
         Err(e) => unavailable.push(Unavailable {
             backend: "cranelift",
+            reason: e.to_string(),
+        }),
+    }
+    #[cfg(feature = "wgpu")]
+    match qforge_runtime::WgpuDevice::new() {
+        Ok(wgpu) => devices.push(Box::new(wgpu)),
+        Err(e) => unavailable.push(Unavailable {
+            backend: "wgsl",
             reason: e.to_string(),
         }),
     }

@@ -56,7 +56,7 @@ enum Command {
         /// Quantize weights that contain NaN or inf instead of refusing.
         #[arg(long)]
         allow_nonfinite: bool,
-        /// Device: cpu or interpreter.
+        /// Device: cpu, interpreter, or wgpu (with the `wgpu` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -70,7 +70,7 @@ enum Command {
         /// Output dtype f32, f16 or bf16 (default: each weight's original dtype).
         #[arg(long)]
         dtype: Option<String>,
-        /// Device: cpu or interpreter.
+        /// Device: cpu, interpreter, or wgpu (with the `wgpu` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
     },

@@ -8,7 +8,11 @@ mod device;
 mod error;
 pub mod ops;
 mod tensor;
+#[cfg(feature = "wgpu")]
+mod wgpu;
 
+#[cfg(feature = "wgpu")]
+pub use self::wgpu::{Conformance, WgpuDevice};
 pub use cpu::{CpuDevice, CpuOptions};
 pub use device::{Device, InterpreterDevice};
 pub use error::{Error, Result};

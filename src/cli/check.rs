@@ -104,9 +104,11 @@ pub fn builtin_inputs(blocksize: usize) -> Vec<f32> {
     v
 }
 
-/// Lowers `kernel` with each backend that has no device yet; returns the time in ms or the error.
+/// Lowers `kernel` with each backend that has no device among `devices`; returns the time in
+/// ms or the error.
 fn codegen_only(
     kernel: &qforge_ir::Kernel,
+    devices: &[Box<dyn Device>],
 ) -> Vec<(
     &'static str,
     std::result::Result<f64, qforge_codegen::Error>,
@@ -116,16 +118,20 @@ fn codegen_only(
         let t = Instant::now();
         f().map(|_| t.elapsed().as_secs_f64() * 1e3)
     };
-    vec![
-        (
-            "ptx",
-            time(&|| qforge_codegen::ptx::PtxBackend::default().emit_text(kernel)),
-        ),
-        (
+    let mut rows = vec![(
+        "ptx",
+        time(&|| qforge_codegen::ptx::PtxBackend::default().emit_text(kernel)),
+    )];
+    if !devices
+        .iter()
+        .any(|d| d.backend() == qforge_codegen::wgsl::BACKEND)
+    {
+        rows.push((
             "wgsl",
             time(&|| qforge_codegen::wgsl::WgslBackend.emit_text(kernel)),
-        ),
-    ]
+        ));
+    }
+    rows
 }
 
 /// Runs the check over the whole op library on `devices`.
@@ -214,7 +220,7 @@ pub fn run_check(
         }
         // Backends that generate code here but have no device in this build yet: the code must
         // generate (and, for WGSL, pass naga's validator); running it needs their device.
-        for (backend, lowered) in codegen_only(&kernel) {
+        for (backend, lowered) in codegen_only(&kernel, devices) {
             match lowered {
                 Ok(ms) => row(
                     backend,

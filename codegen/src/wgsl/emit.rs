@@ -136,11 +136,15 @@ impl Emitter<'_> {
     fn finish(self) -> String {
         let mut out = String::new();
         let k = self.k;
+        // Tables are `var<private>`, not `const`: indexing a `const` array with a run-time
+        // index makes naga's SPIR-V writer spill the whole array to a local at every access,
+        // which Mesa lavapipe's LLVM took minutes (bs >= 256) to compile for the 255-entry
+        // 8-bit threshold tables. The emitted code never writes a table.
         for (_, t) in k.tables.iter() {
             let items: Vec<String> = t.data.iter().map(|w| format!("0x{w:08x}u")).collect();
             let _ = writeln!(
                 out,
-                "const t_{}: array<u32, {}> = array<u32, {}>({});",
+                "var<private> t_{}: array<u32, {}> = array<u32, {}>({});",
                 t.name,
                 t.data.len(),
                 t.data.len(),

@@ -1,0 +1,298 @@
+//! The wgpu device (cargo feature `wgpu`): kernels lowered by `qforge_codegen::wgsl`, compiled
+//! into compute pipelines on any wgpu adapter (a GPU, or Mesa's lavapipe CPU Vulkan driver),
+//! cached by [`Kernel::content_hash`], and dispatched with the binding layout of
+//! [`WgslLayout`].
+//!
+//! Every wgpu call that can fail validation runs inside error scopes, and the device's
+//! uncaptured-error handler only records the message, so a driver or validation error becomes
+//! [`Error::Device`], never a panic.
+
+mod launch;
+mod probe;
+
+pub use probe::Conformance;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use qforge_codegen::wgsl::{WgslBackend, WgslLayout};
+use qforge_codegen::Backend;
+use qforge_ir::{Arg, Kernel};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// A compiled kernel in the cache.
+struct Compiled {
+    /// The kernel it was compiled from (guards against hash collisions).
+    kernel: Kernel,
+    layout: WgslLayout,
+    bind_group_layout: wgpu::BindGroupLayout,
+    pipeline: wgpu::ComputePipeline,
+}
+
+/// Runs kernels on a wgpu adapter through the WGSL backend; thread-safe (launches are
+/// serialized).
+///
+/// ```no_run
+/// use qforge_runtime::{Device, WgpuDevice};
+/// let device = WgpuDevice::new().expect("no wgpu adapter");
+/// println!("{}", device.name());
+/// ```
+pub struct WgpuDevice {
+    name: String,
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    limits: wgpu::Limits,
+    cache: Mutex<HashMap<u64, Arc<Compiled>>>,
+    /// Launches hold this lock so error scopes of concurrent launches do not interleave.
+    launch_lock: Mutex<()>,
+    /// Errors that escaped every error scope (recorded by the uncaptured-error handler).
+    uncaptured: Arc<Mutex<Vec<String>>>,
+    /// What the start-up probe found.
+    conformance: Conformance,
+}
+
+impl std::fmt::Debug for WgpuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WgpuDevice")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WgpuDevice {
+    /// Opens the first adapter wgpu finds (Vulkan, Metal or DX12, or what `WGPU_BACKEND`
+    /// names; a high-performance adapter first, then a fallback/software one such as Mesa's
+    /// lavapipe) with the adapter's own limits, and runs the conformance probe on it.
+    ///
+    /// # Errors
+    /// [`Error::Device`] when no adapter is found or the device cannot be created.
+    pub fn new() -> Result<Self> {
+        // Vulkan, Metal and DX12 (the GL backend's compute support is too narrow, and probing
+        // it prints EGL noise); `WGPU_BACKEND` overrides.
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::PRIMARY;
+        let instance = wgpu::Instance::new(desc.with_env());
+        let adapter = [false, true]
+            .into_iter()
+            .find_map(|fallback| {
+                pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+                    power_preference: wgpu::PowerPreference::HighPerformance,
+                    force_fallback_adapter: fallback,
+                    ..Default::default()
+                }))
+                .ok()
+            })
+            .ok_or_else(|| device_error("wgpu", "no wgpu adapter found".into()))?;
+        let info = adapter.get_info();
+        let name = format!("wgpu ({}, {:?})", info.name, info.backend);
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("qforge"),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| device_error(&name, format!("cannot create the device: {e}")))?;
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&uncaptured);
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let mut dev = WgpuDevice {
+            name,
+            device,
+            queue,
+            limits,
+            cache: Mutex::new(HashMap::new()),
+            launch_lock: Mutex::new(()),
+            uncaptured,
+            conformance: Conformance::default(),
+        };
+        dev.conformance = probe::run(&dev)?;
+        Ok(dev)
+    }
+
+    /// What the conformance probe found when the device started: the contract rules WGSL does
+    /// not promise, checked on this driver. Kernels that would need a rule the driver breaks
+    /// (`fma`, f32 division, `sqrt`) are refused with [`Error::Device`] instead of running
+    /// inexactly.
+    pub fn conformance(&self) -> &Conformance {
+        &self.conformance
+    }
+
+    /// Compiles (if needed) and runs `kernel` without the conformance check.
+    fn launch_unchecked(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
+        let binding = qforge_ir::bind(kernel, args)?;
+        let compiled = self.compiled(kernel)?;
+        let _guard = self
+            .launch_lock
+            .lock()
+            .map_err(|_| self.err("launch lock poisoned".into()))?;
+        launch::launch(self, &compiled, &binding, args)
+    }
+
+    /// [`Error::Device`] when the probe found that `kernel` cannot run exactly here.
+    fn check_conformance(&self, kernel: &Kernel) -> Result<()> {
+        match probe::refusal(kernel, &self.conformance) {
+            Some(message) => Err(self.err(message)),
+            None => Ok(()),
+        }
+    }
+
+    /// The device's limits (as granted: the adapter's own).
+    pub fn limits(&self) -> &wgpu::Limits {
+        &self.limits
+    }
+
+    fn err(&self, message: String) -> Error {
+        device_error(&self.name, message)
+    }
+
+    /// Runs `f` inside validation, out-of-memory and internal error scopes and turns the
+    /// first error caught (or one the uncaptured handler saw meanwhile) into [`Error::Device`].
+    fn scoped<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let scopes = [
+            self.device.push_error_scope(wgpu::ErrorFilter::Internal),
+            self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory),
+            self.device.push_error_scope(wgpu::ErrorFilter::Validation),
+        ];
+        let out = f();
+        let mut first = None;
+        for scope in scopes.into_iter().rev() {
+            if let Some(e) = pollster::block_on(scope.pop()) {
+                first.get_or_insert(e.to_string());
+            }
+        }
+        if first.is_none() {
+            if let Ok(mut v) = self.uncaptured.lock() {
+                first = v.drain(..).next();
+            }
+        }
+        match first {
+            Some(e) => Err(self.err(format!("{what}: {e}"))),
+            None => out,
+        }
+    }
+
+    /// The compiled form of `kernel`, from the cache or freshly built.
+    fn compiled(&self, kernel: &Kernel) -> Result<Arc<Compiled>> {
+        let hash = kernel.content_hash();
+        {
+            let cache = self
+                .cache
+                .lock()
+                .map_err(|_| self.err("cache lock poisoned".into()))?;
+            if let Some(c) = cache.get(&hash) {
+                if c.kernel == *kernel {
+                    return Ok(Arc::clone(c));
+                }
+            }
+        }
+        let artifact = WgslBackend.lower(kernel)?;
+        let layout = artifact.layout;
+        let wgsl = artifact.wgsl;
+        let compiled = {
+            let _guard = self
+                .launch_lock
+                .lock()
+                .map_err(|_| self.err("launch lock poisoned".into()))?;
+            self.scoped(&format!("compiling '{}'", kernel.name), || {
+                let module = self
+                    .device
+                    .create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(&kernel.name),
+                        source: wgpu::ShaderSource::Wgsl(wgsl.as_str().into()),
+                    });
+                let mut entries: Vec<wgpu::BindGroupLayoutEntry> = layout
+                    .buffers
+                    .iter()
+                    .map(|b| wgpu::BindGroupLayoutEntry {
+                        binding: b.binding,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Storage {
+                                read_only: b.read_only,
+                            },
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    })
+                    .collect();
+                entries.push(wgpu::BindGroupLayoutEntry {
+                    binding: layout.params_binding,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Uniform,
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                });
+                let bind_group_layout =
+                    self.device
+                        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                            label: Some(&kernel.name),
+                            entries: &entries,
+                        });
+                let pipeline_layout =
+                    self.device
+                        .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                            label: Some(&kernel.name),
+                            bind_group_layouts: &[Some(&bind_group_layout)],
+                            immediate_size: 0,
+                        });
+                let pipeline =
+                    self.device
+                        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                            label: Some(&kernel.name),
+                            layout: Some(&pipeline_layout),
+                            module: &module,
+                            entry_point: Some(layout.entry_point),
+                            compilation_options: Default::default(),
+                            cache: None,
+                        });
+                Ok(Compiled {
+                    kernel: kernel.clone(),
+                    layout: layout.clone(),
+                    bind_group_layout,
+                    pipeline,
+                })
+            })?
+        };
+        let compiled = Arc::new(compiled);
+        let mut cache = self
+            .cache
+            .lock()
+            .map_err(|_| self.err("cache lock poisoned".into()))?;
+        cache.insert(hash, Arc::clone(&compiled));
+        Ok(compiled)
+    }
+}
+
+fn device_error(device: &str, message: String) -> Error {
+    Error::Device {
+        device: device.to_string(),
+        message,
+    }
+}
+
+impl Device for WgpuDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn backend(&self) -> &'static str {
+        qforge_codegen::wgsl::BACKEND
+    }
+    fn compile(&self, kernel: &Kernel) -> Result<()> {
+        self.check_conformance(kernel)?;
+        self.compiled(kernel).map(|_| ())
+    }
+    fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
+        self.check_conformance(kernel)?;
+        self.launch_unchecked(kernel, args)
+    }
+}
