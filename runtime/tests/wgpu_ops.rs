@@ -587,7 +587,7 @@ fn bad_arguments_are_errors_not_panics() {
 /// pipeline compile and counting mismatches per kernel. Slow on lavapipe (LLVM compiles each
 /// pipeline): run with `--ignored --nocapture`; `QF_KERNELS=<substring>` selects kernels.
 #[test]
-#[ignore]
+#[ignore = "diagnostic timing report, slow on lavapipe; tests/conformance.rs checks the same kernels on this device"]
 fn library_kernels_report() {
     use std::time::Instant;
     let Some(dev) = device() else { return };

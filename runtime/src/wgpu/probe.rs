@@ -185,7 +185,7 @@ pub(super) fn run(dev: &WgpuDevice) -> Result<Conformance> {
                 got[1]
             ));
         }
-        if r >= base && (r - base) % 2 == 0 && !same(got[2], a / b) {
+        if r >= base && (r - base).is_multiple_of(2) && !same(got[2], a / b) {
             c.div_exact = false;
             c.deviations.push(format!(
                 "division not correctly rounded: {a:e} / {b:e} gave {:e}, want {:e}",
