@@ -476,3 +476,42 @@ fn dequantize_rejects_inconsistent_quant_states() {
         assert!(!out.exists());
     }
 }
+
+/// `quantize --device wgpu` writes the same bytes as the CPU device (skipped, with the reason,
+/// when no wgpu adapter can start here).
+#[cfg(feature = "wgpu")]
+#[test]
+fn quantize_on_wgpu_writes_the_same_bytes_as_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = good_file(dir.path());
+    for extra in [
+        &["--double-quant"][..],
+        &["--quant-type", "fp4", "--blocksize", "128"],
+        &["--quant-type", "int8-blockwise"],
+    ] {
+        let mut outs = Vec::new();
+        for device in ["cpu", "wgpu"] {
+            let out = dir.path().join(format!("{device}.safetensors"));
+            let mut args = vec![
+                "quantize",
+                good.to_str().unwrap(),
+                "-o",
+                out.to_str().unwrap(),
+                "--device",
+                device,
+            ];
+            args.extend_from_slice(extra);
+            let (code, _, err) = qforge(&args);
+            if device == "wgpu" && code != 0 && err.contains("adapter") {
+                println!("skipped: no wgpu adapter here: {err}");
+                return;
+            }
+            assert_eq!(code, 0, "{device} {extra:?}: {err}");
+            outs.push(std::fs::read(&out).unwrap());
+        }
+        assert!(
+            outs[0] == outs[1],
+            "{extra:?}: wgpu output differs from cpu output"
+        );
+    }
+}
