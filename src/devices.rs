@@ -5,13 +5,21 @@ use qforge_runtime::{CpuDevice, Device, InterpreterDevice};
 use crate::error::{Error, Result};
 
 /// Device names accepted by `--device`.
-#[cfg(not(feature = "wgpu"))]
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
 pub const DEVICE_NAMES: &[&str] = &["cpu", "interpreter"];
 /// Device names accepted by `--device` (`wgpu`: the first wgpu adapter, WGSL backend).
-#[cfg(feature = "wgpu")]
+#[cfg(all(feature = "wgpu", not(feature = "cuda")))]
 pub const DEVICE_NAMES: &[&str] = &["cpu", "interpreter", "wgpu"];
+/// Device names accepted by `--device` (`cuda`: GPU 0 through the CUDA driver, PTX backend).
+#[cfg(all(feature = "cuda", not(feature = "wgpu")))]
+pub const DEVICE_NAMES: &[&str] = &["cpu", "interpreter", "cuda"];
+/// Device names accepted by `--device` (`wgpu`: the first wgpu adapter, WGSL backend; `cuda`:
+/// GPU 0 through the CUDA driver, PTX backend).
+#[cfg(all(feature = "wgpu", feature = "cuda"))]
+pub const DEVICE_NAMES: &[&str] = &["cpu", "interpreter", "wgpu", "cuda"];
 
-/// The device called `name` (`cpu`: Cranelift JIT on all cores; `interpreter`: the reference).
+/// The device called `name` (`cpu`: Cranelift JIT on all cores; `interpreter`: the reference;
+/// `wgpu` and `cuda` with their features).
 ///
 /// # Errors
 /// [`Error::Usage`] for an unknown name, or the device's own start-up error.
@@ -21,6 +29,8 @@ pub fn device_by_name(name: &str) -> Result<Box<dyn Device>> {
         "interpreter" => Ok(Box::new(InterpreterDevice)),
         #[cfg(feature = "wgpu")]
         "wgpu" => Ok(Box::new(qforge_runtime::WgpuDevice::new()?)),
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(Box::new(qforge_runtime::CudaDevice::new()?)),
         other => Err(Error::Usage(format!(
             "unknown device '{other}' (available: {})",
             DEVICE_NAMES.join(", ")
@@ -54,6 +64,14 @@ pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
         Ok(wgpu) => devices.push(Box::new(wgpu)),
         Err(e) => unavailable.push(Unavailable {
             backend: "wgsl",
+            reason: e.to_string(),
+        }),
+    }
+    #[cfg(feature = "cuda")]
+    match qforge_runtime::CudaDevice::new() {
+        Ok(cuda) => devices.push(Box::new(cuda)),
+        Err(e) => unavailable.push(Unavailable {
+            backend: qforge_codegen::ptx::BACKEND,
             reason: e.to_string(),
         }),
     }

@@ -9,6 +9,7 @@ pub use qforge_codegen as codegen;
 pub use qforge_ir as ir;
 pub use qforge_runtime as runtime;
 
+pub mod bench;
 pub mod checkpoint;
 pub mod cli;
 pub mod devices;

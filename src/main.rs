@@ -29,6 +29,10 @@ enum Command {
         /// Print JSON lines instead of a table.
         #[arg(long)]
         json: bool,
+        /// Run only on this device (cpu, interpreter, wgpu or cuda with their features); a
+        /// device that cannot start is an error (exit code 2). Default: every device that can.
+        #[arg(long)]
+        device: Option<String>,
     },
     /// Quantize the 2-D float `.weight` tensors of a safetensors checkpoint (bitsandbytes 4-bit
     /// layout that transformers loads, or 8-bit blockwise); other tensors are copied.
@@ -74,6 +78,19 @@ enum Command {
         #[arg(long, default_value = "cpu")]
         device: String,
     },
+    /// Quick benchmark of the library kernels (seconds in total): one line per kernel, shape
+    /// and baseline with the median time, bytes/s and the ratio baseline time / kernel time.
+    Bench {
+        /// Print JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Keep only the cases whose kernel name contains this string.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Device: cpu, interpreter (cases scaled down), or wgpu (with the `wgpu` feature).
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
 }
 
 /// Prints a line to stdout without ever panicking: a closed pipe ends the process quietly, any
@@ -105,8 +122,13 @@ fn float_dtype(name: &str) -> Result<DType> {
     }
 }
 
-fn check(json: bool) -> Result<bool> {
-    let (devices, unavailable) = available_devices();
+fn check(json: bool, device: Option<&str>) -> Result<bool> {
+    let (devices, unavailable) = match device {
+        // The interpreter is the reference every row is compared with: nothing else to run.
+        Some("interpreter") => (Vec::new(), Vec::new()),
+        Some(name) => (vec![device_by_name(name)?], Vec::new()),
+        None => available_devices(),
+    };
     let mut on_row = |r: &CheckRow| {
         if json {
             out!("{}", r.to_json());
@@ -270,6 +292,30 @@ fn quantize(
     Ok(())
 }
 
+fn bench(json: bool, filter: Option<&str>, device: &str) -> Result<()> {
+    use qforge::bench::{self, cases, report};
+    let device = device_by_name(device)?;
+    // The cases build their inputs on their first (warm-up) run: listing and filtering is cheap.
+    let size = cases::CaseSize::for_backend(device.backend());
+    let cases = bench::filter_cases(cases::cases(size)?, filter)?;
+    let timing = bench::Timing::QUICK;
+    let table = report::Table::for_cases(&cases);
+    if !json {
+        for line in report::header_lines(device.name(), device.backend(), &timing) {
+            out!("{line}");
+        }
+        out!("{}", table.title());
+    }
+    bench::run_bench(device.as_ref(), cases, &timing, &mut |row| {
+        if json {
+            out!("{}", report::json_line(row));
+        } else {
+            out!("{}", table.line(row));
+        }
+    })?;
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // An interrupted run removes the temporary output it was writing (the real output is only
@@ -280,7 +326,7 @@ fn main() -> ExitCode {
         std::process::exit(130);
     });
     let result = match cli.command {
-        Command::Check { json } => check(json).map(|ok| {
+        Command::Check { json, device } => check(json, device.as_deref()).map(|ok| {
             if ok {
                 ExitCode::SUCCESS
             } else {
@@ -326,6 +372,11 @@ fn main() -> ExitCode {
             );
             Ok(ExitCode::SUCCESS)
         })(),
+        Command::Bench {
+            json,
+            filter,
+            device,
+        } => bench(json, filter.as_deref(), &device).map(|_| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|e: Error| {
         eprintln!("error: {e}");

@@ -403,6 +403,36 @@ impl KernelBuilder {
         });
     }
 
+    /// A summation loop ([`Stmt::Accumulate`]): `body(b, i)` emits the `Let`s of element `i`
+    /// and returns one `(a, b)` factor pair per variable of `vars`, in order; after the
+    /// statement each variable holds `sum over i in 0..len of a * b` in `order`.
+    pub fn accumulate(
+        &mut self,
+        len: Value,
+        order: crate::ops::ReduceOrder,
+        vars: &[VarId],
+        body: impl FnOnce(&mut Self, Value) -> Vec<(Value, Value)>,
+    ) {
+        let index = self.kernel.values.append(ValueDef {
+            op: Op::LoopIndex,
+            ty: ScalarType::U32,
+        });
+        let mut factors = Vec::new();
+        let body = self.nested(|b| factors = body(b, index));
+        let accs = vars
+            .iter()
+            .zip(factors)
+            .map(|(&var, (a, b))| crate::kernel::Accum { var, a, b })
+            .collect();
+        self.push(Stmt::Accumulate {
+            index,
+            len,
+            order,
+            body,
+            accs,
+        });
+    }
+
     /// Finishes the kernel. Run [`crate::verify`] before handing it to a backend.
     pub fn finish(mut self) -> Kernel {
         self.kernel.body = self.blocks.pop().unwrap_or_default();

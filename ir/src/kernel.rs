@@ -155,6 +155,41 @@ pub enum Stmt {
         /// The loop body.
         body: Vec<Stmt>,
     },
+    /// A summation loop (dot products, the K reduction of a matmul): for `index` in `0..len`
+    /// in increasing order, the body (only `Let`s: no stores, assignments, ifs or loops) computes
+    /// values, then each accumulator of `accs`, in order, adds `a * b` with one `fma` into its
+    /// partial sum for that element. Partials and their combination follow `order` exactly as
+    /// [`crate::ReduceOrder`] defines for [`crate::Op::Reduce`]: with `Strided(w)` element `i`
+    /// goes to partial `i % w` (`Sequential` is one partial); every partial starts at `-0.0`
+    /// (so `fma(a, b, -0.0)` is the rounded product); after the loop the partials are combined
+    /// by the fixed halving tree and the total is assigned to the accumulator's `f32` variable.
+    /// Body values are not visible after the statement. This pins the summation order so a CPU
+    /// SIMD loop (lanes = consecutive `i`) or a GPU warp (lane `j` takes `i % w == j`, then a
+    /// butterfly) reproduces it bit for bit.
+    Accumulate {
+        /// The loop index value ([`crate::Op::LoopIndex`], `u32`).
+        index: Value,
+        /// Number of elements (`u32`); 0 gives `-0.0` for every accumulator.
+        len: Value,
+        /// Partial sums and how they are combined.
+        order: crate::ops::ReduceOrder,
+        /// Straight-line `Let`s computing each element's factors.
+        body: Vec<Stmt>,
+        /// The sums computed (at least one).
+        accs: Vec<Accum>,
+    },
+}
+
+/// One sum of a [`Stmt::Accumulate`]: `var = sum over i of a(i) * b(i)` (each product fused
+/// into its partial with `fma`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Accum {
+    /// The `f32` variable receiving the total.
+    pub var: VarId,
+    /// First factor (`f32`), usually defined in the body.
+    pub a: Value,
+    /// Second factor (`f32`).
+    pub b: Value,
 }
 
 /// A kernel: typed parameters plus a body run once per work item of a one-dimensional grid.

@@ -29,7 +29,7 @@ pub use builder::KernelBuilder;
 pub use error::{Error, Result, VerifyError};
 pub use handle::{Arena, Handle};
 pub use kernel::{
-    infer_type, Access, Dim, Kernel, Param, ParamId, ParamKind, Stmt, Table, TableId, Value,
+    infer_type, Access, Accum, Dim, Kernel, Param, ParamId, ParamKind, Stmt, Table, TableId, Value,
     ValueDef, Var, VarId,
 };
 pub use ops::{BinaryOp, CmpOp, NanMode, Op, ReduceKind, ReduceOrder, UnaryOp};

@@ -326,6 +326,76 @@ impl Verifier<'_> {
                 }
                 self.nested(body, &format!("{loc}.body"), Some(*index));
             }
+            Stmt::Accumulate {
+                index,
+                len,
+                order,
+                body,
+                accs,
+            } => {
+                self.expect(*len, ScalarType::U32, "accumulate len", loc);
+                if let crate::ops::ReduceOrder::Strided(w) = order {
+                    if !(2..=64).contains(w) || !w.is_power_of_two() {
+                        self.error(
+                            loc,
+                            format!(
+                                "strided accumulate needs a power of two in 2..=64 ways, got {w}"
+                            ),
+                        );
+                    }
+                }
+                match k.values.try_get(*index) {
+                    Some(def) if def.op == Op::LoopIndex && def.ty == ScalarType::U32 => {}
+                    _ => {
+                        self.error(
+                            loc,
+                            format!(
+                                "accumulate index %{} must be a u32 loop_index value",
+                                index.index()
+                            ),
+                        );
+                        return;
+                    }
+                }
+                if accs.is_empty() {
+                    self.error(loc, "accumulate needs at least one accumulator");
+                }
+                let path = format!("{loc}.body");
+                self.scopes.push(Vec::new());
+                self.define(*index, &path);
+                for (i, stmt) in body.iter().enumerate() {
+                    if !matches!(stmt, Stmt::Let(_)) {
+                        self.error(
+                            format!("{path}[{i}]"),
+                            "an accumulate body holds only let statements",
+                        );
+                    }
+                }
+                self.block(body, &path);
+                for (i, acc) in accs.iter().enumerate() {
+                    let aloc = format!("{loc}.acc[{i}]");
+                    self.expect(acc.a, ScalarType::F32, "accumulate factor", &aloc);
+                    self.expect(acc.b, ScalarType::F32, "accumulate factor", &aloc);
+                    match k.vars.try_get(acc.var) {
+                        None => self.error(
+                            &aloc,
+                            format!(
+                                "accumulate into variable #{} which does not exist",
+                                acc.var.index()
+                            ),
+                        ),
+                        Some(var) if var.ty != ScalarType::F32 => self.error(
+                            &aloc,
+                            format!(
+                                "accumulate into {} variable '{}' (needs f32)",
+                                var.ty, var.name
+                            ),
+                        ),
+                        Some(_) => {}
+                    }
+                }
+                self.scopes.pop();
+            }
         }
     }
 }

@@ -3,6 +3,8 @@
 //! public `KernelBuilder` and runs it through `interp::run` / `interp::run_items`. The cases are
 //! split by op family into the files under `tests/interp/`; the shared helpers are here.
 
+#[path = "interp/accumulate.rs"]
+mod accumulate;
 #[path = "interp/arith.rs"]
 mod arith;
 #[path = "interp/control.rs"]

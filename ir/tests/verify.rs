@@ -519,3 +519,54 @@ fn all_problems_are_collected() {
         "{shown}"
     );
 }
+
+#[test]
+fn accumulate_body_factors_variables_and_ways() {
+    // A store in the body, a u32 accumulator variable, a u32 factor and 3 ways: four problems.
+    let Base { mut b, x, y, .. } = base();
+    let f = b.var("f", ScalarType::F32);
+    let u = b.var("u", ScalarType::U32);
+    let len = b.const_u32(4);
+    b.accumulate(len, ReduceOrder::Strided(3), &[f, u], |b, i| {
+        let v = b.load(x, i);
+        b.store(y, i, v);
+        let one = b.const_f32(1.0);
+        vec![(v, one), (i, one)]
+    });
+    let k = b.finish();
+    let errs = errors(&k);
+    let text = format!("{errs:#?}");
+    assert_eq!(errs.len(), 4, "{text}");
+    assert!(
+        text.contains("power of two in 2..=64 ways, got 3"),
+        "{text}"
+    );
+    assert!(text.contains("only let statements"), "{text}");
+    assert!(
+        text.contains("accumulate factor must be f32, got u32"),
+        "{text}"
+    );
+    assert!(
+        text.contains("accumulate into u32 variable 'u' (needs f32)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn accumulate_body_values_are_not_visible_after_it() {
+    let Base { mut b, x, y, .. } = base();
+    let f = b.var("f", ScalarType::F32);
+    let len = b.const_u32(4);
+    let mut inner = None;
+    b.accumulate(len, ReduceOrder::Sequential, &[f], |b, i| {
+        let v = b.load(x, i);
+        inner = Some(v);
+        vec![(v, v)]
+    });
+    let zero = b.const_u32(0);
+    b.store(y, zero, inner.unwrap());
+    let k = b.finish();
+    let errs = errors(&k);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(errs[0].message.contains("outside its block"), "{errs:#?}");
+}

@@ -4,6 +4,8 @@
 #![deny(missing_docs)]
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod device;
 mod error;
 pub mod ops;
@@ -14,6 +16,8 @@ mod wgpu;
 #[cfg(feature = "wgpu")]
 pub use self::wgpu::{Conformance, WgpuDevice};
 pub use cpu::{CpuDevice, CpuOptions};
+#[cfg(feature = "cuda")]
+pub use cuda::CudaDevice;
 pub use device::{Device, InterpreterDevice};
 pub use error::{Error, Result};
 pub use tensor::{bytes_f32, f32_bytes, HostTensor};

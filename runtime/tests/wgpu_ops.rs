@@ -57,7 +57,7 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
             let r = state;
             if i < edges.len() {
                 edges[(i + seed as usize) % edges.len()]
-            } else if r % 3 == 0 {
+            } else if r.is_multiple_of(3) {
                 f32::from_bits(r.rotate_left(7))
             } else {
                 ((r >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 8.0
@@ -230,21 +230,17 @@ fn multiply_add_is_not_contracted() {
     check(&muladd_kernel(false), muladd_args());
 }
 
-/// `fma` is exact where the probe says it is fused, and refused with an error where not.
+/// `fma` is exact on every driver: the hardware op where the probe finds it fused, the exact
+/// software routine elsewhere (lavapipe does not fuse).
 #[test]
-fn fma_is_fused_or_refused() {
+fn fma_is_exact_fused_or_in_software() {
     let Some(dev) = device() else { return };
-    let kernel = muladd_kernel(true);
-    if dev.conformance().fma_fused {
-        check(&kernel, muladd_args());
-    } else {
-        println!("fma not fused here: {:?}", dev.conformance().deviations);
-        let mut args = muladd_args();
-        let e = dev
-            .launch(&kernel, &mut OwnedArg::borrow_all(&mut args))
-            .expect_err("a kernel with fma is refused on a driver without fused fma");
-        assert!(e.to_string().contains("fma"), "{e}");
-    }
+    println!(
+        "fma fused in hardware: {} (deviations: {:?})",
+        dev.conformance().fma_fused,
+        dev.conformance().deviations
+    );
+    check(&muladd_kernel(true), muladd_args());
 }
 
 /// Prints the probe's report; `a * b + c` is never contracted (division and sqrt are checked
@@ -393,7 +389,7 @@ fn narrow_loads_and_stores() {
                 [
                     0x0001, 0x8000, 0x7c00, 0xfc00, 0x7e01, 0x03ff, 0x3c00, 0xc555,
                 ][i % 8]
-                    ^ (i as u16 * 0x0101 & 0x03ff)
+                    ^ ((i as u16 * 0x0101) & 0x03ff)
             })
             .collect();
         let bf: Vec<u16> = (0..len).map(|i| (i as u16).wrapping_mul(40503)).collect();

@@ -118,14 +118,15 @@ fn codegen_only(
         let t = Instant::now();
         f().map(|_| t.elapsed().as_secs_f64() * 1e3)
     };
-    let mut rows = vec![(
-        "ptx",
-        time(&|| qforge_codegen::ptx::PtxBackend::default().emit_text(kernel)),
-    )];
-    if !devices
-        .iter()
-        .any(|d| d.backend() == qforge_codegen::wgsl::BACKEND)
-    {
+    let has_device = |backend: &str| devices.iter().any(|d| d.backend() == backend);
+    let mut rows = Vec::new();
+    if !has_device(qforge_codegen::ptx::BACKEND) {
+        rows.push((
+            qforge_codegen::ptx::BACKEND,
+            time(&|| qforge_codegen::ptx::PtxBackend::default().emit_text(kernel)),
+        ));
+    }
+    if !has_device(qforge_codegen::wgsl::BACKEND) {
         rows.push((
             "wgsl",
             time(&|| qforge_codegen::wgsl::WgslBackend.emit_text(kernel)),
@@ -208,7 +209,13 @@ pub fn run_check(
                 ),
             }
         }
-        for u in unavailable {
+        let generated = codegen_only(&kernel, devices);
+        // A backend whose device could not start but whose code generates here gets one row:
+        // the code-generation row below, carrying the reason.
+        for u in unavailable
+            .iter()
+            .filter(|u| !generated.iter().any(|(b, _)| *b == u.backend))
+        {
             row(
                 u.backend,
                 "skipped",
@@ -218,9 +225,13 @@ pub fn run_check(
                 Some(format!("not runnable here: {}", u.reason)),
             );
         }
-        // Backends that generate code here but have no device in this build yet: the code must
-        // generate (and, for WGSL, pass naga's validator); running it needs their device.
-        for (backend, lowered) in codegen_only(&kernel, devices) {
+        // Backends with no running device here (none in this build, or one that could not
+        // start): the code must generate (and, for WGSL, pass naga's validator).
+        for (backend, lowered) in generated {
+            let why = match unavailable.iter().find(|u| u.backend == backend) {
+                Some(u) => format!("not runnable here: {}", u.reason),
+                None => "no device for this backend in this build".into(),
+            };
             match lowered {
                 Ok(ms) => row(
                     backend,
@@ -228,7 +239,7 @@ pub fn run_check(
                     0,
                     0,
                     ms,
-                    Some("code generated; no device for this backend in this build".into()),
+                    Some(format!("code generated; {why}")),
                 ),
                 Err(e) => row(
                     backend,

@@ -44,6 +44,10 @@ pub(super) struct Lowerer<'a> {
     pub(super) tables: Vec<Value>,
     /// Pointer to the `u32` status word (bounds checks only).
     status: Option<Value>,
+    /// Set while lowering a load proven in range for every iteration of its loop (see
+    /// `accumulate_range.rs`): [`Lowerer::buffer`] reports no element count, so the access is
+    /// emitted without a bounds check.
+    pub(super) unchecked: bool,
     /// The current work item.
     work_item: Option<Value>,
 }
@@ -84,6 +88,7 @@ pub(super) fn build(kernel: &Kernel, opts: &LowerOptions) -> Result<Function> {
         params: Vec::new(),
         tables: Vec::new(),
         status: None,
+        unchecked: false,
         work_item: None,
     };
     l.function_body()?;
@@ -271,7 +276,7 @@ impl Lowerer<'_> {
             .ok_or_else(|| internal(format!("%{} used before it was lowered", v.index())))
     }
 
-    /// The buffer behind parameter `p`.
+    /// The buffer behind parameter `p` (no element count while [`Lowerer::unchecked`]).
     pub(super) fn buffer(&self, p: ParamId) -> Result<(Value, Option<Value>, DType, Access)> {
         match self.params.get(p.index()) {
             Some(ParamVal::Buffer {
@@ -279,7 +284,7 @@ impl Lowerer<'_> {
                 count,
                 dtype,
                 access,
-            }) => Ok((*base, *count, *dtype, *access)),
+            }) => Ok((*base, count.filter(|_| !self.unchecked), *dtype, *access)),
             _ => Err(internal(format!(
                 "parameter #{} is not a buffer",
                 p.index()
@@ -290,6 +295,16 @@ impl Lowerer<'_> {
     /// Records the Cranelift value of IR value `v`.
     pub(super) fn set_value(&mut self, v: qforge_ir::Value, out: Value) {
         self.values[v.index()] = Some(out);
+    }
+
+    /// Sets IR variable `var` to `value` (of the variable's type).
+    pub(super) fn assign_var(&mut self, var: qforge_ir::VarId, value: Value) -> Result<()> {
+        let (var, _) = *self
+            .vars
+            .get(var.index())
+            .ok_or_else(|| internal("missing variable"))?;
+        self.b.def_var(var, value);
+        Ok(())
     }
 
     /// Records the upper bound of IR value `v` defined by `def` (see [`Lowerer::bound_of`]).
@@ -311,6 +326,13 @@ impl Lowerer<'_> {
 
     fn stmt(&mut self, stmt: &Stmt) -> Result<()> {
         match stmt {
+            Stmt::Accumulate {
+                index,
+                len,
+                order,
+                body,
+                accs,
+            } => self.accumulate(*index, *len, *order, body, accs)?,
             Stmt::Let(v) => {
                 let def = self
                     .k

@@ -27,8 +27,12 @@
 //! Every op follows the doc comments of [`qforge_ir::Op`] to the bit: separate `fmul`/`fadd`
 //! (Cranelift never contracts), `fma` only for [`qforge_ir::Op::Fma`], min/max as compare +
 //! select, sign operations as bit operations, guarded integer division, exact f16/bf16
-//! conversions written with integer operations, reductions in their stated order.
+//! conversions written with integer operations, reductions in their stated order, and
+//! `accumulate` statements as one fused `fma` per element into the partial their order names,
+//! then the fixed halving tree (`accumulate.rs`).
 
+mod accumulate;
+mod accumulate_range;
 mod arith;
 mod lower;
 mod memory;
@@ -54,9 +58,10 @@ pub struct LowerOptions {
     pub call_conv: CallConv,
     /// Check every buffer access against the buffer's element count (see the module docs).
     pub bounds_checks: bool,
-    /// Allow 128-bit vector code: strided sums of `f32` buffers, and `for` loops with step 1
-    /// and a straight-line body run 4 iterations at a time (see `vectorize.rs`; bit-identical
-    /// to the scalar code). Every 64-bit Cranelift target with a vector unit (x86_64, aarch64)
+    /// Allow 128-bit vector code: strided sums of `f32` buffers, `for` loops with step 1 and a
+    /// straight-line body run 4 iterations at a time (see `vectorize.rs`), and `accumulate`
+    /// statements of `Strided(w)` order with `w` a multiple of 4 run 4 elements at a time into
+    /// `f32x4` partials (see `accumulate.rs`); all bit-identical to the scalar code. Every 64-bit Cranelift target with a vector unit (x86_64, aarch64)
     /// supports it.
     pub simd: bool,
 }

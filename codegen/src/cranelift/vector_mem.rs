@@ -1,8 +1,9 @@
 //! Vector loads and stores of the loop vectorizer (see `vectorize.rs`): whole-vector accesses
-//! when every lane is in range, the scalar access lane by lane otherwise.
+//! when every lane is in range (and, for loads at `(base + lane) >> c`, one scalar or 2-byte
+//! load spread over the lanes), the scalar access lane by lane otherwise.
 
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{I32X4, I64, I8X16};
+use cranelift_codegen::ir::types::{I32, I32X4, I64, I8X16};
 use cranelift_codegen::ir::{ConstantData, InstBuilder, Type, Value};
 use qforge_ir::{DType, Op, Rounding, ScalarType};
 
@@ -70,9 +71,20 @@ impl Lowerer<'_> {
         let wide = matches!(dtype, DType::F32 | DType::U32 | DType::I32);
         let (s, stride) = match idx {
             VVal::Affine { base, stride } => (base, stride),
-            VVal::Uniform(_) | VVal::Vector(_) => {
-                return Ok(VVal::Vector(self.lanewise(op, ty, local)?))
+            VVal::Vector(_) => {
+                let shifted = match op {
+                    Op::Load { index, .. } => local.shifted.get(&index.index()).copied(),
+                    _ => None,
+                };
+                match shifted {
+                    Some((base, shift)) if shift >= 2 || (shift == 1 && dtype == DType::U8) => {
+                        return self.shifted_load(buf, base, shift, op, ty, local)
+                    }
+                    _ => {}
+                }
+                return Ok(VVal::Vector(self.lanewise(op, ty, local)?));
             }
+            VVal::Uniform(_) => return Ok(VVal::Vector(self.lanewise(op, ty, local)?)),
         };
         let span = match stride {
             1 if wide => 3,
@@ -81,32 +93,108 @@ impl Lowerer<'_> {
         };
         let vt = vec_type(ty);
         let flags = self.buffer_mem(access);
-        let ok = self.span_ok(count, s, span);
-        let v = self.two_paths(
-            ok,
-            Some(vt),
-            |l| {
-                let s64 = l.b.ins().uextend(I64, s);
-                let addr = l.offset(base, s64, dtype);
-                let v0 = l.b.ins().load(vt, flags, addr, 0);
-                if stride == 1 {
-                    return Ok(Some(v0));
-                }
-                let v1 = l.b.ins().load(vt, flags, addr, 16);
-                let a = l.b.ins().bitcast(I8X16, vec_cast(), v0);
-                let b = l.b.ins().bitcast(I8X16, vec_cast(), v1);
-                let mask: Vec<u8> = [0u8, 2, 4, 6]
+        let fast = |l: &mut Self| {
+            let s64 = l.b.ins().uextend(I64, s);
+            let addr = l.offset(base, s64, dtype);
+            let v0 = l.b.ins().load(vt, flags, addr, 0);
+            if stride == 1 {
+                return Ok(Some(v0));
+            }
+            let v1 = l.b.ins().load(vt, flags, addr, 16);
+            let a = l.b.ins().bitcast(I8X16, vec_cast(), v0);
+            let b = l.b.ins().bitcast(I8X16, vec_cast(), v1);
+            let mask: Vec<u8> = [0u8, 2, 4, 6]
+                .iter()
+                .flat_map(|lane| (0..4).map(move |k| lane * 4 + k))
+                .collect();
+            let mask = l.b.func.dfg.immediates.push(ConstantData::from(mask));
+            let even = l.b.ins().shuffle(a, b, mask);
+            Ok(Some(l.b.ins().bitcast(vt, vec_cast(), even)))
+        };
+        let v = if self.unchecked {
+            // Proven in range (and not wrapping) for every iteration.
+            fast(self)?
+        } else {
+            let ok = self.span_ok(count, s, span);
+            self.two_paths(ok, Some(vt), fast, |l| Ok(Some(l.lanewise(op, ty, local)?)))?
+        };
+        Ok(VVal::Vector(
+            v.ok_or_else(|| internal("vector load without a value"))?,
+        ))
+    }
+
+    /// A load at index `(base + lane) >> shift` (see [`Body::shifted`]). When all 4 lanes name
+    /// the same element (`base >> shift == (base + 3) >> shift`, which also rules out a wrap of
+    /// `base + 3`), one scalar load (with its bounds check) splatted; for a `u8` buffer with
+    /// `shift == 1` and an even `base` (lanes `p, p, p + 1, p + 1`, the packed nibbles of 4
+    /// consecutive elements) one 2-byte load spread over the lanes when both bytes are in range;
+    /// otherwise the scalar load lane by lane. Every lane gets exactly the scalar load's value.
+    /// A load proven in range ([`Lowerer::unchecked`]; for the 2-byte load also proven even and
+    /// not wrapping) skips the checks.
+    fn shifted_load(
+        &mut self,
+        buf: qforge_ir::ParamId,
+        base: Value,
+        shift: u32,
+        op: &Op,
+        ty: ScalarType,
+        local: &Body,
+    ) -> Result<VVal> {
+        let (buf_base, count, dtype, access) = self.buffer(buf)?;
+        let vt = vec_type(ty);
+        let first = self.b.ins().ushr_imm_u(base, shift as i64);
+        let v = if dtype == DType::U8 && shift == 1 {
+            let flags = self.buffer_mem(access);
+            let fast = |l: &mut Self| {
+                let at = l.b.ins().uextend(I64, first);
+                let addr = l.offset(buf_base, at, dtype);
+                let pair = l.b.ins().uload16(I32, flags, addr, 0);
+                // [b0 | b1 << 8, 0, 0, 0] -> bytes -> [b0, b1, 0, 0] -> [b0, b0, b1, b1].
+                let v = l.b.ins().scalar_to_vector(I32X4, pair);
+                let bytes = l.b.ins().bitcast(I8X16, vec_cast(), v);
+                let halves = l.b.ins().uwiden_low(bytes);
+                let words = l.b.ins().uwiden_low(halves);
+                let w = l.b.ins().bitcast(I8X16, vec_cast(), words);
+                let mask: Vec<u8> = [0u8, 0, 1, 1]
                     .iter()
                     .flat_map(|lane| (0..4).map(move |k| lane * 4 + k))
                     .collect();
                 let mask = l.b.func.dfg.immediates.push(ConstantData::from(mask));
-                let even = l.b.ins().shuffle(a, b, mask);
-                Ok(Some(l.b.ins().bitcast(vt, vec_cast(), even)))
-            },
-            |l| Ok(Some(l.lanewise(op, ty, local)?)),
-        )?;
+                let spread = l.b.ins().shuffle(w, w, mask);
+                Ok(Some(l.b.ins().bitcast(I32X4, vec_cast(), spread)))
+            };
+            if self.unchecked {
+                // Proven even, in range and not wrapping for every iteration.
+                fast(self)?
+            } else {
+                // base even and base + 3 not wrapping: lanes p, p, p + 1, p + 1.
+                let low = self.b.ins().band_imm_u(base, 1);
+                let even = self.b.ins().icmp_imm_u(IntCC::Equal, low, 0);
+                let no_wrap =
+                    self.b
+                        .ins()
+                        .icmp_imm_u(IntCC::UnsignedLessThan, base, 0xffff_fffd_i64);
+                let in_range = self.span_ok(count, first, 1);
+                let ok = self.b.ins().band(even, no_wrap);
+                let ok = self.b.ins().band(ok, in_range);
+                self.two_paths(ok, Some(vt), fast, |l| Ok(Some(l.lanewise(op, ty, local)?)))?
+            }
+        } else {
+            let last = self.b.ins().iadd_imm_u(base, 3);
+            let last = self.b.ins().ushr_imm_u(last, shift as i64);
+            let same = self.b.ins().icmp(IntCC::Equal, first, last);
+            self.two_paths(
+                same,
+                Some(vt),
+                |l| {
+                    let s = l.load(buf, first)?;
+                    Ok(Some(l.as_vec(VVal::Uniform(s), ty)))
+                },
+                |l| Ok(Some(l.lanewise(op, ty, local)?)),
+            )?
+        };
         Ok(VVal::Vector(
-            v.ok_or_else(|| internal("vector load without a value"))?,
+            v.ok_or_else(|| internal("shifted load without a value"))?,
         ))
     }
 

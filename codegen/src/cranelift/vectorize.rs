@@ -8,7 +8,12 @@
 //! arithmetic, bitwise ops, compares, min/max as compare + `bitselect`). Every other op
 //! (integer division, variable shifts, float/int conversions but `i32` to `f32` to nearest,
 //! `fma`, lookups, reductions, narrow loads) is computed lane by lane by the scalar lowering
-//! itself, so it is exact by construction.
+//! itself, so it is exact by construction. Two exceptions use a proof of which values a lane
+//! can hold (a "value set": constants combined by selects and integer ops, or a `u32` whose
+//! upper bound is below 4, such as a parity `x & 1`): a lookup at such an index is a chain of
+//! compares and selects of the table entries, and a shift by such an amount (the nibble shift
+//! `4 * (1 - parity)` of packed 4-bit codes) is the vector shift by each possible constant,
+//! selected lane by lane by comparing the amount with it.
 //!
 //! Values defined outside the loop, and body values computed only from them, stay scalar
 //! ("uniform"). Integer values of the form `base + lane * stride` with a constant stride (the
@@ -17,7 +22,8 @@
 //! indices can be whole-vector accesses. Such an access first checks that all lanes lie inside
 //! the buffer (and do not wrap around `u32`); otherwise it runs lane by lane with the scalar
 //! access, including its bounds check and report, so an out-of-range lane behaves exactly as
-//! the scalar iteration would.
+//! the scalar iteration would. Loads at `(affine of stride 1) >> c` (a packed byte, a block's
+//! scale) have fast paths too, see `vector_mem.rs`.
 //!
 //! Memory order: a loop is vectorized only when no buffer it stores to is also read in it and
 //! each buffer is stored by at most one statement; within one vector iteration the lanes of a
@@ -49,8 +55,29 @@ pub(super) struct Body {
     /// Lowered form of each value defined in the body (by arena index).
     vals: HashMap<usize, VVal>,
     /// For varying integer values: every value a lane can hold, when there are few (constants
-    /// combined by selects, adds and subs, as in a branch-free search).
+    /// combined by selects, adds, subs and bit operations, as in a branch-free search, or a
+    /// value whose upper bound is below [`MAX_SET`], such as a parity `x & 1`).
     sets: HashMap<usize, Vec<u32>>,
+    /// `u32` values whose lane `j` is `(base + j) >> shift` (a logical shift by a constant of
+    /// an affine value of stride 1): `(base, shift)`, for the loads in `vector_mem.rs`.
+    pub(super) shifted: HashMap<usize, (Value, u32)>,
+    /// Loads proven in range for every iteration of the loop (see `accumulate_range.rs`):
+    /// lowered without bounds checks.
+    trusted: HashSet<usize>,
+}
+
+impl Body {
+    /// The start of a vector iteration whose loop index `index` is `base + lane` in lane `lane`,
+    /// with the loads `trusted` proven in range.
+    pub(super) fn at_index(index: IrValue, base: Value, trusted: &HashSet<usize>) -> Self {
+        let mut body = Body {
+            trusted: trusted.clone(),
+            ..Body::default()
+        };
+        body.vals
+            .insert(index.index(), VVal::Affine { base, stride: 1 });
+        body
+    }
 }
 
 /// The lowered form of a value defined in a vectorized loop body.
@@ -62,6 +89,24 @@ pub(super) enum VVal {
     Vector(Value),
     /// Lane `j` is `base + j * stride` (wrapping 32-bit arithmetic); `base` is an `i32`.
     Affine { base: Value, stride: u32 },
+}
+
+/// `x op y` on lane values for the ops [`Lowerer::value_set`] follows (wrapping, shift amounts
+/// modulo 32, `shr` arithmetic on `i32`); `None` for the others.
+fn set_binary(op: BinaryOp, signed: bool, x: u32, y: u32) -> Option<u32> {
+    Some(match op {
+        BinaryOp::Add => x.wrapping_add(y),
+        BinaryOp::Sub => x.wrapping_sub(y),
+        BinaryOp::And => x & y,
+        BinaryOp::Or => x | y,
+        BinaryOp::Xor => x ^ y,
+        BinaryOp::Shl => x.wrapping_shl(y),
+        BinaryOp::Shr if signed => (x as i32).wrapping_shr(y) as u32,
+        BinaryOp::Shr => x.wrapping_shr(y),
+        BinaryOp::Mul | BinaryOp::Div | BinaryOp::Rem | BinaryOp::Min | BinaryOp::Max => {
+            return None
+        }
+    })
 }
 
 /// Whether the `for` loop with this body can run 4 iterations at a time: straight-line code,
@@ -97,7 +142,9 @@ pub(super) fn eligible(kernel: &Kernel, body: &[Stmt]) -> bool {
                     return false;
                 }
             }
-            Stmt::Assign { .. } | Stmt::If { .. } | Stmt::For { .. } => return false,
+            Stmt::Assign { .. } | Stmt::If { .. } | Stmt::For { .. } | Stmt::Accumulate { .. } => {
+                return false
+            }
         }
     }
     stored.is_disjoint(&read)
@@ -157,7 +204,8 @@ impl Lowerer<'_> {
         }
     }
 
-    fn vector_stmt(&mut self, stmt: &Stmt, local: &mut Body) -> Result<()> {
+    /// Lowers one statement of a vectorized body for the 4 lanes of one iteration.
+    pub(super) fn vector_stmt(&mut self, stmt: &Stmt, local: &mut Body) -> Result<()> {
         match stmt {
             Stmt::Let(v) => {
                 let def = self
@@ -179,10 +227,20 @@ impl Lowerer<'_> {
                     self.set_value(*v, s);
                     VVal::Uniform(s)
                 } else {
+                    let bound = self.upper_bound(*v);
                     if let Some(set) = self.value_set(&def.op, local) {
                         local.sets.insert(v.index(), set);
+                    } else if bound < MAX_SET as u32 {
+                        local.sets.insert(v.index(), (0..=bound).collect());
                     }
-                    self.vector_op(&def.op, def.ty, local)?
+                    if let Some(shifted) = self.shifted_affine(&def.op, def.ty, local) {
+                        local.shifted.insert(v.index(), shifted);
+                    }
+                    let saved = self.unchecked;
+                    self.unchecked = saved || local.trusted.contains(&v.index());
+                    let out = self.vector_op(&def.op, def.ty, local);
+                    self.unchecked = saved;
+                    out?
                 };
                 local.vals.insert(v.index(), out);
             }
@@ -197,7 +255,7 @@ impl Lowerer<'_> {
                 let val = self.vval(local, *value)?;
                 self.vector_store(*buf, idx, val, vty, *rounding)?;
             }
-            Stmt::Assign { .. } | Stmt::If { .. } | Stmt::For { .. } => {
+            Stmt::Assign { .. } | Stmt::If { .. } | Stmt::For { .. } | Stmt::Accumulate { .. } => {
                 return Err(internal("control flow in a vectorized loop"))
             }
         }
@@ -411,6 +469,14 @@ impl Lowerer<'_> {
                 if matches!(bop, BinaryOp::Div | BinaryOp::Rem) && ty != ScalarType::F32 {
                     self.lanewise(op, ty, local)?
                 } else if matches!(bop, BinaryOp::Shl | BinaryOp::Shr) {
+                    if let (VVal::Vector(_) | VVal::Affine { .. }, Some(set)) =
+                        (xb, local.sets.get(&b.index()))
+                    {
+                        let set = set.clone();
+                        let x = self.as_vec(xa, ty);
+                        let amount = self.as_vec(xb, ScalarType::U32);
+                        return Ok(VVal::Vector(self.shift_by_set(*bop, ty, x, amount, &set)));
+                    }
                     match xb {
                         VVal::Uniform(amount) => {
                             let x = self.as_vec(xa, ty);
@@ -458,12 +524,20 @@ impl Lowerer<'_> {
     }
 
     /// Every value the integer `op` can yield in a lane, when its operands are constants or
-    /// values with known small sets combined by a select, an add or a sub (at most [`MAX_SET`]).
+    /// values with known small sets (or upper bounds below [`MAX_SET`]) combined by a select,
+    /// an add, a sub or a bit operation (at most [`MAX_SET`] values).
     fn value_set(&self, op: &Op, local: &Body) -> Option<Vec<u32>> {
         let set_of = |v: IrValue| match self.const_eval(v, 8) {
             Some(c) => Some(vec![c]),
-            None => local.sets.get(&v.index()).cloned(),
+            None => local.sets.get(&v.index()).cloned().or_else(|| {
+                let ub = self.upper_bound(v);
+                (ub < MAX_SET as u32).then(|| (0..=ub).collect())
+            }),
         };
+        let mut signed = false;
+        if let Op::Binary(_, a, _) = op {
+            signed = self.k.values.try_get(*a).map(|d| d.ty) == Some(ScalarType::I32);
+        }
         let mut out: Vec<u32> = match op {
             Op::Select {
                 if_true, if_false, ..
@@ -472,20 +546,15 @@ impl Lowerer<'_> {
                 s.extend(set_of(*if_false)?);
                 s
             }
-            Op::Binary(op @ (BinaryOp::Add | BinaryOp::Sub), a, b) => {
+            Op::Binary(op, a, b) => {
                 let (sa, sb) = (set_of(*a)?, set_of(*b)?);
-                let sub = *op == BinaryOp::Sub;
-                sa.iter()
-                    .flat_map(|x| {
-                        sb.iter().map(move |y| {
-                            if sub {
-                                x.wrapping_sub(*y)
-                            } else {
-                                x.wrapping_add(*y)
-                            }
-                        })
-                    })
-                    .collect()
+                let mut out = Vec::with_capacity(sa.len() * sb.len());
+                for x in &sa {
+                    for y in &sb {
+                        out.push(set_binary(*op, signed, *x, *y)?);
+                    }
+                }
+                out
             }
             _ => return None,
         };
@@ -523,6 +592,51 @@ impl Lowerer<'_> {
         } else {
             self.b.ins().bitcast(vt, vec_cast(), r)
         })
+    }
+
+    /// `(base, shift)` when `op` (of type `ty`) is a logical right shift by a constant of an
+    /// affine value of stride 1 (lane `j` = `(base + j) >> shift`, see [`Body::shifted`]).
+    fn shifted_affine(&self, op: &Op, ty: ScalarType, local: &Body) -> Option<(Value, u32)> {
+        match op {
+            Op::Binary(BinaryOp::Shr, a, b) if ty == ScalarType::U32 => {
+                match (local.vals.get(&a.index()), self.const_of(*b)) {
+                    (Some(VVal::Affine { base, stride: 1 }), Some(c)) => Some((*base, c & 31)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// `x shl/shr amount` per lane (IR type `ty`) when every lane of `amount` is one of `set`
+    /// (never empty):
+    /// the shift of `x` by each constant `s & 31` of the set, selected lane by lane by
+    /// `amount == s`.
+    fn shift_by_set(
+        &mut self,
+        op: BinaryOp,
+        ty: ScalarType,
+        x: Value,
+        amount: Value,
+        set: &[u32],
+    ) -> Value {
+        let shift = |l: &mut Self, s: u32| {
+            let s = (s & 31) as i64;
+            match (op, ty) {
+                (BinaryOp::Shl, _) => l.b.ins().ishl_imm_u(x, s),
+                (_, ScalarType::I32) => l.b.ins().sshr_imm_u(x, s),
+                _ => l.b.ins().ushr_imm_u(x, s),
+            }
+        };
+        let (first, rest) = set.split_first().unwrap_or((&0, &[]));
+        let mut r = shift(self, *first);
+        for s in rest {
+            let sv = self.const_i32x4([*s; 4]);
+            let m = self.b.ins().icmp(IntCC::Equal, amount, sv);
+            let v = shift(self, *s);
+            r = self.bitselect(m, v, r);
+        }
+        r
     }
 
     /// `mask ? t : f` per lane, `mask` an `i32x4` of 0 / -1.

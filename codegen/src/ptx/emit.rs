@@ -1,6 +1,6 @@
 //! The module skeleton (header, tables, entry, registers), statements and structured control
 //! flow. Op lowering lives in `ops.rs` (arithmetic, comparisons, conversions) and `memory.rs`
-//! (loads, stores, lookups, reductions).
+//! (loads, stores, lookups, reductions); the summation loop `accumulate` in `accumulate.rs`.
 //!
 //! Registers: the IR value `%k` lives in `%fk` (`f32`), `%rk` (`u32`/`i32`) or `%pk` (`bool`);
 //! variable `k` in `%vfk`/`%vrk`/`%vpk`; temporaries are `%tf`, `%tr`, `%tp`, `%rd` (64-bit) and
@@ -319,6 +319,13 @@ impl<'k> Emitter<'k> {
 
     fn stmt(&mut self, s: &Stmt) -> Result<()> {
         match s {
+            Stmt::Accumulate {
+                index,
+                len,
+                order,
+                body,
+                accs,
+            } => self.accumulate(*index, *len, *order, body, accs),
             Stmt::Let(v) => self.value(*v),
             Stmt::Store {
                 buf,

@@ -29,11 +29,14 @@
 //!
 //! Every float instruction names its rounding (`add.rn.f32`, `div.rn.f32`, `sqrt.rn.f32`,
 //! `cvt.rn...`), so ptxas may neither contract nor approximate; there is no `.ftz` and no
-//! `.approx` anywhere, and `fma.rn.f32` appears only for [`qforge_ir::Op::Fma`]. min/max are
-//! `setp` + `selp`, neg/abs are sign-bit operations, integer division is guarded, shifts are
-//! masked with `& 31`, table indices are clamped, reductions run in their stated order. The
-//! full table is in `docs/backends/ptx.md`.
+//! `.approx` anywhere, and `fma.rn.f32` appears only for [`qforge_ir::Op::Fma`] and the
+//! per-element products of [`qforge_ir::Stmt::Accumulate`]. min/max are `setp` + `selp`,
+//! neg/abs are sign-bit operations, integer division is guarded, shifts are masked with `& 31`,
+//! table indices are clamped, reductions and accumulates run in their stated order (an
+//! accumulate is one thread's loop, unrolled over its partial sums). The full table is in
+//! `docs/backends/ptx.md`.
 
+mod accumulate;
 mod emit;
 mod memory;
 mod ops;

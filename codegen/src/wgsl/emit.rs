@@ -14,14 +14,20 @@ use qforge_ir::{
 };
 
 use super::helpers::Helper;
-use super::{WgslLayout, BACKEND, WORKGROUP_SIZE};
+use super::{WgslLayout, WgslOptions, BACKEND, WORKGROUP_SIZE};
 use crate::error::{Error, Result};
 
-/// The WGSL source of `kernel` (verified) with `layout`.
-pub(super) fn emit_source(kernel: &Kernel, layout: &WgslLayout) -> Result<String> {
+/// The WGSL source of `kernel` (verified) with `layout`, using the software routines that
+/// `options` names.
+pub(super) fn emit_source(
+    kernel: &Kernel,
+    layout: &WgslLayout,
+    options: WgslOptions,
+) -> Result<String> {
     let mut e = Emitter {
         k: kernel,
         layout,
+        options,
         body: String::new(),
         indent: 1,
         known: HashMap::new(),
@@ -107,18 +113,20 @@ fn fold_int(op: BinaryOp, a: Scalar, b: Scalar) -> Option<Scalar> {
     Some(Scalar::from_bits(t, r))
 }
 
-struct Emitter<'k> {
-    k: &'k Kernel,
+pub(super) struct Emitter<'k> {
+    pub(super) k: &'k Kernel,
     layout: &'k WgslLayout,
+    /// Which exact software routines replace WGSL builtins.
+    pub(super) options: WgslOptions,
     body: String,
-    indent: usize,
+    pub(super) indent: usize,
     /// Values whose WGSL expression is a constant (folded here, never left to WGSL).
     known: HashMap<Value, Scalar>,
     helpers: BTreeSet<Helper>,
 }
 
 impl Emitter<'_> {
-    fn line(&mut self, s: &str) {
+    pub(super) fn line(&mut self, s: &str) {
         for _ in 0..self.indent {
             self.body.push_str("    ");
         }
@@ -126,7 +134,7 @@ impl Emitter<'_> {
         self.body.push('\n');
     }
 
-    fn use_helper(&mut self, h: Helper) {
+    pub(super) fn use_helper(&mut self, h: Helper) {
         for d in h.deps() {
             self.helpers.insert(*d);
         }
@@ -186,7 +194,7 @@ impl Emitter<'_> {
         out
     }
 
-    fn block(&mut self, stmts: &[Stmt]) -> Result<()> {
+    pub(super) fn block(&mut self, stmts: &[Stmt]) -> Result<()> {
         for s in stmts {
             self.stmt(s)?;
         }
@@ -195,6 +203,13 @@ impl Emitter<'_> {
 
     fn stmt(&mut self, s: &Stmt) -> Result<()> {
         match s {
+            Stmt::Accumulate {
+                index,
+                len,
+                order,
+                body,
+                accs,
+            } => self.accumulate(*index, *len, *order, body, accs),
             Stmt::Let(v) => self.let_value(*v),
             Stmt::Store {
                 buf,
@@ -252,7 +267,7 @@ impl Emitter<'_> {
         }
     }
 
-    fn v(&self, v: Value) -> String {
+    pub(super) fn v(&self, v: Value) -> String {
         format!("v{}", v.index())
     }
 
@@ -326,7 +341,8 @@ impl Emitter<'_> {
                 } else {
                     self.v(*a)
                 };
-                format!("fma({first}, {}, {})", self.v(*b), self.v(*c))
+                let f = self.fma_fn();
+                format!("{f}({first}, {}, {})", self.v(*b), self.v(*c))
             }
             Op::Cmp(c, x, y) => self.cmp(v, *c, *x, *y),
             Op::Select {
@@ -476,6 +492,10 @@ impl Emitter<'_> {
             (UnaryOp::Abs, _) => {
                 format!("select({x}, bitcast<i32>(0u - bitcast<u32>({x})), {x} < 0i)")
             }
+            (UnaryOp::Sqrt, _) if self.options.soft_sqrt => {
+                self.use_helper(Helper::SoftSqrt);
+                format!("qf_sqrt({x})")
+            }
             (UnaryOp::Sqrt, _) => format!("sqrt({x})"),
             (UnaryOp::Not, ScalarType::Bool) => format!("!{x}"),
             (UnaryOp::Not, _) => format!("~{x}"),
@@ -511,6 +531,10 @@ impl Emitter<'_> {
                 format!("bitcast<f32>(bitcast<u32>({fx} * {y}) | params.qf_zero)")
             }
             (BinaryOp::Mul, _) => op_str("*"),
+            (BinaryOp::Div, ScalarType::F32) if self.options.soft_div => {
+                self.use_helper(Helper::SoftDiv);
+                format!("qf_div({fx}, {y})")
+            }
             (BinaryOp::Div, ScalarType::F32) => op_str("/"),
             (BinaryOp::Div | BinaryOp::Rem, _) => {
                 let o = if op == BinaryOp::Div { "/" } else { "%" };

@@ -23,6 +23,14 @@ pub(super) enum Helper {
     FloatToInt,
     /// `qf_u2f(m: u32, mode: u32) -> f32` and `qf_i2f(v: i32, pos: u32, neg: u32) -> f32`.
     IntToFloat,
+    /// `qf_parts` and `qf_round`, shared by the exact software routines (`soft.rs`).
+    SoftRound,
+    /// `qf_div(x: f32, y: f32) -> f32`, correctly rounded (`soft.rs`).
+    SoftDiv,
+    /// `qf_sqrt(x: f32) -> f32`, correctly rounded (`soft.rs`).
+    SoftSqrt,
+    /// `qf_fma(x: f32, y: f32, z: f32) -> f32`, one rounding (`soft.rs`).
+    SoftFma,
 }
 
 impl Helper {
@@ -33,12 +41,18 @@ impl Helper {
             Helper::FCmp => &[Helper::IsNan, Helper::FKey],
             Helper::F16ToF32 | Helper::F32ToF16 | Helper::F32ToBf16 => &[],
             Helper::FloatToInt | Helper::IntToFloat => &[],
+            Helper::SoftRound => &[],
+            Helper::SoftDiv | Helper::SoftSqrt | Helper::SoftFma => &[Helper::SoftRound],
         }
     }
 
     /// The WGSL source.
     pub(super) fn source(self) -> &'static str {
         match self {
+            Helper::SoftRound => super::soft::ROUND,
+            Helper::SoftDiv => super::soft::DIV,
+            Helper::SoftSqrt => super::soft::SQRT,
+            Helper::SoftFma => super::soft::FMA,
             Helper::IsNan => {
                 "fn qf_isnan(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;

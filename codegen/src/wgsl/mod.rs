@@ -16,6 +16,15 @@
 //! with `w >= grid` return at once. Dispatch with [`WgslLayout::dispatch`]: at most 65535
 //! workgroups in x, the rest in y, so grids up to `2^32 - 1` work items fit.
 //!
+//! # Exact software math
+//!
+//! WGSL lets a driver leave `fma` unfused and round `/` and `sqrt` loosely. With
+//! [`WgslOptions`] ([`WgslBackend::lower_with`]) each of them is emitted as an exact routine
+//! built from `u32` operations (`soft.rs`: `qf_fma`, `qf_div`, `qf_sqrt`); a runtime picks the
+//! options from its conformance probe. [`Backend::lower`] and the snapshots use the builtins.
+//! [`qforge_ir::Stmt::Accumulate`] (`accumulate.rs`) is a per-work-item loop over `w` partials
+//! whose fused step follows the same option.
+//!
 //! # Binding layout (for the runtime)
 //!
 //! All bindings are in `@group(0)` ([`WgslLayout`]):
@@ -32,8 +41,10 @@
 //!   0 (it makes values opaque to the driver's optimizer, see `docs/backends/wgsl.md`). The
 //!   buffer is [`WgslLayout::params_size`] bytes (a multiple of 16).
 
+mod accumulate;
 mod emit;
 mod helpers;
+mod soft;
 
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
 use qforge_ir::{Access, DType, Kernel, ParamKind, ScalarType};
@@ -53,6 +64,49 @@ pub const MAX_GROUPS_PER_DIM: u32 = 65535;
 /// The WGSL backend. Stateless; see the module docs for the emitted shape.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WgslBackend;
+
+/// Which `f32` operations the emitted module computes with exact integer routines instead of
+/// the WGSL builtin. WGSL lets a driver leave `fma` unfused and round `/` and `sqrt` loosely; a
+/// runtime whose conformance probe finds such a driver lowers with the matching flag set. The
+/// default (all `false`, [`WgslOptions::HARDWARE`]) is what [`Backend::lower`] and the snapshots
+/// use.
+///
+/// Each routine is correctly rounded (round to nearest even) for every input, subnormals kept,
+/// and follows the IR's special cases; a NaN result is the quiet NaN `0x7fc00000`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct WgslOptions {
+    /// `fma` (and the fused step of [`qforge_ir::Stmt::Accumulate`]) as `qf_fma`: the exact
+    /// 48-bit product added to the addend in 64-bit integer arithmetic, rounded once.
+    pub soft_fma: bool,
+    /// `f32` division as `qf_div`: restoring long division of the significands.
+    pub soft_div: bool,
+    /// `sqrt` as `qf_sqrt`: digit-by-digit integer square root of the significand.
+    pub soft_sqrt: bool,
+}
+
+impl WgslOptions {
+    /// The WGSL builtins for `fma`, `/` and `sqrt` (for drivers that pass the probe).
+    pub const HARDWARE: WgslOptions = WgslOptions {
+        soft_fma: false,
+        soft_div: false,
+        soft_sqrt: false,
+    };
+    /// The exact software routines for all three.
+    pub const SOFTWARE: WgslOptions = WgslOptions {
+        soft_fma: true,
+        soft_div: true,
+        soft_sqrt: true,
+    };
+
+    /// The union of two option sets (a routine is used when either asks for it).
+    pub fn union(self, other: WgslOptions) -> WgslOptions {
+        WgslOptions {
+            soft_fma: self.soft_fma || other.soft_fma,
+            soft_div: self.soft_div || other.soft_div,
+            soft_sqrt: self.soft_sqrt || other.soft_sqrt,
+        }
+    }
+}
 
 /// How one buffer parameter is bound.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,29 +232,28 @@ impl WgslBackend {
     /// # Errors
     /// Verification failure or an unsupported op.
     pub fn source(&self, kernel: &Kernel) -> Result<String> {
+        self.source_with(kernel, WgslOptions::HARDWARE)
+    }
+
+    /// [`WgslBackend::source`] with the software routines named by `options`.
+    ///
+    /// # Errors
+    /// Verification failure or an unsupported op.
+    pub fn source_with(&self, kernel: &Kernel, options: WgslOptions) -> Result<String> {
         qforge_ir::verify(kernel)?;
-        emit::emit_source(kernel, &WgslLayout::new(kernel))
-    }
-}
-
-fn backend_error(message: String) -> Error {
-    Error::Backend {
-        backend: BACKEND,
-        message,
-    }
-}
-
-impl Backend for WgslBackend {
-    type Artifact = WgslArtifact;
-
-    fn name(&self) -> &'static str {
-        BACKEND
+        emit::emit_source(kernel, &WgslLayout::new(kernel), options)
     }
 
-    fn lower(&self, kernel: &Kernel) -> Result<WgslArtifact> {
+    /// [`Backend::lower`] with the software routines named by `options` (what a runtime uses
+    /// on a driver whose `fma`, `/` or `sqrt` failed its conformance probe).
+    ///
+    /// # Errors
+    /// Verification failure, an unsupported op, or [`Error::Backend`] when naga rejects the
+    /// emitted module (a qforge bug).
+    pub fn lower_with(&self, kernel: &Kernel, options: WgslOptions) -> Result<WgslArtifact> {
         qforge_ir::verify(kernel)?;
         let layout = WgslLayout::new(kernel);
-        let source = emit::emit_source(kernel, &layout)?;
+        let source = emit::emit_source(kernel, &layout, options)?;
         let module = naga::front::wgsl::parse_str(&source).map_err(|e| {
             backend_error(format!(
                 "naga rejected the WGSL of '{}': {}",
@@ -226,6 +279,25 @@ impl Backend for WgslBackend {
             wgsl,
             layout,
         })
+    }
+}
+
+fn backend_error(message: String) -> Error {
+    Error::Backend {
+        backend: BACKEND,
+        message,
+    }
+}
+
+impl Backend for WgslBackend {
+    type Artifact = WgslArtifact;
+
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn lower(&self, kernel: &Kernel) -> Result<WgslArtifact> {
+        self.lower_with(kernel, WgslOptions::HARDWARE)
     }
 
     fn emit_text(&self, kernel: &Kernel) -> Result<String> {

@@ -22,6 +22,7 @@ use crate::args::Arg;
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, Stmt, Value};
 use crate::ops::Op;
+use crate::ops::ReduceOrder;
 use memory::{Fault, Memory};
 
 /// Verifies `kernel`, binds `args` and runs every work item `0..grid` in order.
@@ -144,6 +145,45 @@ impl<'k> Machine<'k, '_> {
                             Some(next) => i = next,
                             None => break,
                         }
+                    }
+                }
+                Stmt::Accumulate {
+                    index,
+                    len,
+                    order,
+                    body,
+                    accs,
+                } => {
+                    // Partials of every accumulator, `ways` each, all starting at -0.0.
+                    let ways = match order {
+                        ReduceOrder::Sequential => 1,
+                        // The verifier keeps `w` a power of two in 2..=64.
+                        ReduceOrder::Strided(w) => (*w as usize).clamp(1, 64),
+                    };
+                    let mut partials = vec![-0.0f32; ways * accs.len()];
+                    for i in 0..self.reg(*len) {
+                        self.regs[index.index()] = i;
+                        self.block(body)?;
+                        let lane = i as usize % ways;
+                        for (t, acc) in accs.iter().enumerate() {
+                            let (a, b) = (
+                                f32::from_bits(self.reg(acc.a)),
+                                f32::from_bits(self.reg(acc.b)),
+                            );
+                            let p = &mut partials[t * ways + lane];
+                            *p = a.mul_add(b, *p);
+                        }
+                    }
+                    for (t, acc) in accs.iter().enumerate() {
+                        let p = &mut partials[t * ways..(t + 1) * ways];
+                        let mut w = ways;
+                        while w > 1 {
+                            w /= 2;
+                            for j in 0..w {
+                                p[j] += p[j + w];
+                            }
+                        }
+                        self.vars[acc.var.index()] = p[0].to_bits();
                     }
                 }
             }

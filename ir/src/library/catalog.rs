@@ -6,6 +6,8 @@ use half::{bf16, f16};
 use crate::args::OwnedArg;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
+use crate::library::int8::Int8Spec;
+use crate::library::matmul4::{Direction, Matmul4, TileConfig};
 use crate::library::{
     blockwise8, doublequant, quant4, BlockwiseMap, QuantType, BLOCKSIZES_4BIT, BLOCKSIZES_8BIT,
     FLOAT_DTYPES, NESTED_BLOCKSIZE,
@@ -67,10 +69,63 @@ pub enum KernelSpec {
     QuantizeNested,
     /// [`doublequant::dequantize_nested`].
     DequantizeNested,
+    /// [`Matmul4::build`]: the fused 4-bit linear layer or its input gradient.
+    Matmul4(Matmul4),
+    /// [`Int8Spec::build`]: an LLM.int8() kernel or the per-row int8 weight quantizer.
+    Int8(Int8Spec),
+}
+
+/// The matmul directions, each in the catalog.
+const MATMUL_DIRECTIONS: [Direction; 3] = [
+    Direction::Forward { bias: false },
+    Direction::Forward { bias: true },
+    Direction::BackwardInput,
+];
+
+/// The tile a catalog matmul kernel uses: varied with the dtype so every backend runs tiles
+/// with several activation rows, several weight rows and a side that is not a power of two.
+fn catalog_tile(dtype: DType, direction: Direction) -> TileConfig {
+    match (dtype, direction) {
+        (DType::F16, _) => TileConfig { tm: 2, tn: 2 },
+        (DType::BF16, Direction::Forward { .. }) => TileConfig { tm: 4, tn: 1 },
+        (DType::BF16, Direction::BackwardInput) => TileConfig { tm: 3, tn: 1 },
+        _ => TileConfig { tm: 1, tn: 4 },
+    }
+}
+
+/// The LLM.int8() kernels of the catalog: every kernel for every float dtype (the matmuls with
+/// and without bias, tiles from [`catalog_tile`]), and the integer matmul with two tiles.
+fn int8_catalog() -> Vec<Int8Spec> {
+    let mut out = Vec::new();
+    for dtype in FLOAT_DTYPES {
+        out.extend([
+            Int8Spec::OutlierCols { dtype },
+            Int8Spec::VectorwiseQuant { dtype },
+            Int8Spec::VectorwiseDequant { dtype },
+            Int8Spec::QuantizeRowwise { dtype },
+        ]);
+        for bias in [false, true] {
+            out.push(Int8Spec::MmDequant { dtype, bias });
+            out.push(Int8Spec::MixedScaledMm {
+                dtype,
+                bias,
+                tile: catalog_tile(dtype, Direction::Forward { bias }),
+            });
+        }
+        out.push(Int8Spec::MixedScaledMmDx {
+            dtype,
+            tile: catalog_tile(dtype, Direction::BackwardInput),
+        });
+    }
+    for tile in [TileConfig { tm: 1, tn: 1 }, TileConfig { tm: 2, tn: 4 }] {
+        out.push(Int8Spec::LinearMatmul { tile });
+    }
+    out
 }
 
 /// Every library kernel variant: all quant types x blocksizes x dtypes x ops, then the 8-bit maps
-/// x blocksizes x dtypes x ops, then the three double-quantization kernels.
+/// x blocksizes x dtypes x ops, then the three double-quantization kernels, the 4-bit matmuls and
+/// the LLM.int8() kernels.
 pub fn catalog() -> Vec<KernelSpec> {
     let mut out = Vec::new();
     for quant_type in QuantType::ALL {
@@ -115,12 +170,43 @@ pub fn catalog() -> Vec<KernelSpec> {
         KernelSpec::QuantizeNested,
         KernelSpec::DequantizeNested,
     ]);
+    // Matmul: blocksize 64 (any builds; it only sets a shift) in every type, dtype, absmax form
+    // and direction, plus blocksize 256 with an f32 activation and a bf16 weight.
+    for quant_type in QuantType::ALL {
+        for dtype in FLOAT_DTYPES {
+            for nested in [false, true] {
+                for direction in MATMUL_DIRECTIONS {
+                    out.push(KernelSpec::Matmul4(Matmul4 {
+                        quant_type,
+                        blocksize: 64,
+                        dtype,
+                        weight_dtype: dtype,
+                        nested,
+                        direction,
+                        tile: catalog_tile(dtype, direction),
+                    }));
+                }
+            }
+        }
+    }
+    for direction in MATMUL_DIRECTIONS {
+        out.push(KernelSpec::Matmul4(Matmul4 {
+            quant_type: QuantType::Nf4,
+            blocksize: 256,
+            dtype: DType::F32,
+            weight_dtype: DType::BF16,
+            nested: false,
+            direction,
+            tile: catalog_tile(DType::F32, direction),
+        }));
+    }
+    out.extend(int8_catalog().into_iter().map(KernelSpec::Int8));
     out
 }
 
 /// Deterministic mixing of an index and a value's bits into 32 pseudo-random bits (for codes in
 /// example arguments).
-fn mix(i: usize, v: f32) -> u32 {
+pub(crate) fn mix(i: usize, v: f32) -> u32 {
     let mut h = v.to_bits() ^ (i as u32).wrapping_mul(0x9E37_79B9);
     h ^= h >> 16;
     h = h.wrapping_mul(0x85EB_CA6B);
@@ -130,7 +216,7 @@ fn mix(i: usize, v: f32) -> u32 {
 }
 
 /// `values` stored as `dtype` (round to nearest even for f16/bf16).
-fn float_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
+pub(crate) fn float_bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
     match dtype {
         DType::F16 => values
             .iter()
@@ -167,7 +253,7 @@ fn host_absmax(values: &[f32], blocksize: usize, propagate_nan: bool) -> Vec<f32
         .collect()
 }
 
-fn u32_arg(v: usize) -> OwnedArg {
+pub(crate) fn u32_arg(v: usize) -> OwnedArg {
     OwnedArg::Scalar(Scalar::U32(v as u32))
 }
 
@@ -203,6 +289,8 @@ impl KernelSpec {
             KernelSpec::AbsmaxMean => doublequant::MEAN_NAME.to_string(),
             KernelSpec::QuantizeNested => doublequant::QUANTIZE_NESTED_NAME.to_string(),
             KernelSpec::DequantizeNested => doublequant::DEQUANTIZE_NESTED_NAME.to_string(),
+            KernelSpec::Matmul4(m) => m.name(),
+            KernelSpec::Int8(s) => s.name(),
         }
     }
 
@@ -214,10 +302,12 @@ impl KernelSpec {
             | KernelSpec::Dequantize4 { blocksize, .. }
             | KernelSpec::Dequantize4Nested { blocksize, .. }
             | KernelSpec::QuantizeBlockwise { blocksize, .. }
-            | KernelSpec::DequantizeBlockwise { blocksize, .. } => blocksize as usize,
+            | KernelSpec::DequantizeBlockwise { blocksize, .. }
+            | KernelSpec::Matmul4(Matmul4 { blocksize, .. }) => blocksize as usize,
             KernelSpec::AbsmaxMean | KernelSpec::QuantizeNested | KernelSpec::DequantizeNested => {
                 NESTED_BLOCKSIZE as usize
             }
+            KernelSpec::Int8(s) => s.blocksize(),
         }
     }
 
@@ -261,6 +351,8 @@ impl KernelSpec {
             KernelSpec::AbsmaxMean => Ok(doublequant::absmax_mean()),
             KernelSpec::QuantizeNested => doublequant::quantize_nested(),
             KernelSpec::DequantizeNested => doublequant::dequantize_nested(),
+            KernelSpec::Matmul4(m) => m.build(),
+            KernelSpec::Int8(s) => s.build(),
         }
     }
 
@@ -268,7 +360,11 @@ impl KernelSpec {
     /// (`n = values.len()` elements). Quantize kernels take `values` as input (rounded to the
     /// dtype); dequantize kernels take codes mixed from the values' bits and an absmax per block
     /// computed from the values, so NaN, inf and zero blocks in `values` reach the kernel. Write
-    /// buffers start zeroed.
+    /// buffers start zeroed. Matmul kernels reduce over `n` elements (`K` forward, `N`
+    /// backward) with `M = 1 + n % 3` activation rows and `3 + n % 5` outputs per row; the
+    /// activations cycle through `values`, the codes are mixed from them and each block's absmax
+    /// is `|values[b % n]|`. The LLM.int8() kernels' arguments are described in
+    /// `library::int8_args` (matrices of `2 + n % 3` rows, outliers present).
     ///
     /// # Errors
     /// [`Error::Unsupported`] for an empty `values` or more than `u32::MAX` values.
@@ -287,6 +383,8 @@ impl KernelSpec {
             .find(|v| v.is_finite())
             .unwrap_or(0.5);
         Ok(match *self {
+            KernelSpec::Int8(s) => s.example_args(values)?,
+            KernelSpec::Matmul4(m) => matmul_example_args(&m, values, first_finite),
             KernelSpec::Quantize4 {
                 blocksize, dtype, ..
             } => {
@@ -415,6 +513,66 @@ impl KernelSpec {
     }
 }
 
+/// [`KernelSpec::example_args`] of a matmul kernel.
+fn matmul_example_args(spec: &Matmul4, values: &[f32], first_finite: f32) -> Vec<OwnedArg> {
+    let len = values.len();
+    let m = 1 + len % 3;
+    let outs = 3 + len % 5;
+    let (n, k) = match spec.direction {
+        Direction::Forward { .. } => (outs, len),
+        Direction::BackwardInput => (len, outs),
+    };
+    let (tm, tn) = (spec.tile.tm as usize, spec.tile.tn as usize);
+    let n_tiles = outs.div_ceil(tn);
+    let n_items = m.div_ceil(tm) * n_tiles;
+    let elems = n * k;
+    let n_packed = elems.div_ceil(2);
+    let n_blocks = elems.div_ceil(spec.blocksize as usize);
+    let cycle = |count: usize, shift: usize| -> Vec<f32> {
+        (0..count)
+            .map(|i| values[(i + i / len + shift) % len])
+            .collect()
+    };
+    let act_len = m * len;
+    let mut args = vec![
+        u32_arg(m),
+        u32_arg(n),
+        u32_arg(k),
+        u32_arg(n_items),
+        u32_arg(n_tiles),
+    ];
+    if spec.nested {
+        args.push(OwnedArg::Scalar(Scalar::f32(first_finite * 0.5)));
+    }
+    args.extend([u32_arg(n_packed), u32_arg(n_blocks)]);
+    let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE as usize);
+    if spec.nested {
+        args.push(u32_arg(n_nested));
+    }
+    args.push(OwnedArg::Read(float_bytes(spec.dtype, &cycle(act_len, 0))));
+    let packed: Vec<u8> = (0..n_packed)
+        .map(|j| mix(j, values[j % len]) as u8)
+        .collect();
+    args.push(OwnedArg::Read(packed));
+    let absmax: Vec<f32> = (0..n_blocks).map(|b| values[b % len].abs()).collect();
+    if spec.nested {
+        let qabsmax: Vec<u8> = (0..n_blocks).map(|b| mix(b, absmax[b]) as u8).collect();
+        let nested: Vec<f32> = (0..n_nested).map(|i| values[(i + 1) % len].abs()).collect();
+        args.extend([
+            OwnedArg::Read(qabsmax),
+            OwnedArg::Read(float_bytes(DType::F32, &nested)),
+            OwnedArg::Read(float_bytes(DType::F32, &doublequant::NESTED_MAP.code())),
+        ]);
+    } else {
+        args.push(OwnedArg::Read(float_bytes(DType::F32, &absmax)));
+    }
+    if matches!(spec.direction, Direction::Forward { bias: true }) {
+        args.push(OwnedArg::Read(float_bytes(spec.dtype, &cycle(n, 3))));
+    }
+    args.push(OwnedArg::Write(vec![0; m * outs * spec.dtype.size_bytes()]));
+    args
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -422,7 +580,10 @@ mod tests {
     #[test]
     fn library_catalog_builds_verifies_and_binds() {
         let cat = catalog();
-        assert_eq!(cat.len(), 2 * 8 * 3 * 3 + 3 * 7 * 3 * 2 + 3);
+        assert_eq!(
+            cat.len(),
+            2 * 8 * 3 * 3 + 3 * 7 * 3 * 2 + 3 + (2 * 3 * 2 * 3 + 3) + 3 * 9 + 2
+        );
         let mut names = std::collections::HashSet::new();
         let values = [
             1.0f32,
@@ -447,6 +608,9 @@ mod tests {
         }
         assert!(names.contains("quantize_4bit_nf4_bs64_f32"));
         assert!(names.contains("dequantize_blockwise_dynamic_bs4096_bf16"));
+        assert!(names.contains("int8_vectorwise_quant_f16"));
+        assert!(names.contains("int8_linear_matmul_t2x4"));
+        assert!(names.contains("int8_mixed_scaled_mm_bf16_bias_t4x1"));
         assert!(KernelSpec::from_name("quantize_4bit_nf4_bs48_f32").is_none());
         assert!(cat[0].example_args(&[]).is_err());
     }

@@ -7,6 +7,10 @@
 //! * [`blockwise8`]: 8-bit blockwise `quantize_blockwise` / `dequantize_blockwise` with the
 //!   dynamic (signed and unsigned) and linear maps, blocksizes 64..=4096.
 //! * [`doublequant`]: `compress_statistics`: the absmax mean (offset) and the nested 8-bit level.
+//! * [`matmul4`]: the fused 4-bit linear layer (`matmul_4bit`) and its input gradient.
+//! * [`int8`] and [`int8_matmul`]: LLM.int8() (`int8_vectorwise_quant`/`_dequant`,
+//!   `int8_linear_matmul`, `int8_mm_dequant`, `int8_mixed_scaled_mm` and its input gradient) and
+//!   the uniform per-row int8 weight format (`quantize_rowwise_int8`).
 //! * [`maps`]: the code tables with bitsandbytes' exact `f32` values.
 //! * [`catalog()`]: every kernel variant, able to build itself and example arguments.
 //!
@@ -21,13 +25,24 @@ pub mod blockwise8;
 mod catalog;
 pub mod doublequant;
 mod emit;
+pub mod int8;
+mod int8_args;
+pub mod int8_matmul;
+#[cfg(test)]
+mod int8_tests;
 #[cfg(test)]
 mod kernel_tests;
 pub mod maps;
+pub mod matmul4;
+#[cfg(test)]
+mod matmul4_tests;
 mod normal;
 pub mod quant4;
+mod round;
 
 pub use catalog::{catalog, KernelSpec};
+pub use int8::Int8Spec;
+pub use matmul4::{Direction, Matmul4, TileConfig};
 pub use normal::{erfc, normal_cdf, normal_ppf};
 
 /// Blocksizes supported by the 4-bit kernels.

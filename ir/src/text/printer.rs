@@ -63,6 +63,14 @@ fn reference(refs: &[Option<String>], index: usize) -> String {
     }
 }
 
+/// `sequential` or `strided N`.
+fn order_text(order: ReduceOrder) -> String {
+    match order {
+        ReduceOrder::Sequential => "sequential".to_string(),
+        ReduceOrder::Strided(w) => format!("strided {w}"),
+    }
+}
+
 fn f32_comment(bits: u32) -> String {
     format!("{:?}", f32::from_bits(bits))
 }
@@ -107,7 +115,7 @@ impl<'k> Printer<'k> {
                     self.scan(then_body);
                     self.scan(else_body);
                 }
-                Stmt::For { index, body, .. } => {
+                Stmt::For { index, body, .. } | Stmt::Accumulate { index, body, .. } => {
                     self.for_indices.insert(index.index());
                     self.scan(body);
                 }
@@ -272,6 +280,34 @@ impl Printer<'_> {
                 self.block(out, body, depth + 1);
                 let _ = writeln!(out, "{pad}}}");
             }
+            Stmt::Accumulate {
+                index,
+                len,
+                order,
+                body,
+                accs,
+            } => {
+                let _ = writeln!(
+                    out,
+                    "{pad}accumulate %{} len %{} {} {{",
+                    index.index(),
+                    len.index(),
+                    order_text(*order)
+                );
+                self.block(out, body, depth + 1);
+                let accs: Vec<String> = accs
+                    .iter()
+                    .map(|a| {
+                        format!(
+                            "{}(%{}, %{})",
+                            reference(&self.vars, a.var.index()),
+                            a.a.index(),
+                            a.b.index()
+                        )
+                    })
+                    .collect();
+                let _ = writeln!(out, "{pad}}} into {}", accs.join(", "));
+            }
         }
     }
 
@@ -372,10 +408,7 @@ impl Printer<'_> {
                     ReduceKind::AbsMax(NanMode::Propagate) => "absmax propagate".to_string(),
                     ReduceKind::AbsMax(NanMode::Ignore) => "absmax ignore".to_string(),
                 };
-                let order = match order {
-                    ReduceOrder::Sequential => "sequential".to_string(),
-                    ReduceOrder::Strided(w) => format!("strided {w}"),
-                };
+                let order = order_text(*order);
                 format!(
                     "reduce {kind} {order} {}[{}, len {}]",
                     self.param(*buf),

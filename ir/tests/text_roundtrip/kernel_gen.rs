@@ -315,7 +315,7 @@ fn gen_block(b: &mut KernelBuilder, st: &RefCell<State>, depth: u32) {
             }
             s.budget -= 1;
         }
-        match below(st, 7) {
+        match below(st, 8) {
             0 | 1 => {
                 gen_let(b, st);
             }
@@ -373,6 +373,46 @@ fn gen_block(b: &mut KernelBuilder, st: &RefCell<State>, depth: u32) {
                     gen_block(b, st, depth + 1);
                     st.borrow_mut().env.truncate(mark);
                 });
+            }
+            7 if depth < 3 => {
+                // A summation loop into the f32 variables (if any), body of lets only.
+                let accs: Vec<VarId> = {
+                    let s = &mut *st.borrow_mut();
+                    let f: Vec<VarId> = s
+                        .vars
+                        .iter()
+                        .filter(|(_, t)| *t == ScalarType::F32)
+                        .map(|(v, _)| *v)
+                        .collect();
+                    let take = s.g.below(f.len() as u32 + 1) as usize;
+                    f.into_iter().take(take).collect()
+                };
+                if !accs.is_empty() {
+                    let len = operand(b, st, ScalarType::U32);
+                    let order = match below(st, 3) {
+                        0 => ReduceOrder::Sequential,
+                        1 => ReduceOrder::Strided(8),
+                        _ => ReduceOrder::Strided(2 << below(st, 5)),
+                    };
+                    let mark = st.borrow().env.len();
+                    b.accumulate(len, order, &accs, |b, i| {
+                        st.borrow_mut().env.push((i, ScalarType::U32));
+                        for _ in 0..below(st, 3) {
+                            gen_let(b, st);
+                        }
+                        let pairs = accs
+                            .iter()
+                            .map(|_| {
+                                (
+                                    operand(b, st, ScalarType::F32),
+                                    operand(b, st, ScalarType::F32),
+                                )
+                            })
+                            .collect();
+                        st.borrow_mut().env.truncate(mark);
+                        pairs
+                    });
+                }
             }
             _ => {
                 gen_let(b, st);

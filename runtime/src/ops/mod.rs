@@ -3,6 +3,12 @@
 //!
 //! * [`quantize_4bit`] / [`dequantize_4bit`]: NF4/FP4, optional double quantization of the absmax.
 //! * [`quantize_blockwise`] / [`dequantize_blockwise`]: 8-bit blockwise with a [`BlockwiseMap`].
+//! * [`matmul_4bit`] / [`matmul_4bit_backward_input`] / [`Linear4bit`]: the fused 4-bit linear
+//!   layer and its input gradient; [`suggest_tile_sizes`] picks the tile.
+//! * [`int8_vectorwise_quant`] / [`int8_vectorwise_dequant`], [`int8_linear_matmul`],
+//!   [`int8_mm_dequant`], [`int8_mixed_scaled_mm`] (+ [`int8_mixed_scaled_mm_backward_input`]),
+//!   [`Linear8bitLt`]: LLM.int8(); [`quantize_rowwise_int8`] / [`dequantize_rowwise_int8`]: the
+//!   per-row int8 weight format.
 //! * [`absmax_mean`], [`compress_absmax`], [`compress_absmax_with_offset`],
 //!   [`decompress_absmax`]: the double-quantization steps on their own.
 //!
@@ -18,12 +24,24 @@ use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 
 mod blockwise8;
+mod int8;
+mod matmul4;
 mod quant4;
 
 pub use blockwise8::{
     absmax_mean, compress_absmax, compress_absmax_with_offset, decompress_absmax,
     dequantize_blockwise, quantize_blockwise,
 };
+pub use int8::{
+    dequantize_rowwise_int8, int8_linear_matmul, int8_mixed_scaled_mm,
+    int8_mixed_scaled_mm_backward_input, int8_mm_dequant, int8_vectorwise_dequant,
+    int8_vectorwise_quant, quantize_rowwise_int8, suggest_int8_tile_sizes, Int8Quantized,
+    Linear8bitLt,
+};
+pub use matmul4::{
+    matmul_4bit, matmul_4bit_backward_input, suggest_tile_sizes, DeviceCaps, Linear4bit,
+};
+pub use qforge_ir::library::TileConfig;
 pub use qforge_ir::library::{BlockwiseMap, QuantType};
 pub use quant4::{dequantize_4bit, quantize_4bit, Absmax4, QuantState4};
 

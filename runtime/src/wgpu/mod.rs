@@ -6,6 +6,12 @@
 //! Every wgpu call that can fail validation runs inside error scopes, and the device's
 //! uncaptured-error handler only records the message, so a driver or validation error becomes
 //! [`Error::Device`], never a panic.
+//!
+//! At start-up a probe kernel checks the driver's `fma`, `/` and `sqrt` against the host; each
+//! one that is not exact is replaced in every kernel by the WGSL backend's exact integer routine
+//! ([`WgslOptions`]). The environment variable `QFORGE_WGSL_SOFT_MATH` forces the routines
+//! on a conformant driver too (`1` or `all`: all three; or a comma list of `fma`, `div`,
+//! `sqrt`; `0` or empty: none), and so does [`WgpuDevice::with_soft_math`].
 
 mod launch;
 mod probe;
@@ -15,8 +21,7 @@ pub use probe::Conformance;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use qforge_codegen::wgsl::{WgslBackend, WgslLayout};
-use qforge_codegen::Backend;
+use qforge_codegen::wgsl::{WgslBackend, WgslLayout, WgslOptions};
 use qforge_ir::{Arg, Kernel};
 
 use crate::device::Device;
@@ -51,6 +56,8 @@ pub struct WgpuDevice {
     uncaptured: Arc<Mutex<Vec<String>>>,
     /// What the start-up probe found.
     conformance: Conformance,
+    /// The software routines every kernel is lowered with.
+    soft_math: WgslOptions,
 }
 
 impl std::fmt::Debug for WgpuDevice {
@@ -66,9 +73,23 @@ impl WgpuDevice {
     /// names; a high-performance adapter first, then a fallback/software one such as Mesa's
     /// lavapipe) with the adapter's own limits, and runs the conformance probe on it.
     ///
+    /// Kernels use the exact software `fma`, `/` or `sqrt` where the probe finds the driver's
+    /// inexact, and where `QFORGE_WGSL_SOFT_MATH` asks for them (see the module docs).
+    ///
     /// # Errors
-    /// [`Error::Device`] when no adapter is found or the device cannot be created.
+    /// [`Error::Device`] when no adapter is found, the device cannot be created, or
+    /// `QFORGE_WGSL_SOFT_MATH` holds something other than the values listed in the module docs.
     pub fn new() -> Result<Self> {
+        Self::with_soft_math(WgslOptions::HARDWARE)
+    }
+
+    /// [`WgpuDevice::new`], with the software routines named by `force` used even where the
+    /// driver passes the probe (for tests and CI on conformant drivers).
+    ///
+    /// # Errors
+    /// As [`WgpuDevice::new`].
+    pub fn with_soft_math(force: WgslOptions) -> Result<Self> {
+        let from_env = soft_math_from_env()?;
         // Vulkan, Metal and DX12 (the GL backend's compute support is too narrow, and probing
         // it prints EGL noise); `WGPU_BACKEND` overrides.
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
@@ -110,21 +131,35 @@ impl WgpuDevice {
             launch_lock: Mutex::new(()),
             uncaptured,
             conformance: Conformance::default(),
+            // The probe tests the builtins themselves.
+            soft_math: WgslOptions::HARDWARE,
         };
         dev.conformance = probe::run(&dev)?;
+        dev.soft_math = dev.conformance.soft_math().union(force).union(from_env);
+        // Drop what the probe compiled with the builtins.
+        dev.cache
+            .lock()
+            .map_err(|_| dev.err("cache lock poisoned".into()))?
+            .clear();
         Ok(dev)
     }
 
     /// What the conformance probe found when the device started: the contract rules WGSL does
-    /// not promise, checked on this driver. Kernels that would need a rule the driver breaks
-    /// (`fma`, f32 division, `sqrt`) are refused with [`Error::Device`] instead of running
-    /// inexactly.
+    /// not promise, checked on this driver. Where the driver's `fma`, f32 division or `sqrt`
+    /// is not exact, kernels use the backend's exact software routine instead
+    /// ([`WgpuDevice::soft_math`]).
     pub fn conformance(&self) -> &Conformance {
         &self.conformance
     }
 
-    /// Compiles (if needed) and runs `kernel` without the conformance check.
-    fn launch_unchecked(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
+    /// The software routines every kernel on this device is lowered with: those the probe
+    /// required, plus those forced by [`WgpuDevice::with_soft_math`] or `QFORGE_WGSL_SOFT_MATH`.
+    pub fn soft_math(&self) -> WgslOptions {
+        self.soft_math
+    }
+
+    /// Compiles (if needed) and runs `kernel`.
+    fn launch_compiled(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
         let binding = qforge_ir::bind(kernel, args)?;
         let compiled = self.compiled(kernel)?;
         let _guard = self
@@ -132,14 +167,6 @@ impl WgpuDevice {
             .lock()
             .map_err(|_| self.err("launch lock poisoned".into()))?;
         launch::launch(self, &compiled, &binding, args)
-    }
-
-    /// [`Error::Device`] when the probe found that `kernel` cannot run exactly here.
-    fn check_conformance(&self, kernel: &Kernel) -> Result<()> {
-        match probe::refusal(kernel, &self.conformance) {
-            Some(message) => Err(self.err(message)),
-            None => Ok(()),
-        }
     }
 
     /// The device's limits (as granted: the adapter's own).
@@ -191,7 +218,7 @@ impl WgpuDevice {
                 }
             }
         }
-        let artifact = WgslBackend.lower(kernel)?;
+        let artifact = WgslBackend.lower_with(kernel, self.soft_math)?;
         let layout = artifact.layout;
         let wgsl = artifact.wgsl;
         let compiled = {
@@ -273,6 +300,42 @@ impl WgpuDevice {
     }
 }
 
+/// The software routines `QFORGE_WGSL_SOFT_MATH` asks for (none when it is unset).
+fn soft_math_from_env() -> Result<WgslOptions> {
+    const VAR: &str = "QFORGE_WGSL_SOFT_MATH";
+    match std::env::var(VAR) {
+        Ok(v) => parse_soft_math(&v).ok_or_else(|| {
+            device_error(
+                "wgpu",
+                format!("{VAR}={v:?}: expected 1, all, 0, or a comma list of fma, div, sqrt"),
+            )
+        }),
+        Err(std::env::VarError::NotPresent) => Ok(WgslOptions::HARDWARE),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(device_error("wgpu", format!("{VAR} is not valid unicode")))
+        }
+    }
+}
+
+/// `1`/`all` -> all routines, `0`/empty -> none, else a comma list of `fma`, `div`, `sqrt`.
+fn parse_soft_math(v: &str) -> Option<WgslOptions> {
+    match v.trim() {
+        "1" | "all" => return Some(WgslOptions::SOFTWARE),
+        "0" | "" => return Some(WgslOptions::HARDWARE),
+        _ => {}
+    }
+    let mut o = WgslOptions::HARDWARE;
+    for item in v.split(',') {
+        match item.trim() {
+            "fma" => o.soft_fma = true,
+            "div" => o.soft_div = true,
+            "sqrt" => o.soft_sqrt = true,
+            _ => return None,
+        }
+    }
+    Some(o)
+}
+
 fn device_error(device: &str, message: String) -> Error {
     Error::Device {
         device: device.to_string(),
@@ -288,11 +351,26 @@ impl Device for WgpuDevice {
         qforge_codegen::wgsl::BACKEND
     }
     fn compile(&self, kernel: &Kernel) -> Result<()> {
-        self.check_conformance(kernel)?;
         self.compiled(kernel).map(|_| ())
     }
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
-        self.check_conformance(kernel)?;
-        self.launch_unchecked(kernel, args)
+        self.launch_compiled(kernel, args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn soft_math_values_parse() {
+        assert_eq!(parse_soft_math("1"), Some(WgslOptions::SOFTWARE));
+        assert_eq!(parse_soft_math(" all "), Some(WgslOptions::SOFTWARE));
+        assert_eq!(parse_soft_math("0"), Some(WgslOptions::HARDWARE));
+        assert_eq!(parse_soft_math(""), Some(WgslOptions::HARDWARE));
+        let d = parse_soft_math("div, sqrt").unwrap();
+        assert!(d.soft_div && d.soft_sqrt && !d.soft_fma);
+        assert_eq!(parse_soft_math("fast"), None);
+        assert_eq!(parse_soft_math("fma,"), None);
     }
 }

@@ -3,9 +3,8 @@
 //! correctly rounded division and `sqrt`, subnormal arithmetic) on this driver, against the
 //! host's IEEE arithmetic.
 
-use qforge_ir::{
-    Access, Arg, BinaryOp, DType, Dim, Kernel, KernelBuilder, Op, Scalar, ScalarType, UnaryOp,
-};
+use qforge_codegen::wgsl::WgslOptions;
+use qforge_ir::{Access, Arg, DType, Dim, Kernel, KernelBuilder, Scalar, ScalarType};
 
 use super::WgpuDevice;
 use crate::error::Result;
@@ -13,16 +12,28 @@ use crate::error::Result;
 /// What the probe found on a device.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Conformance {
-    /// `fma` rounds once (fused). When false, kernels with `fma` are refused.
+    /// `fma` rounds once (fused). When false, kernels use the exact software `qf_fma` (for
+    /// `fma` and the fused steps of `accumulate`).
     pub fma_fused: bool,
-    /// `/` is correctly rounded on the probed hard cases. When false, kernels with a float
-    /// division are refused.
+    /// `/` is correctly rounded on the probed hard cases. When false, kernels use the exact
+    /// software `qf_div` for f32 division.
     pub div_exact: bool,
-    /// `sqrt` is correctly rounded on the probed hard cases. When false, kernels with `sqrt`
-    /// are refused.
+    /// `sqrt` is correctly rounded on the probed hard cases. When false, kernels use the exact
+    /// software `qf_sqrt`.
     pub sqrt_exact: bool,
     /// Every deviation found, one line each (empty on a conformant device).
     pub deviations: Vec<String>,
+}
+
+impl Conformance {
+    /// The software routines a device with this conformance needs.
+    pub fn soft_math(&self) -> WgslOptions {
+        WgslOptions {
+            soft_fma: !self.fma_fused,
+            soft_div: !self.div_exact,
+            soft_sqrt: !self.sqrt_exact,
+        }
+    }
 }
 
 /// Hard division cases `(a, b)`: quotients near ties, subnormal and huge results, specials.
@@ -150,7 +161,7 @@ pub(super) fn run(dev: &WgpuDevice) -> Result<Conformance> {
         .flat_map(|v| v.to_le_bytes())
         .collect();
     let mut output = vec![0u8; rows.len() * 16];
-    dev.launch_unchecked(
+    dev.launch_compiled(
         &kernel,
         &mut [
             Arg::Scalar(Scalar::U32(rows.len() as u32)),
@@ -203,26 +214,4 @@ pub(super) fn run(dev: &WgpuDevice) -> Result<Conformance> {
         }
     }
     Ok(c)
-}
-
-/// Why `kernel` cannot run exactly on a device with conformance `c`, if it cannot.
-pub(super) fn refusal(kernel: &Kernel, c: &Conformance) -> Option<String> {
-    let problem = kernel.values.iter().find_map(|(_, v)| {
-        if !c.fma_fused && matches!(v.op, Op::Fma(..)) {
-            Some("fma is not fused on this driver")
-        } else if !c.div_exact
-            && v.ty == ScalarType::F32
-            && matches!(v.op, Op::Binary(BinaryOp::Div, ..))
-        {
-            Some("f32 division is not correctly rounded on this driver")
-        } else if !c.sqrt_exact && matches!(v.op, Op::Unary(UnaryOp::Sqrt, _)) {
-            Some("sqrt is not correctly rounded on this driver")
-        } else {
-            None
-        }
-    })?;
-    Some(format!(
-        "'{}' cannot run exactly here: {problem} (see WgpuDevice::conformance)",
-        kernel.name
-    ))
 }

@@ -174,7 +174,7 @@ fn random_loop(steps: &[Step]) -> Kernel {
                 9 => f.push(b.select(ca, fa, fb)),
                 10 => u.push(b.select(ca, ua, ub)),
                 11 => {
-                    let to = if sub % 2 == 0 {
+                    let to = if sub.is_multiple_of(2) {
                         ScalarType::U32
                     } else {
                         ScalarType::I32
@@ -183,7 +183,7 @@ fn random_loop(steps: &[Step]) -> Kernel {
                     u.push(b.bitcast(r, ScalarType::U32));
                 }
                 12 => {
-                    let x = if sub % 2 == 0 {
+                    let x = if sub.is_multiple_of(2) {
                         ua
                     } else {
                         b.bitcast(ua, ScalarType::I32)
@@ -194,7 +194,7 @@ fn random_loop(steps: &[Step]) -> Kernel {
                     }));
                 }
                 13 => {
-                    if sub % 2 == 0 {
+                    if sub.is_multiple_of(2) {
                         f.push(b.bitcast(ua, ScalarType::F32));
                     } else {
                         // A NaN's payload and sign are free under the numeric contract (Cranelift

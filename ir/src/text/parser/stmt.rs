@@ -3,7 +3,7 @@
 use super::{Parser, MAX_DEPTH};
 use crate::error::Result;
 use crate::handle::Handle;
-use crate::kernel::{ParamId, Stmt, Value, ValueDef};
+use crate::kernel::{Accum, ParamId, Stmt, Value, ValueDef};
 use crate::ops::{BinaryOp, CmpOp, NanMode, Op, ReduceKind, ReduceOrder, UnaryOp};
 use crate::text::lexer::Tok;
 use crate::types::{Rounding, ScalarType};
@@ -33,7 +33,8 @@ impl Parser {
     }
 
     fn stmt(&mut self) -> Result<Stmt> {
-        const WHAT: &str = "a statement ('%N: type = op', let, store, assign, if, for) or '}'";
+        const WHAT: &str =
+            "a statement ('%N: type = op', let, store, assign, if, for, accumulate) or '}'";
         let t = self.peek().clone();
         let kw = match &t.tok {
             Tok::Value(_) => return Ok(Stmt::Let(self.def()?)),
@@ -108,7 +109,55 @@ impl Parser {
                     body,
                 })
             }
+            "accumulate" => {
+                self.bump();
+                let index = self.value("the accumulate index")?;
+                self.for_indices.insert(index.index() as u32);
+                self.keyword("len", "after the accumulate index")?;
+                let len = self.value("the accumulate length")?;
+                let order = self.reduce_order()?;
+                let body = self.block()?;
+                self.keyword("into", "after the accumulate body")?;
+                let mut accs = Vec::new();
+                loop {
+                    let r = self.reference("an accumulator variable")?;
+                    let var = Self::resolve(&self.var_names, r, "variable")?;
+                    self.punct("(", "after the accumulator variable")?;
+                    let a = self.value("the first factor")?;
+                    self.punct(",", "between the factors")?;
+                    let b = self.value("the second factor")?;
+                    self.punct(")", "after the factors")?;
+                    accs.push(Accum { var, a, b });
+                    if !self.is_punct(",") {
+                        break;
+                    }
+                    self.bump();
+                }
+                Ok(Stmt::Accumulate {
+                    index,
+                    len,
+                    order,
+                    body,
+                    accs,
+                })
+            }
             _ => Err(self.expected(WHAT)),
+        }
+    }
+
+    /// `sequential` or `strided N`.
+    fn reduce_order(&mut self) -> Result<ReduceOrder> {
+        let (o, line, col) = self.word("a reduction order (sequential or strided N)")?;
+        match o.as_str() {
+            "sequential" => Ok(ReduceOrder::Sequential),
+            "strided" => Ok(ReduceOrder::Strided(
+                self.u32_number("the number of strided ways")?,
+            )),
+            _ => Err(Self::error_at(
+                line,
+                col,
+                format!("expected a reduction order (sequential or strided N), found '{o}'"),
+            )),
         }
     }
 
@@ -285,22 +334,7 @@ impl Parser {
                         ))
                     }
                 };
-                let (o, line, col) = self.word("a reduction order (sequential or strided N)")?;
-                let order = match o.as_str() {
-                    "sequential" => ReduceOrder::Sequential,
-                    "strided" => {
-                        ReduceOrder::Strided(self.u32_number("the number of strided ways")?)
-                    }
-                    _ => {
-                        return Err(Self::error_at(
-                            line,
-                            col,
-                            format!(
-                                "expected a reduction order (sequential or strided N), found '{o}'"
-                            ),
-                        ))
-                    }
-                };
+                let order = self.reduce_order()?;
                 let (buf, start, len) = self.reduce_range()?;
                 Op::Reduce {
                     kind,

@@ -1,0 +1,376 @@
+//! The fused 4-bit linear layer (bitsandbytes `matmul_4bit`, QLoRA arXiv 2305.14314): forward
+//! `y = x @ dequant(W).T + bias` and the input gradient `dX = dY @ dequant(W)`, with the weight
+//! decoded in registers only. Exact semantics: [`qforge_ir::library::matmul4`].
+
+use qforge_ir::library::matmul4::{Direction, Matmul4, TileConfig};
+use qforge_ir::library::{BLOCKSIZES_4BIT, NESTED_BLOCKSIZE};
+use qforge_ir::{Arg, DType, Scalar};
+
+use super::quant4::{Absmax4, QuantState4};
+use super::{blocksize_u32, cached_kernel, count_u32, expect_len, f32_le, float_input, scalar_u32};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::tensor::HostTensor;
+
+/// What [`suggest_tile_sizes`] needs to know about a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceCaps {
+    /// A CPU: work items are spread over `threads` threads and vectorized `lanes` wide (4 for
+    /// the Cranelift backend's 128-bit vectors).
+    Cpu {
+        /// Worker threads.
+        threads: u32,
+        /// `f32` lanes of a vector register.
+        lanes: u32,
+    },
+    /// A GPU: one work item per thread, `parallel_threads` threads resident at once (e.g.
+    /// SMs x 2048 on NVIDIA).
+    Gpu {
+        /// Threads resident at once across the device.
+        parallel_threads: u32,
+    },
+}
+
+impl DeviceCaps {
+    /// The capabilities of `dev`, from its backend: `cranelift` is a CPU with the machine's
+    /// threads and 4 lanes; `ptx` and `wgsl` are GPUs (assumed 64 Ki resident threads);
+    /// anything else (the interpreter) a one-thread CPU.
+    pub fn of(dev: &dyn Device) -> DeviceCaps {
+        match dev.backend() {
+            "cranelift" => DeviceCaps::Cpu {
+                threads: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+                lanes: 4,
+            },
+            "ptx" | "wgsl" => DeviceCaps::Gpu {
+                parallel_threads: 65536,
+            },
+            _ => DeviceCaps::Cpu {
+                threads: 1,
+                lanes: 1,
+            },
+        }
+    }
+}
+
+/// A tile for an `[M, K] x [K, N]` product (outputs `M x N`) on a device: the heuristic,
+/// documented in `docs/semantics.md`. Tiles never change results, only speed.
+///
+/// * CPU: each output keeps `8 / lanes` vector partials, so at most 4 outputs per work item
+///   fit the 16 vector registers of x86-64 with room for the decode; decoding a weight is the
+///   expensive part, so rows of the activation share it first: `tm = min(M, 4)`,
+///   `tn = 4 / tm`. The tile shrinks (`tn` first) while there would be fewer than 4 work
+///   items per thread.
+/// * GPU: one thread keeps 8 scalar partials per output; `tm = min(M, 4)`, `tn = 1`, shrunk
+///   while there would be fewer work items than half the resident threads.
+pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
+    let _ = k; // the K reduction is never tiled (its order is fixed)
+    let m = m.max(1);
+    let n = n.max(1);
+    let (mut tm, mut tn, want_items) = match caps {
+        DeviceCaps::Cpu { threads, .. } => {
+            let tm = m.min(4);
+            (tm, 4 / tm, 4 * threads.max(1) as usize)
+        }
+        DeviceCaps::Gpu { parallel_threads } => (m.min(4), 1, parallel_threads as usize / 2),
+    };
+    let items = |tm: usize, tn: usize| m.div_ceil(tm) * n.div_ceil(tn);
+    while items(tm, tn) < want_items && (tm > 1 || tn > 1) {
+        if tn > 1 {
+            tn /= 2;
+        } else {
+            tm /= 2;
+        }
+    }
+    TileConfig {
+        tm: tm as u32,
+        tn: tn as u32,
+    }
+}
+
+/// Shapes of one call: `m` activation rows, and the weight `[n, k]`.
+struct Dims {
+    m: u32,
+    n: u32,
+    k: u32,
+}
+
+/// Checks the weight's quant state (a 2-D `[N, K]` tensor) and the activation (`[..., cols]`
+/// in a float dtype), returning the shapes.
+fn check_shapes(
+    op: &str,
+    act: &HostTensor,
+    packed: &[u8],
+    state: &QuantState4,
+    forward: bool,
+) -> Result<Dims> {
+    let &[n, k] = state.shape.as_slice() else {
+        return Err(Error::Invalid(format!(
+            "{op}: the weight must be 2-D [N, K], its quant state has shape {:?}",
+            state.shape
+        )));
+    };
+    if n == 0 || k == 0 {
+        return Err(Error::Invalid(format!(
+            "{op}: the weight is empty (shape [{n}, {k}])"
+        )));
+    }
+    let elems = count_u32(op, "the weight", n.saturating_mul(k))?;
+    expect_len(op, "packed", packed.len(), elems.div_ceil(2) as usize)?;
+    let (want, want_name) = if forward { (k, "K") } else { (n, "N") };
+    let cols = act.shape.last().copied();
+    if cols != Some(want) {
+        return Err(Error::Invalid(format!(
+            "{op}: the {} has shape {:?}; its last dim must be {want_name} = {want} of the [{n}, {k}] weight",
+            if forward { "input x" } else { "gradient dY" },
+            act.shape
+        )));
+    }
+    let other = if forward { n } else { k };
+    // An empty batch (a leading dim of 0) gives an empty output; anything else must be a
+    // well-formed float tensor.
+    let total = if act.shape.contains(&0) && act.dtype.is_float() && act.data.is_empty() {
+        0
+    } else {
+        float_input(op, act)?
+    };
+    let m = total / want as u32;
+    count_u32(op, "the output", m as usize * other)?;
+    Ok(Dims {
+        m,
+        n: n as u32,
+        k: k as u32,
+    })
+}
+
+/// Runs one matmul kernel variant.
+fn run(
+    dev: &dyn Device,
+    act: &HostTensor,
+    packed: &[u8],
+    state: &QuantState4,
+    bias: Option<&HostTensor>,
+    direction: Direction,
+    tile: Option<TileConfig>,
+) -> Result<HostTensor> {
+    let forward = matches!(direction, Direction::Forward { .. });
+    let op = if forward {
+        "matmul_4bit"
+    } else {
+        "matmul_4bit_backward_input"
+    };
+    let d = check_shapes(op, act, packed, state, forward)?;
+    let bs = blocksize_u32(op, state.blocksize, &BLOCKSIZES_4BIT)?;
+    let (outs, dtype) = (if forward { d.n } else { d.k }, act.dtype);
+    let tile = tile.unwrap_or_else(|| {
+        suggest_tile_sizes(
+            d.m as usize,
+            outs as usize,
+            d.k as usize,
+            DeviceCaps::of(dev),
+        )
+    });
+    tile.check()
+        .map_err(|e| Error::Invalid(format!("{op}: {e}")))?;
+    if let Some(b) = bias {
+        if b.dtype != dtype
+            || b.shape != [d.n as usize]
+            || b.data.len() != d.n as usize * dtype.size_bytes()
+        {
+            return Err(Error::Invalid(format!(
+                "{op}: the bias must be a {dtype} tensor of shape [{}], got {} {:?}",
+                d.n, b.dtype, b.shape
+            )));
+        }
+    }
+    // bitsandbytes: dequantize to the weight's dtype, then `.to(x.dtype)`.
+    let weight_dtype = match (state.dtype, dtype) {
+        (DType::F32, x) => x,
+        (w, DType::F32) => w,
+        (w, x) if w == x => w,
+        (w, x) => {
+            return Err(Error::Invalid(format!(
+                "{op}: a {w} weight with {x} activations would round twice; convert one of them"
+            )))
+        }
+    };
+    let elems = d.n * d.k;
+    let (n_packed, n_blocks) = (elems.div_ceil(2), elems.div_ceil(bs));
+    let spec = Matmul4 {
+        quant_type: state.quant_type,
+        blocksize: bs,
+        dtype,
+        weight_dtype,
+        nested: matches!(state.absmax, Absmax4::Nested { .. }),
+        direction,
+        tile,
+    };
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let n_tiles = outs.div_ceil(tile.tn);
+    let n_items = count_u32(
+        op,
+        "the work items",
+        d.m.div_ceil(tile.tm) as usize * n_tiles as usize,
+    )?;
+    let mut out = vec![0u8; d.m as usize * outs as usize * dtype.size_bytes()];
+    let mut shape = act.shape.clone();
+    if let Some(last) = shape.last_mut() {
+        *last = outs as usize;
+    }
+    if d.m == 0 {
+        return HostTensor::new(dtype, shape, out);
+    }
+    let mut scalars = vec![
+        scalar_u32(d.m),
+        scalar_u32(d.n),
+        scalar_u32(d.k),
+        scalar_u32(n_items),
+        scalar_u32(n_tiles),
+    ];
+    let mut buffers: Vec<Vec<u8>> = Vec::new();
+    match &state.absmax {
+        Absmax4::Plain(absmax) => {
+            expect_len(op, "absmax", absmax.len(), n_blocks as usize)?;
+            scalars.extend([scalar_u32(n_packed), scalar_u32(n_blocks)]);
+            buffers.push(f32_le(absmax));
+        }
+        Absmax4::Nested {
+            qabsmax,
+            nested_absmax,
+            nested_code,
+            offset,
+            nested_blocksize,
+        } => {
+            blocksize_u32(op, *nested_blocksize, &[NESTED_BLOCKSIZE])?;
+            let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE);
+            expect_len(op, "qabsmax", qabsmax.len(), n_blocks as usize)?;
+            expect_len(op, "nested_absmax", nested_absmax.len(), n_nested as usize)?;
+            expect_len(op, "nested_code", nested_code.len(), 256)?;
+            scalars.extend([
+                Arg::Scalar(Scalar::f32(*offset)),
+                scalar_u32(n_packed),
+                scalar_u32(n_blocks),
+                scalar_u32(n_nested),
+            ]);
+            buffers.extend([qabsmax.clone(), f32_le(nested_absmax), f32_le(nested_code)]);
+        }
+    }
+    let mut args = scalars;
+    args.push(Arg::Read(&act.data));
+    args.push(Arg::Read(packed));
+    args.extend(buffers.iter().map(|b| Arg::Read(b)));
+    if let Some(b) = bias {
+        args.push(Arg::Read(&b.data));
+    }
+    args.push(Arg::Write(&mut out));
+    dev.launch(&kernel, &mut args)?;
+    drop(args);
+    HostTensor::new(dtype, shape, out)
+}
+
+/// `y = x @ dequant(W).T (+ bias)` for `x` of shape `[..., K]` (f32, f16 or bf16) and a weight
+/// `[N, K]` quantized by [`super::quantize_4bit`] (NF4 or FP4, any blocksize, plain or
+/// double-quantized absmax), giving `y` of shape `[..., N]` in `x`'s dtype. The weight is
+/// decoded inside the kernel only. `tile` overrides [`suggest_tile_sizes`] (results never
+/// depend on it).
+///
+/// # Errors
+/// [`Error::Invalid`] naming the problem when the state is not a non-empty 2-D weight, a buffer
+/// does not match it, `x`'s last dim is not `K`, `x` is not a float tensor or its bytes do not
+/// match its shape, the bias is not `[N]` in `x`'s dtype, a count exceeds `2^31 - 1`, or the
+/// tile is invalid; any device error.
+pub fn matmul_4bit(
+    dev: &dyn Device,
+    x: &HostTensor,
+    packed: &[u8],
+    state: &QuantState4,
+    bias: Option<&HostTensor>,
+    tile: Option<TileConfig>,
+) -> Result<HostTensor> {
+    let direction = Direction::Forward {
+        bias: bias.is_some(),
+    };
+    run(dev, x, packed, state, bias, direction, tile)
+}
+
+/// `dX = dY @ dequant(W)` for `dY` of shape `[..., N]` and a weight `[N, K]`: the gradient of
+/// [`matmul_4bit`] with respect to its input (the weight is frozen: no `dW`, as bitsandbytes'
+/// `MatMul4Bit`). `dX` has shape `[..., K]` in `dY`'s dtype.
+///
+/// # Errors
+/// As [`matmul_4bit`], with `dY`'s last dim checked against `N`.
+pub fn matmul_4bit_backward_input(
+    dev: &dyn Device,
+    dy: &HostTensor,
+    packed: &[u8],
+    state: &QuantState4,
+    tile: Option<TileConfig>,
+) -> Result<HostTensor> {
+    run(dev, dy, packed, state, None, Direction::BackwardInput, tile)
+}
+
+/// A linear layer with a frozen 4-bit weight `[N, K]` (out_features x in_features) and an
+/// optional bias `[N]`: bitsandbytes' `Linear4bit` with its `MatMul4Bit` autograd function.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Linear4bit {
+    /// Packed codes of the weight.
+    pub packed: Vec<u8>,
+    /// The weight's quant state (shape `[N, K]`).
+    pub state: QuantState4,
+    /// Optional bias `[N]`, in the activation dtype.
+    pub bias: Option<HostTensor>,
+}
+
+impl Linear4bit {
+    /// Quantizes a float weight `[N, K]` ([`super::quantize_4bit`]).
+    ///
+    /// # Errors
+    /// As [`super::quantize_4bit`], plus a weight that is not 2-D.
+    pub fn quantize(
+        dev: &dyn Device,
+        weight: &HostTensor,
+        quant_type: super::QuantType,
+        blocksize: usize,
+        compress_statistics: bool,
+        bias: Option<HostTensor>,
+    ) -> Result<Linear4bit> {
+        if weight.shape.len() != 2 {
+            return Err(Error::Invalid(format!(
+                "Linear4bit: the weight must be 2-D [N, K], got shape {:?}",
+                weight.shape
+            )));
+        }
+        let (packed, state) =
+            super::quantize_4bit(dev, weight, quant_type, blocksize, compress_statistics)?;
+        Ok(Linear4bit {
+            packed,
+            state,
+            bias,
+        })
+    }
+
+    /// `in_features` (K).
+    pub fn in_features(&self) -> usize {
+        self.state.shape.get(1).copied().unwrap_or(0)
+    }
+
+    /// `out_features` (N).
+    pub fn out_features(&self) -> usize {
+        self.state.shape.first().copied().unwrap_or(0)
+    }
+
+    /// `y = x @ dequant(W).T + bias` ([`matmul_4bit`]).
+    ///
+    /// # Errors
+    /// As [`matmul_4bit`].
+    pub fn forward(&self, dev: &dyn Device, x: &HostTensor) -> Result<HostTensor> {
+        matmul_4bit(dev, x, &self.packed, &self.state, self.bias.as_ref(), None)
+    }
+
+    /// `dX = dY @ dequant(W)` ([`matmul_4bit_backward_input`]).
+    ///
+    /// # Errors
+    /// As [`matmul_4bit_backward_input`].
+    pub fn backward_input(&self, dev: &dyn Device, dy: &HostTensor) -> Result<HostTensor> {
+        matmul_4bit_backward_input(dev, dy, &self.packed, &self.state, None)
+    }
+}

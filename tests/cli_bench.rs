@@ -1,0 +1,133 @@
+//! `qforge bench` as a user runs it: JSON lines with the documented fields, the ratio as the
+//! quotient of the two medians, the human table, and clear errors for a bad device or filter.
+
+use std::process::Command;
+
+fn qforge(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_qforge"))
+        .args(args)
+        .output()
+        .expect("binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// Within `rel` relative difference.
+fn close(a: f64, b: f64, rel: f64) -> bool {
+    (a - b).abs() <= rel * a.abs().max(b.abs())
+}
+
+#[test]
+fn json_lines_for_nf4_dequantize_have_the_documented_fields() {
+    let (code, stdout, stderr) = qforge(&["bench", "--json", "--filter", "dequantize_4bit_nf4"]);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    // One case (quantize_4bit_nf4 does not contain the filter) with one baseline.
+    assert_eq!(lines.len(), 1, "{stdout}");
+    for line in lines {
+        let v: serde_json::Value = serde_json::from_str(line).expect("each line is JSON");
+        let obj = v.as_object().expect("a JSON object");
+        let keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "kernel",
+                "shape",
+                "dtype",
+                "median_s",
+                "bytes_per_s",
+                "baseline",
+                "baseline_median_s",
+                "ratio"
+            ],
+            "{line}"
+        );
+        assert_eq!(v["kernel"], "dequantize_4bit_nf4");
+        assert_eq!(v["shape"], "n=16777216");
+        assert_eq!(v["dtype"], "f32");
+        assert_eq!(v["baseline"], "memcpy");
+        let num = |k: &str| {
+            v[k].as_f64()
+                .unwrap_or_else(|| panic!("{k} is a number: {line}"))
+        };
+        let (median, rate, base, ratio) = (
+            num("median_s"),
+            num("bytes_per_s"),
+            num("baseline_median_s"),
+            num("ratio"),
+        );
+        assert!(
+            median > 0.0 && base > 0.0 && rate > 0.0 && ratio > 0.0,
+            "{line}"
+        );
+        // Seconds, not milliseconds: 76 MB in under a minute and over 10 us.
+        assert!(median < 60.0 && median > 1e-5, "{line}");
+        // ratio = baseline / kernel, rounded to 4 significant digits from unrounded medians
+        // that are printed with 6.
+        assert!(close(ratio, base / median, 1e-3), "{line}");
+        // bytes/s * s = the bytes NF4 dequantize of 16 Mi f32 moves, counted by hand: 8 MiB of
+        // packed codes + 256 Ki f32 absmax read, 64 MiB of f32 written.
+        let bytes = (8u64 << 20) + (1 << 20) + (64 << 20);
+        assert!(close(rate * median, bytes as f64, 1e-4), "{line}");
+    }
+}
+
+#[test]
+fn table_on_the_interpreter_is_aligned_and_says_it_is_scaled_down() {
+    let (code, stdout, stderr) = qforge(&[
+        "bench",
+        "--device",
+        "interpreter",
+        "--filter",
+        "dequantize_blockwise",
+    ]);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    assert!(
+        stdout
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains("'interpreter'")),
+        "the header names the device: {stdout}"
+    );
+    let title = stdout
+        .lines()
+        .find(|l| l.starts_with("kernel"))
+        .expect("a title line");
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with("dequantize_blockwise_dynamic"))
+        .expect("a row for the 8-bit case");
+    assert!(
+        row.contains("n=262144 (interpreter: scaled down from 16777216)"),
+        "{row}"
+    );
+    assert_eq!(title.find("shape"), row.find("n=262144"), "{title}\n{row}");
+    assert_eq!(title.find("baseline"), row.find("memcpy"), "{title}\n{row}");
+    assert_eq!(title.len(), row.len(), "{title}\n{row}");
+}
+
+#[test]
+fn a_bad_device_is_a_clear_error() {
+    let (code, stdout, stderr) = qforge(&["bench", "--device", "tpu9"]);
+    assert_eq!(code, 2, "stdout: {stdout}");
+    assert!(stdout.is_empty(), "nothing is benchmarked: {stdout}");
+    assert!(
+        stderr.contains("unknown device 'tpu9'") && stderr.contains("cpu, interpreter"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_filter_matching_nothing_is_a_clear_error() {
+    let (code, stdout, stderr) = qforge(&["bench", "--json", "--filter", "no_such_kernel"]);
+    assert_eq!(code, 2, "stdout: {stdout}");
+    assert!(stdout.is_empty(), "nothing is benchmarked: {stdout}");
+    assert!(
+        stderr.contains("--filter 'no_such_kernel' matches no bench case")
+            && stderr.contains("dequantize_4bit_nf4"),
+        "{stderr}"
+    );
+}
