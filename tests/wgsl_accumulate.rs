@@ -5,6 +5,7 @@
 //! activations), two and four accumulators, every order from `Sequential` to `Strided(64)`,
 //! lengths 0, 1, 3, w - 1, w + 1, 100 and 1000, and data mixed with +-0, subnormals, inf, NaN and
 //! products that overflow. Without an adapter the device tests print why and pass.
+#![cfg(feature = "wgpu")]
 
 use std::sync::OnceLock;
 

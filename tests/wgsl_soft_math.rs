@@ -6,6 +6,7 @@
 //!
 //! `cargo test --features wgpu --test wgsl_soft_math -- --ignored --nocapture` prints the time
 //! of the software routines against the builtins on the device.
+#![cfg(feature = "wgpu")]
 
 use std::time::Instant;
 
