@@ -290,3 +290,31 @@ fn unsupported_rounding_is_an_error_naming_the_backend() {
     }
     assert_eq!(WgslBackend.name(), "wgsl");
 }
+
+/// The SPIR-V debug output of a library matmul kernel and of the every-op kernel: a module
+/// header with the SPIR-V magic number and version 1.3, one `OpEntryPoint GLCompute`.
+#[test]
+fn spirv_debug_output_has_a_compute_entry_point() {
+    let spec = qforge::ir::library::catalog()
+        .into_iter()
+        .find(|s| s.name().starts_with("matmul_4bit_nf4_nested"))
+        .expect("a matmul kernel in the catalog");
+    for k in [spec.build().unwrap(), every_op_kernel()] {
+        let words = WgslBackend.lower(&k).unwrap().spirv().unwrap();
+        assert_eq!(words[0], 0x0723_0203, "{}: SPIR-V magic", k.name);
+        assert_eq!(words[1], 0x0001_0300, "{}: version 1.3", k.name);
+        // Walk the instructions: opcode 15 is OpEntryPoint, its first operand 5 is GLCompute.
+        let (mut i, mut entries) = (5, 0);
+        while i < words.len() {
+            let (len, op) = ((words[i] >> 16) as usize, words[i] & 0xFFFF);
+            assert!(len > 0, "{}: malformed instruction at word {i}", k.name);
+            if op == 15 {
+                assert_eq!(words[i + 1], 5, "{}: GLCompute", k.name);
+                entries += 1;
+            }
+            i += len;
+        }
+        assert_eq!(i, words.len(), "{}: instructions fill the module", k.name);
+        assert_eq!(entries, 1, "{}", k.name);
+    }
+}

@@ -282,6 +282,31 @@ impl WgslBackend {
     }
 }
 
+impl WgslArtifact {
+    /// The module as SPIR-V words (naga's SPIR-V writer), for debugging a driver with the
+    /// Vulkan tools (`spirv-dis`, `spirv-val`); the runtime itself hands WGSL to wgpu.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when naga's SPIR-V writer fails (a qforge or naga bug).
+    pub fn spirv(&self) -> Result<Vec<u32>> {
+        let options = naga::back::spv::Options {
+            lang_version: (1, 3),
+            ..naga::back::spv::Options::default()
+        };
+        let entry = self
+            .module
+            .entry_points
+            .first()
+            .ok_or_else(|| backend_error("the module has no entry point".into()))?;
+        let pipeline = naga::back::spv::PipelineOptions {
+            shader_stage: naga::ShaderStage::Compute,
+            entry_point: entry.name.clone(),
+        };
+        naga::back::spv::write_vec(&self.module, &self.info, &options, Some(&pipeline))
+            .map_err(|e| backend_error(format!("naga's SPIR-V writer failed: {e}")))
+    }
+}
+
 fn backend_error(message: String) -> Error {
     Error::Backend {
         backend: BACKEND,
