@@ -32,7 +32,8 @@ pub fn device_by_name(name: &str) -> Result<Box<dyn Device>> {
         #[cfg(feature = "cuda")]
         "cuda" => Ok(Box::new(qforge_runtime::CudaDevice::new()?)),
         other => Err(Error::Usage(format!(
-            "unknown device '{other}' (available: {})",
+            "unknown device '{other}' (available in this build: {}; wgpu and cuda need \
+             `--features wgpu` / `--features cuda`)",
             DEVICE_NAMES.join(", ")
         ))),
     }

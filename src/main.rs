@@ -60,7 +60,7 @@ enum Command {
         /// Quantize weights that contain NaN or inf instead of refusing.
         #[arg(long)]
         allow_nonfinite: bool,
-        /// Device: cpu, interpreter, or wgpu (with the `wgpu` feature).
+        /// Device: cpu, interpreter, wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -74,11 +74,11 @@ enum Command {
         /// Output dtype f32, f16 or bf16 (default: each weight's original dtype).
         #[arg(long)]
         dtype: Option<String>,
-        /// Device: cpu, interpreter, or wgpu (with the `wgpu` feature).
+        /// Device: cpu, interpreter, wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
     },
-    /// Quick benchmark of the library kernels (seconds in total): one line per kernel, shape
+    /// Quick benchmark of the library kernels (about half a minute on 2 cores): one line per kernel, shape
     /// and baseline with the median time, bytes/s and the ratio baseline time / kernel time.
     Bench {
         /// Print JSON lines instead of a table.
@@ -87,7 +87,7 @@ enum Command {
         /// Keep only the cases whose kernel name contains this string.
         #[arg(long)]
         filter: Option<String>,
-        /// Device: cpu, interpreter (cases scaled down), or wgpu (with the `wgpu` feature).
+        /// Device: cpu, interpreter (cases scaled down), wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
     },

@@ -344,3 +344,92 @@ fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
         .unwrap();
     println!("checked on {} device(s)", devices.len());
 }
+
+/// Bad input to the matmul and int8 host ops is an error naming the problem, never a panic or a
+/// wrong `Ok` (the cases a new-user trial found).
+#[test]
+fn bad_inputs_are_errors_that_name_the_problem() {
+    use qforge::runtime::ops::{suggest_tile_sizes, DeviceCaps};
+    use qforge::runtime::InterpreterDevice;
+    let dev = InterpreterDevice;
+    let (n, k) = (8usize, 64usize);
+    let w = HostTensor::from_f32(vec![n, k], &vec![0.5; n * k]).unwrap();
+    let (packed, state) = ops::quantize_4bit(&dev, &w, QuantType::Nf4, 64, false).unwrap();
+    let err = |r: Result<HostTensor, qforge::runtime::Error>| r.unwrap_err().to_string();
+    // An empty batch still checks the quant state.
+    let mut short = state.clone();
+    short.absmax = Absmax4::Plain(vec![1.0]);
+    let x0 = HostTensor::new(DType::F32, vec![0, k], vec![]).unwrap();
+    let e = err(ops::matmul_4bit(&dev, &x0, &packed, &short, None, None));
+    assert!(
+        e.contains("absmax has 1 elements, the quant state needs 8"),
+        "{e}"
+    );
+    // ... and returns [0, N] when the state is right.
+    let y0 = ops::matmul_4bit(&dev, &x0, &packed, &state, None, None).unwrap();
+    assert_eq!(y0.shape, vec![0, n]);
+    // A bias of the right shape but too few bytes names the byte counts.
+    let x = HostTensor::from_f32(vec![2, k], &vec![1.0; 2 * k]).unwrap();
+    let bad_bias = qforge::runtime::HostTensor {
+        dtype: DType::F32,
+        shape: vec![n],
+        data: vec![0; 4],
+    };
+    let e = err(ops::matmul_4bit(
+        &dev,
+        &x,
+        &packed,
+        &state,
+        Some(&bad_bias),
+        None,
+    ));
+    assert!(e.contains("(32 bytes)") && e.contains("(4 bytes)"), "{e}");
+    // A non-float quant state dtype.
+    let mut int_state = state.clone();
+    int_state.dtype = DType::I8;
+    let e = err(ops::matmul_4bit(&dev, &x, &packed, &int_state, None, None));
+    assert!(e.contains("quant state's dtype") && e.contains("i8"), "{e}");
+    // Linear4bit refuses a bias that does not have out_features values.
+    let b3 = HostTensor::from_f32(vec![3], &[0.0; 3]).unwrap();
+    let e = ops::Linear4bit::quantize(&dev, &w, QuantType::Nf4, 64, false, Some(b3))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shape [8] (out_features)"), "{e}");
+    // The tile heuristic saturates instead of overflowing.
+    for caps in [
+        DeviceCaps::Cpu {
+            threads: u32::MAX,
+            lanes: 4,
+        },
+        DeviceCaps::Gpu {
+            parallel_threads: u32::MAX,
+        },
+    ] {
+        let t = suggest_tile_sizes(usize::MAX, usize::MAX, 1, caps);
+        assert!(t.check().is_ok(), "{t:?}");
+        let t = ops::suggest_int8_tile_sizes(usize::MAX, usize::MAX, 1, caps);
+        assert!(t.check().is_ok(), "{t:?}");
+    }
+    // int8: a K whose i32 sums could overflow, and repeated outlier columns.
+    let kk = ops::MAX_INT8_K as usize + 1;
+    let a = HostTensor::new(DType::I8, vec![1, kk], vec![0x80; kk]).unwrap();
+    let e = err(ops::int8_linear_matmul(&dev, &a, &a));
+    assert!(
+        e.contains(&format!("K = {kk}")) && e.contains("overflow"),
+        "{e}"
+    );
+    let x = HostTensor::from_f32(vec![1, 4], &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    let ca = HostTensor::new(DType::I8, vec![1, 4], vec![1; 4]).unwrap();
+    let cb = HostTensor::new(DType::I8, vec![2, 4], vec![1; 8]).unwrap();
+    let e = err(ops::int8_mixed_scaled_mm(
+        &dev,
+        &x,
+        &ca,
+        &cb,
+        &[1.0],
+        &[1.0, 1.0],
+        &[1, 1],
+        None,
+    ));
+    assert!(e.contains("strictly increasing"), "{e}");
+}

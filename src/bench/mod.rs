@@ -1,4 +1,4 @@
-//! `qforge bench`: a quick benchmark of the library kernels on one device (seconds in total),
+//! `qforge bench`: a quick benchmark of the library kernels on one device (about half a minute on 2 cores),
 //! each case compared with the baselines it names.
 //!
 //! A [`BenchCase`] describes one kernel at one shape: its name, shape string, dtype, the bytes it

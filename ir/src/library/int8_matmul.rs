@@ -56,6 +56,7 @@ use crate::library::check_float_dtype;
 use crate::library::int8::DEQUANT_SCALE;
 use crate::library::matmul4::{TileConfig, K_ORDER};
 use crate::library::round::round_to;
+use crate::library::tile::{last_index, row_bases, tile_of};
 use crate::ops::{BinaryOp, CmpOp};
 use crate::types::{DType, ScalarType};
 
@@ -103,61 +104,6 @@ pub(crate) fn element_row(
     let col_ok = b.cmp(CmpOp::Lt, c, cols);
     let inside = b.and(row_ok, col_ok);
     (r, inside)
-}
-
-/// One row of a tile: its index clamped into range (for loads) and whether it is in range.
-struct TileRow {
-    clamped: Value,
-    inside: Value,
-}
-
-/// `len - 1`, or 0 when `len = 0`.
-fn last_index(b: &mut KernelBuilder, len: Value) -> Value {
-    let one = b.const_u32(1);
-    let zero = b.const_u32(0);
-    let nonempty = b.cmp(CmpOp::Gt, len, zero);
-    let last = b.sub(len, one);
-    b.select(nonempty, last, zero)
-}
-
-/// Rows `tile * size + j` for `j < size`, clamped to `len - 1`.
-fn tile_rows(b: &mut KernelBuilder, tile: Value, size: u32, len: Value) -> Vec<TileRow> {
-    let sz = b.const_u32(size);
-    let first = b.mul(tile, sz);
-    let last = last_index(b, len);
-    (0..size)
-        .map(|j| {
-            let off = b.const_u32(j);
-            let row = b.add(first, off);
-            let inside = b.cmp(CmpOp::Lt, row, len);
-            let clamped = b.min(row, last);
-            TileRow { clamped, inside }
-        })
-        .collect()
-}
-
-/// The tile of the current work item: `tm` rows of `[0, row_len)`, `tn` outputs of
-/// `[0, out_len)`.
-fn tile_of(
-    b: &mut KernelBuilder,
-    n_tiles: ParamId,
-    tile: TileConfig,
-    row_len: Value,
-    out_len: Value,
-) -> (Vec<TileRow>, Vec<TileRow>) {
-    let item = b.work_item();
-    let nt = b.param(n_tiles);
-    let tile_m = b.binary(BinaryOp::Div, item, nt);
-    let whole = b.mul(tile_m, nt);
-    let tile_n = b.sub(item, whole);
-    let rows = tile_rows(b, tile_m, tile.tm, row_len);
-    let outs = tile_rows(b, tile_n, tile.tn, out_len);
-    (rows, outs)
-}
-
-/// `row.clamped * len` for each row.
-fn row_bases(b: &mut KernelBuilder, rows: &[TileRow], len: Value) -> Vec<Value> {
-    rows.iter().map(|r| b.mul(r.clamped, len)).collect()
 }
 
 /// The exact integer dot products `sum_k a[ra + k] * b[rb + k]` of every (row, out) pair of a

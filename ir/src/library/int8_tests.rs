@@ -4,54 +4,25 @@
 //! edge rows (zero, NaN, inf, tiny, ties), thresholds 0 and > 0, one and several rows, and every
 //! tile.
 
-use half::{bf16, f16};
-
 use crate::args::OwnedArg;
 use crate::library::int8::{self, Int8Spec, DEQUANT_SCALE};
 use crate::library::int8_matmul::MM_DEQUANT_SCALE;
 use crate::library::matmul4::TileConfig;
+use crate::library::test_util::{bytes, floats, round};
 use crate::types::{DType, Scalar};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
-/// Round to `dtype` and back (the value a `dtype` buffer holds).
 fn rd(v: f32, dtype: DType) -> f32 {
-    match dtype {
-        DType::F16 => f16::from_f32(v).to_f32(),
-        DType::BF16 => bf16::from_f32(v).to_f32(),
-        _ => v,
-    }
+    round(dtype, v)
 }
 
 fn bytes_of(dtype: DType, v: &[f32]) -> Vec<u8> {
-    match dtype {
-        DType::F16 => v
-            .iter()
-            .flat_map(|x| f16::from_f32(*x).to_le_bytes())
-            .collect(),
-        DType::BF16 => v
-            .iter()
-            .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-            .collect(),
-        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
+    bytes(dtype, v)
 }
 
 fn floats_of(dtype: DType, b: &[u8]) -> Vec<f32> {
-    match dtype {
-        DType::F16 => b
-            .chunks(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        DType::BF16 => b
-            .chunks(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        _ => b
-            .chunks(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    }
+    floats(dtype, b)
 }
 
 fn u(v: usize) -> OwnedArg {

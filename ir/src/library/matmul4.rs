@@ -43,8 +43,9 @@ use crate::builder::KernelBuilder;
 use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, ParamId, TableId, Value, VarId};
 use crate::library::round::round_to;
+use crate::library::tile::{row_bases, tile_of};
 use crate::library::{check_blocksize_4bit, check_float_dtype, QuantType, NESTED_BLOCKSIZE};
-use crate::ops::{BinaryOp, CmpOp, ReduceOrder};
+use crate::ops::{BinaryOp, ReduceOrder};
 use crate::types::{DType, ScalarType};
 
 /// The canonical order of the matmul reductions: 8 strided partials and the halving tree (a
@@ -156,21 +157,15 @@ impl Matmul4 {
         let mut b = KernelBuilder::new(&self.name());
         let p = Params::declare(&mut b, self);
         let (tm, tn) = (self.tile.tm, self.tile.tn);
-        let item = b.work_item();
-        let n_tiles = b.param(p.n_tiles);
-        let tile_m = b.binary(BinaryOp::Div, item, n_tiles);
-        let row_tiles = b.mul(tile_m, n_tiles);
-        let tile_n = b.sub(item, row_tiles);
         let (mv, nv, kv) = (b.param(p.m), b.param(p.n), b.param(p.k));
         // Forward: outputs (m, n), reduce over k; backward: outputs (m, k), reduce over n.
         let (cols, reduce_len, act_len) = match self.direction {
             Direction::Forward { .. } => (nv, kv, kv),
             Direction::BackwardInput => (kv, nv, nv),
         };
-        let rows = tile_rows(&mut b, tile_m, tm, mv);
-        let outs = tile_rows(&mut b, tile_n, tn, cols);
+        let (rows, outs) = tile_of(&mut b, p.n_tiles, self.tile, mv, cols);
         // Row starts of the activation (`m * K` or `m * N`).
-        let act_base: Vec<Value> = rows.iter().map(|r| b.mul(r.clamped, act_len)).collect();
+        let act_base = row_bases(&mut b, &rows, act_len);
         let vars: Vec<VarId> = (0..tm * tn)
             .map(|i| b.var(&format!("acc{i}"), ScalarType::F32))
             .collect();
@@ -332,33 +327,6 @@ impl Params {
             out,
         }
     }
-}
-
-/// One row of a tile: its index clamped into range (for loads) and whether it is in range.
-struct TileRow {
-    clamped: Value,
-    inside: Value,
-}
-
-/// Rows `tile * size + j` for `j < size`, clamped to `len - 1` (`len = 0` clamps to 0; such a
-/// launch has no work items).
-fn tile_rows(b: &mut KernelBuilder, tile: Value, size: u32, len: Value) -> Vec<TileRow> {
-    let sz = b.const_u32(size);
-    let first = b.mul(tile, sz);
-    let one = b.const_u32(1);
-    let zero = b.const_u32(0);
-    let nonempty = b.cmp(CmpOp::Gt, len, zero);
-    let last_raw = b.sub(len, one);
-    let last = b.select(nonempty, last_raw, zero);
-    (0..size)
-        .map(|j| {
-            let off = b.const_u32(j);
-            let row = b.add(first, off);
-            let inside = b.cmp(CmpOp::Lt, row, len);
-            let clamped = b.min(row, last);
-            TileRow { clamped, inside }
-        })
-        .collect()
 }
 
 /// The dequantized weight of flat element `e`: `table[nibble] * absmax[e / blocksize]`.

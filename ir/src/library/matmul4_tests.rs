@@ -2,10 +2,9 @@
 //! the module docs (decode `table[nibble] * absmax`, `mul_add` into partial `i % 8`, halving
 //! tree, bias, one rounding), and the tile property: every tile gives the same bits.
 
-use half::{bf16, f16};
-
 use crate::args::OwnedArg;
 use crate::library::matmul4::{Direction, Matmul4, TileConfig};
+use crate::library::test_util::{bytes, floats, round};
 use crate::library::{doublequant, QuantType};
 use crate::types::{DType, Scalar};
 
@@ -38,43 +37,8 @@ struct Problem {
     bias: Vec<f32>,
 }
 
-fn round(dtype: DType, v: f32) -> f32 {
-    match dtype {
-        DType::F16 => f16::from_f32(v).to_f32(),
-        DType::BF16 => bf16::from_f32(v).to_f32(),
-        _ => v,
-    }
-}
-
-fn bytes(dtype: DType, v: &[f32]) -> Vec<u8> {
-    match dtype {
-        DType::F16 => v
-            .iter()
-            .flat_map(|x| f16::from_f32(*x).to_le_bytes())
-            .collect(),
-        DType::BF16 => v
-            .iter()
-            .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
-            .collect(),
-        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
 fn decode(dtype: DType, b: &[u8]) -> Vec<u32> {
-    match dtype {
-        DType::F16 => b
-            .chunks(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32().to_bits())
-            .collect(),
-        DType::BF16 => b
-            .chunks(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32().to_bits())
-            .collect(),
-        _ => b
-            .chunks(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-    }
+    floats(dtype, b).iter().map(|v| v.to_bits()).collect()
 }
 
 impl Problem {

@@ -39,6 +39,9 @@ mod matmul4_tests;
 mod normal;
 pub mod quant4;
 mod round;
+#[cfg(test)]
+mod test_util;
+mod tile;
 
 pub use catalog::{catalog, KernelSpec};
 pub use int8::Int8Spec;

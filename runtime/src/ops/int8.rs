@@ -59,7 +59,7 @@ fn matrix(op: &str, what: &str, t: &HostTensor, ok: &[DType]) -> Result<(u32, u3
     }
     if t.data.len() != numel * t.dtype.size_bytes() {
         return Err(Error::Invalid(format!(
-            "{op}: a {} {what} of shape {:?} needs {} bytes, got {}",
+            "{op}: {what} ({}, shape {:?}) needs {} bytes, got {}",
             t.dtype,
             t.shape,
             numel * t.dtype.size_bytes(),
@@ -81,6 +81,21 @@ fn weight(op: &str, cb: &HostTensor) -> Result<(u32, u32)> {
         )));
     }
     matrix(op, "the int8 weight", cb, &[DType::I8])
+}
+
+/// The longest `K` whose `i32` dot products of `i8` codes cannot overflow:
+/// `K * 128 * 128 <= i32::MAX`.
+pub const MAX_INT8_K: u32 = (i32::MAX as u32) / (128 * 128);
+
+/// Refuses a `K` whose integer dot products could overflow `i32`.
+fn check_int_k(op: &str, k: u32) -> Result<()> {
+    if k > MAX_INT8_K {
+        return Err(Error::Invalid(format!(
+            "{op}: K = {k} is longer than {MAX_INT8_K}: an i32 sum of K products of int8 codes \
+             could overflow; split K"
+        )));
+    }
+    Ok(())
 }
 
 /// Checks that a statistics slice has one value per row.
@@ -291,8 +306,8 @@ pub fn suggest_int8_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -
     let (m, n) = (m.max(1), n.max(1));
     let mut tm = m.min(4);
     let mut tn = n.min(16 / tm);
-    let want = 4 * threads.max(1) as usize;
-    while m.div_ceil(tm) * n.div_ceil(tn) < want && (tm > 1 || tn > 1) {
+    let want = 4usize.saturating_mul(threads.max(1) as usize);
+    while m.div_ceil(tm).saturating_mul(n.div_ceil(tn)) < want && (tm > 1 || tn > 1) {
         if tn > 1 {
             tn /= 2;
         } else {
@@ -339,6 +354,7 @@ pub fn int8_linear_matmul(dev: &dyn Device, a: &HostTensor, b: &HostTensor) -> R
             a.shape, b.shape
         )));
     }
+    check_int_k(OP, k)?;
     count_u32(OP, "the output", m as usize * n as usize)?;
     let tile = suggest_int8_tile_sizes(m as usize, n as usize, k as usize, DeviceCaps::of(dev));
     let (tile, n_items, n_tiles) = tiled(tile, m, n)?;
@@ -459,9 +475,17 @@ pub fn int8_mixed_scaled_mm(
     }
     stats_len(OP, "SCA", sca.len(), m, "x")?;
     stats_len(OP, "SCB", scb.len(), n, "the weight")?;
+    check_int_k(OP, k)?;
     if let Some(c) = outlier_cols.iter().find(|c| **c >= k) {
         return Err(Error::Invalid(format!(
             "{OP}: outlier column {c} is out of range for K = {k}"
+        )));
+    }
+    if let Some(w) = outlier_cols.windows(2).find(|w| w[0] >= w[1]) {
+        return Err(Error::Invalid(format!(
+            "{OP}: outlier columns must be strictly increasing (as int8_vectorwise_quant returns \
+             them), got {} then {}",
+            w[0], w[1]
         )));
     }
     let n_out = count_u32(OP, "outlier_cols", outlier_cols.len())?;

@@ -3,7 +3,7 @@
 //! decoded in registers only. Exact semantics: [`qforge_ir::library::matmul4`].
 
 use qforge_ir::library::matmul4::{Direction, Matmul4, TileConfig};
-use qforge_ir::library::{BLOCKSIZES_4BIT, NESTED_BLOCKSIZE};
+use qforge_ir::library::BLOCKSIZES_4BIT;
 use qforge_ir::{Arg, DType, Scalar};
 
 use super::quant4::{Absmax4, QuantState4};
@@ -69,11 +69,11 @@ pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> Til
     let (mut tm, mut tn, want_items) = match caps {
         DeviceCaps::Cpu { threads, .. } => {
             let tm = m.min(4);
-            (tm, 4 / tm, 4 * threads.max(1) as usize)
+            (tm, 4 / tm, 4usize.saturating_mul(threads.max(1) as usize))
         }
         DeviceCaps::Gpu { parallel_threads } => (m.min(4), 1, parallel_threads as usize / 2),
     };
-    let items = |tm: usize, tn: usize| m.div_ceil(tm) * n.div_ceil(tn);
+    let items = |tm: usize, tn: usize| m.div_ceil(tm).saturating_mul(n.div_ceil(tn));
     while items(tm, tn) < want_items && (tm > 1 || tn > 1) {
         if tn > 1 {
             tn /= 2;
@@ -128,7 +128,14 @@ fn check_shapes(
     let other = if forward { n } else { k };
     // An empty batch (a leading dim of 0) gives an empty output; anything else must be a
     // well-formed float tensor.
-    let total = if act.shape.contains(&0) && act.dtype.is_float() && act.data.is_empty() {
+    let total = if act.shape.contains(&0) && act.dtype.is_float() {
+        if !act.data.is_empty() {
+            return Err(Error::Invalid(format!(
+                "{op}: a tensor of shape {:?} holds no elements, but {} bytes were given",
+                act.shape,
+                act.data.len()
+            )));
+        }
         0
     } else {
         float_input(op, act)?
@@ -177,10 +184,20 @@ fn run(
             || b.data.len() != d.n as usize * dtype.size_bytes()
         {
             return Err(Error::Invalid(format!(
-                "{op}: the bias must be a {dtype} tensor of shape [{}], got {} {:?}",
-                d.n, b.dtype, b.shape
+                "{op}: the bias must be a {dtype} tensor of shape [{}] ({} bytes), got {} {:?} ({} bytes)",
+                d.n,
+                d.n as usize * dtype.size_bytes(),
+                b.dtype,
+                b.shape,
+                b.data.len()
             )));
         }
+    }
+    if !state.dtype.is_float() {
+        return Err(Error::Invalid(format!(
+            "{op}: the quant state's dtype must be f32, f16 or bf16, got {}",
+            state.dtype
+        )));
     }
     // bitsandbytes: dequantize to the weight's dtype, then `.to(x.dtype)`.
     let weight_dtype = match (state.dtype, dtype) {
@@ -216,6 +233,7 @@ fn run(
     if let Some(last) = shape.last_mut() {
         *last = outs as usize;
     }
+    let n_nested = state.absmax.check_len(op, n_blocks)?;
     if d.m == 0 {
         return HostTensor::new(dtype, shape, out);
     }
@@ -229,7 +247,6 @@ fn run(
     let mut buffers: Vec<Vec<u8>> = Vec::new();
     match &state.absmax {
         Absmax4::Plain(absmax) => {
-            expect_len(op, "absmax", absmax.len(), n_blocks as usize)?;
             scalars.extend([scalar_u32(n_packed), scalar_u32(n_blocks)]);
             buffers.push(f32_le(absmax));
         }
@@ -238,13 +255,8 @@ fn run(
             nested_absmax,
             nested_code,
             offset,
-            nested_blocksize,
+            ..
         } => {
-            blocksize_u32(op, *nested_blocksize, &[NESTED_BLOCKSIZE])?;
-            let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE);
-            expect_len(op, "qabsmax", qabsmax.len(), n_blocks as usize)?;
-            expect_len(op, "nested_absmax", nested_absmax.len(), n_nested as usize)?;
-            expect_len(op, "nested_code", nested_code.len(), 256)?;
             scalars.extend([
                 Arg::Scalar(Scalar::f32(*offset)),
                 scalar_u32(n_packed),
@@ -338,6 +350,17 @@ impl Linear4bit {
                 "Linear4bit: the weight must be 2-D [N, K], got shape {:?}",
                 weight.shape
             )));
+        }
+        if let Some(b) = &bias {
+            let n = weight.shape[0];
+            if b.shape != [n] || !b.dtype.is_float() || b.data.len() != n * b.dtype.size_bytes() {
+                return Err(Error::Invalid(format!(
+                    "Linear4bit: the bias must be a float tensor of shape [{n}] (out_features), got {} {:?} with {} bytes",
+                    b.dtype,
+                    b.shape,
+                    b.data.len()
+                )));
+            }
         }
         let (packed, state) =
             super::quantize_4bit(dev, weight, quant_type, blocksize, compress_statistics)?;

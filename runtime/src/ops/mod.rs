@@ -36,7 +36,7 @@ pub use int8::{
     dequantize_rowwise_int8, int8_linear_matmul, int8_mixed_scaled_mm,
     int8_mixed_scaled_mm_backward_input, int8_mm_dequant, int8_vectorwise_dequant,
     int8_vectorwise_quant, quantize_rowwise_int8, suggest_int8_tile_sizes, Int8Quantized,
-    Linear8bitLt,
+    Linear8bitLt, MAX_INT8_K,
 };
 pub use matmul4::{
     matmul_4bit, matmul_4bit_backward_input, suggest_tile_sizes, DeviceCaps, Linear4bit,

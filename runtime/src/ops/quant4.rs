@@ -33,6 +33,37 @@ pub enum Absmax4 {
     },
 }
 
+impl Absmax4 {
+    /// Checks the lengths against `n_blocks` 4-bit blocks (the nested level: blocksize 256,
+    /// `ceil(n_blocks / 256)` scales, a 256-entry code); returns the nested scale count (0 for
+    /// a plain absmax).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming `op` and the buffer whose length is wrong.
+    pub(crate) fn check_len(&self, op: &str, n_blocks: u32) -> Result<u32> {
+        match self {
+            Absmax4::Plain(absmax) => {
+                expect_len(op, "absmax", absmax.len(), n_blocks as usize)?;
+                Ok(0)
+            }
+            Absmax4::Nested {
+                qabsmax,
+                nested_absmax,
+                nested_code,
+                nested_blocksize,
+                ..
+            } => {
+                blocksize_u32(op, *nested_blocksize, &[NESTED_BLOCKSIZE])?;
+                let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE);
+                expect_len(op, "qabsmax", qabsmax.len(), n_blocks as usize)?;
+                expect_len(op, "nested_absmax", nested_absmax.len(), n_nested as usize)?;
+                expect_len(op, "nested_code", nested_code.len(), 256)?;
+                Ok(n_nested)
+            }
+        }
+    }
+}
+
 /// Everything needed to dequantize packed 4-bit codes (bitsandbytes' `QuantState`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct QuantState4 {
@@ -125,9 +156,9 @@ pub fn dequantize_4bit(dev: &dyn Device, packed: &[u8], state: &QuantState4) -> 
     let (n_packed, n_blocks) = (n.div_ceil(2), n.div_ceil(bs));
     expect_len(OP, "packed", packed.len(), n_packed as usize)?;
     let mut out = vec![0u8; numel * dtype.size_bytes()];
+    let n_nested = state.absmax.check_len(OP, n_blocks)?;
     match &state.absmax {
         Absmax4::Plain(absmax) => {
-            expect_len(OP, "absmax", absmax.len(), n_blocks as usize)?;
             let kernel = cached_kernel(&quant4::dequantize_name(qt, bs, dtype), || {
                 quant4::dequantize_4bit(qt, bs, dtype)
             })?;
@@ -149,13 +180,8 @@ pub fn dequantize_4bit(dev: &dyn Device, packed: &[u8], state: &QuantState4) -> 
             nested_absmax,
             nested_code,
             offset,
-            nested_blocksize,
+            ..
         } => {
-            blocksize_u32(OP, *nested_blocksize, &[NESTED_BLOCKSIZE])?;
-            let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE);
-            expect_len(OP, "qabsmax", qabsmax.len(), n_blocks as usize)?;
-            expect_len(OP, "nested_absmax", nested_absmax.len(), n_nested as usize)?;
-            expect_len(OP, "nested_code", nested_code.len(), 256)?;
             let kernel = cached_kernel(&quant4::dequantize_nested_name(qt, bs, dtype), || {
                 quant4::dequantize_4bit_nested(qt, bs, dtype)
             })?;
