@@ -2,7 +2,7 @@
 //! of 7B/13B-class linear layers, with `f32` and `bf16` activations, against an fp32 GEMM of the
 //! same shape (`fp32_gemm`) and a memcpy of the bytes the 4-bit kernel reads (`memcpy`).
 
-use qforge_ir::library::{Direction, Matmul4, QuantType};
+use qforge_ir::library::{Direction, Matmul4, QuantType, TileConfig};
 use qforge_ir::{Arg, DType, Kernel, Scalar};
 use qforge_runtime::ops::{suggest_tile_sizes, DeviceCaps};
 use qforge_runtime::Device;
@@ -67,7 +67,26 @@ fn case(m: usize, k: usize, n: usize, dtype: DType, size: CaseSize) -> BenchCase
         .baseline(memcpy_baseline(bytes))
 }
 
-/// The kernel (tile from [`suggest_tile_sizes`] for `dev`), its scalars, and the buffers
+/// `QFORGE_MATMUL_TILE=TMxTN` (for tuning the heuristic): the tile every matmul case uses.
+///
+/// # Errors
+/// [`crate::Error::Usage`] for a value that is not `TMxTN` with a valid tile.
+fn tile_override() -> Result<Option<TileConfig>> {
+    let Ok(v) = std::env::var("QFORGE_MATMUL_TILE") else {
+        return Ok(None);
+    };
+    let bad = || crate::Error::Usage(format!("QFORGE_MATMUL_TILE={v}: expected TMxTN, e.g. 4x1"));
+    let (tm, tn) = v.split_once('x').ok_or_else(bad)?;
+    let tile = TileConfig {
+        tm: tm.parse().map_err(|_| bad())?,
+        tn: tn.parse().map_err(|_| bad())?,
+    };
+    tile.check()
+        .map_err(|e| crate::Error::Usage(format!("QFORGE_MATMUL_TILE={v}: {e}")))?;
+    Ok(Some(tile))
+}
+
+/// The kernel (tile from `QFORGE_MATMUL_TILE` or [`suggest_tile_sizes`] for `dev`), its scalars, and the buffers
 /// `[x, packed, absmax, y]` with pseudo-random activations, codes and scales.
 fn prepare(
     dev: &dyn Device,
@@ -76,7 +95,10 @@ fn prepare(
     n: usize,
     dtype: DType,
 ) -> Result<(Kernel, Vec<Vec<u8>>, Vec<Scalar>)> {
-    let tile = suggest_tile_sizes(m, n, k, DeviceCaps::of(dev));
+    let tile = match tile_override()? {
+        Some(t) => t,
+        None => suggest_tile_sizes(m, n, k, DeviceCaps::of(dev)),
+    };
     let spec = Matmul4 {
         quant_type: QuantType::Nf4,
         blocksize: 64,

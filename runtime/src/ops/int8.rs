@@ -296,7 +296,7 @@ pub fn dequantize_rowwise_int8(
 /// * CPU: the integer loop keeps one `i32` per output and no vector partials, so 16 outputs fit
 ///   the registers: `tm = min(M, 4)`, `tn = min(N, 16 / tm)`, shrunk (`tn` first) while there
 ///   would be fewer than 4 work items per thread. At `M = 16, K = N = 4096` on the 2-core
-///   development machine a 4x4 tile runs in about a third of the time of [`suggest_tile_sizes`]'
+///   development machine a 4x4 tile runs in about a third of the time of a
 ///   4x1.
 /// * GPU: [`suggest_tile_sizes`].
 pub fn suggest_int8_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
