@@ -1,6 +1,8 @@
 //! The cases `qforge bench` runs, and [`library_case`], which turns a library kernel into a case.
 
-use qforge_ir::library::{BlockwiseMap, KernelSpec, QuantType, NESTED_BLOCKSIZE};
+use qforge_ir::library::{
+    BlockwiseMap, KernelSpec, QuantType, StateBits, NESTED_BLOCKSIZE, OPTIM_BLOCKSIZE,
+};
 use qforge_ir::{DType, Kernel, OwnedArg};
 use qforge_runtime::Device;
 
@@ -175,6 +177,7 @@ pub fn spec_dtype(spec: KernelSpec) -> DType {
         | KernelSpec::DequantizeBlockwise { dtype, .. } => dtype,
         KernelSpec::Matmul4(m) => m.dtype,
         KernelSpec::Int8(s) => s.dtype(),
+        KernelSpec::Optim(s) => s.dtype,
         KernelSpec::AbsmaxMean | KernelSpec::QuantizeNested | KernelSpec::DequantizeNested => {
             DType::F32
         }
@@ -222,6 +225,15 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
         KernelSpec::QuantizeNested => 4 * n + n + 4 * blocks(NESTED_BLOCKSIZE),
         // Reads n codes and one f32 per nested block; writes n f32.
         KernelSpec::DequantizeNested => n + 4 * blocks(NESTED_BLOCKSIZE) + 4 * n,
+        // Reads the gradient; reads and writes the parameter and both moments (counted once
+        // each, as the memcpy baseline moves them): f32 state, or codes plus two absmax arrays.
+        KernelSpec::Optim(s) => {
+            let state = match s.state {
+                StateBits::Bits32 => 2 * 4 * n,
+                StateBits::Bits8 => 2 * n + 2 * 4 * blocks(OPTIM_BLOCKSIZE),
+            };
+            2 * n * s.dtype.size_bytes() + state
+        }
         KernelSpec::Matmul4(_) | KernelSpec::Int8(_) => return None,
     })
 }

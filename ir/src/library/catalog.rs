@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::library::int8::Int8Spec;
 use crate::library::matmul4::{Direction, Matmul4, TileConfig};
+use crate::library::optim::{self, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
 use crate::library::{
     blockwise8, doublequant, quant4, BlockwiseMap, QuantType, BLOCKSIZES_4BIT, BLOCKSIZES_8BIT,
     FLOAT_DTYPES, NESTED_BLOCKSIZE,
@@ -73,6 +74,8 @@ pub enum KernelSpec {
     Matmul4(Matmul4),
     /// [`Int8Spec::build`]: an LLM.int8() kernel or the per-row int8 weight quantizer.
     Int8(Int8Spec),
+    /// [`OptimSpec::build`]: a 32-bit or 8-bit blockwise Adam / AdamW update.
+    Optim(OptimSpec),
 }
 
 /// The matmul directions, each in the catalog.
@@ -201,6 +204,26 @@ pub fn catalog() -> Vec<KernelSpec> {
         }));
     }
     out.extend(int8_catalog().into_iter().map(KernelSpec::Int8));
+    out.extend(optim_catalog().into_iter().map(KernelSpec::Optim));
+    out
+}
+
+/// The optimizer kernels of the catalog: Adam and AdamW with 32-bit and 8-bit state on f32 and
+/// bf16 parameters, plus 8-bit AdamW on f16.
+fn optim_catalog() -> Vec<OptimSpec> {
+    let mut out = Vec::new();
+    for algo in [OptimAlgo::Adam, OptimAlgo::AdamW] {
+        for state in [StateBits::Bits32, StateBits::Bits8] {
+            for dtype in [DType::F32, DType::BF16] {
+                out.push(OptimSpec { algo, state, dtype });
+            }
+        }
+    }
+    out.push(OptimSpec {
+        algo: OptimAlgo::AdamW,
+        state: StateBits::Bits8,
+        dtype: DType::F16,
+    });
     out
 }
 
@@ -291,6 +314,7 @@ impl KernelSpec {
             KernelSpec::DequantizeNested => doublequant::DEQUANTIZE_NESTED_NAME.to_string(),
             KernelSpec::Matmul4(m) => m.name(),
             KernelSpec::Int8(s) => s.name(),
+            KernelSpec::Optim(s) => s.name(),
         }
     }
 
@@ -308,6 +332,7 @@ impl KernelSpec {
                 NESTED_BLOCKSIZE as usize
             }
             KernelSpec::Int8(s) => s.blocksize(),
+            KernelSpec::Optim(_) => OPTIM_BLOCKSIZE as usize,
         }
     }
 
@@ -353,6 +378,7 @@ impl KernelSpec {
             KernelSpec::DequantizeNested => doublequant::dequantize_nested(),
             KernelSpec::Matmul4(m) => m.build(),
             KernelSpec::Int8(s) => s.build(),
+            KernelSpec::Optim(s) => s.build(),
         }
     }
 
@@ -364,7 +390,9 @@ impl KernelSpec {
     /// backward) with `M = 1 + n % 3` activation rows and `3 + n % 5` outputs per row; the
     /// activations cycle through `values`, the codes are mixed from them and each block's absmax
     /// is `|values[b % n]|`. The LLM.int8() kernels' arguments are described in
-    /// `library::int8_args` (matrices of `2 + n % 3` rows, outliers present).
+    /// `library::int8_args` (matrices of `2 + n % 3` rows, outliers present). The optimizer
+    /// kernels' arguments are described in `library::optim::example_args` (NaN and inf in the
+    /// gradient).
     ///
     /// # Errors
     /// [`Error::Unsupported`] for an empty `values` or more than `u32::MAX` values.
@@ -384,6 +412,7 @@ impl KernelSpec {
             .unwrap_or(0.5);
         Ok(match *self {
             KernelSpec::Int8(s) => s.example_args(values)?,
+            KernelSpec::Optim(s) => optim::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::Matmul4(m) => matmul_example_args(&m, values, first_finite),
             KernelSpec::Quantize4 {
                 blocksize, dtype, ..
@@ -582,7 +611,7 @@ mod tests {
         let cat = catalog();
         assert_eq!(
             cat.len(),
-            2 * 8 * 3 * 3 + 3 * 7 * 3 * 2 + 3 + (2 * 3 * 2 * 3 + 3) + 3 * 9 + 2
+            2 * 8 * 3 * 3 + 3 * 7 * 3 * 2 + 3 + (2 * 3 * 2 * 3 + 3) + 3 * 9 + 2 + 9
         );
         let mut names = std::collections::HashSet::new();
         let values = [
@@ -611,6 +640,7 @@ mod tests {
         assert!(names.contains("int8_vectorwise_quant_f16"));
         assert!(names.contains("int8_linear_matmul_t2x4"));
         assert!(names.contains("int8_mixed_scaled_mm_bf16_bias_t4x1"));
+        assert!(names.contains("adamw8bit_f16") && names.contains("adam32_bf16"));
         assert!(KernelSpec::from_name("quantize_4bit_nf4_bs48_f32").is_none());
         assert!(cat[0].example_args(&[]).is_err());
     }

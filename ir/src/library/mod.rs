@@ -11,6 +11,7 @@
 //! * [`int8`] and [`int8_matmul`]: LLM.int8() (`int8_vectorwise_quant`/`_dequant`,
 //!   `int8_linear_matmul`, `int8_mm_dequant`, `int8_mixed_scaled_mm` and its input gradient) and
 //!   the uniform per-row int8 weight format (`quantize_rowwise_int8`).
+//! * [`optim`]: 32-bit and 8-bit blockwise Adam / AdamW update kernels (bitsandbytes).
 //! * [`maps`]: the code tables with bitsandbytes' exact `f32` values.
 //! * [`catalog()`]: every kernel variant, able to build itself and example arguments.
 //!
@@ -37,6 +38,10 @@ pub mod matmul4;
 #[cfg(test)]
 mod matmul4_tests;
 mod normal;
+pub mod optim;
+#[cfg(test)]
+mod optim_tests;
+pub mod philox;
 pub mod quant4;
 mod round;
 #[cfg(test)]
@@ -47,6 +52,7 @@ pub use catalog::{catalog, KernelSpec};
 pub use int8::Int8Spec;
 pub use matmul4::{Direction, Matmul4, TileConfig};
 pub use normal::{erfc, normal_cdf, normal_ppf};
+pub use optim::{AdamHyper, AdamScalars, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
 
 /// Blocksizes supported by the 4-bit kernels.
 pub const BLOCKSIZES_4BIT: [u32; 8] = [32, 64, 128, 256, 512, 1024, 2048, 4096];

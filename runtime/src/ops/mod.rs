@@ -9,6 +9,8 @@
 //!   [`int8_mm_dequant`], [`int8_mixed_scaled_mm`] (+ [`int8_mixed_scaled_mm_backward_input`]),
 //!   [`Linear8bitLt`]: LLM.int8(); [`quantize_rowwise_int8`] / [`dequantize_rowwise_int8`]: the
 //!   per-row int8 weight format.
+//! * [`adam_step_32bit`] / [`adam_step_8bit`]: Adam and AdamW with 32-bit or 8-bit blockwise
+//!   state ([`AdamState32`], [`AdamState8`]).
 //! * [`absmax_mean`], [`compress_absmax`], [`compress_absmax_with_offset`],
 //!   [`decompress_absmax`]: the double-quantization steps on their own.
 //!
@@ -26,6 +28,7 @@ use crate::tensor::HostTensor;
 mod blockwise8;
 mod int8;
 mod matmul4;
+mod optim;
 mod quant4;
 
 pub use blockwise8::{
@@ -41,7 +44,9 @@ pub use int8::{
 pub use matmul4::{
     matmul_4bit, matmul_4bit_backward_input, suggest_tile_sizes, DeviceCaps, Linear4bit,
 };
+pub use optim::{adam_step_32bit, adam_step_8bit, AdamState32, AdamState8, OPTIM_PARAM_DTYPES};
 pub use qforge_ir::library::TileConfig;
+pub use qforge_ir::library::{AdamHyper, OptimAlgo};
 pub use qforge_ir::library::{BlockwiseMap, QuantType};
 pub use quant4::{dequantize_4bit, quantize_4bit, Absmax4, QuantState4};
 

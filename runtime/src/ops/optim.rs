@@ -1,0 +1,179 @@
+//! Adam / AdamW update steps with 32-bit or 8-bit blockwise state (bitsandbytes' `Adam`,
+//! `AdamW`, `Adam8bit`, `AdamW8bit`), over any [`Device`]. The formulas are in
+//! [`qforge_ir::library::optim`] and `docs/optimizers.md`.
+
+use qforge_ir::library::{AdamHyper, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
+use qforge_ir::{Arg, DType};
+
+use super::{cached_kernel, count_u32, f32_le, float_input, le_f32, scalar_u32};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::tensor::HostTensor;
+
+/// 32-bit optimizer state: both moments in `f32`, one value per parameter element.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamState32 {
+    /// First moment `m`.
+    pub state1: Vec<f32>,
+    /// Second moment `v`.
+    pub state2: Vec<f32>,
+}
+
+impl AdamState32 {
+    /// Zero state for `n` parameter elements (bitsandbytes' initial state).
+    pub fn zeros(n: usize) -> AdamState32 {
+        AdamState32 {
+            state1: vec![0.0; n],
+            state2: vec![0.0; n],
+        }
+    }
+}
+
+/// 8-bit blockwise optimizer state (blocks of [`OPTIM_BLOCKSIZE`] elements): `m` as codes of the
+/// signed dynamic map and `v` as codes of the unsigned dynamic map, each with one `f32` absmax
+/// per block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamState8 {
+    /// First-moment codes, one per element.
+    pub state1: Vec<u8>,
+    /// First-moment absmax, one per block.
+    pub absmax1: Vec<f32>,
+    /// Second-moment codes, one per element.
+    pub state2: Vec<u8>,
+    /// Second-moment absmax, one per block.
+    pub absmax2: Vec<f32>,
+}
+
+impl AdamState8 {
+    /// bitsandbytes' initial state for `n` elements: all codes 0 and all absmax 0 (which
+    /// dequantize to `m = -0.0`, `v = 0.0`).
+    pub fn zeros(n: usize) -> AdamState8 {
+        let blocks = n.div_ceil(OPTIM_BLOCKSIZE as usize);
+        AdamState8 {
+            state1: vec![0; n],
+            absmax1: vec![0.0; blocks],
+            state2: vec![0; n],
+            absmax2: vec![0.0; blocks],
+        }
+    }
+}
+
+/// Checks the parameter/gradient pair and the hyperparameters; returns `n` and the spec.
+fn prepare(
+    op: &str,
+    algo: OptimAlgo,
+    state: StateBits,
+    params: &HostTensor,
+    grads: &HostTensor,
+) -> Result<(u32, OptimSpec)> {
+    let n = float_input(op, params)?;
+    float_input(op, grads)?;
+    if grads.dtype != params.dtype || grads.shape != params.shape {
+        return Err(Error::Invalid(format!(
+            "{op}: the gradient ({} {:?}) must have the parameter's dtype and shape ({} {:?})",
+            grads.dtype, grads.shape, params.dtype, params.shape
+        )));
+    }
+    let spec = OptimSpec {
+        algo,
+        state,
+        dtype: params.dtype,
+    };
+    Ok((count_u32(op, "the parameter", n as usize)?, spec))
+}
+
+fn expect(op: &str, what: &str, got: usize, want: usize) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{op}: {what} has {got} elements, the parameter needs {want}"
+        )))
+    }
+}
+
+/// One Adam (`algo = Adam`) or AdamW step with 32-bit state, in place: `params` and `state` are
+/// updated for step number `step` (1-based; bias corrections use it). Gradient elements that are
+/// NaN or ±inf zero their state and leave their parameter unchanged.
+///
+/// # Errors
+/// [`Error::Invalid`] for an empty or non-float parameter, a gradient of another dtype or shape,
+/// state of the wrong length, more than `2^31 - 1` elements; [`Error::Ir`] for invalid
+/// hyperparameters (non-finite, betas outside `[0, 1)`, `eps <= 0`, weight decay with Adam) or
+/// step 0; any device error.
+pub fn adam_step_32bit(
+    dev: &dyn Device,
+    algo: OptimAlgo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState32,
+    hyper: &AdamHyper,
+    step: u32,
+) -> Result<()> {
+    const OP: &str = "adam_step_32bit";
+    let (n, spec) = prepare(OP, algo, StateBits::Bits32, params, grads)?;
+    expect(OP, "state1", state.state1.len(), n as usize)?;
+    expect(OP, "state2", state.state2.len(), n as usize)?;
+    let scalars = hyper.scalars(&spec, step)?;
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let mut s1 = f32_le(&state.state1);
+    let mut s2 = f32_le(&state.state2);
+    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
+    args.extend(scalars.kernel_args(&spec).into_iter().map(Arg::Scalar));
+    args.extend([
+        Arg::Write(&mut params.data),
+        Arg::Read(&grads.data),
+        Arg::Write(&mut s1),
+        Arg::Write(&mut s2),
+    ]);
+    dev.launch(&kernel, &mut args)?;
+    state.state1 = le_f32(&s1);
+    state.state2 = le_f32(&s2);
+    Ok(())
+}
+
+/// One Adam8bit / AdamW8bit step with blockwise 8-bit state (blocksize 256), in place: each block
+/// dequantizes its moments, updates them and the parameters, and requantizes the moments with a
+/// new absmax and the exact nearest code. `step` is 1-based. Non-finite gradient elements as in
+/// [`adam_step_32bit`].
+///
+/// # Errors
+/// As [`adam_step_32bit`], with the 8-bit state's lengths (codes per element, absmax per block).
+pub fn adam_step_8bit(
+    dev: &dyn Device,
+    algo: OptimAlgo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState8,
+    hyper: &AdamHyper,
+    step: u32,
+) -> Result<()> {
+    const OP: &str = "adam_step_8bit";
+    let (n, spec) = prepare(OP, algo, StateBits::Bits8, params, grads)?;
+    let blocks = n.div_ceil(OPTIM_BLOCKSIZE);
+    expect(OP, "state1", state.state1.len(), n as usize)?;
+    expect(OP, "state2", state.state2.len(), n as usize)?;
+    expect(OP, "absmax1", state.absmax1.len(), blocks as usize)?;
+    expect(OP, "absmax2", state.absmax2.len(), blocks as usize)?;
+    let scalars = hyper.scalars(&spec, step)?;
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let mut a1 = f32_le(&state.absmax1);
+    let mut a2 = f32_le(&state.absmax2);
+    let mut args = vec![scalar_u32(n), scalar_u32(blocks)];
+    args.extend(scalars.kernel_args(&spec).into_iter().map(Arg::Scalar));
+    args.extend([
+        Arg::Write(&mut params.data),
+        Arg::Read(&grads.data),
+        Arg::Write(&mut state.state1),
+        Arg::Write(&mut a1),
+        Arg::Write(&mut state.state2),
+        Arg::Write(&mut a2),
+    ]);
+    dev.launch(&kernel, &mut args)?;
+    state.absmax1 = le_f32(&a1);
+    state.absmax2 = le_f32(&a2);
+    Ok(())
+}
+
+/// The parameter dtypes the optimizer kernels accept.
+pub const OPTIM_PARAM_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
