@@ -9,6 +9,7 @@ mod cuda;
 mod device;
 mod error;
 pub mod ops;
+pub mod optim;
 mod tensor;
 #[cfg(feature = "wgpu")]
 mod wgpu;

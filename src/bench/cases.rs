@@ -178,6 +178,8 @@ pub fn spec_dtype(spec: KernelSpec) -> DType {
         KernelSpec::Matmul4(m) => m.dtype,
         KernelSpec::Int8(s) => s.dtype(),
         KernelSpec::Optim(s) => s.dtype,
+        KernelSpec::Optim1(s) => s.dtype,
+        KernelSpec::Ademamix(s) => s.dtype,
         KernelSpec::AbsmaxMean | KernelSpec::QuantizeNested | KernelSpec::DequantizeNested => {
             DType::F32
         }
@@ -231,6 +233,22 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
             let state = match s.state {
                 StateBits::Bits32 => 2 * 4 * n,
                 StateBits::Bits8 => 2 * n + 2 * 4 * blocks(OPTIM_BLOCKSIZE),
+            };
+            2 * n * s.dtype.size_bytes() + state
+        }
+        // As Optim with three states (m1, nu, m2).
+        KernelSpec::Ademamix(s) => {
+            let state = match s.state {
+                StateBits::Bits32 => 3 * 4 * n,
+                StateBits::Bits8 => 3 * n + 3 * 4 * blocks(OPTIM_BLOCKSIZE),
+            };
+            2 * n * s.dtype.size_bytes() + state
+        }
+        // As Optim with one state.
+        KernelSpec::Optim1(s) => {
+            let state = match s.state {
+                StateBits::Bits32 => 4 * n,
+                StateBits::Bits8 => n + 4 * blocks(OPTIM_BLOCKSIZE),
             };
             2 * n * s.dtype.size_bytes() + state
         }

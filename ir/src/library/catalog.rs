@@ -9,6 +9,8 @@ use crate::kernel::Kernel;
 use crate::library::int8::Int8Spec;
 use crate::library::matmul4::{Direction, Matmul4, TileConfig};
 use crate::library::optim::{self, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
+use crate::library::optim1::{self, Optim1Algo, Optim1Spec};
+use crate::library::optim_ademamix::{self, AdemamixSpec};
 use crate::library::{
     blockwise8, doublequant, quant4, BlockwiseMap, QuantType, BLOCKSIZES_4BIT, BLOCKSIZES_8BIT,
     FLOAT_DTYPES, NESTED_BLOCKSIZE,
@@ -76,6 +78,11 @@ pub enum KernelSpec {
     Int8(Int8Spec),
     /// [`OptimSpec::build`]: a 32-bit or 8-bit blockwise Adam / AdamW update.
     Optim(OptimSpec),
+    /// [`Optim1Spec::build`]: a 32-bit or 8-bit blockwise one-state update (Lion, SGD with
+    /// momentum, RMSprop, Adagrad).
+    Optim1(Optim1Spec),
+    /// [`AdemamixSpec::build`]: a 32-bit or 8-bit blockwise AdEMAMix update.
+    Ademamix(AdemamixSpec),
 }
 
 /// The matmul directions, each in the catalog.
@@ -205,6 +212,13 @@ pub fn catalog() -> Vec<KernelSpec> {
     }
     out.extend(int8_catalog().into_iter().map(KernelSpec::Int8));
     out.extend(optim_catalog().into_iter().map(KernelSpec::Optim));
+    out.extend(optim1_catalog().into_iter().map(KernelSpec::Optim1));
+    for state in [StateBits::Bits32, StateBits::Bits8] {
+        out.push(KernelSpec::Ademamix(AdemamixSpec {
+            state,
+            dtype: DType::F32,
+        }));
+    }
     out
 }
 
@@ -224,6 +238,21 @@ fn optim_catalog() -> Vec<OptimSpec> {
         state: StateBits::Bits8,
         dtype: DType::F16,
     });
+    out
+}
+
+/// The one-state optimizer kernels of the catalog: each rule with 32-bit and 8-bit state on f32.
+fn optim1_catalog() -> Vec<Optim1Spec> {
+    let mut out = Vec::new();
+    for algo in Optim1Algo::ALL {
+        for state in [StateBits::Bits32, StateBits::Bits8] {
+            out.push(Optim1Spec {
+                algo,
+                state,
+                dtype: DType::F32,
+            });
+        }
+    }
     out
 }
 
@@ -315,6 +344,8 @@ impl KernelSpec {
             KernelSpec::Matmul4(m) => m.name(),
             KernelSpec::Int8(s) => s.name(),
             KernelSpec::Optim(s) => s.name(),
+            KernelSpec::Optim1(s) => s.name(),
+            KernelSpec::Ademamix(s) => s.name(),
         }
     }
 
@@ -332,7 +363,9 @@ impl KernelSpec {
                 NESTED_BLOCKSIZE as usize
             }
             KernelSpec::Int8(s) => s.blocksize(),
-            KernelSpec::Optim(_) => OPTIM_BLOCKSIZE as usize,
+            KernelSpec::Optim(_) | KernelSpec::Optim1(_) | KernelSpec::Ademamix(_) => {
+                OPTIM_BLOCKSIZE as usize
+            }
         }
     }
 
@@ -379,6 +412,8 @@ impl KernelSpec {
             KernelSpec::Matmul4(m) => m.build(),
             KernelSpec::Int8(s) => s.build(),
             KernelSpec::Optim(s) => s.build(),
+            KernelSpec::Optim1(s) => s.build(),
+            KernelSpec::Ademamix(s) => s.build(),
         }
     }
 
@@ -413,6 +448,8 @@ impl KernelSpec {
         Ok(match *self {
             KernelSpec::Int8(s) => s.example_args(values)?,
             KernelSpec::Optim(s) => optim::example_args(&s, values, mix, float_bytes)?,
+            KernelSpec::Optim1(s) => optim1::example_args(&s, values, mix, float_bytes)?,
+            KernelSpec::Ademamix(s) => optim_ademamix::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::Matmul4(m) => matmul_example_args(&m, values, first_finite),
             KernelSpec::Quantize4 {
                 blocksize, dtype, ..
@@ -611,7 +648,7 @@ mod tests {
         let cat = catalog();
         assert_eq!(
             cat.len(),
-            2 * 8 * 3 * 3 + 3 * 7 * 3 * 2 + 3 + (2 * 3 * 2 * 3 + 3) + 3 * 9 + 2 + 9
+            2 * 8 * 3 * 3 + 3 * 7 * 3 * 2 + 3 + (2 * 3 * 2 * 3 + 3) + 3 * 9 + 2 + 9 + 4 * 2 + 2
         );
         let mut names = std::collections::HashSet::new();
         let values = [

@@ -12,6 +12,8 @@
 //!   `int8_linear_matmul`, `int8_mm_dequant`, `int8_mixed_scaled_mm` and its input gradient) and
 //!   the uniform per-row int8 weight format (`quantize_rowwise_int8`).
 //! * [`optim`]: 32-bit and 8-bit blockwise Adam / AdamW update kernels (bitsandbytes).
+//! * [`optim1`]: 32-bit and 8-bit blockwise Lion, SGD with momentum, RMSprop, Adagrad.
+//! * [`optim_ademamix`]: 32-bit and 8-bit blockwise AdEMAMix.
 //! * [`maps`]: the code tables with bitsandbytes' exact `f32` values.
 //! * [`catalog()`]: every kernel variant, able to build itself and example arguments.
 //!
@@ -39,6 +41,12 @@ pub mod matmul4;
 mod matmul4_tests;
 mod normal;
 pub mod optim;
+pub mod optim1;
+#[cfg(test)]
+mod optim1_tests;
+pub mod optim_ademamix;
+#[cfg(test)]
+mod optim_ademamix_tests;
 #[cfg(test)]
 mod optim_tests;
 pub mod philox;
@@ -53,6 +61,8 @@ pub use int8::Int8Spec;
 pub use matmul4::{Direction, Matmul4, TileConfig};
 pub use normal::{erfc, normal_cdf, normal_ppf};
 pub use optim::{AdamHyper, AdamScalars, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
+pub use optim1::{Optim1Algo, Optim1Hyper, Optim1Scalars, Optim1Spec};
+pub use optim_ademamix::{AdemamixHyper, AdemamixScalars, AdemamixSpec};
 
 /// Blocksizes supported by the 4-bit kernels.
 pub const BLOCKSIZES_4BIT: [u32; 8] = [32, 64, 128, 256, 512, 1024, 2048, 4096];

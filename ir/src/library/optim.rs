@@ -365,12 +365,19 @@ fn build32(spec: &OptimSpec) -> Result<Kernel> {
 }
 
 /// The 8-bit state tables: code values and nearest-code thresholds of one map.
-struct StateTables {
-    code: TableId,
-    thresholds: TableId,
+pub(crate) struct StateTables {
+    /// The code values.
+    pub(crate) code: TableId,
+    /// The nearest-code thresholds.
+    pub(crate) thresholds: TableId,
 }
 
-fn state_tables(b: &mut KernelBuilder, map: BlockwiseMap, which: &str) -> Result<StateTables> {
+/// Declares the code and threshold tables of `map` (names suffixed with `which`).
+pub(crate) fn state_tables(
+    b: &mut KernelBuilder,
+    map: BlockwiseMap,
+    which: &str,
+) -> Result<StateTables> {
     let code = map.code();
     let thresholds = exact_midpoints(&code)?.thresholds();
     Ok(StateTables {

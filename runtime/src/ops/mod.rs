@@ -29,6 +29,8 @@ mod blockwise8;
 mod int8;
 mod matmul4;
 mod optim;
+mod optim1;
+mod optim_ademamix;
 mod quant4;
 
 pub use blockwise8::{
@@ -45,8 +47,13 @@ pub use matmul4::{
     matmul_4bit, matmul_4bit_backward_input, suggest_tile_sizes, DeviceCaps, Linear4bit,
 };
 pub use optim::{adam_step_32bit, adam_step_8bit, AdamState32, AdamState8, OPTIM_PARAM_DTYPES};
+pub use optim1::{optim1_step_32bit, optim1_step_8bit, Optim1State8};
+pub use optim_ademamix::{
+    ademamix_step_32bit, ademamix_step_8bit, AdemamixState32, AdemamixState8,
+};
 pub use qforge_ir::library::TileConfig;
 pub use qforge_ir::library::{AdamHyper, OptimAlgo};
+pub use qforge_ir::library::{AdemamixHyper, Optim1Algo, Optim1Hyper};
 pub use qforge_ir::library::{BlockwiseMap, QuantType};
 pub use quant4::{dequantize_4bit, quantize_4bit, Absmax4, QuantState4};
 

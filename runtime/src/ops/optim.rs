@@ -82,7 +82,8 @@ fn prepare(
     Ok((count_u32(op, "the parameter", n as usize)?, spec))
 }
 
-fn expect(op: &str, what: &str, got: usize, want: usize) -> Result<()> {
+/// `Ok` when a state buffer has the length the parameter needs.
+pub(super) fn expect(op: &str, what: &str, got: usize, want: usize) -> Result<()> {
     if got == want {
         Ok(())
     } else {

@@ -1,0 +1,131 @@
+//! One-state optimizer steps (bitsandbytes' `Lion`, `SGD` with momentum, `RMSprop`, `Adagrad`
+//! and their `8bit` variants) with 32-bit or 8-bit blockwise state, over any [`Device`]. The
+//! formulas are in [`qforge_ir::library::optim1`] and `docs/optimizers.md`.
+
+use qforge_ir::library::{Optim1Algo, Optim1Hyper, Optim1Spec, StateBits, OPTIM_BLOCKSIZE};
+use qforge_ir::{Arg, DType};
+
+use super::optim::expect;
+use super::{cached_kernel, count_u32, f32_le, float_input, le_f32, scalar_u32};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::tensor::HostTensor;
+
+/// 8-bit blockwise one-state optimizer state: codes of the signed dynamic map, one per element,
+/// and one `f32` absmax per block of [`OPTIM_BLOCKSIZE`] elements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Optim1State8 {
+    /// State codes, one per element.
+    pub state1: Vec<u8>,
+    /// State absmax, one per block.
+    pub absmax1: Vec<f32>,
+}
+
+impl Optim1State8 {
+    /// bitsandbytes' initial state for `n` elements: all codes 0 and all absmax 0.
+    pub fn zeros(n: usize) -> Optim1State8 {
+        Optim1State8 {
+            state1: vec![0; n],
+            absmax1: vec![0.0; n.div_ceil(OPTIM_BLOCKSIZE as usize)],
+        }
+    }
+}
+
+/// Checks the parameter/gradient pair (f32 only, same shape); returns `n` and the spec.
+fn prepare(
+    op: &str,
+    algo: Optim1Algo,
+    state: StateBits,
+    params: &HostTensor,
+    grads: &HostTensor,
+) -> Result<(u32, Optim1Spec)> {
+    let n = float_input(op, params)?;
+    float_input(op, grads)?;
+    if params.dtype != DType::F32 || grads.dtype != DType::F32 || grads.shape != params.shape {
+        return Err(Error::Invalid(format!(
+            "{op}: the parameter and the gradient must both be f32 of one shape, got {} {:?} and \
+             {} {:?}",
+            params.dtype, params.shape, grads.dtype, grads.shape
+        )));
+    }
+    let spec = Optim1Spec {
+        algo,
+        state,
+        dtype: DType::F32,
+    };
+    Ok((count_u32(op, "the parameter", n as usize)?, spec))
+}
+
+/// One Lion / SGD / RMSprop / Adagrad step with 32-bit state (`state1`, one `f32` per element,
+/// initially zeros), in place, for step number `step` (1-based; SGD takes the gradient as its
+/// momentum on step 1). Gradient elements that are NaN or ±inf zero their state and leave their
+/// parameter unchanged.
+///
+/// # Errors
+/// [`Error::Invalid`] for an empty or non-f32 parameter, a gradient of another dtype or shape,
+/// state of the wrong length, more than `2^31 - 1` elements; [`Error::Ir`] for invalid
+/// hyperparameters or step 0; any device error.
+pub fn optim1_step_32bit(
+    dev: &dyn Device,
+    algo: Optim1Algo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state1: &mut [f32],
+    hyper: &Optim1Hyper,
+    step: u32,
+) -> Result<()> {
+    const OP: &str = "optim1_step_32bit";
+    let (n, spec) = prepare(OP, algo, StateBits::Bits32, params, grads)?;
+    expect(OP, "state1", state1.len(), n as usize)?;
+    let scalars = hyper.scalars(algo, step)?;
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let mut s1 = f32_le(state1);
+    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
+    args.extend(scalars.kernel_args().into_iter().map(Arg::Scalar));
+    args.extend([
+        Arg::Write(&mut params.data),
+        Arg::Read(&grads.data),
+        Arg::Write(&mut s1),
+    ]);
+    dev.launch(&kernel, &mut args)?;
+    state1.copy_from_slice(&le_f32(&s1));
+    Ok(())
+}
+
+/// One Lion8bit / SGD8bit / RMSprop8bit / Adagrad8bit step with blockwise 8-bit state
+/// (blocksize 256), in place: each block dequantizes its state, updates it and the parameters,
+/// and requantizes the state with a new absmax and the exact nearest code. Otherwise as
+/// [`optim1_step_32bit`].
+///
+/// # Errors
+/// As [`optim1_step_32bit`], with the 8-bit state's lengths (codes per element, absmax per
+/// block).
+pub fn optim1_step_8bit(
+    dev: &dyn Device,
+    algo: Optim1Algo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut Optim1State8,
+    hyper: &Optim1Hyper,
+    step: u32,
+) -> Result<()> {
+    const OP: &str = "optim1_step_8bit";
+    let (n, spec) = prepare(OP, algo, StateBits::Bits8, params, grads)?;
+    let blocks = n.div_ceil(OPTIM_BLOCKSIZE);
+    expect(OP, "state1", state.state1.len(), n as usize)?;
+    expect(OP, "absmax1", state.absmax1.len(), blocks as usize)?;
+    let scalars = hyper.scalars(algo, step)?;
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let mut a1 = f32_le(&state.absmax1);
+    let mut args = vec![scalar_u32(n), scalar_u32(blocks)];
+    args.extend(scalars.kernel_args().into_iter().map(Arg::Scalar));
+    args.extend([
+        Arg::Write(&mut params.data),
+        Arg::Read(&grads.data),
+        Arg::Write(&mut state.state1),
+        Arg::Write(&mut a1),
+    ]);
+    dev.launch(&kernel, &mut args)?;
+    state.absmax1 = le_f32(&a1);
+    Ok(())
+}

@@ -1,0 +1,289 @@
+//! The stateful optimizer API: [`Optimizer`] holds parameter groups ([`ParamGroup`]: names, an
+//! [`OptimizerKind`] with hyperparameters, a state width) and each parameter's state and step
+//! count; [`Optimizer::step`] updates parameters in place through the optimizer kernels on any
+//! [`Device`]; [`Optimizer::state_dict`] / [`Optimizer::load_state_dict`] (and
+//! [`Optimizer::save`] / [`Optimizer::load`]) write and read the state as safetensors, and
+//! resuming gives the bit-identical trajectory. Usage and file format: `docs/optimizers.md`,
+//! section "API".
+//!
+//! State is created at a parameter's first step (its shape is known then). Updates run in
+//! chunks of whole 256-element blocks through a bounded workspace
+//! ([`OptimizerOptions::workspace_elems`], default 512 Ki elements): besides parameters,
+//! gradients and packed state, a step holds at most one chunk's copy of the parameter, gradient
+//! and state (about `workspace_elems * (2 * param bytes + 2 * 8)` bytes for 32-bit state).
+
+mod file;
+mod group;
+mod serial;
+mod state;
+
+use std::collections::HashMap;
+
+use qforge_ir::library::OPTIM_BLOCKSIZE;
+
+pub use group::{OptimizerKind, ParamGroup, StateBits};
+pub use serial::{STATE_FORMAT_VERSION, STATE_METADATA_KEY};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::ops::OPTIM_PARAM_DTYPES;
+use crate::tensor::HostTensor;
+use state::{Layout, ParamState};
+
+/// Settings shared by all groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OptimizerOptions {
+    /// Parameters with fewer elements keep 32-bit state in 8-bit groups (bitsandbytes'
+    /// `min_8bit_size`, default 4096).
+    pub min_8bit_size: usize,
+    /// Elements per update chunk (rounded down to a multiple of 256, at least 256); bounds the
+    /// step's temporary memory. Does not change results. Default 512 Ki.
+    pub workspace_elems: usize,
+    /// Seed for rules with stochastic rounding (recorded in state files; Adam/AdamW do not use
+    /// it). Default 0.
+    pub seed: u64,
+}
+
+impl Default for OptimizerOptions {
+    fn default() -> Self {
+        OptimizerOptions {
+            min_8bit_size: 4096,
+            workspace_elems: 512 * 1024,
+            seed: 0,
+        }
+    }
+}
+
+/// One parameter's bookkeeping.
+#[derive(Clone, Debug, PartialEq)]
+struct Slot {
+    name: String,
+    group: usize,
+    /// Steps taken (0: no state yet).
+    step: u32,
+    /// The parameter's shape, known from the first step (or a loaded state).
+    shape: Option<Vec<usize>>,
+    state: Option<ParamState>,
+}
+
+/// A stateful optimizer over named parameters in groups.
+#[derive(Clone, Debug)]
+pub struct Optimizer {
+    groups: Vec<ParamGroup>,
+    options: OptimizerOptions,
+    slots: Vec<Slot>,
+    index: HashMap<String, usize>,
+}
+
+impl Optimizer {
+    /// An optimizer with default [`OptimizerOptions`].
+    ///
+    /// # Errors
+    /// As [`Optimizer::with_options`].
+    pub fn new(groups: Vec<ParamGroup>) -> Result<Optimizer> {
+        Optimizer::with_options(groups, OptimizerOptions::default())
+    }
+
+    /// An optimizer over `groups`; parameters are ordered group by group, as listed.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for no parameters, an empty or repeated parameter name, invalid
+    /// hyperparameters, a width the rule has no kernel for, or a zero workspace.
+    pub fn with_options(groups: Vec<ParamGroup>, options: OptimizerOptions) -> Result<Optimizer> {
+        if options.workspace_elems == 0 {
+            return Err(Error::Invalid(
+                "optimizer: workspace_elems must be at least 1".into(),
+            ));
+        }
+        let mut slots = Vec::new();
+        let mut index = HashMap::new();
+        for (g, group) in groups.iter().enumerate() {
+            group.check(g)?;
+            for name in &group.params {
+                if name.is_empty() {
+                    return Err(Error::Invalid(format!(
+                        "optimizer: parameter group {g} has an empty parameter name"
+                    )));
+                }
+                if index.insert(name.clone(), slots.len()).is_some() {
+                    return Err(Error::Invalid(format!(
+                        "optimizer: parameter '{name}' is listed twice"
+                    )));
+                }
+                slots.push(Slot {
+                    name: name.clone(),
+                    group: g,
+                    step: 0,
+                    shape: None,
+                    state: None,
+                });
+            }
+        }
+        if slots.is_empty() {
+            return Err(Error::Invalid("optimizer: no parameters".into()));
+        }
+        Ok(Optimizer {
+            groups,
+            options,
+            slots,
+            index,
+        })
+    }
+
+    /// The groups.
+    pub fn groups(&self) -> &[ParamGroup] {
+        &self.groups
+    }
+
+    /// The options.
+    pub fn options(&self) -> &OptimizerOptions {
+        &self.options
+    }
+
+    /// Parameter names in step order (group by group).
+    pub fn param_names(&self) -> Vec<&str> {
+        self.slots.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// Steps taken by parameter `name` (`None` for an unknown name).
+    pub fn step_count(&self, name: &str) -> Option<u32> {
+        self.index.get(name).map(|&i| self.slots[i].step)
+    }
+
+    /// State width actually used by `name` (`None` before its first step or for an unknown
+    /// name): [`StateBits::Bits32`] for small parameters of 8-bit groups.
+    pub fn state_bits(&self, name: &str) -> Option<StateBits> {
+        let slot = &self.slots[*self.index.get(name)?];
+        slot.state.as_ref().map(|s| match s.layout() {
+            Layout::Adam32 => StateBits::Bits32,
+            Layout::Adam8 => StateBits::Bits8,
+        })
+    }
+
+    /// One step for every parameter: `params[i]` and `grads[i]` belong to
+    /// [`Optimizer::param_names`]`()[i]`. Parameters are updated in place; each parameter's step
+    /// count grows by one. Everything is checked before anything is updated.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a count that differs from the parameter count, a non-float or
+    /// empty parameter, a gradient of another dtype or shape, a parameter whose shape changed
+    /// since its state was created, a step count at `u32::MAX`; any device error (parameters
+    /// before the failing one are then already updated).
+    pub fn step(
+        &mut self,
+        dev: &dyn Device,
+        params: &mut [HostTensor],
+        grads: &[HostTensor],
+    ) -> Result<()> {
+        let n = self.slots.len();
+        if params.len() != n || grads.len() != n {
+            return Err(Error::Invalid(format!(
+                "optimizer step: {n} parameters, got {} parameter and {} gradient tensors",
+                params.len(),
+                grads.len()
+            )));
+        }
+        let work: Vec<(usize, &mut HostTensor, &HostTensor)> = params
+            .iter_mut()
+            .zip(grads)
+            .enumerate()
+            .map(|(i, (p, g))| (i, p, g))
+            .collect();
+        self.run(dev, work)
+    }
+
+    /// One step for the parameters named in `grads` (others are skipped and keep their step
+    /// count, like PyTorch parameters without a gradient), taking each from `params`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a gradient or parameter name the optimizer does not know, a
+    /// gradient whose parameter is missing from `params`; otherwise as [`Optimizer::step`].
+    pub fn step_named(
+        &mut self,
+        dev: &dyn Device,
+        params: &mut HashMap<String, HostTensor>,
+        grads: &HashMap<String, HostTensor>,
+    ) -> Result<()> {
+        for name in params.keys().chain(grads.keys()) {
+            if !self.index.contains_key(name) {
+                return Err(Error::Invalid(format!(
+                    "optimizer step: unknown parameter '{name}'"
+                )));
+            }
+        }
+        if let Some(name) = grads.keys().find(|n| !params.contains_key(*n)) {
+            return Err(Error::Invalid(format!(
+                "optimizer step: gradient for '{name}' but no parameter tensor"
+            )));
+        }
+        let mut work = Vec::new();
+        for (name, p) in params.iter_mut() {
+            if let Some(g) = grads.get(name) {
+                work.push((self.index[name], p, g));
+            }
+        }
+        work.sort_by_key(|w| w.0);
+        self.run(dev, work)
+    }
+
+    fn run(
+        &mut self,
+        dev: &dyn Device,
+        mut work: Vec<(usize, &mut HostTensor, &HostTensor)>,
+    ) -> Result<()> {
+        for (i, p, g) in &work {
+            self.check_pair(*i, p, g)?;
+        }
+        let block = OPTIM_BLOCKSIZE as usize;
+        let chunk = (self.options.workspace_elems / block).max(1) * block;
+        for (i, p, g) in work.iter_mut() {
+            let min8 = self.options.min_8bit_size;
+            let slot = &mut self.slots[*i];
+            let group = &self.groups[slot.group];
+            let numel = p.numel();
+            let state = slot.state.get_or_insert_with(|| {
+                Layout::choose(&group.kind, group.bits, numel, min8).zeros(numel)
+            });
+            slot.shape = Some(p.shape.clone());
+            state
+                .update(dev, &group.kind, p, g, slot.step + 1, chunk)
+                .map_err(|e| Error::Invalid(format!("optimizer step, '{}': {e}", slot.name)))?;
+            slot.step += 1;
+        }
+        Ok(())
+    }
+
+    fn check_pair(&self, i: usize, p: &HostTensor, g: &HostTensor) -> Result<()> {
+        let slot = &self.slots[i];
+        let bad = |what: String| {
+            Err(Error::Invalid(format!(
+                "optimizer step, parameter '{}': {what}",
+                slot.name
+            )))
+        };
+        if !OPTIM_PARAM_DTYPES.contains(&p.dtype) {
+            return bad(format!("dtype {} is not f32, f16 or bf16", p.dtype));
+        }
+        if p.numel() == 0 {
+            return bad("the parameter is empty".into());
+        }
+        if g.dtype != p.dtype || g.shape != p.shape {
+            return bad(format!(
+                "the gradient ({} {:?}) must have the parameter's dtype and shape ({} {:?})",
+                g.dtype, g.shape, p.dtype, p.shape
+            ));
+        }
+        if let Some(shape) = &slot.shape {
+            if *shape != p.shape {
+                return bad(format!(
+                    "shape {:?} differs from the shape {shape:?} its state was created for",
+                    p.shape
+                ));
+            }
+        }
+        if slot.step == u32::MAX {
+            return bad("the step count would overflow u32".into());
+        }
+        Ok(())
+    }
+}

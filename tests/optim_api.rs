@@ -1,0 +1,592 @@
+//! The stateful optimizer API (`qforge_runtime::optim`). Resuming from a saved state gives the
+//! bit-identical trajectory (10 steps straight against 5 steps, state_dict, load into a fresh
+//! optimizer, 5 steps) for Adam / AdamW with 32-bit and 8-bit state, including a parameter under
+//! `min_8bit_size` in an 8-bit group (which must keep 32-bit state). The trajectory equals direct
+//! calls of the host ops on whole tensors with step numbers 1 to 10 (independent of the
+//! optimizer's bookkeeping, chunking and state choice). Saving to a file is atomic; every bad
+//! state file or mismatched setting is an error naming the problem.
+
+use std::collections::HashMap;
+
+use qforge::ir::library::{AdamHyper, OptimAlgo};
+use qforge::ir::DType;
+use qforge::runtime::ops::{adam_step_32bit, adam_step_8bit, AdamState32, AdamState8};
+use qforge::runtime::optim::{
+    Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits, STATE_METADATA_KEY,
+};
+use qforge::runtime::{CpuDevice, Device, HostTensor, InterpreterDevice};
+use safetensors::{Dtype, SafeTensors};
+
+/// splitmix64: deterministic pseudo-random numbers.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn random_tensor(dtype: DType, shape: &[usize], seed: u64, scale: f32) -> HostTensor {
+    let mut rng = Rng(seed);
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.uniform() * scale).collect();
+    HostTensor::from_f32_as(dtype, shape.to_vec(), &v).expect("tensor")
+}
+
+/// The parameters of every case: `a` large enough for 8-bit state, `b` under `min_8bit_size`
+/// (so 32-bit state even in an 8-bit group), `c` bf16 and also small.
+fn param_specs() -> Vec<(&'static str, DType, Vec<usize>)> {
+    vec![
+        ("a", DType::F32, vec![64, 80]),
+        ("b", DType::F32, vec![300]),
+        ("c", DType::BF16, vec![7, 33]),
+    ]
+}
+
+fn init_params() -> Vec<HostTensor> {
+    param_specs()
+        .iter()
+        .enumerate()
+        .map(|(i, (_, dt, shape))| random_tensor(*dt, shape, 100 + i as u64, 1.0))
+        .collect()
+}
+
+fn grads(step: u32) -> Vec<HostTensor> {
+    param_specs()
+        .iter()
+        .enumerate()
+        .map(|(i, (_, dt, shape))| random_tensor(*dt, shape, 1000 * step as u64 + i as u64, 0.5))
+        .collect()
+}
+
+fn hyper(wd: f64) -> AdamHyper {
+    AdamHyper {
+        lr: 0.01,
+        beta1: 0.9,
+        beta2: 0.99,
+        eps: 1e-8,
+        weight_decay: wd,
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    name: &'static str,
+    algo: OptimAlgo,
+    bits: StateBits,
+}
+
+const CASES: [Case; 4] = [
+    Case {
+        name: "adam32",
+        algo: OptimAlgo::Adam,
+        bits: StateBits::Bits32,
+    },
+    Case {
+        name: "adamw32",
+        algo: OptimAlgo::AdamW,
+        bits: StateBits::Bits32,
+    },
+    Case {
+        name: "adam8bit",
+        algo: OptimAlgo::Adam,
+        bits: StateBits::Bits8,
+    },
+    Case {
+        name: "adamw8bit",
+        algo: OptimAlgo::AdamW,
+        bits: StateBits::Bits8,
+    },
+];
+
+fn kind(algo: OptimAlgo) -> OptimizerKind {
+    match algo {
+        OptimAlgo::Adam => OptimizerKind::Adam(hyper(0.0)),
+        OptimAlgo::AdamW => OptimizerKind::AdamW(hyper(0.1)),
+    }
+}
+
+fn optimizer(case: Case, options: OptimizerOptions) -> Optimizer {
+    let names: Vec<&str> = param_specs().iter().map(|p| p.0).collect();
+    Optimizer::with_options(
+        vec![ParamGroup::new(names, kind(case.algo), case.bits)],
+        options,
+    )
+    .expect("optimizer")
+}
+
+/// Small workspace so every parameter runs in several chunks (one with a partial block).
+fn small_workspace() -> OptimizerOptions {
+    OptimizerOptions {
+        workspace_elems: 1000, // rounded down to 768
+        ..OptimizerOptions::default()
+    }
+}
+
+fn steps(opt: &mut Optimizer, dev: &dyn Device, params: &mut [HostTensor], from: u32, to: u32) {
+    for t in from..=to {
+        opt.step(dev, params, &grads(t)).expect("step");
+    }
+}
+
+/// The independent reference: host ops on whole tensors, 32-bit state for `b` and `c`
+/// (under 4096 elements), step numbers 1..=steps.
+fn reference(case: Case, dev: &dyn Device, n_steps: u32) -> Vec<HostTensor> {
+    let mut params = init_params();
+    let k = kind(case.algo);
+    let (OptimizerKind::Adam(h) | OptimizerKind::AdamW(h)) = k;
+    let mut s32: Vec<AdamState32> = params
+        .iter()
+        .map(|p| AdamState32::zeros(p.numel()))
+        .collect();
+    let mut s8: Vec<AdamState8> = params
+        .iter()
+        .map(|p| AdamState8::zeros(p.numel()))
+        .collect();
+    for t in 1..=n_steps {
+        let g = grads(t);
+        for i in 0..params.len() {
+            let eight = case.bits == StateBits::Bits8 && params[i].numel() >= 4096;
+            if eight {
+                adam_step_8bit(dev, case.algo, &mut params[i], &g[i], &mut s8[i], &h, t)
+            } else {
+                adam_step_32bit(dev, case.algo, &mut params[i], &g[i], &mut s32[i], &h, t)
+            }
+            .expect("reference step");
+        }
+    }
+    params
+}
+
+fn cpu() -> CpuDevice {
+    CpuDevice::new().expect("CPU device")
+}
+
+#[test]
+fn resume_is_bit_identical_and_matches_host_ops() {
+    let dev = cpu();
+    for case in CASES {
+        // Straight: 10 steps.
+        let mut straight = optimizer(case, small_workspace());
+        let mut p_straight = init_params();
+        steps(&mut straight, &dev, &mut p_straight, 1, 10);
+
+        // 5 steps, state_dict, a fresh optimizer loads it, 5 more steps.
+        let mut first = optimizer(case, small_workspace());
+        let mut p_resumed = init_params();
+        steps(&mut first, &dev, &mut p_resumed, 1, 5);
+        let bytes = first.state_dict().expect("state_dict");
+        drop(first);
+        let mut second = optimizer(case, OptimizerOptions::default());
+        second.load_state_dict(&bytes).expect("load_state_dict");
+        assert_eq!(second.step_count("a"), Some(5), "{}", case.name);
+        steps(&mut second, &dev, &mut p_resumed, 6, 10);
+
+        assert_eq!(
+            p_straight, p_resumed,
+            "{}: parameters differ after resume",
+            case.name
+        );
+        assert_eq!(
+            straight.state_dict().unwrap(),
+            second.state_dict().unwrap(),
+            "{}: state differs after resume",
+            case.name
+        );
+        for name in ["a", "b", "c"] {
+            assert_eq!(straight.step_count(name), Some(10));
+        }
+        let want_a = case.bits;
+        assert_eq!(straight.state_bits("a"), Some(want_a), "{}", case.name);
+        assert_eq!(
+            straight.state_bits("b"),
+            Some(StateBits::Bits32),
+            "{}",
+            case.name
+        );
+        assert_eq!(
+            straight.state_bits("c"),
+            Some(StateBits::Bits32),
+            "{}",
+            case.name
+        );
+
+        // Independent reference and a real change of every parameter.
+        let want = reference(case, &dev, 10);
+        assert_eq!(p_straight, want, "{}: differs from the host ops", case.name);
+        for (p, p0) in p_straight.iter().zip(init_params()) {
+            assert_ne!(p.data, p0.data, "{}: a parameter did not move", case.name);
+        }
+        println!(
+            "{}: 10 steps straight == 5 + load + 5 == host ops",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn state_dict_tensors_and_metadata() {
+    let dev = cpu();
+    let case = CASES[3];
+    let mut opt = optimizer(case, OptimizerOptions::default());
+    let mut p = init_params();
+    steps(&mut opt, &dev, &mut p, 1, 3);
+    let bytes = opt.state_dict().unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().cloned().collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "a.absmax1",
+            "a.absmax2",
+            "a.state1",
+            "a.state2",
+            "b.state1",
+            "b.state2",
+            "c.state1",
+            "c.state2"
+        ]
+    );
+    let a1 = st.tensor("a.state1").unwrap();
+    assert_eq!((a1.dtype(), a1.shape()), (Dtype::U8, &[64usize, 80][..]));
+    let m1 = st.tensor("a.absmax1").unwrap();
+    assert_eq!((m1.dtype(), m1.shape()), (Dtype::F32, &[20usize][..]));
+    let c1 = st.tensor("c.state1").unwrap();
+    assert_eq!((c1.dtype(), c1.shape()), (Dtype::F32, &[7usize, 33][..]));
+    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_str(&header.metadata().as_ref().unwrap()[STATE_METADATA_KEY]).unwrap();
+    assert_eq!(meta["version"], 1);
+    assert_eq!(meta["min_8bit_size"], 4096);
+    assert_eq!(meta["groups"][0]["kind"], "adamw");
+    assert_eq!(meta["groups"][0]["bits"], 8);
+    assert_eq!(meta["groups"][0]["hyper"]["lr"], 0.01);
+    assert_eq!(meta["params"][0]["step"], 3);
+    assert_eq!(meta["params"][0]["state"], "8bit");
+    assert_eq!(meta["params"][1]["state"], "32bit");
+}
+
+#[test]
+fn interpreter_small_chunks_resume() {
+    // 700 elements: 3 blocks (one partial), chunks of 256; 8-bit above min_8bit_size = 256.
+    let dev = InterpreterDevice;
+    let options = OptimizerOptions {
+        min_8bit_size: 256,
+        workspace_elems: 256,
+        seed: 7,
+    };
+    let kind = OptimizerKind::AdamW(hyper(0.05));
+    let make = || {
+        Optimizer::with_options(
+            vec![ParamGroup::new(["w"], kind, StateBits::Bits8)],
+            options,
+        )
+        .unwrap()
+    };
+    let g = |t: u32| vec![random_tensor(DType::F32, &[700], 77 + t as u64, 1.0)];
+    let p0 = vec![random_tensor(DType::F32, &[700], 5, 1.0)];
+    let mut straight = make();
+    let mut ps = p0.clone();
+    for t in 1..=6 {
+        straight.step(&dev, &mut ps, &g(t)).unwrap();
+    }
+    let mut half = make();
+    let mut pr = p0.clone();
+    for t in 1..=3 {
+        half.step(&dev, &mut pr, &g(t)).unwrap();
+    }
+    let mut resumed = make();
+    resumed
+        .load_state_dict(&half.state_dict().unwrap())
+        .unwrap();
+    assert_eq!(resumed.options().seed, 7);
+    for t in 4..=6 {
+        resumed.step(&dev, &mut pr, &g(t)).unwrap();
+    }
+    assert_eq!(ps, pr);
+    assert_eq!(
+        straight.state_dict().unwrap(),
+        resumed.state_dict().unwrap()
+    );
+    // Independent: one whole-tensor host op per step.
+    let (OptimizerKind::Adam(h) | OptimizerKind::AdamW(h)) = kind;
+    let mut pw = p0[0].clone();
+    let mut s = AdamState8::zeros(700);
+    for t in 1..=6 {
+        adam_step_8bit(&dev, OptimAlgo::AdamW, &mut pw, &g(t)[0], &mut s, &h, t).unwrap();
+    }
+    assert_eq!(ps[0], pw);
+}
+
+#[test]
+fn save_and_load_file() {
+    let dev = cpu();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("opt.safetensors");
+    for case in CASES {
+        let mut opt = optimizer(case, OptimizerOptions::default());
+        let mut p = init_params();
+        steps(&mut opt, &dev, &mut p, 1, 4);
+        opt.save(&path).unwrap();
+        let mut back = optimizer(case, OptimizerOptions::default());
+        back.load(&path).unwrap();
+        assert_eq!(back.state_dict().unwrap(), opt.state_dict().unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), opt.state_dict().unwrap());
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["opt.safetensors"], "temporary files left behind");
+    // A directory in the way is refused, and a missing file is named.
+    let opt = optimizer(CASES[0], OptimizerOptions::default());
+    let e = opt.save(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("not a regular file"), "{e}");
+    let mut fresh = optimizer(CASES[0], OptimizerOptions::default());
+    let e = fresh.load(dir.path().join("nope")).unwrap_err().to_string();
+    assert!(e.contains("nope"), "{e}");
+}
+
+/// A 5-step adamw8bit state file.
+fn saved_state() -> Vec<u8> {
+    let dev = cpu();
+    let mut opt = optimizer(CASES[3], OptimizerOptions::default());
+    let mut p = init_params();
+    steps(&mut opt, &dev, &mut p, 1, 5);
+    opt.state_dict().unwrap()
+}
+
+/// Rewrites a state file: `edit` gets every tensor as (name, dtype, shape, bytes) and the
+/// metadata JSON.
+fn rewrite(
+    bytes: &[u8],
+    edit: impl FnOnce(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>, &mut serde_json::Value),
+) -> Vec<u8> {
+    let st = SafeTensors::deserialize(bytes).unwrap();
+    let (_, header) = SafeTensors::read_metadata(bytes).unwrap();
+    let mut meta: serde_json::Value =
+        serde_json::from_str(&header.metadata().as_ref().unwrap()[STATE_METADATA_KEY]).unwrap();
+    let mut tensors: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    edit(&mut tensors, &mut meta);
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            let v = safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap();
+            (n.clone(), v)
+        })
+        .collect();
+    let md = Some(HashMap::from([(
+        STATE_METADATA_KEY.to_string(),
+        meta.to_string(),
+    )]));
+    safetensors::serialize(views, &md).unwrap()
+}
+
+fn load_err(opt: &mut Optimizer, bytes: &[u8]) -> String {
+    let before = opt.state_dict().unwrap();
+    let e = opt
+        .load_state_dict(bytes)
+        .expect_err("load must fail")
+        .to_string();
+    assert_eq!(
+        opt.state_dict().unwrap(),
+        before,
+        "a failed load changed the state"
+    );
+    e
+}
+
+fn assert_has(e: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(e.contains(n), "error '{e}' does not mention '{n}'");
+    }
+}
+
+#[test]
+fn bad_state_files_are_clear_errors() {
+    let good = saved_state();
+    let fresh = || optimizer(CASES[3], OptimizerOptions::default());
+    // Sanity: the untouched file and a no-op rewrite load.
+    fresh().load_state_dict(&good).unwrap();
+    fresh().load_state_dict(&rewrite(&good, |_, _| {})).unwrap();
+
+    // Truncated, in the header and in the data; not safetensors at all.
+    assert_has(&load_err(&mut fresh(), &good[..5]), &["truncated"]);
+    assert_has(&load_err(&mut fresh(), &good[..100]), &["truncated"]);
+    assert_has(
+        &load_err(&mut fresh(), &good[..good.len() - 10]),
+        &["truncated"],
+    );
+    assert_has(
+        &load_err(&mut fresh(), b"this is not a safetensors file at all"),
+        &["not a safetensors file"],
+    );
+    // Truncated file on disk: the error names the path.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.safetensors");
+    std::fs::write(&path, &good[..good.len() / 2]).unwrap();
+    let e = fresh().load(&path).unwrap_err().to_string();
+    assert_has(&e, &["cut.safetensors", "truncated"]);
+
+    // Valid safetensors without our metadata.
+    let plain = safetensors::serialize(
+        [(
+            "x",
+            safetensors::tensor::TensorView::new(Dtype::U8, vec![1], &[0]).unwrap(),
+        )],
+        &None,
+    )
+    .unwrap();
+    assert_has(&load_err(&mut fresh(), &plain), &["no metadata entry"]);
+
+    // Missing tensor.
+    let b = rewrite(&good, |t, _| t.retain(|x| x.0 != "a.absmax2"));
+    assert_has(&load_err(&mut fresh(), &b), &["missing tensor 'a.absmax2'"]);
+    // Unexpected tensor.
+    let b = rewrite(&good, |t, _| {
+        t.push(("a.state3".into(), Dtype::U8, vec![2], vec![0, 0]))
+    });
+    assert_has(
+        &load_err(&mut fresh(), &b),
+        &["unexpected tensor 'a.state3'"],
+    );
+    // Wrong shape (same element count) and wrong dtype.
+    let b = rewrite(&good, |t, _| {
+        t.iter_mut().find(|x| x.0 == "a.state1").unwrap().2 = vec![80, 64];
+    });
+    assert_has(&load_err(&mut fresh(), &b), &["'a.state1'", "wrong shape"]);
+    let b = rewrite(&good, |t, _| {
+        t.iter_mut().find(|x| x.0 == "b.state2").unwrap().1 = Dtype::I32;
+    });
+    assert_has(&load_err(&mut fresh(), &b), &["'b.state2'", "dtype"]);
+    // Wrong shape recorded for the parameter (changes the absmax length).
+    let b = rewrite(&good, |_, m| {
+        m["params"][0]["shape"] = serde_json::json!([64, 81])
+    });
+    assert_has(&load_err(&mut fresh(), &b), &["wrong shape"]);
+    // Another format version.
+    let b = rewrite(&good, |_, m| m["version"] = serde_json::json!(99));
+    assert_has(&load_err(&mut fresh(), &b), &["version 99"]);
+}
+
+#[test]
+fn mismatched_settings_are_clear_errors() {
+    let good = saved_state(); // adamw, 8-bit, params a b c, lr 0.01, min_8bit_size 4096
+    let names = ["a", "b", "c"];
+    let with = |k: OptimizerKind, bits: StateBits, params: &[&str], options: OptimizerOptions| {
+        Optimizer::with_options(vec![ParamGroup::new(params.to_vec(), k, bits)], options).unwrap()
+    };
+    let def = OptimizerOptions::default();
+    let adamw = kind(OptimAlgo::AdamW);
+
+    let mut o = with(kind(OptimAlgo::Adam), StateBits::Bits8, &names, def);
+    assert_has(&load_err(&mut o, &good), &["algorithm", "adamw", "adam"]);
+    let mut o = with(adamw, StateBits::Bits32, &names, def);
+    assert_has(&load_err(&mut o, &good), &["state bits"]);
+    let mut h = hyper(0.1);
+    h.lr = 0.02;
+    let mut o = with(OptimizerKind::AdamW(h), StateBits::Bits8, &names, def);
+    assert_has(&load_err(&mut o, &good), &["hyperparameter lr"]);
+    let mut h = hyper(0.1);
+    h.beta2 = f64::from_bits(h.beta2.to_bits() + 1); // one ulp apart
+    let mut o = with(OptimizerKind::AdamW(h), StateBits::Bits8, &names, def);
+    assert_has(&load_err(&mut o, &good), &["hyperparameter beta2"]);
+    let mut o = with(adamw, StateBits::Bits8, &["a", "b"], def);
+    assert_has(&load_err(&mut o, &good), &["unknown parameter 'c'"]);
+    let mut o = with(adamw, StateBits::Bits8, &["a", "b", "c", "d"], def);
+    assert_has(&load_err(&mut o, &good), &["parameter 'd' is missing"]);
+    let mut o = with(adamw, StateBits::Bits8, &["b", "a", "c"], def);
+    assert_has(&load_err(&mut o, &good), &["parameter list"]);
+    let small = OptimizerOptions {
+        min_8bit_size: 256,
+        ..def
+    };
+    let mut o = with(adamw, StateBits::Bits8, &names, small);
+    assert_has(&load_err(&mut o, &good), &["min_8bit_size"]);
+    // Two groups instead of one.
+    let mut o = Optimizer::new(vec![
+        ParamGroup::new(["a"], adamw, StateBits::Bits8),
+        ParamGroup::new(["b", "c"], adamw, StateBits::Bits8),
+    ])
+    .unwrap();
+    assert_has(
+        &load_err(&mut o, &good),
+        &["1 parameter group(s), this optimizer has 2"],
+    );
+}
+
+#[test]
+fn bad_steps_and_groups_are_errors() {
+    let dev = InterpreterDevice;
+    let adamw = kind(OptimAlgo::AdamW);
+    // Constructor.
+    let e = Optimizer::new(vec![ParamGroup::new(["x", "x"], adamw, StateBits::Bits32)])
+        .unwrap_err()
+        .to_string();
+    assert_has(&e, &["'x'", "twice"]);
+    let e = Optimizer::new(vec![ParamGroup::new(
+        ["x"],
+        OptimizerKind::Adam(hyper(0.1)),
+        StateBits::Bits32,
+    )])
+    .unwrap_err()
+    .to_string();
+    assert_has(&e, &["weight_decay"]);
+    assert!(Optimizer::new(vec![]).is_err());
+
+    let mut o =
+        Optimizer::new(vec![ParamGroup::new(["x", "y"], adamw, StateBits::Bits32)]).unwrap();
+    let x = random_tensor(DType::F32, &[10], 1, 1.0);
+    let y = random_tensor(DType::F32, &[4, 3], 2, 1.0);
+    // Wrong count.
+    let e = o
+        .step(&dev, &mut [x.clone()], std::slice::from_ref(&x))
+        .unwrap_err()
+        .to_string();
+    assert_has(&e, &["2 parameters"]);
+    // Gradient of another shape: nothing is updated.
+    let mut ps = [x.clone(), y.clone()];
+    let bad = random_tensor(DType::F32, &[12], 3, 1.0);
+    let e = o
+        .step(&dev, &mut ps, &[x.clone(), bad])
+        .unwrap_err()
+        .to_string();
+    assert_has(&e, &["'y'", "shape"]);
+    assert_eq!(ps, [x.clone(), y.clone()]);
+    assert_eq!(o.step_count("x"), Some(0));
+    // One good step, then a parameter whose shape changed.
+    o.step(&dev, &mut ps, &[x.clone(), y.clone()]).unwrap();
+    let y2 = random_tensor(DType::F32, &[3, 4], 2, 1.0);
+    let e = o
+        .step(&dev, &mut [x.clone(), y2.clone()], &[x.clone(), y2])
+        .unwrap_err()
+        .to_string();
+    assert_has(&e, &["'y'", "shape"]);
+
+    // step_named: only parameters with a gradient step; unknown names are errors.
+    let mut params = HashMap::from([("x".to_string(), x.clone()), ("y".to_string(), y.clone())]);
+    let grads = HashMap::from([("x".to_string(), x.clone())]);
+    o.step_named(&dev, &mut params, &grads).unwrap();
+    assert_eq!((o.step_count("x"), o.step_count("y")), (Some(2), Some(1)));
+    assert_eq!(params["y"], y);
+    assert_ne!(params["x"], x);
+    let grads = HashMap::from([("z".to_string(), x.clone())]);
+    let e = o
+        .step_named(&dev, &mut params, &grads)
+        .unwrap_err()
+        .to_string();
+    assert_has(&e, &["unknown parameter 'z'"]);
+}
