@@ -108,6 +108,7 @@ pub fn cases(size: CaseSize) -> Result<Vec<BenchCase>> {
     .into_iter()
     .chain(super::matmul_cases::matmul_cases(size))
     .chain(super::int8_cases::int8_cases(size))
+    .chain(super::optim_cases::optim_cases(size))
     .collect())
 }
 
@@ -300,7 +301,9 @@ mod tests {
         let flat: Vec<&str> = list
             .iter()
             .map(|c| c.kernel.as_str())
-            .filter(|k| !k.starts_with("matmul") && !k.starts_with("int8"))
+            .filter(|k| {
+                !k.starts_with("matmul") && !k.starts_with("int8") && !k.starts_with("adamw")
+            })
             .collect();
         assert_eq!(
             flat,
@@ -320,12 +323,23 @@ mod tests {
                     "{}: {baselines:?}",
                     c.kernel
                 );
+            } else if c.kernel.starts_with("adamw") {
+                assert_eq!(c.shape, "params=16777216");
+                assert_eq!(c.dtype, DType::F32);
+                assert_eq!(baselines, ["adamw32", "memcpy"], "{}", c.kernel);
             } else {
                 assert_eq!(c.shape, "n=16777216");
                 assert_eq!(c.dtype, DType::F32);
                 assert_eq!(baselines, ["memcpy"]);
             }
         }
+        // The optimizer cases (the 4-bit ones do not exist yet).
+        let optim: Vec<&str> = list
+            .iter()
+            .map(|c| c.kernel.as_str())
+            .filter(|k| k.starts_with("adamw"))
+            .collect();
+        assert_eq!(optim, ["adamw32", "adamw8bit"]);
         // The matmul cases: M = 1 and 16 at three (K, N), f32 and bf16.
         let matmul: Vec<(&str, DType)> = list
             .iter()

@@ -22,6 +22,7 @@ pub mod baselines;
 pub mod cases;
 pub mod int8_cases;
 pub mod matmul_cases;
+pub mod optim_cases;
 pub mod report;
 
 /// Runs a kernel or a baseline once on a device. The first call is the untimed warm-up: it may

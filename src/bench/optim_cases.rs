@@ -1,0 +1,286 @@
+//! Bench cases of one AdamW optimizer step on `f32` parameters: the library kernels
+//! `adamw32_f32` (`f32` moments) and `adamw8bit_f32` (8-bit blockwise moments), each against the
+//! 32-bit step itself (`adamw32`) and a memcpy of the bytes the step touches (`memcpy`).
+//!
+//! Each case launches the library kernel directly on preallocated buffers: parameters in
+//! `±0.02` (an initialisation scale), gradients of standard deviation about `1e-3` (uniform in
+//! `±`[`GRAD_SCALE`]), and moments that start at zero and are filled by [`WARMUP_STEPS`] steps
+//! on the untimed warm-up call. Every timed run is one more step on the same buffers with the
+//! scalars of step `WARMUP_STEPS + 1`, so no allocation is timed.
+//!
+//! Bytes per case ([`bytes_per_step`]) count each buffer the step touches once, as
+//! `KernelSpec::Optim`'s `bytes_moved` does (the memcpy baseline reads and writes that many):
+//! parameters (read and written) 4, gradients 4, and the state: 8 bytes per parameter for
+//! `adamw32` (two `f32` moments), `2 + 8/256` for `adamw8bit` (two 8-bit codes and two `f32`
+//! absmax per block of 256). At 16 Mi parameters that is 256 MiB and 160.5 MiB.
+
+use qforge_ir::library::{AdamHyper, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
+use qforge_ir::{Arg, DType, Kernel, Scalar};
+use qforge_runtime::Device;
+
+use super::baselines::{memcpy_baseline, pseudo_random};
+use super::cases::{CaseSize, FULL_ELEMENTS};
+use super::{Baseline, BenchCase, Runner};
+use crate::error::Result;
+
+/// Kernel name (and baseline name) of the 32-bit step.
+pub const ADAMW32: &str = "adamw32";
+/// Kernel name of the 8-bit step.
+pub const ADAMW8BIT: &str = "adamw8bit";
+/// Steps run on the untimed warm-up call to fill the moments.
+pub const WARMUP_STEPS: u32 = 3;
+/// Gradients are uniform in `±GRAD_SCALE`: standard deviation `GRAD_SCALE / sqrt(3)`, about `1e-3`.
+pub const GRAD_SCALE: f32 = 1.7e-3;
+/// Parameters are uniform in `±PARAM_SCALE`.
+pub const PARAM_SCALE: f32 = 0.02;
+
+/// The optimizer cases for a device of this size class: `adamw32`, then `adamw8bit`, each with
+/// the baselines `adamw32` (for `adamw32` itself a ratio near 1, kept so every optimizer line
+/// has the same baselines) and `memcpy`.
+pub fn optim_cases(size: CaseSize) -> Vec<BenchCase> {
+    let n = size.elements();
+    let mut shape = format!("params={n}");
+    if size == CaseSize::Interpreter {
+        shape.push_str(&format!(" (interpreter: scaled down from {FULL_ELEMENTS})"));
+    }
+    [(ADAMW32, StateBits::Bits32), (ADAMW8BIT, StateBits::Bits8)]
+        .into_iter()
+        .map(|(kernel, state)| {
+            let bytes = bytes_per_step(state, n);
+            BenchCase::new(
+                kernel,
+                shape.clone(),
+                DType::F32,
+                bytes,
+                step_runner(state, n),
+            )
+            .baseline(Baseline {
+                name: ADAMW32.to_string(),
+                run: step_runner(StateBits::Bits32, n),
+            })
+            .baseline(memcpy_baseline(bytes))
+        })
+        .collect()
+}
+
+/// Bytes one `f32` AdamW step on `n` parameters touches, each buffer counted once: parameters
+/// `4n` (read and written), gradients `4n`, and the state (`8n` for 32-bit; `2n` codes plus
+/// `8` bytes of absmax per block of [`OPTIM_BLOCKSIZE`] for 8-bit).
+pub fn bytes_per_step(state: StateBits, n: usize) -> usize {
+    let state_bytes = match state {
+        StateBits::Bits32 => 8 * n,
+        StateBits::Bits8 => 2 * n + 8 * n.div_ceil(OPTIM_BLOCKSIZE as usize),
+    };
+    8 * n + state_bytes
+}
+
+/// The kernel spec of a case.
+fn spec(state: StateBits) -> OptimSpec {
+    OptimSpec {
+        algo: OptimAlgo::AdamW,
+        state,
+        dtype: DType::F32,
+    }
+}
+
+/// bitsandbytes' defaults with a weight decay of 0.01 (so the decay multiply is not trivial).
+fn hyper() -> AdamHyper {
+    AdamHyper {
+        weight_decay: 0.01,
+        ..AdamHyper::default()
+    }
+}
+
+/// A runner that prepares a [`Step`] on its first call, then runs one step per call.
+fn step_runner(state: StateBits, n: usize) -> Runner {
+    let mut step: Option<Step> = None;
+    Box::new(move |dev: &dyn Device| {
+        if step.is_none() {
+            step = Some(Step::prepare(dev, state, n)?);
+        }
+        if let Some(s) = step.as_mut() {
+            s.launch(dev)?;
+        }
+        Ok(())
+    })
+}
+
+/// One optimizer's kernel and buffers.
+struct Step {
+    kernel: Kernel,
+    /// `n`, `n_blocks` and the hyperparameter scalars of the timed step.
+    scalars: Vec<Scalar>,
+    params: Vec<u8>,
+    grads: Vec<u8>,
+    /// 32-bit: `[state1, state2]`; 8-bit: `[state1, absmax1, state2, absmax2]`.
+    state: Vec<Vec<u8>>,
+}
+
+fn f32_bytes(values: impl Iterator<Item = f32>) -> Vec<u8> {
+    values.flat_map(f32::to_le_bytes).collect()
+}
+
+impl Step {
+    /// Builds the kernel and the buffers (zero moments), then runs [`WARMUP_STEPS`] steps.
+    fn prepare(dev: &dyn Device, state: StateBits, n: usize) -> Result<Step> {
+        let spec = spec(state);
+        let kernel = spec.build()?;
+        let params = f32_bytes(pseudo_random(n, 10).into_iter().map(|v| v * PARAM_SCALE));
+        let grads = f32_bytes(pseudo_random(n, 11).into_iter().map(|v| v * GRAD_SCALE));
+        let n_blocks = n.div_ceil(OPTIM_BLOCKSIZE as usize);
+        // Zero absmax makes every code dequantize to 0, so 8-bit moments start at zero too.
+        let state_bufs = match state {
+            StateBits::Bits32 => vec![vec![0u8; 4 * n], vec![0u8; 4 * n]],
+            StateBits::Bits8 => vec![
+                vec![0u8; n],
+                vec![0u8; 4 * n_blocks],
+                vec![0u8; n],
+                vec![0u8; 4 * n_blocks],
+            ],
+        };
+        let scalars_of = |t: u32| -> Result<Vec<Scalar>> {
+            let mut s = vec![Scalar::U32(n as u32), Scalar::U32(n_blocks as u32)];
+            s.extend(hyper().scalars(&spec, t)?.kernel_args(&spec));
+            Ok(s)
+        };
+        let mut step = Step {
+            kernel,
+            scalars: Vec::new(),
+            params,
+            grads,
+            state: state_bufs,
+        };
+        for t in 1..=WARMUP_STEPS {
+            step.scalars = scalars_of(t)?;
+            step.launch(dev)?;
+        }
+        step.scalars = scalars_of(WARMUP_STEPS + 1)?;
+        Ok(step)
+    }
+
+    /// One step on the preallocated buffers.
+    fn launch(&mut self, dev: &dyn Device) -> Result<()> {
+        let mut args: Vec<Arg> = self.scalars.iter().map(|s| Arg::Scalar(*s)).collect();
+        args.push(Arg::Write(&mut self.params));
+        args.push(Arg::Read(&self.grads));
+        args.extend(self.state.iter_mut().map(|b| Arg::Write(b)));
+        dev.launch(&self.kernel, &mut args)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qforge_runtime::InterpreterDevice;
+
+    fn floats(b: &[u8]) -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    fn bytes_per_parameter_by_hand() {
+        let n = 16 << 20;
+        assert_eq!(bytes_per_step(StateBits::Bits32, n), 256 << 20);
+        // 64 MiB params + 64 MiB grads + 32 MiB codes + 2 * 64 Ki blocks * 4 bytes.
+        assert_eq!(
+            bytes_per_step(StateBits::Bits8, n),
+            (160 << 20) + (512 << 10)
+        );
+        // A partial last block still has its two absmax.
+        assert_eq!(bytes_per_step(StateBits::Bits8, 300), 300 * 10 + 2 * 8);
+    }
+
+    #[test]
+    fn the_cases_have_the_issue_names_shapes_and_baselines() {
+        let cases = optim_cases(CaseSize::Full);
+        let names: Vec<&str> = cases.iter().map(|c| c.kernel.as_str()).collect();
+        assert_eq!(names, ["adamw32", "adamw8bit"]);
+        for c in &cases {
+            assert_eq!(c.shape, "params=16777216");
+            assert_eq!(c.dtype, DType::F32);
+            let b: Vec<&str> = c.baselines.iter().map(|b| b.name.as_str()).collect();
+            assert_eq!(b, ["adamw32", "memcpy"]);
+        }
+        let small = optim_cases(CaseSize::Interpreter);
+        assert_eq!(
+            small[0].shape,
+            "params=262144 (interpreter: scaled down from 16777216)"
+        );
+    }
+
+    #[test]
+    fn the_32bit_moments_after_the_warmup_match_the_closed_form() {
+        // With a constant gradient g and zero start, after t steps m = (1 - b1^t) g and
+        // v = (1 - b2^t) g^2 (f64 reference; f32 rounding of a few steps is far below 1e-4).
+        let n = 300;
+        let dev = InterpreterDevice;
+        let mut s = Step::prepare(&dev, StateBits::Bits32, n).expect("prepares");
+        s.launch(&dev).expect("one more step");
+        let t = (WARMUP_STEPS + 1) as i32;
+        let g = floats(&s.grads);
+        let (m, v) = (floats(&s.state[0]), floats(&s.state[1]));
+        let p0: Vec<f32> = pseudo_random(n, 10)
+            .iter()
+            .map(|x| x * PARAM_SCALE)
+            .collect();
+        let p = floats(&s.params);
+        for i in 0..n {
+            let gi = f64::from(g[i]);
+            let want_m = (1.0 - 0.9f64.powi(t)) * gi;
+            let want_v = (1.0 - 0.999f64.powi(t)) * gi * gi;
+            assert!(
+                (f64::from(m[i]) - want_m).abs() <= 1e-4 * want_m.abs(),
+                "m[{i}]"
+            );
+            assert!((f64::from(v[i]) - want_v).abs() <= 1e-4 * want_v, "v[{i}]");
+            // Each step moves p against g by about lr (Adam's normalised step).
+            let moved = f64::from(p[i]) - f64::from(p0[i]);
+            assert!(
+                gi == 0.0 || moved * gi < 0.0,
+                "p[{i}] moved against its gradient"
+            );
+        }
+    }
+
+    #[test]
+    fn the_8bit_step_fills_the_state_and_moves_the_parameters() {
+        let n = 300;
+        let dev = InterpreterDevice;
+        let mut s = Step::prepare(&dev, StateBits::Bits8, n).expect("prepares");
+        s.launch(&dev).expect("one more step");
+        let t = (WARMUP_STEPS + 1) as i32;
+        let g = floats(&s.grads);
+        let absmax1 = floats(&s.state[1]);
+        // Block 0's absmax of m is about (1 - b1^t) max |g| (the 8-bit state adds a few percent
+        // of quantization error per step).
+        let gmax = g[..256].iter().fold(0.0f32, |a, x| a.max(x.abs()));
+        let want = (1.0 - 0.9f32.powi(t)) * gmax;
+        assert!(
+            (absmax1[0] - want).abs() <= 0.05 * want,
+            "{absmax1:?} vs {want}"
+        );
+        assert_eq!(absmax1.len(), 2);
+        let p0: Vec<f32> = pseudo_random(n, 10)
+            .iter()
+            .map(|x| x * PARAM_SCALE)
+            .collect();
+        let p = floats(&s.params);
+        let moved = p.iter().zip(&p0).filter(|(a, b)| a != b).count();
+        assert!(moved > n * 9 / 10, "only {moved} of {n} parameters changed");
+    }
+
+    #[test]
+    fn a_case_and_its_baselines_run_again_and_again() {
+        for mut c in optim_cases(CaseSize::Elements(300)) {
+            (c.run)(&InterpreterDevice).expect("warm-up call");
+            (c.run)(&InterpreterDevice).expect("timed call");
+            for b in &mut c.baselines {
+                (b.run)(&InterpreterDevice).expect("baseline warm-up");
+                (b.run)(&InterpreterDevice).expect("baseline timed call");
+            }
+        }
+    }
+}
