@@ -461,6 +461,33 @@ fn build8(spec: &OptimSpec) -> Result<Kernel> {
     Ok(b.finish())
 }
 
+/// The gradient of the optimizers' example arguments: `values` rotated by one, with a NaN at
+/// the last element (n >= 2) and `+inf` at the middle one (n >= 3).
+pub(crate) fn example_grad(values: &[f32]) -> Vec<f32> {
+    let n = values.len();
+    let mut grad: Vec<f32> = (0..n).map(|i| values[(i + 1) % n]).collect();
+    if n >= 2 {
+        grad[n - 1] = f32::NAN;
+    }
+    if n >= 3 {
+        grad[n / 2] = f32::INFINITY;
+    }
+    grad
+}
+
+/// The 8-bit absmax of the optimizers' example arguments: the NaN-ignoring `max |x|` of each
+/// block of `values`.
+pub(crate) fn example_absmax(values: &[f32]) -> Vec<f32> {
+    values
+        .chunks(OPTIM_BLOCKSIZE as usize)
+        .map(|c| {
+            c.iter()
+                .filter(|x| !x.is_nan())
+                .fold(0.0f32, |a, x| a.max(x.abs()))
+        })
+        .collect()
+}
+
 /// The hyperparameters of the catalog's example arguments: AdamW-like values at step 3.
 const EXAMPLE_STEP: u32 = 3;
 
@@ -480,13 +507,7 @@ pub(crate) fn example_args(
     let n = values.len();
     let bs = OPTIM_BLOCKSIZE as usize;
     let n_blocks = n.div_ceil(bs);
-    let mut grad: Vec<f32> = (0..n).map(|i| values[(i + 1) % n]).collect();
-    if n >= 2 {
-        grad[n - 1] = f32::NAN;
-    }
-    if n >= 3 {
-        grad[n / 2] = f32::INFINITY;
-    }
+    let grad = example_grad(values);
     let hyper = AdamHyper {
         weight_decay: if spec.algo == OptimAlgo::AdamW {
             0.01
@@ -511,14 +532,7 @@ pub(crate) fn example_args(
             args.push(OwnedArg::Write(float_bytes(DType::F32, &v)));
         }
         StateBits::Bits8 => {
-            let absmax: Vec<f32> = values
-                .chunks(bs)
-                .map(|c| {
-                    c.iter()
-                        .filter(|x| !x.is_nan())
-                        .fold(0.0f32, |a, x| a.max(x.abs()))
-                })
-                .collect();
+            let absmax = example_absmax(values);
             let codes = |salt: usize| -> Vec<u8> {
                 values
                     .iter()

@@ -365,13 +365,7 @@ pub(crate) fn example_args(
     use crate::args::OwnedArg;
     let n = values.len();
     let bs = OPTIM_BLOCKSIZE as usize;
-    let mut grad: Vec<f32> = (0..n).map(|i| values[(i + 1) % n]).collect();
-    if n >= 2 {
-        grad[n - 1] = f32::NAN;
-    }
-    if n >= 3 {
-        grad[n / 2] = f32::INFINITY;
-    }
+    let grad = crate::library::optim::example_grad(values);
     let hyper = AdemamixHyper {
         t_alpha: Some(10),
         t_beta3: Some(10),
@@ -401,14 +395,7 @@ pub(crate) fn example_args(
             }
         }
         StateBits::Bits8 => {
-            let absmax: Vec<f32> = values
-                .chunks(bs)
-                .map(|c| {
-                    c.iter()
-                        .filter(|x| !x.is_nan())
-                        .fold(0.0f32, |a, x| a.max(x.abs()))
-                })
-                .collect();
+            let absmax = crate::library::optim::example_absmax(values);
             for salt in [0usize, 7919, 104_729] {
                 let codes: Vec<u8> = values
                     .iter()
