@@ -4,7 +4,8 @@
 //! `min_8bit_size` in an 8-bit group (which must keep 32-bit state). The trajectory equals direct
 //! calls of the host ops on whole tensors with step numbers 1 to 10 (independent of the
 //! optimizer's bookkeeping, chunking and state choice). Saving to a file is atomic; every bad
-//! state file or mismatched setting is an error naming the problem.
+//! state file or mismatched setting is an error naming the problem. The other rules (Lion, SGD,
+//! RMSprop, Adagrad, AdEMAMix) get the same checks in `optim_api/rules.rs`.
 
 use std::collections::HashMap;
 
@@ -16,6 +17,10 @@ use qforge::runtime::optim::{
 };
 use qforge::runtime::{CpuDevice, Device, HostTensor, InterpreterDevice};
 use safetensors::{Dtype, SafeTensors};
+
+/// Lion, SGD, RMSprop, Adagrad and AdEMAMix through the API.
+#[path = "optim_api/rules.rs"]
+mod rules;
 
 /// splitmix64: deterministic pseudo-random numbers.
 struct Rng(u64);
@@ -142,7 +147,9 @@ fn steps(opt: &mut Optimizer, dev: &dyn Device, params: &mut [HostTensor], from:
 fn reference(case: Case, dev: &dyn Device, n_steps: u32) -> Vec<HostTensor> {
     let mut params = init_params();
     let k = kind(case.algo);
-    let (OptimizerKind::Adam(h) | OptimizerKind::AdamW(h)) = k;
+    let (OptimizerKind::Adam(h) | OptimizerKind::AdamW(h)) = k else {
+        panic!("the Adam cases use Adam kinds")
+    };
     let mut s32: Vec<AdamState32> = params
         .iter()
         .map(|p| AdamState32::zeros(p.numel()))
@@ -318,7 +325,9 @@ fn interpreter_small_chunks_resume() {
         resumed.state_dict().unwrap()
     );
     // Independent: one whole-tensor host op per step.
-    let (OptimizerKind::Adam(h) | OptimizerKind::AdamW(h)) = kind;
+    let (OptimizerKind::Adam(h) | OptimizerKind::AdamW(h)) = kind else {
+        panic!("an AdamW kind")
+    };
     let mut pw = p0[0].clone();
     let mut s = AdamState8::zeros(700);
     for t in 1..=6 {

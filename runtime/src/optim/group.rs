@@ -1,31 +1,77 @@
 //! Parameter groups: which parameters, which update rule with which hyperparameters, and how
 //! many bits of state.
 
-use qforge_ir::library::{AdamHyper, OptimAlgo};
+use qforge_ir::library::{AdamHyper, AdemamixHyper, Optim1Algo, Optim1Hyper, OptimAlgo};
+use qforge_ir::DType;
 
 use crate::error::{Error, Result};
+use crate::ops::OPTIM_PARAM_DTYPES;
 
-/// The update rule of a group, with its hyperparameters. New rules (Lion, SGD, 4-bit AdamW, ...)
-/// are new variants; [`crate::optim::Optimizer`]'s API does not change.
+/// The update rule of a group, with its hyperparameters. New rules (4-bit AdamW, ...) are new
+/// variants; [`crate::optim::Optimizer`]'s API does not change.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum OptimizerKind {
     /// Adam (bitsandbytes `Adam` / `Adam8bit`); `weight_decay` must be 0.
     Adam(AdamHyper),
     /// AdamW with decoupled weight decay (bitsandbytes `AdamW` / `AdamW8bit`).
     AdamW(AdamHyper),
+    /// Lion (bitsandbytes `Lion` / `Lion8bit`); one state; `f32` parameters only.
+    Lion(Optim1Hyper),
+    /// SGD with momentum (bitsandbytes `SGD` / `SGD8bit`); one state; `f32` parameters only.
+    Sgd(Optim1Hyper),
+    /// RMSprop (bitsandbytes `RMSprop` / `RMSprop8bit`); one state; `f32` parameters only.
+    Rmsprop(Optim1Hyper),
+    /// Adagrad (bitsandbytes `Adagrad` / `Adagrad8bit`); one state; `f32` parameters only.
+    Adagrad(Optim1Hyper),
+    /// AdEMAMix (bitsandbytes `AdEMAMix` / `AdEMAMix8bit`); three states; `f32` parameters
+    /// only.
+    Ademamix(AdemamixHyper),
+}
+
+/// How many state tensors (besides 8-bit absmax) a rule keeps per parameter, and which host op
+/// family updates them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Family {
+    /// Adam / AdamW: `state1`, `state2`.
+    Adam,
+    /// Lion, SGD, RMSprop, Adagrad: `state1`.
+    One,
+    /// AdEMAMix: `state1` (m1), `state2` (nu), `state3` (m2).
+    Ademamix,
 }
 
 impl OptimizerKind {
-    /// The rule's name in state files: `adam` or `adamw`.
+    /// The rule's name in state files: `adam`, `adamw`, `lion`, `sgd`, `rmsprop`, `adagrad` or
+    /// `ademamix`.
     pub const fn name(&self) -> &'static str {
         match self {
             OptimizerKind::Adam(_) => "adam",
             OptimizerKind::AdamW(_) => "adamw",
+            OptimizerKind::Lion(_) => "lion",
+            OptimizerKind::Sgd(_) => "sgd",
+            OptimizerKind::Rmsprop(_) => "rmsprop",
+            OptimizerKind::Adagrad(_) => "adagrad",
+            OptimizerKind::Ademamix(_) => "ademamix",
+        }
+    }
+
+    /// The host op family.
+    pub(crate) fn family(&self) -> Family {
+        match self {
+            OptimizerKind::Adam(_) => Family::Adam,
+            OptimizerKind::AdamW(_) => Family::Adam,
+            OptimizerKind::Lion(_) => Family::One,
+            OptimizerKind::Sgd(_) => Family::One,
+            OptimizerKind::Rmsprop(_) => Family::One,
+            OptimizerKind::Adagrad(_) => Family::One,
+            OptimizerKind::Ademamix(_) => Family::Ademamix,
         }
     }
 
     /// The hyperparameters as `(name, value)` pairs, in a fixed order (state files record them
-    /// and [`crate::optim::Optimizer::load_state_dict`] compares them bit for bit).
+    /// and [`crate::optim::Optimizer::load_state_dict`] compares them bit for bit). AdEMAMix's
+    /// `t_alpha` / `t_beta3` are written as their value, or 0 for `None` (0 is not a valid
+    /// scheduler length, so this is unambiguous).
     pub fn hyperparameters(&self) -> Vec<(&'static str, f64)> {
         match self {
             OptimizerKind::Adam(h) | OptimizerKind::AdamW(h) => vec![
@@ -35,6 +81,67 @@ impl OptimizerKind {
                 ("eps", h.eps),
                 ("weight_decay", h.weight_decay),
             ],
+            OptimizerKind::Lion(h)
+            | OptimizerKind::Sgd(h)
+            | OptimizerKind::Rmsprop(h)
+            | OptimizerKind::Adagrad(h) => vec![
+                ("lr", h.lr),
+                ("beta1", h.beta1),
+                ("beta2", h.beta2),
+                ("eps", h.eps),
+                ("weight_decay", h.weight_decay),
+            ],
+            OptimizerKind::Ademamix(h) => {
+                let steps = |t: Option<u32>| t.map_or(0.0, f64::from);
+                vec![
+                    ("lr", h.lr),
+                    ("beta1", h.beta1),
+                    ("beta2", h.beta2),
+                    ("beta3", h.beta3),
+                    ("alpha", h.alpha),
+                    ("eps", h.eps),
+                    ("weight_decay", h.weight_decay),
+                    ("t_alpha", steps(h.t_alpha)),
+                    ("t_beta3", steps(h.t_beta3)),
+                ]
+            }
+        }
+    }
+
+    /// Adam / AdamW: the algorithm and hyperparameters.
+    pub(crate) fn adam(&self) -> Option<(OptimAlgo, &AdamHyper)> {
+        match self {
+            OptimizerKind::Adam(h) => Some((OptimAlgo::Adam, h)),
+            OptimizerKind::AdamW(h) => Some((OptimAlgo::AdamW, h)),
+            OptimizerKind::Lion(_)
+            | OptimizerKind::Sgd(_)
+            | OptimizerKind::Rmsprop(_)
+            | OptimizerKind::Adagrad(_)
+            | OptimizerKind::Ademamix(_) => None,
+        }
+    }
+
+    /// One-state rules: the algorithm and hyperparameters.
+    pub(crate) fn one_state(&self) -> Option<(Optim1Algo, &Optim1Hyper)> {
+        match self {
+            OptimizerKind::Lion(h) => Some((Optim1Algo::Lion, h)),
+            OptimizerKind::Sgd(h) => Some((Optim1Algo::Sgd, h)),
+            OptimizerKind::Rmsprop(h) => Some((Optim1Algo::Rmsprop, h)),
+            OptimizerKind::Adagrad(h) => Some((Optim1Algo::Adagrad, h)),
+            OptimizerKind::Adam(_) | OptimizerKind::AdamW(_) | OptimizerKind::Ademamix(_) => None,
+        }
+    }
+
+    /// AdEMAMix: the hyperparameters.
+    pub(crate) fn ademamix(&self) -> Option<&AdemamixHyper> {
+        match self {
+            OptimizerKind::Ademamix(h) => Some(h),
+            OptimizerKind::Adam(_)
+            | OptimizerKind::AdamW(_)
+            | OptimizerKind::Lion(_)
+            | OptimizerKind::Sgd(_)
+            | OptimizerKind::Rmsprop(_)
+            | OptimizerKind::Adagrad(_) => None,
         }
     }
 
@@ -46,16 +153,28 @@ impl OptimizerKind {
         match self {
             OptimizerKind::Adam(h) => h.check(OptimAlgo::Adam)?,
             OptimizerKind::AdamW(h) => h.check(OptimAlgo::AdamW)?,
+            OptimizerKind::Lion(h) => h.check(Optim1Algo::Lion)?,
+            OptimizerKind::Sgd(h) => h.check(Optim1Algo::Sgd)?,
+            OptimizerKind::Rmsprop(h) => h.check(Optim1Algo::Rmsprop)?,
+            OptimizerKind::Adagrad(h) => h.check(Optim1Algo::Adagrad)?,
+            OptimizerKind::Ademamix(h) => h.check()?,
         }
         Ok(())
     }
 
-    /// State bit widths this rule has kernels for.
+    /// State bit widths this rule has kernels for (every rule: 32 and 8).
     pub fn supports(&self, bits: StateBits) -> bool {
-        match self {
-            OptimizerKind::Adam(_) | OptimizerKind::AdamW(_) => match bits {
-                StateBits::Bits32 | StateBits::Bits8 => true,
-            },
+        match bits {
+            StateBits::Bits32 | StateBits::Bits8 => true,
+        }
+    }
+
+    /// Parameter dtypes this rule's kernels take: `f32`, `f16`, `bf16` for Adam / AdamW, `f32`
+    /// only for the others.
+    pub fn param_dtypes(&self) -> &'static [DType] {
+        match self.family() {
+            Family::Adam => &OPTIM_PARAM_DTYPES,
+            Family::One | Family::Ademamix => &[DType::F32],
         }
     }
 }

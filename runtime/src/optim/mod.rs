@@ -26,7 +26,6 @@ pub use serial::{STATE_FORMAT_VERSION, STATE_METADATA_KEY};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::ops::OPTIM_PARAM_DTYPES;
 use crate::tensor::HostTensor;
 use state::{Layout, ParamState};
 
@@ -39,8 +38,8 @@ pub struct OptimizerOptions {
     /// Elements per update chunk (rounded down to a multiple of 256, at least 256); bounds the
     /// step's temporary memory. Does not change results. Default 512 Ki.
     pub workspace_elems: usize,
-    /// Seed for rules with stochastic rounding (recorded in state files; Adam/AdamW do not use
-    /// it). Default 0.
+    /// Seed for rules with stochastic rounding (recorded in state files; none of the current
+    /// rules uses it). Default 0.
     pub seed: u64,
 }
 
@@ -154,10 +153,7 @@ impl Optimizer {
     /// name): [`StateBits::Bits32`] for small parameters of 8-bit groups.
     pub fn state_bits(&self, name: &str) -> Option<StateBits> {
         let slot = &self.slots[*self.index.get(name)?];
-        slot.state.as_ref().map(|s| match s.layout() {
-            Layout::Adam32 => StateBits::Bits32,
-            Layout::Adam8 => StateBits::Bits8,
-        })
+        slot.state.as_ref().map(|s| s.layout().bits())
     }
 
     /// One step for every parameter: `params[i]` and `grads[i]` belong to
@@ -165,8 +161,8 @@ impl Optimizer {
     /// count grows by one. Everything is checked before anything is updated.
     ///
     /// # Errors
-    /// [`Error::Invalid`] for a count that differs from the parameter count, a non-float or
-    /// empty parameter, a gradient of another dtype or shape, a parameter whose shape changed
+    /// [`Error::Invalid`] for a count that differs from the parameter count, an empty parameter
+    /// or one of a dtype the group's rule does not take (see [`OptimizerKind::param_dtypes`]), a gradient of another dtype or shape, a parameter whose shape changed
     /// since its state was created, a step count at `u32::MAX`; any device error (parameters
     /// before the failing one are then already updated).
     pub fn step(
@@ -261,8 +257,16 @@ impl Optimizer {
                 slot.name
             )))
         };
-        if !OPTIM_PARAM_DTYPES.contains(&p.dtype) {
-            return bad(format!("dtype {} is not f32, f16 or bf16", p.dtype));
+        let kind = &self.groups[slot.group].kind;
+        let dtypes = kind.param_dtypes();
+        if !dtypes.contains(&p.dtype) {
+            let names: Vec<String> = dtypes.iter().map(|d| d.to_string()).collect();
+            return bad(format!(
+                "dtype {} is not supported by {} (parameters must be {})",
+                p.dtype,
+                kind.name(),
+                names.join(", ")
+            ));
         }
         if p.numel() == 0 {
             return bad("the parameter is empty".into());

@@ -1,5 +1,5 @@
-//! Optimizer state as safetensors: tensors `<param>.<suffix>` (`state1`, `state2`, and
-//! `absmax1`, `absmax2` for 8-bit state) plus one JSON metadata entry
+//! Optimizer state as safetensors: tensors `<param>.<suffix>` (`state1` to `state3`, as many
+//! as the rule keeps, each followed by `absmax1` to `absmax3` for 8-bit state) plus one JSON metadata entry
 //! ([`STATE_METADATA_KEY`]) with the format version, options, groups (rule, width, parameter
 //! names, hyperparameters with their exact `f64` bits) and per-parameter step count, state
 //! layout and shape.
@@ -299,8 +299,7 @@ impl Optimizer {
                 .ok_or_else(|| err(format!("parameter '{name}': invalid shape {shape:?}")))?;
             let group = &self.groups[slot.group];
             let want = Layout::choose(&group.kind, group.bits, numel, self.options.min_8bit_size);
-            let got = e["state"].as_str().and_then(Layout::from_name);
-            if got != Some(want) {
+            if e["state"].as_str() != Some(want.name()) {
                 return Err(err(format!(
                     "parameter '{name}': state layout {} in the file, this optimizer uses {} for {numel} elements",
                     e["state"],

@@ -3,13 +3,18 @@
 //! back. The kernels have no dependency across blocks, so the result is bit-identical to one
 //! launch over the whole tensor.
 
-use qforge_ir::library::{OptimAlgo, OPTIM_BLOCKSIZE};
+use std::ops::Range;
+
+use qforge_ir::library::OPTIM_BLOCKSIZE;
 use safetensors::Dtype;
 
-use super::group::{OptimizerKind, StateBits};
+use super::group::{Family, OptimizerKind, StateBits};
 use crate::device::Device;
-use crate::error::Result;
-use crate::ops::{adam_step_32bit, adam_step_8bit, AdamState32, AdamState8};
+use crate::error::{Error, Result};
+use crate::ops::{
+    adam_step_32bit, adam_step_8bit, ademamix_step_32bit, ademamix_step_8bit, optim1_step_32bit,
+    optim1_step_8bit, AdamState32, AdamState8, AdemamixState32, AdemamixState8, Optim1State8,
+};
 use crate::tensor::{bytes_f32, f32_bytes, HostTensor};
 
 const BLOCK: usize = OPTIM_BLOCKSIZE as usize;
@@ -17,10 +22,18 @@ const BLOCK: usize = OPTIM_BLOCKSIZE as usize;
 /// The state of one parameter (a new state layout is a new variant).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum ParamState {
-    /// Both moments in `f32`.
+    /// Adam / AdamW: both moments in `f32`.
     Adam32(AdamState32),
-    /// 8-bit blockwise moments.
+    /// Adam / AdamW: 8-bit blockwise moments.
     Adam8(AdamState8),
+    /// One-state rules: the state in `f32`.
+    One32(Vec<f32>),
+    /// One-state rules: 8-bit blockwise state.
+    One8(Optim1State8),
+    /// AdEMAMix: `m1`, `nu`, `m2` in `f32`.
+    Ademamix32(AdemamixState32),
+    /// AdEMAMix: 8-bit blockwise `m1`, `nu`, `m2`.
+    Ademamix8(AdemamixState8),
 }
 
 /// One named state tensor: suffix, safetensors dtype, shape, bytes.
@@ -31,13 +44,22 @@ pub(crate) struct StateTensor {
     pub data: Vec<u8>,
 }
 
-/// The layout a parameter's state has: which tensors, dtypes and shapes.
+/// The layout a parameter's state has: which tensors, dtypes and shapes (see
+/// [`Layout::tensors`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Layout {
-    /// `state1`, `state2`: `f32`, the parameter's shape.
+    /// `state1`, `state2`: `f32`.
     Adam32,
-    /// `state1`, `state2`: `u8`, the parameter's shape; `absmax1`, `absmax2`: `f32[blocks]`.
+    /// `state1`, `state2`: `u8`; `absmax1`, `absmax2`.
     Adam8,
+    /// `state1`: `f32`.
+    One32,
+    /// `state1`: `u8`; `absmax1`.
+    One8,
+    /// `state1` (m1), `state2` (nu), `state3` (m2): `f32`.
+    Ademamix32,
+    /// `state1..3`: `u8`; `absmax1..3`.
+    Ademamix8,
 }
 
 impl Layout {
@@ -48,28 +70,34 @@ impl Layout {
         numel: usize,
         min_8bit_size: usize,
     ) -> Layout {
-        match kind {
-            OptimizerKind::Adam(_) | OptimizerKind::AdamW(_) => match bits {
-                StateBits::Bits32 => Layout::Adam32,
-                StateBits::Bits8 if numel < min_8bit_size => Layout::Adam32,
-                StateBits::Bits8 => Layout::Adam8,
-            },
+        let eight = match bits {
+            StateBits::Bits32 => false,
+            StateBits::Bits8 => numel >= min_8bit_size,
+        };
+        match (kind.family(), eight) {
+            (Family::Adam, false) => Layout::Adam32,
+            (Family::Adam, true) => Layout::Adam8,
+            (Family::One, false) => Layout::One32,
+            (Family::One, true) => Layout::One8,
+            (Family::Ademamix, false) => Layout::Ademamix32,
+            (Family::Ademamix, true) => Layout::Ademamix8,
         }
     }
 
-    /// Name in state files.
-    pub fn name(self) -> &'static str {
+    /// The state width.
+    pub fn bits(self) -> StateBits {
         match self {
-            Layout::Adam32 => "32bit",
-            Layout::Adam8 => "8bit",
+            Layout::Adam32 | Layout::One32 | Layout::Ademamix32 => StateBits::Bits32,
+            Layout::Adam8 | Layout::One8 | Layout::Ademamix8 => StateBits::Bits8,
         }
     }
 
-    /// Parses [`Layout::name`].
-    pub fn from_name(s: &str) -> Option<Layout> {
-        [Layout::Adam32, Layout::Adam8]
-            .into_iter()
-            .find(|l| l.name() == s)
+    /// Name in state files (`32bit` or `8bit`; the group's rule says which tensors).
+    pub fn name(self) -> &'static str {
+        match self.bits() {
+            StateBits::Bits32 => "32bit",
+            StateBits::Bits8 => "8bit",
+        }
     }
 
     /// The zero (initial) state for `numel` elements.
@@ -77,25 +105,37 @@ impl Layout {
         match self {
             Layout::Adam32 => ParamState::Adam32(AdamState32::zeros(numel)),
             Layout::Adam8 => ParamState::Adam8(AdamState8::zeros(numel)),
+            Layout::One32 => ParamState::One32(vec![0.0; numel]),
+            Layout::One8 => ParamState::One8(Optim1State8::zeros(numel)),
+            Layout::Ademamix32 => ParamState::Ademamix32(AdemamixState32::zeros(numel)),
+            Layout::Ademamix8 => ParamState::Ademamix8(AdemamixState8::zeros(numel)),
         }
     }
 
-    /// Expected tensors `(suffix, dtype, shape)` for a parameter of `shape`.
+    /// Expected tensors `(suffix, dtype, shape)` for a parameter of `shape`: `stateK` (the
+    /// parameter's shape, `f32` or `u8` codes) and, for 8-bit state, `absmaxK` (`f32`, one per
+    /// 256-element block) after each.
     pub fn tensors(self, shape: &[usize]) -> Vec<(&'static str, Dtype, Vec<usize>)> {
         let numel: usize = shape.iter().product();
         let blocks = vec![numel.div_ceil(BLOCK)];
-        match self {
-            Layout::Adam32 => vec![
-                ("state1", Dtype::F32, shape.to_vec()),
-                ("state2", Dtype::F32, shape.to_vec()),
-            ],
-            Layout::Adam8 => vec![
-                ("state1", Dtype::U8, shape.to_vec()),
-                ("absmax1", Dtype::F32, blocks.clone()),
-                ("state2", Dtype::U8, shape.to_vec()),
-                ("absmax2", Dtype::F32, blocks),
-            ],
+        let count = match self {
+            Layout::One32 | Layout::One8 => 1,
+            Layout::Adam32 | Layout::Adam8 => 2,
+            Layout::Ademamix32 | Layout::Ademamix8 => 3,
+        };
+        let states = ["state1", "state2", "state3"];
+        let absmaxes = ["absmax1", "absmax2", "absmax3"];
+        let mut out = Vec::new();
+        for k in 0..count {
+            match self.bits() {
+                StateBits::Bits32 => out.push((states[k], Dtype::F32, shape.to_vec())),
+                StateBits::Bits8 => {
+                    out.push((states[k], Dtype::U8, shape.to_vec()));
+                    out.push((absmaxes[k], Dtype::F32, blocks.clone()));
+                }
+            }
         }
+        out
     }
 
     /// Builds the state from tensors in the order of [`Layout::tensors`] (already checked for
@@ -112,8 +152,53 @@ impl Layout {
                 state2: data[2].to_vec(),
                 absmax2: bytes_f32(data[3]),
             }),
+            Layout::One32 => ParamState::One32(bytes_f32(data[0])),
+            Layout::One8 => ParamState::One8(Optim1State8 {
+                state1: data[0].to_vec(),
+                absmax1: bytes_f32(data[1]),
+            }),
+            Layout::Ademamix32 => ParamState::Ademamix32(AdemamixState32 {
+                m1: bytes_f32(data[0]),
+                nu: bytes_f32(data[1]),
+                m2: bytes_f32(data[2]),
+            }),
+            Layout::Ademamix8 => ParamState::Ademamix8(AdemamixState8 {
+                codes: std::array::from_fn(|k| data[2 * k].to_vec()),
+                absmax: std::array::from_fn(|k| bytes_f32(data[2 * k + 1])),
+            }),
         }
     }
+}
+
+/// Calls `f` with each chunk of `chunk` elements (a multiple of the block) of the parameter and
+/// gradient, its element range and its block range; copies the updated parameter back.
+fn for_chunks(
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    chunk: usize,
+    mut f: impl FnMut(&mut HostTensor, &HostTensor, Range<usize>, Range<usize>) -> Result<()>,
+) -> Result<()> {
+    let n = params.numel();
+    let size = params.dtype.size_bytes();
+    let mut start = 0;
+    while start < n {
+        let end = (start + chunk).min(n);
+        let bytes = start * size..end * size;
+        let mut p = HostTensor::new(
+            params.dtype,
+            vec![end - start],
+            params.data[bytes.clone()].to_vec(),
+        )?;
+        let g = HostTensor::new(
+            grads.dtype,
+            vec![end - start],
+            grads.data[bytes.clone()].to_vec(),
+        )?;
+        f(&mut p, &g, start..end, start / BLOCK..end.div_ceil(BLOCK))?;
+        params.data[bytes].copy_from_slice(&p.data);
+        start = end;
+    }
+    Ok(())
 }
 
 impl ParamState {
@@ -122,6 +207,10 @@ impl ParamState {
         match self {
             ParamState::Adam32(_) => Layout::Adam32,
             ParamState::Adam8(_) => Layout::Adam8,
+            ParamState::One32(_) => Layout::One32,
+            ParamState::One8(_) => Layout::One8,
+            ParamState::Ademamix32(_) => Layout::Ademamix32,
+            ParamState::Ademamix8(_) => Layout::Ademamix8,
         }
     }
 
@@ -135,6 +224,14 @@ impl ParamState {
                 s.state2.clone(),
                 f32_bytes(&s.absmax2),
             ],
+            ParamState::One32(s) => vec![f32_bytes(s)],
+            ParamState::One8(s) => vec![s.state1.clone(), f32_bytes(&s.absmax1)],
+            ParamState::Ademamix32(s) => {
+                vec![f32_bytes(&s.m1), f32_bytes(&s.nu), f32_bytes(&s.m2)]
+            }
+            ParamState::Ademamix8(s) => (0..3)
+                .flat_map(|k| [s.codes[k].clone(), f32_bytes(&s.absmax[k])])
+                .collect(),
         };
         self.layout()
             .tensors(shape)
@@ -151,6 +248,9 @@ impl ParamState {
 
     /// One update of step `step` (1-based) in chunks of `chunk` elements (a multiple of the
     /// 256-element block).
+    ///
+    /// # Errors
+    /// Any host op error; [`Error::Invalid`] if the state does not belong to `kind` (a bug).
     pub fn update(
         &mut self,
         dev: &dyn Device,
@@ -160,54 +260,93 @@ impl ParamState {
         step: u32,
         chunk: usize,
     ) -> Result<()> {
-        let (algo, hyper) = match kind {
-            OptimizerKind::Adam(h) => (OptimAlgo::Adam, h),
-            OptimizerKind::AdamW(h) => (OptimAlgo::AdamW, h),
+        let layout = self.layout();
+        let mismatch = || {
+            Error::Invalid(format!(
+                "{} state of layout {layout:?} does not fit the rule",
+                kind.name()
+            ))
         };
-        let n = params.numel();
-        let size = params.dtype.size_bytes();
-        let mut start = 0;
-        while start < n {
-            let end = (start + chunk).min(n);
-            let bytes = start * size..end * size;
-            let mut p = HostTensor::new(
-                params.dtype,
-                vec![end - start],
-                params.data[bytes.clone()].to_vec(),
-            )?;
-            let g = HostTensor::new(
-                grads.dtype,
-                vec![end - start],
-                grads.data[bytes.clone()].to_vec(),
-            )?;
-            match self {
-                ParamState::Adam32(s) => {
+        match self {
+            ParamState::Adam32(s) => {
+                let (algo, h) = kind.adam().ok_or_else(mismatch)?;
+                for_chunks(params, grads, chunk, |p, g, r, _| {
                     let mut c = AdamState32 {
-                        state1: s.state1[start..end].to_vec(),
-                        state2: s.state2[start..end].to_vec(),
+                        state1: s.state1[r.clone()].to_vec(),
+                        state2: s.state2[r.clone()].to_vec(),
                     };
-                    adam_step_32bit(dev, algo, &mut p, &g, &mut c, hyper, step)?;
-                    s.state1[start..end].copy_from_slice(&c.state1);
-                    s.state2[start..end].copy_from_slice(&c.state2);
-                }
-                ParamState::Adam8(s) => {
-                    let blocks = start / BLOCK..end.div_ceil(BLOCK);
-                    let mut c = AdamState8 {
-                        state1: s.state1[start..end].to_vec(),
-                        absmax1: s.absmax1[blocks.clone()].to_vec(),
-                        state2: s.state2[start..end].to_vec(),
-                        absmax2: s.absmax2[blocks.clone()].to_vec(),
-                    };
-                    adam_step_8bit(dev, algo, &mut p, &g, &mut c, hyper, step)?;
-                    s.state1[start..end].copy_from_slice(&c.state1);
-                    s.absmax1[blocks.clone()].copy_from_slice(&c.absmax1);
-                    s.state2[start..end].copy_from_slice(&c.state2);
-                    s.absmax2[blocks].copy_from_slice(&c.absmax2);
-                }
+                    adam_step_32bit(dev, algo, p, g, &mut c, h, step)?;
+                    s.state1[r.clone()].copy_from_slice(&c.state1);
+                    s.state2[r].copy_from_slice(&c.state2);
+                    Ok(())
+                })
             }
-            params.data[bytes].copy_from_slice(&p.data);
-            start = end;
+            ParamState::Adam8(s) => {
+                let (algo, h) = kind.adam().ok_or_else(mismatch)?;
+                for_chunks(params, grads, chunk, |p, g, r, b| {
+                    let mut c = AdamState8 {
+                        state1: s.state1[r.clone()].to_vec(),
+                        absmax1: s.absmax1[b.clone()].to_vec(),
+                        state2: s.state2[r.clone()].to_vec(),
+                        absmax2: s.absmax2[b.clone()].to_vec(),
+                    };
+                    adam_step_8bit(dev, algo, p, g, &mut c, h, step)?;
+                    s.state1[r.clone()].copy_from_slice(&c.state1);
+                    s.absmax1[b.clone()].copy_from_slice(&c.absmax1);
+                    s.state2[r].copy_from_slice(&c.state2);
+                    s.absmax2[b].copy_from_slice(&c.absmax2);
+                    Ok(())
+                })
+            }
+            ParamState::One32(s) => {
+                let (algo, h) = kind.one_state().ok_or_else(mismatch)?;
+                for_chunks(params, grads, chunk, |p, g, r, _| {
+                    optim1_step_32bit(dev, algo, p, g, &mut s[r], h, step)
+                })
+            }
+            ParamState::One8(s) => {
+                let (algo, h) = kind.one_state().ok_or_else(mismatch)?;
+                for_chunks(params, grads, chunk, |p, g, r, b| {
+                    let mut c = Optim1State8 {
+                        state1: s.state1[r.clone()].to_vec(),
+                        absmax1: s.absmax1[b.clone()].to_vec(),
+                    };
+                    optim1_step_8bit(dev, algo, p, g, &mut c, h, step)?;
+                    s.state1[r].copy_from_slice(&c.state1);
+                    s.absmax1[b].copy_from_slice(&c.absmax1);
+                    Ok(())
+                })
+            }
+            ParamState::Ademamix32(s) => {
+                let h = kind.ademamix().ok_or_else(mismatch)?;
+                for_chunks(params, grads, chunk, |p, g, r, _| {
+                    let mut c = AdemamixState32 {
+                        m1: s.m1[r.clone()].to_vec(),
+                        nu: s.nu[r.clone()].to_vec(),
+                        m2: s.m2[r.clone()].to_vec(),
+                    };
+                    ademamix_step_32bit(dev, p, g, &mut c, h, step)?;
+                    s.m1[r.clone()].copy_from_slice(&c.m1);
+                    s.nu[r.clone()].copy_from_slice(&c.nu);
+                    s.m2[r].copy_from_slice(&c.m2);
+                    Ok(())
+                })
+            }
+            ParamState::Ademamix8(s) => {
+                let h = kind.ademamix().ok_or_else(mismatch)?;
+                for_chunks(params, grads, chunk, |p, g, r, b| {
+                    let mut c = AdemamixState8 {
+                        codes: std::array::from_fn(|k| s.codes[k][r.clone()].to_vec()),
+                        absmax: std::array::from_fn(|k| s.absmax[k][b.clone()].to_vec()),
+                    };
+                    ademamix_step_8bit(dev, p, g, &mut c, h, step)?;
+                    for k in 0..3 {
+                        s.codes[k][r.clone()].copy_from_slice(&c.codes[k]);
+                        s.absmax[k][b.clone()].copy_from_slice(&c.absmax[k]);
+                    }
+                    Ok(())
+                })
+            }
         }
-        Ok(())
     }
 }
