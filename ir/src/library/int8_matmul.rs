@@ -56,7 +56,7 @@ use crate::library::check_float_dtype;
 use crate::library::int8::DEQUANT_SCALE;
 use crate::library::matmul4::{TileConfig, K_ORDER};
 use crate::library::round::round_to;
-use crate::library::tile::{last_index, row_bases, tile_of};
+use crate::library::tile::{last_index, row_bases, store_tile, tile_of};
 use crate::ops::{BinaryOp, CmpOp};
 use crate::types::{DType, ScalarType};
 
@@ -178,18 +178,9 @@ pub fn int8_linear_matmul(tile: TileConfig) -> Result<Kernel> {
     let a_bases = row_bases(&mut b, &rows, kv);
     let w_bases = row_bases(&mut b, &outs, kv);
     let vars = int_dots(&mut b, (a, &a_bases), (w, &w_bases), kv);
-    for (ri, r) in rows.iter().enumerate() {
-        for (oi, o) in outs.iter().enumerate() {
-            let var = vars[ri * outs.len() + oi];
-            let inside = b.and(r.inside, o.inside);
-            b.if_then(inside, |b| {
-                let v = b.read_var(var);
-                let row = b.mul(r.clamped, nv);
-                let idx = b.add(row, o.clamped);
-                b.store(c, idx, v);
-            });
-        }
-    }
+    store_tile(&mut b, (&rows, &outs), c, nv, |b, at, _, _| {
+        b.read_var(vars[at])
+    });
     Ok(b.finish())
 }
 
@@ -296,27 +287,19 @@ pub fn int8_mixed_scaled_mm(dtype: DType, bias: bool, tile: TileConfig) -> Resul
         }
         factors
     });
-    for (ri, r) in rows.iter().enumerate() {
-        for (oi, o) in outs.iter().enumerate() {
-            let at = ri * outs.len() + oi;
-            let inside = b.and(r.inside, o.inside);
-            b.if_then(inside, |b| {
-                let dot = b.read_var(dots[at]);
-                let rs = b.load(sca, r.clamped);
-                let mut t = mm_scale(b, dot, rs, scbs[oi]);
-                if let Some(bias) = bias {
-                    let bv = b.load(bias, o.clamped);
-                    t = b.add(t, bv);
-                }
-                let t = round_to(b, t, dtype);
-                let fp = b.read_var(fp_vars[at]);
-                let v = b.add(t, fp);
-                let row = b.mul(r.clamped, nv);
-                let idx = b.add(row, o.clamped);
-                b.store_auto(y, idx, v);
-            });
+    let n_outs = outs.len();
+    store_tile(&mut b, (&rows, &outs), y, nv, |b, at, r, o| {
+        let dot = b.read_var(dots[at]);
+        let rs = b.load(sca, r.clamped);
+        let mut t = mm_scale(b, dot, rs, scbs[at % n_outs]);
+        if let Some(bias) = bias {
+            let bv = b.load(bias, o.clamped);
+            t = b.add(t, bv);
         }
-    }
+        let t = round_to(b, t, dtype);
+        let fp = b.read_var(fp_vars[at]);
+        b.add(t, fp)
+    });
     Ok(b.finish())
 }
 
@@ -371,17 +354,8 @@ pub fn int8_mixed_scaled_mm_dx(dtype: DType, tile: TileConfig) -> Result<Kernel>
         }
         factors
     });
-    for (ri, r) in rows.iter().enumerate() {
-        for (oi, o) in outs.iter().enumerate() {
-            let var = vars[ri * outs.len() + oi];
-            let inside = b.and(r.inside, o.inside);
-            b.if_then(inside, |b| {
-                let v = b.read_var(var);
-                let row = b.mul(r.clamped, kv);
-                let idx = b.add(row, o.clamped);
-                b.store_auto(dx, idx, v);
-            });
-        }
-    }
+    store_tile(&mut b, (&rows, &outs), dx, kv, |b, at, _, _| {
+        b.read_var(vars[at])
+    });
     Ok(b.finish())
 }

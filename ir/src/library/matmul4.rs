@@ -43,7 +43,7 @@ use crate::builder::KernelBuilder;
 use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, ParamId, TableId, Value, VarId};
 use crate::library::round::round_to;
-use crate::library::tile::{row_bases, tile_of};
+use crate::library::tile::{row_bases, store_tile, tile_of};
 use crate::library::{check_blocksize_4bit, check_float_dtype, QuantType, NESTED_BLOCKSIZE};
 use crate::ops::{BinaryOp, ReduceOrder};
 use crate::types::{DType, ScalarType};
@@ -205,22 +205,16 @@ impl Matmul4 {
             }
             factors
         });
-        for (ri, r) in rows.iter().enumerate() {
-            for (oi, o) in outs.iter().enumerate() {
-                let var = vars[ri * tn as usize + oi];
-                let inside = b.binary(BinaryOp::And, r.inside, o.inside);
-                b.if_then(inside, |b| {
-                    let mut y = b.read_var(var);
-                    if let Some(bias) = p.bias {
-                        let bv = b.load(bias, o.clamped);
-                        y = b.add(y, bv);
-                    }
-                    let row = b.mul(r.clamped, cols);
-                    let idx = b.add(row, o.clamped);
-                    b.store_auto(p.out, idx, y);
-                });
+        store_tile(&mut b, (&rows, &outs), p.out, cols, |b, at, _, o| {
+            let y = b.read_var(vars[at]);
+            match p.bias {
+                Some(bias) => {
+                    let bv = b.load(bias, o.clamped);
+                    b.add(y, bv)
+                }
+                None => y,
             }
-        }
+        });
         Ok(b.finish())
     }
 }

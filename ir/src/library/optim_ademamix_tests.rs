@@ -8,23 +8,9 @@ use crate::args::OwnedArg;
 use crate::library::optim::StateBits;
 use crate::library::optim_ademamix::{AdemamixHyper, AdemamixSpec};
 use crate::library::test_util::{bytes, floats};
+use crate::library::test_util::{nearest, out};
 use crate::library::BlockwiseMap;
 use crate::types::{DType, Scalar};
-
-fn out(args: &[OwnedArg], i: usize) -> &[u8] {
-    match &args[i] {
-        OwnedArg::Write(b) | OwnedArg::Read(b) => b,
-        OwnedArg::Scalar(_) => panic!("argument {i} is a scalar"),
-    }
-}
-
-fn nearest(code: &[f32], v: f32) -> u8 {
-    if v.is_nan() {
-        return 0;
-    }
-    let d = |k: usize| (v as f64 - code[k] as f64).abs();
-    (1..code.len()).fold(0, |best, k| if d(k) < d(best) { k } else { best }) as u8
-}
 
 fn hyper() -> AdemamixHyper {
     AdemamixHyper {

@@ -5,34 +5,9 @@
 use crate::args::OwnedArg;
 use crate::library::optim::{AdamHyper, OptimAlgo, OptimSpec, StateBits};
 use crate::library::test_util::{bytes, floats, round};
+use crate::library::test_util::{nearest, out, run};
 use crate::library::BlockwiseMap;
 use crate::types::{DType, Scalar};
-
-fn run(kernel: &crate::Kernel, args: &mut [OwnedArg]) {
-    let mut borrowed = OwnedArg::borrow_all(args);
-    crate::interp::run(kernel, &mut borrowed).unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
-}
-
-fn out(args: &[OwnedArg], i: usize) -> &[u8] {
-    match &args[i] {
-        OwnedArg::Write(b) | OwnedArg::Read(b) => b,
-        OwnedArg::Scalar(_) => panic!("argument {i} is a scalar"),
-    }
-}
-
-/// Exact nearest code (f64 distances; ties to the lower index; NaN to 0).
-fn nearest(code: &[f32], v: f32) -> u8 {
-    if v.is_nan() {
-        return 0;
-    }
-    let mut best = 0usize;
-    for k in 1..code.len() {
-        if (v as f64 - code[k] as f64).abs() < (v as f64 - code[best] as f64).abs() {
-            best = k;
-        }
-    }
-    best as u8
-}
 
 /// Host model of one element's moments: `(finite, m, v)`.
 fn model_moments(h: &AdamHyper, g: f32, m: f32, v: f32) -> (bool, f32, f32) {

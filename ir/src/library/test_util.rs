@@ -3,6 +3,7 @@
 
 use half::{bf16, f16};
 
+use crate::args::OwnedArg;
 use crate::types::DType;
 
 /// `v` rounded to `dtype` and widened back (the value a `dtype` buffer holds).
@@ -45,4 +46,32 @@ pub(crate) fn floats(dtype: DType, b: &[u8]) -> Vec<f32> {
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
     }
+}
+
+/// Runs `kernel` on the interpreter, panicking with the kernel's name on an error.
+pub(crate) fn run(kernel: &crate::Kernel, args: &mut [OwnedArg]) {
+    let mut borrowed = OwnedArg::borrow_all(args);
+    crate::interp::run(kernel, &mut borrowed).unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
+}
+
+/// The bytes of buffer argument `i`.
+pub(crate) fn out(args: &[OwnedArg], i: usize) -> &[u8] {
+    match &args[i] {
+        OwnedArg::Write(b) | OwnedArg::Read(b) => b,
+        OwnedArg::Scalar(_) => panic!("argument {i} is a scalar"),
+    }
+}
+
+/// Exact nearest code (f64 distances; ties to the lower index; NaN to 0).
+pub(crate) fn nearest(code: &[f32], v: f32) -> u8 {
+    if v.is_nan() {
+        return 0;
+    }
+    let mut best = 0usize;
+    for k in 1..code.len() {
+        if (v as f64 - code[k] as f64).abs() < (v as f64 - code[best] as f64).abs() {
+            best = k;
+        }
+    }
+    best as u8
 }

@@ -64,3 +64,27 @@ pub(crate) fn tile_of(
 pub(crate) fn row_bases(b: &mut KernelBuilder, rows: &[TileRow], len: Value) -> Vec<Value> {
     rows.iter().map(|r| b.mul(r.clamped, len)).collect()
 }
+
+/// Stores one value per output of a tile: for each row `r` and output `o` that both exist,
+/// `value(b, at, r, o)` (with `at = ri * outs.len() + oi`, the output's index in the tile) is
+/// stored at `out[r * cols + o]`, rounded to nearest even for an `f16`/`bf16` buffer.
+pub(crate) fn store_tile(
+    b: &mut KernelBuilder,
+    (rows, outs): (&[TileRow], &[TileRow]),
+    out: ParamId,
+    cols: Value,
+    mut value: impl FnMut(&mut KernelBuilder, usize, &TileRow, &TileRow) -> Value,
+) {
+    for (ri, r) in rows.iter().enumerate() {
+        for (oi, o) in outs.iter().enumerate() {
+            let at = ri * outs.len() + oi;
+            let inside = b.binary(BinaryOp::And, r.inside, o.inside);
+            b.if_then(inside, |b| {
+                let v = value(b, at, r, o);
+                let row = b.mul(r.clamped, cols);
+                let idx = b.add(row, o.clamped);
+                b.store_auto(out, idx, v);
+            });
+        }
+    }
+}
