@@ -14,5 +14,6 @@ pub mod checkpoint;
 pub mod cli;
 pub mod devices;
 mod error;
+pub mod finetune;
 
 pub use error::{Error, Result};

@@ -1,4 +1,4 @@
-//! The `qforge` command line: `check`, `quantize`, `dequantize`.
+//! The `qforge` command line: `check`, `quantize`, `dequantize`, `bench`, `finetune`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -88,6 +88,39 @@ enum Command {
         #[arg(long)]
         filter: Option<String>,
         /// Device: cpu, interpreter (cases scaled down), wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// Train bottleneck adapters after frozen NF4 feed-forward blocks so that they reproduce the
+    /// full-precision blocks, anneal them to linear (AFA) and merge them into output.dense.
+    /// Without --model: a built-in synthetic model (seconds).
+    Finetune {
+        /// A BERT-style f32 safetensors checkpoint (e.g. all-MiniLM-L6-v2/model.safetensors).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Encoder layers to adapt, comma separated.
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        layers: Vec<usize>,
+        /// Adapter rank r.
+        #[arg(long, default_value_t = 16)]
+        rank: usize,
+        /// Training steps.
+        #[arg(long, default_value_t = 200)]
+        steps: u64,
+        /// Optimizer of the adapter weights: adamw4bit-zip-sr, adamw4bit-ze-eden, adamw8bit or
+        /// adamw.
+        #[arg(long, default_value = "adamw4bit-zip-sr")]
+        optimizer: String,
+        /// Learning rate.
+        #[arg(long, default_value_t = 1e-3)]
+        lr: f64,
+        /// Folder for loss.csv, loss.svg and merged.safetensors.
+        #[arg(long, default_value = "finetune-out")]
+        out: PathBuf,
+        /// Print the summary as one JSON line (the last line printed).
+        #[arg(long)]
+        json: bool,
+        /// Device: cpu, interpreter, wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -316,6 +349,53 @@ fn bench(json: bool, filter: Option<&str>, device: &str) -> Result<()> {
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
+fn finetune(
+    model: Option<PathBuf>,
+    layers: Vec<usize>,
+    rank: usize,
+    steps: u64,
+    optimizer: &str,
+    lr: f64,
+    out_dir: &std::path::Path,
+    json: bool,
+    device: &str,
+) -> Result<()> {
+    use qforge::finetune::{self, FinetuneOptions, FtOptimizer};
+    let options = FinetuneOptions {
+        model,
+        layers,
+        rank,
+        steps,
+        optimizer: FtOptimizer::from_name(optimizer)?,
+        lr,
+        ..FinetuneOptions::default()
+    };
+    let device = device_by_name(device)?;
+    let bar = indicatif::ProgressBar::new(steps);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let (report, merged) = finetune::run(device.as_ref(), &options, |step, loss, beta| {
+        bar.suspend(|| out!("step {step:>5}  loss {loss:.6e}  beta {beta:.4}"));
+        bar.inc(1);
+    })?;
+    bar.finish_and_clear();
+    finetune::write_outputs(out_dir, &report, &merged)?;
+    for line in report.table().lines() {
+        out!("{line}");
+    }
+    out!(
+        "wrote {}/loss.csv, loss.svg and merged.safetensors",
+        out_dir.display()
+    );
+    if json {
+        out!("{}", report.json());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // An interrupted run removes the temporary output it was writing (the real output is only
@@ -377,6 +457,20 @@ fn main() -> ExitCode {
             filter,
             device,
         } => bench(json, filter.as_deref(), &device).map(|_| ExitCode::SUCCESS),
+        Command::Finetune {
+            model,
+            layers,
+            rank,
+            steps,
+            optimizer,
+            lr,
+            out,
+            json,
+            device,
+        } => finetune(
+            model, layers, rank, steps, &optimizer, lr, &out, json, &device,
+        )
+        .map(|_| ExitCode::SUCCESS),
     };
     result.unwrap_or_else(|e: Error| {
         eprintln!("error: {e}");

@@ -13,6 +13,9 @@ use qforge::ir::{
 };
 use qforge::runtime::{CpuDevice, CpuOptions, Device};
 
+#[path = "cpu_accumulate/wide.rs"]
+mod wide;
+
 // ----- harness -----
 
 /// The four CPU devices: SIMD on/off times native/baseline instruction set.

@@ -22,6 +22,10 @@ use safetensors::{Dtype, SafeTensors};
 #[path = "optim_api/rules.rs"]
 mod rules;
 
+/// Quantized AdamW (4-bit AdamW) through the API.
+#[path = "optim_api/qadam.rs"]
+mod qadam;
+
 /// splitmix64: deterministic pseudo-random numbers.
 struct Rng(u64);
 

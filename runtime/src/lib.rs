@@ -3,6 +3,7 @@
 //! bitsandbytes functional API (`quantize_4bit`, `dequantize_4bit`, `quantize_blockwise`, ...).
 #![deny(missing_docs)]
 
+pub mod adapter;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;

@@ -109,6 +109,7 @@ pub fn cases(size: CaseSize) -> Result<Vec<BenchCase>> {
     .chain(super::matmul_cases::matmul_cases(size))
     .chain(super::int8_cases::int8_cases(size))
     .chain(super::optim_cases::optim_cases(size))
+    .chain(super::adapter_cases::adapter_cases(size))
     .collect())
 }
 
@@ -177,10 +178,13 @@ pub fn spec_dtype(spec: KernelSpec) -> DType {
         | KernelSpec::QuantizeBlockwise { dtype, .. }
         | KernelSpec::DequantizeBlockwise { dtype, .. } => dtype,
         KernelSpec::Matmul4(m) => m.dtype,
+        KernelSpec::Gemm(g) => g.dtype,
         KernelSpec::Int8(s) => s.dtype(),
         KernelSpec::Optim(s) => s.dtype,
         KernelSpec::Optim1(s) => s.dtype,
         KernelSpec::Ademamix(s) => s.dtype,
+        KernelSpec::QAdam(s) => s.dtype,
+        KernelSpec::Activation(s) => s.dtype,
         KernelSpec::AbsmaxMean | KernelSpec::QuantizeNested | KernelSpec::DequantizeNested => {
             DType::F32
         }
@@ -188,8 +192,8 @@ pub fn spec_dtype(spec: KernelSpec) -> DType {
 }
 
 /// Bytes a library kernel reads plus writes for `n` elements (buffers only; code tables baked
-/// into the kernel are not counted); `None` for the fused matmul and the int8 kernels, whose
-/// traffic depends on their matrix shapes, not on one element count.
+/// into the kernel are not counted); `None` for the fused matmul, the dense product and the int8
+/// kernels, whose traffic depends on their matrix shapes, not on one element count.
 pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
     let blocks = |bs: u32| n.div_ceil(bs as usize);
     let packed = n.div_ceil(2);
@@ -253,7 +257,25 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
             };
             2 * n * s.dtype.size_bytes() + state
         }
-        KernelSpec::Matmul4(_) | KernelSpec::Int8(_) => return None,
+        // As Optim, each moment in its scheme (4-bit: n / 2 packed bytes and one f32 per block
+        // of 128; 8-bit: n codes and one f32 per 256; f32: 4n).
+        KernelSpec::QAdam(s) => {
+            let moment = |m: qforge_ir::library::MomentScheme| {
+                let (codes, scales) = m.state_lens(n);
+                let code_bytes = if m.bits() == 32 { 4 * codes } else { codes };
+                code_bytes + 4 * scales
+            };
+            2 * n * s.dtype.size_bytes() + moment(s.m1) + moment(s.m2)
+        }
+        // Reads z (and dy for the backward); writes y (dz).
+        KernelSpec::Activation(s) => {
+            let buffers = match s.direction {
+                qforge_ir::library::ActDirection::Forward => 2,
+                qforge_ir::library::ActDirection::Backward => 3,
+            };
+            buffers * n * s.dtype.size_bytes()
+        }
+        KernelSpec::Matmul4(_) | KernelSpec::Int8(_) | KernelSpec::Gemm(_) => return None,
     })
 }
 
@@ -268,7 +290,7 @@ mod tests {
         // Sizes that are not multiples of any blocksize, and one that is.
         for n in [1, 3, 4097, 8192] {
             for spec in catalog() {
-                if let KernelSpec::Matmul4(_) | KernelSpec::Int8(_) = spec {
+                if let KernelSpec::Matmul4(_) | KernelSpec::Int8(_) | KernelSpec::Gemm(_) = spec {
                     assert_eq!(bytes_moved(spec, n), None, "matmul cases size themselves");
                     continue;
                 }
@@ -302,7 +324,10 @@ mod tests {
             .iter()
             .map(|c| c.kernel.as_str())
             .filter(|k| {
-                !k.starts_with("matmul") && !k.starts_with("int8") && !k.starts_with("adamw")
+                !k.starts_with("matmul")
+                    && !k.starts_with("int8")
+                    && !k.starts_with("adamw")
+                    && !k.starts_with("adapter")
             })
             .collect();
         assert_eq!(
@@ -323,6 +348,9 @@ mod tests {
                     "{}: {baselines:?}",
                     c.kernel
                 );
+            } else if c.kernel == "adapter_fwd_bwd" {
+                assert_eq!(c.shape, "d=4096,r=64,M=512");
+                assert_eq!(baselines, ["fp32_gemm", "memcpy"]);
             } else if c.kernel.starts_with("adamw") {
                 assert_eq!(c.shape, "params=16777216");
                 assert_eq!(c.dtype, DType::F32);
@@ -333,13 +361,21 @@ mod tests {
                 assert_eq!(baselines, ["memcpy"]);
             }
         }
-        // The optimizer cases (the 4-bit ones do not exist yet).
+        // The optimizer cases.
         let optim: Vec<&str> = list
             .iter()
             .map(|c| c.kernel.as_str())
             .filter(|k| k.starts_with("adamw"))
             .collect();
-        assert_eq!(optim, ["adamw32", "adamw8bit"]);
+        assert_eq!(
+            optim,
+            [
+                "adamw32",
+                "adamw8bit",
+                "adamw4bit_zip_sr",
+                "adamw4bit_ze_eden"
+            ]
+        );
         // The matmul cases: M = 1 and 16 at three (K, N), f32 and bf16.
         let matmul: Vec<(&str, DType)> = list
             .iter()

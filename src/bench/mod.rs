@@ -18,6 +18,7 @@ use qforge_runtime::Device;
 
 use crate::error::{Error, Result};
 
+pub mod adapter_cases;
 pub mod baselines;
 pub mod cases;
 pub mod int8_cases;

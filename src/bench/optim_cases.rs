@@ -1,6 +1,8 @@
 //! Bench cases of one AdamW optimizer step on `f32` parameters: the library kernels
-//! `adamw32_f32` (`f32` moments) and `adamw8bit_f32` (8-bit blockwise moments), each against the
-//! 32-bit step itself (`adamw32`) and a memcpy of the bytes the step touches (`memcpy`).
+//! `adamw32_f32` (`f32` moments), `adamw8bit_f32` (8-bit blockwise moments) and the 4-bit AdamW
+//! recipes `adamw4bit_zip_sr` (`qadamw_nf4_dyn4_sr_f32`) and `adamw4bit_ze_eden`
+//! (`qadamw_nf4_dyn4_nz_eden_f32`), each against the 32-bit step itself (`adamw32`) and a memcpy
+//! of the bytes the step touches (`memcpy`).
 //!
 //! Each case launches the library kernel directly on preallocated buffers: parameters in
 //! `±0.02` (an initialisation scale), gradients of standard deviation about `1e-3` (uniform in
@@ -12,9 +14,14 @@
 //! `KernelSpec::Optim`'s `bytes_moved` does (the memcpy baseline reads and writes that many):
 //! parameters (read and written) 4, gradients 4, and the state: 8 bytes per parameter for
 //! `adamw32` (two `f32` moments), `2 + 8/256` for `adamw8bit` (two 8-bit codes and two `f32`
-//! absmax per block of 256). At 16 Mi parameters that is 256 MiB and 160.5 MiB.
+//! absmax per block of 256), `1 + 8/128` for the 4-bit recipes (two packed 4-bit codes, 12.5% of
+//! the `f32` moments, and two `f32` scales per block of 128). At 16 Mi parameters that is
+//! 256 MiB, 160.5 MiB and 145 MiB.
 
-use qforge_ir::library::{AdamHyper, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
+use qforge_ir::library::{
+    AdamHyper, MomentScheme, OptimAlgo, OptimSpec, QAdamScalars, QAdamSpec, StateBits,
+    OPTIM_BLOCKSIZE,
+};
 use qforge_ir::{Arg, DType, Kernel, Scalar};
 use qforge_runtime::Device;
 
@@ -27,6 +34,38 @@ use crate::error::Result;
 pub const ADAMW32: &str = "adamw32";
 /// Kernel name of the 8-bit step.
 pub const ADAMW8BIT: &str = "adamw8bit";
+/// Case name of the 4-bit ZIP-SR step.
+pub const ADAMW4BIT_ZIP_SR: &str = "adamw4bit_zip_sr";
+/// Case name of the 4-bit ZE-EDEN step.
+pub const ADAMW4BIT_ZE_EDEN: &str = "adamw4bit_ze_eden";
+
+/// Which step a case runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    /// bitsandbytes-style AdamW with 32-bit or 8-bit state.
+    Adam(StateBits),
+    /// Quantized AdamW (4-bit AdamW) with these schemes.
+    QAdam(QAdamSpec),
+}
+
+impl StepKind {
+    /// ZIP-SR on `f32` parameters.
+    pub fn zip_sr() -> StepKind {
+        StepKind::QAdam(QAdamSpec::new(
+            MomentScheme::Nf4,
+            MomentScheme::Dyn4Sr,
+            DType::F32,
+        ))
+    }
+    /// ZE-EDEN on `f32` parameters.
+    pub fn ze_eden() -> StepKind {
+        StepKind::QAdam(QAdamSpec::new(
+            MomentScheme::Nf4,
+            MomentScheme::Dyn4NzEden,
+            DType::F32,
+        ))
+    }
+}
 /// Steps run on the untimed warm-up call to fill the moments.
 pub const WARMUP_STEPS: u32 = 3;
 /// Gradients are uniform in `±GRAD_SCALE`: standard deviation `GRAD_SCALE / sqrt(3)`, about `1e-3`.
@@ -34,33 +73,38 @@ pub const GRAD_SCALE: f32 = 1.7e-3;
 /// Parameters are uniform in `±PARAM_SCALE`.
 pub const PARAM_SCALE: f32 = 0.02;
 
-/// The optimizer cases for a device of this size class: `adamw32`, then `adamw8bit`, each with
-/// the baselines `adamw32` (for `adamw32` itself a ratio near 1, kept so every optimizer line
-/// has the same baselines) and `memcpy`.
+/// The optimizer cases for a device of this size class: `adamw32`, `adamw8bit`,
+/// `adamw4bit_zip_sr`, `adamw4bit_ze_eden`, each with the baselines `adamw32` (for `adamw32`
+/// itself a ratio near 1, kept so every optimizer line has the same baselines) and `memcpy`.
 pub fn optim_cases(size: CaseSize) -> Vec<BenchCase> {
     let n = size.elements();
     let mut shape = format!("params={n}");
     if size == CaseSize::Interpreter {
         shape.push_str(&format!(" (interpreter: scaled down from {FULL_ELEMENTS})"));
     }
-    [(ADAMW32, StateBits::Bits32), (ADAMW8BIT, StateBits::Bits8)]
-        .into_iter()
-        .map(|(kernel, state)| {
-            let bytes = bytes_per_step(state, n);
-            BenchCase::new(
-                kernel,
-                shape.clone(),
-                DType::F32,
-                bytes,
-                step_runner(state, n),
-            )
-            .baseline(Baseline {
-                name: ADAMW32.to_string(),
-                run: step_runner(StateBits::Bits32, n),
-            })
-            .baseline(memcpy_baseline(bytes))
+    [
+        (ADAMW32, StepKind::Adam(StateBits::Bits32)),
+        (ADAMW8BIT, StepKind::Adam(StateBits::Bits8)),
+        (ADAMW4BIT_ZIP_SR, StepKind::zip_sr()),
+        (ADAMW4BIT_ZE_EDEN, StepKind::ze_eden()),
+    ]
+    .into_iter()
+    .map(|(kernel, which)| {
+        let bytes = bytes_per_step_of(which, n);
+        BenchCase::new(
+            kernel,
+            shape.clone(),
+            DType::F32,
+            bytes,
+            step_runner(which, n),
+        )
+        .baseline(Baseline {
+            name: ADAMW32.to_string(),
+            run: step_runner(StepKind::Adam(StateBits::Bits32), n),
         })
-        .collect()
+        .baseline(memcpy_baseline(bytes))
+    })
+    .collect()
 }
 
 /// Bytes one `f32` AdamW step on `n` parameters touches, each buffer counted once: parameters
@@ -72,6 +116,23 @@ pub fn bytes_per_step(state: StateBits, n: usize) -> usize {
         StateBits::Bits8 => 2 * n + 8 * n.div_ceil(OPTIM_BLOCKSIZE as usize),
     };
     8 * n + state_bytes
+}
+
+/// Bytes one step of `which` on `n` `f32` parameters touches: as [`bytes_per_step`]; for a
+/// quantized step, each moment's codes (`n / 2` bytes at 4 bits, `n` at 8, `4n` in `f32`) and
+/// `4` bytes per scale block.
+pub fn bytes_per_step_of(which: StepKind, n: usize) -> usize {
+    match which {
+        StepKind::Adam(state) => bytes_per_step(state, n),
+        StepKind::QAdam(spec) => {
+            let moment = |s: MomentScheme| {
+                let (codes, blocks) = s.state_lens(n);
+                let code_bytes = if s.bits() == 32 { 4 * codes } else { codes };
+                code_bytes + 4 * blocks
+            };
+            8 * n + moment(spec.m1) + moment(spec.m2)
+        }
+    }
 }
 
 /// The kernel spec of a case.
@@ -92,11 +153,14 @@ fn hyper() -> AdamHyper {
 }
 
 /// A runner that prepares a [`Step`] on its first call, then runs one step per call.
-fn step_runner(state: StateBits, n: usize) -> Runner {
+fn step_runner(which: StepKind, n: usize) -> Runner {
     let mut step: Option<Step> = None;
     Box::new(move |dev: &dyn Device| {
         if step.is_none() {
-            step = Some(Step::prepare(dev, state, n)?);
+            step = Some(match which {
+                StepKind::Adam(state) => Step::prepare(dev, state, n)?,
+                StepKind::QAdam(spec) => Step::prepare_qadam(dev, spec, n)?,
+            });
         }
         if let Some(s) = step.as_mut() {
             s.launch(dev)?;
@@ -158,6 +222,42 @@ impl Step {
         Ok(step)
     }
 
+    /// Builds a quantized-AdamW kernel and its buffers (the reference's initial state), then
+    /// runs [`WARMUP_STEPS`] steps (seed 0, parameter id 0).
+    fn prepare_qadam(dev: &dyn Device, spec: QAdamSpec, n: usize) -> Result<Step> {
+        let kernel = spec.build()?;
+        let params = f32_bytes(pseudo_random(n, 10).into_iter().map(|v| v * PARAM_SCALE));
+        let grads = f32_bytes(pseudo_random(n, 11).into_iter().map(|v| v * GRAD_SCALE));
+        let n32 = u32::try_from(n)
+            .map_err(|_| crate::error::Error::Usage(format!("bench: {n} parameters exceed u32")))?;
+        let mut state = Vec::new();
+        for s in [spec.m1, spec.m2] {
+            let (codes, absmax) = s.initial_state(n);
+            state.push(codes);
+            if s != MomentScheme::Fp32 {
+                state.push(f32_bytes(absmax.into_iter()));
+            }
+        }
+        let scalars_of = |t: u32| -> Result<Vec<Scalar>> {
+            let mut s = spec.sizes(n32).args().to_vec();
+            s.extend(QAdamScalars::new(&hyper(), t)?.kernel_args(0, 0, 0));
+            Ok(s)
+        };
+        let mut step = Step {
+            kernel,
+            scalars: Vec::new(),
+            params,
+            grads,
+            state,
+        };
+        for t in 1..=WARMUP_STEPS {
+            step.scalars = scalars_of(t)?;
+            step.launch(dev)?;
+        }
+        step.scalars = scalars_of(WARMUP_STEPS + 1)?;
+        Ok(step)
+    }
+
     /// One step on the preallocated buffers.
     fn launch(&mut self, dev: &dyn Device) -> Result<()> {
         let mut args: Vec<Arg> = self.scalars.iter().map(|s| Arg::Scalar(*s)).collect();
@@ -197,7 +297,15 @@ mod tests {
     fn the_cases_have_the_issue_names_shapes_and_baselines() {
         let cases = optim_cases(CaseSize::Full);
         let names: Vec<&str> = cases.iter().map(|c| c.kernel.as_str()).collect();
-        assert_eq!(names, ["adamw32", "adamw8bit"]);
+        assert_eq!(
+            names,
+            [
+                "adamw32",
+                "adamw8bit",
+                "adamw4bit_zip_sr",
+                "adamw4bit_ze_eden"
+            ]
+        );
         for c in &cases {
             assert_eq!(c.shape, "params=16777216");
             assert_eq!(c.dtype, DType::F32);
@@ -263,6 +371,43 @@ mod tests {
             "{absmax1:?} vs {want}"
         );
         assert_eq!(absmax1.len(), 2);
+        let p0: Vec<f32> = pseudo_random(n, 10)
+            .iter()
+            .map(|x| x * PARAM_SCALE)
+            .collect();
+        let p = floats(&s.params);
+        let moved = p.iter().zip(&p0).filter(|(a, b)| a != b).count();
+        assert!(moved > n * 9 / 10, "only {moved} of {n} parameters changed");
+    }
+
+    #[test]
+    fn the_4bit_bytes_and_step_by_hand() {
+        let n = 16 << 20;
+        // 64 MiB params + 64 MiB grads + 2 * 8 MiB packed codes + 2 * 128 Ki blocks * 4 bytes.
+        let want = (144 << 20) + (1 << 20);
+        assert_eq!(bytes_per_step_of(StepKind::zip_sr(), n), want);
+        assert_eq!(bytes_per_step_of(StepKind::ze_eden(), n), want);
+        // One more step after the warm-up: the 4-bit scales are about max |m| of each block,
+        // m1 ~ (1 - b1^t) g, and the parameters move against the gradient.
+        let n = 512;
+        let dev = InterpreterDevice;
+        let mut s = Step::prepare_qadam(
+            &dev,
+            QAdamSpec::new(MomentScheme::Nf4, MomentScheme::Dyn4Sr, DType::F32),
+            n,
+        )
+        .expect("prepares");
+        s.launch(&dev).expect("one more step");
+        let t = (WARMUP_STEPS + 1) as i32;
+        let g = floats(&s.grads);
+        let absmax1 = floats(&s.state[1]);
+        assert_eq!(absmax1.len(), 4);
+        let gmax = g[..128].iter().fold(0.0f32, |a, x| a.max(x.abs()));
+        let want = (1.0 - 0.9f32.powi(t)) * gmax;
+        assert!(
+            (absmax1[0] - want).abs() <= 0.2 * want,
+            "{absmax1:?} vs {want}"
+        );
         let p0: Vec<f32> = pseudo_random(n, 10)
             .iter()
             .map(|x| x * PARAM_SCALE)

@@ -88,7 +88,10 @@ fn reference(kind: OptimizerKind, bits: StateBits, dev: &dyn Device, n: u32) -> 
         OptimizerKind::Sgd(_) => Some(Optim1Algo::Sgd),
         OptimizerKind::Rmsprop(_) => Some(Optim1Algo::Rmsprop),
         OptimizerKind::Adagrad(_) => Some(Optim1Algo::Adagrad),
-        OptimizerKind::Ademamix(_) | OptimizerKind::Adam(_) | OptimizerKind::AdamW(_) => None,
+        OptimizerKind::Ademamix(_)
+        | OptimizerKind::Adam(_)
+        | OptimizerKind::AdamW(_)
+        | OptimizerKind::QAdamW(_) => None,
     };
     let mut states: Vec<Direct> = params
         .iter()

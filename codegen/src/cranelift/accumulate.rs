@@ -31,27 +31,28 @@ use cranelift_codegen::ir::types::{F32, F32X4, I64};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value};
 use qforge_ir::{Accum, Op, ReduceOrder, Stmt, Value as IrValue};
 
+use super::accumulate_wide::WIDE;
 use super::lower::{internal, Lowerer};
 use super::vectorize::{eligible, Body, LANES};
 use crate::error::Result;
 
 /// Flags of the partial-sum slot accesses: aligned (the slot is 16-aligned, every offset a
 /// multiple of the access size), never trapping.
-fn slot_mem() -> MemFlagsData {
+pub(super) fn slot_mem() -> MemFlagsData {
     MemFlagsData::trusted()
 }
 
 /// What the vector loop over groups of 4 elements works on.
-struct Groups<'b> {
+pub(super) struct Groups<'b> {
     /// The loop index value.
-    index: IrValue,
+    pub(super) index: IrValue,
     /// Partials per accumulator (a multiple of 4).
-    ways: u32,
+    pub(super) ways: u32,
     /// Address of the partials slot.
-    slot: Value,
+    pub(super) slot: Value,
     /// The body after hoisting.
-    body: &'b [Stmt],
-    accs: &'b [Accum],
+    pub(super) body: &'b [Stmt],
+    pub(super) accs: &'b [Accum],
 }
 
 /// Whether evaluating `op` can have an effect beyond its value (a failed bounds check).
@@ -101,7 +102,8 @@ impl Lowerer<'_> {
         if ways == 1 {
             return self.accumulate_sequential(index, len, body, accs);
         }
-        let vector = self.opts.simd && ways.is_multiple_of(LANES as u32) && eligible(self.k, body);
+        let vector =
+            self.opts.simd && ways.is_multiple_of(LANES as u32) && eligible(self.k, None, body);
         let slot = self.partials_slot(ways, accs.len(), vector);
         let zero = self.c32(0);
         let tail_start = if vector {
@@ -115,7 +117,7 @@ impl Lowerer<'_> {
             };
             let (proof, proven) = self.proven_loads(index, body, groups_end)?;
             if proven.is_empty() {
-                self.group_loop(&lp, groups_end, &proven)?;
+                self.group_loop(&lp, zero, groups_end, &proven)?;
             } else {
                 // The loop with the proven loads unchecked when the proof holds, else the
                 // checked loop (see `accumulate_range.rs`).
@@ -128,10 +130,18 @@ impl Lowerer<'_> {
                 self.b.seal_block(fast);
                 self.b.seal_block(slow);
                 self.b.switch_to_block(fast);
-                self.group_loop(&lp, groups_end, &proven)?;
+                let start = if WIDE.is_multiple_of(ways) {
+                    let plan = self.wide_plan(body, &proven);
+                    let wide_end = self.b.ins().band_imm_u(len, !(WIDE - 1) as i64);
+                    self.wide_loop(&lp, &plan, wide_end, &proven)?;
+                    wide_end
+                } else {
+                    zero
+                };
+                self.group_loop(&lp, start, groups_end, &proven)?;
                 self.b.ins().jump(join, &[]);
                 self.b.switch_to_block(slow);
-                self.group_loop(&lp, groups_end, &HashSet::new())?;
+                self.group_loop(&lp, zero, groups_end, &HashSet::new())?;
                 self.b.ins().jump(join, &[]);
                 self.b.seal_block(join);
                 self.b.switch_to_block(join);
@@ -266,7 +276,7 @@ impl Lowerer<'_> {
     }
 
     /// The two factors of `acc` as `f32x4` vectors of the vector iteration `local`.
-    fn factors(&mut self, local: &Body, acc: &Accum) -> Result<(Value, Value)> {
+    pub(super) fn factors(&mut self, local: &Body, acc: &Accum) -> Result<(Value, Value)> {
         let a = self.vval(local, acc.a)?;
         let a = self.as_vec(a, qforge_ir::ScalarType::F32);
         let b = self.vval(local, acc.b)?;
@@ -274,16 +284,16 @@ impl Lowerer<'_> {
         Ok((a, b))
     }
 
-    /// The vector loop over the groups of 4 elements below `groups_end`, with the loads in
-    /// `trusted` unchecked.
+    /// The vector loop over the groups of 4 elements from `start` (a multiple of 4) below
+    /// `groups_end`, with the loads in `trusted` unchecked.
     fn group_loop(
         &mut self,
         lp: &Groups<'_>,
+        start: Value,
         groups_end: Value,
         trusted: &HashSet<usize>,
     ) -> Result<()> {
-        let zero = self.c32(0);
-        self.counted_loop(zero, groups_end, LANES as u32, |l, i0| {
+        self.counted_loop(start, groups_end, LANES as u32, |l, i0| {
             l.accumulate_group(lp, i0, trusted)
         })
     }

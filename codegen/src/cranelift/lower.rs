@@ -397,7 +397,10 @@ impl Lowerer<'_> {
                 // The index stays below `end`.
                 self.bounds[index.index()] = self.upper_bound(*end).saturating_sub(1);
                 let (start, end) = (self.val(*start)?, self.val(*end)?);
-                if self.opts.simd && *step == 1 && super::vectorize::eligible(self.k, body) {
+                if self.opts.simd
+                    && *step == 1
+                    && super::vectorize::eligible(self.k, Some(*index), body)
+                {
                     return self.vector_for(*index, start, end, body);
                 }
                 self.counted_loop(start, end, *step, |l, i| {

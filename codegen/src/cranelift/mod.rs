@@ -33,6 +33,7 @@
 
 mod accumulate;
 mod accumulate_range;
+mod accumulate_wide;
 mod arith;
 mod lower;
 mod memory;
@@ -64,15 +65,21 @@ pub struct LowerOptions {
     /// `f32x4` partials (see `accumulate.rs`); all bit-identical to the scalar code. Every 64-bit Cranelift target with a vector unit (x86_64, aarch64)
     /// supports it.
     pub simd: bool,
+    /// Emit x86's `pshufb` for the byte shuffles that decode packed 4-bit codes
+    /// (`accumulate_wide.rs`) instead of the portable `swizzle` (which adds a saturating add
+    /// to map indices above 15 to zero; the indices there are below 16, so both give the same
+    /// bytes). Only for x86_64 targets; Cranelift calls a routine on CPUs without SSSE3.
+    pub x86_pshufb: bool,
 }
 
 impl Default for LowerOptions {
-    /// `system_v`, bounds checks on, SIMD on.
+    /// `system_v`, bounds checks on, SIMD on, portable shuffles.
     fn default() -> Self {
         LowerOptions {
             call_conv: CallConv::SystemV,
             bounds_checks: true,
             simd: true,
+            x86_pshufb: false,
         }
     }
 }

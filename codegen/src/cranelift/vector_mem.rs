@@ -3,7 +3,7 @@
 //! load spread over the lanes), the scalar access lane by lane otherwise.
 
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{I32, I32X4, I64, I8X16};
+use cranelift_codegen::ir::types::{I16X8, I32, I32X4, I64, I64X2, I8X16};
 use cranelift_codegen::ir::{ConstantData, InstBuilder, Type, Value};
 use qforge_ir::{DType, Op, Rounding, ScalarType};
 
@@ -57,8 +57,9 @@ impl Lowerer<'_> {
     }
 
     /// A load at a varying index: one vector load (stride 1) or two and a shuffle (stride 2,
-    /// bounds-checked buffers only) of a 32-bit dtype when every lane is in range, otherwise
-    /// (and for other dtypes and strides) the scalar load lane by lane.
+    /// bounds-checked buffers only) of a 32-bit dtype, or one 8-byte (`bf16`) or 4-byte (`u8`,
+    /// `i8`) load widened (stride 1), when every lane is in range, otherwise (and for other
+    /// dtypes and strides) the scalar load lane by lane.
     pub(super) fn vector_load(
         &mut self,
         buf: qforge_ir::ParamId,
@@ -86,8 +87,10 @@ impl Lowerer<'_> {
             }
             VVal::Uniform(_) => return Ok(VVal::Vector(self.lanewise(op, ty, local)?)),
         };
+        let bf16 = dtype == DType::BF16;
+        let bytes = matches!(dtype, DType::U8 | DType::I8);
         let span = match stride {
-            1 if wide => 3,
+            1 if wide || bf16 || bytes => 3,
             2 if wide && count.is_some() => 7,
             _ => return Ok(VVal::Vector(self.lanewise(op, ty, local)?)),
         };
@@ -96,6 +99,29 @@ impl Lowerer<'_> {
         let fast = |l: &mut Self| {
             let s64 = l.b.ins().uextend(I64, s);
             let addr = l.offset(base, s64, dtype);
+            if bytes {
+                // Four bytes in one 4-byte load, each widened as the scalar load does (`u8`
+                // zero-, `i8` sign-extended).
+                let word = l.b.ins().load(I32, flags, addr, 0);
+                let v = l.b.ins().scalar_to_vector(I32X4, word);
+                let b = l.b.ins().bitcast(I8X16, vec_cast(), v);
+                return Ok(Some(if dtype == DType::U8 {
+                    let h = l.b.ins().uwiden_low(b);
+                    l.b.ins().uwiden_low(h)
+                } else {
+                    let h = l.b.ins().swiden_low(b);
+                    l.b.ins().swiden_low(h)
+                }));
+            }
+            if bf16 {
+                // Four bf16 in 8 bytes, each widened exactly: its bits in the high half.
+                let word = l.b.ins().load(I64, flags, addr, 0);
+                let v = l.b.ins().scalar_to_vector(I64X2, word);
+                let halves = l.b.ins().bitcast(I16X8, vec_cast(), v);
+                let words = l.b.ins().uwiden_low(halves);
+                let bits = l.b.ins().ishl_imm_u(words, 16);
+                return Ok(Some(l.b.ins().bitcast(vt, vec_cast(), bits)));
+            }
             let v0 = l.b.ins().load(vt, flags, addr, 0);
             if stride == 1 {
                 return Ok(Some(v0));

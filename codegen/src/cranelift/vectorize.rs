@@ -4,16 +4,16 @@
 //! iterations.
 //!
 //! Exactness: every vector op used computes, lane by lane, exactly the scalar op of
-//! [`qforge_ir::Op`] (IEEE add/sub/mul/div/sqrt, sign-bit neg/abs, wrapping integer
-//! arithmetic, bitwise ops, compares, min/max as compare + `bitselect`). Every other op
+//! [`qforge_ir::Op`] (IEEE add/sub/mul/div/sqrt, fused `fma`, sign-bit neg/abs, wrapping
+//! integer arithmetic, bitwise ops, compares, min/max as compare + `bitselect`). Every other op
 //! (integer division, variable shifts, float/int conversions but `i32` to `f32` to nearest,
-//! `fma`, lookups, reductions, narrow loads) is computed lane by lane by the scalar lowering
-//! itself, so it is exact by construction. Two exceptions use a proof of which values a lane
-//! can hold (a "value set": constants combined by selects and integer ops, or a `u32` whose
-//! upper bound is below 4, such as a parity `x & 1`): a lookup at such an index is a chain of
-//! compares and selects of the table entries, and a shift by such an amount (the nibble shift
-//! `4 * (1 - parity)` of packed 4-bit codes) is the vector shift by each possible constant,
-//! selected lane by lane by comparing the amount with it.
+//! lookups, reductions, narrow loads but `u8`/`i8`/`bf16` at stride 1) is computed lane by
+//! lane by the scalar lowering itself, so it is exact by construction. Two exceptions use a
+//! proof of which values a lane can hold (a "value set": constants combined by selects and
+//! integer ops, or a `u32` whose upper bound is below 4, such as a parity `x & 1`): a lookup at
+//! such an index is a chain of compares and selects of the table entries, and a shift by such
+//! an amount (the nibble shift `4 * (1 - parity)` of packed 4-bit codes) is the vector shift by
+//! each possible constant, selected lane by lane by comparing the amount with it.
 //!
 //! Values defined outside the loop, and body values computed only from them, stay scalar
 //! ("uniform"). Integer values of the form `base + lane * stride` with a constant stride (the
@@ -25,8 +25,9 @@
 //! the scalar iteration would. Loads at `(affine of stride 1) >> c` (a packed byte, a block's
 //! scale) have fast paths too, see `vector_mem.rs`.
 //!
-//! Memory order: a loop is vectorized only when no buffer it stores to is also read in it and
-//! each buffer is stored by at most one statement; within one vector iteration the lanes of a
+//! Memory order: a loop is vectorized only when no buffer it stores to is also read in it
+//! (unless every access to that buffer is at the loop index itself) and each buffer is stored
+//! by at most one statement; within one vector iteration the lanes of a
 //! store are written in increasing lane order, so the final memory contents equal those of the
 //! scalar loop. The vector loads and stores are in `vector_mem.rs`.
 
@@ -78,6 +79,22 @@ impl Body {
             .insert(index.index(), VVal::Affine { base, stride: 1 });
         body
     }
+
+    /// Whether IR value `v` is lowered in this iteration.
+    pub(super) fn has(&self, v: IrValue) -> bool {
+        self.vals.contains_key(&v.index())
+    }
+
+    /// The lowered form of IR value `v` in this iteration, if lowered.
+    pub(super) fn get(&self, v: IrValue) -> Option<VVal> {
+        self.vals.get(&v.index()).copied()
+    }
+
+    /// Sets the lowered form of IR value `v` (a value computed another way, see
+    /// `accumulate_wide.rs`).
+    pub(super) fn insert(&mut self, v: IrValue, x: VVal) {
+        self.vals.insert(v.index(), x);
+    }
 }
 
 /// The lowered form of a value defined in a vectorized loop body.
@@ -109,16 +126,32 @@ fn set_binary(op: BinaryOp, signed: bool, x: u32, y: u32) -> Option<u32> {
     })
 }
 
-/// Whether the `for` loop with this body can run 4 iterations at a time: straight-line code,
-/// no buffer both stored to and read, and no buffer stored by two statements.
-pub(super) fn eligible(kernel: &Kernel, body: &[Stmt]) -> bool {
+/// Whether the `for` loop with this body (loop index `index`) can run 4 iterations at a time:
+/// straight-line code, no buffer stored by two statements, and no buffer both stored to and
+/// read unless every access to it is at `index` itself (each iteration then touches only its
+/// own element, as an in-place update `p[i] = f(p[i])` does, so running the iterations' loads
+/// before their stores changes nothing).
+pub(super) fn eligible(kernel: &Kernel, index: Option<IrValue>, body: &[Stmt]) -> bool {
     let mut stored = HashSet::new();
     let mut read = HashSet::new();
+    // Buffers accessed at another index than the loop index.
+    let mut elsewhere = HashSet::new();
+    // `at`: the index of an access, `None` for a whole-buffer read.
+    let mut access = |buf: usize, at: Option<IrValue>| {
+        if at.is_none() || at != index {
+            elsewhere.insert(buf);
+        }
+    };
     for stmt in body {
         match stmt {
             Stmt::Let(v) => match kernel.values.try_get(*v).map(|d| &d.op) {
-                Some(Op::Load { buf, .. } | Op::Reduce { buf, .. }) => {
+                Some(Op::Load { buf, index: at }) => {
                     read.insert(buf.index());
+                    access(buf.index(), Some(*at));
+                }
+                Some(Op::Reduce { buf, .. }) => {
+                    read.insert(buf.index());
+                    access(buf.index(), None);
                 }
                 Some(Op::LoopIndex) | None => return false,
                 Some(
@@ -137,17 +170,20 @@ pub(super) fn eligible(kernel: &Kernel, body: &[Stmt]) -> bool {
                     | Op::Bitcast { .. },
                 ) => {}
             },
-            Stmt::Store { buf, .. } => {
+            Stmt::Store { buf, index: at, .. } => {
                 if !stored.insert(buf.index()) {
                     return false;
                 }
+                access(buf.index(), Some(*at));
             }
             Stmt::Assign { .. } | Stmt::If { .. } | Stmt::For { .. } | Stmt::Accumulate { .. } => {
                 return false
             }
         }
     }
-    stored.is_disjoint(&read)
+    stored
+        .intersection(&read)
+        .all(|buf| !elsewhere.contains(buf))
 }
 
 /// The vector type holding lanes of IR type `ty`.
@@ -351,7 +387,7 @@ impl Lowerer<'_> {
     }
 
     /// The integer constant defining `v`, if any.
-    fn const_of(&self, v: IrValue) -> Option<u32> {
+    pub(super) fn const_of(&self, v: IrValue) -> Option<u32> {
         match self.k.values.try_get(v).map(|d| &d.op) {
             Some(Op::Const(c)) => Some(c.bits()),
             _ => None,
@@ -411,9 +447,19 @@ impl Lowerer<'_> {
                 }
                 None => self.lanewise(op, ty, local)?,
             },
-            Op::Reduce { .. } | Op::Fma(..) | Op::FloatToInt { .. } => {
-                self.lanewise(op, ty, local)?
+            // Cranelift's vector `fma` is fused lane by lane (the instruction, or the exact
+            // routine on hosts without FMA), as the scalar one.
+            Op::Fma(a, b, c) => {
+                let [x, y, z] = [a, b, c].map(|o| self.vval(local, *o));
+                let (x, y, z) = (x?, y?, z?);
+                let (x, y, z) = (
+                    self.as_vec(x, ScalarType::F32),
+                    self.as_vec(y, ScalarType::F32),
+                    self.as_vec(z, ScalarType::F32),
+                );
+                self.b.ins().fma(x, y, z)
             }
+            Op::Reduce { .. } | Op::FloatToInt { .. } => self.lanewise(op, ty, local)?,
             Op::IntToFloat { value, rounding } => {
                 let from = self.k.values[*value].ty;
                 if from == ScalarType::I32 && *rounding == Rounding::NearestEven {

@@ -2,8 +2,8 @@
 //!
 //! Every IR value becomes a `let v<N>`. Integer arithmetic on constants is folded here with the
 //! IR's wrapping semantics, so the text never holds a WGSL const-expression that overflows
-//! (which WGSL rejects). Float results of `mul` pass through `qf_zero` (see `mod.rs`) so no
-//! driver can contract them into a later add.
+//! (which WGSL rejects). Float results of `add`, `sub`, `mul` and `div` pass through `qf_zero`
+//! (see `mod.rs`) so no driver can contract them into a later add or rewrite them algebraically.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
@@ -335,14 +335,10 @@ impl Emitter<'_> {
             Op::Unary(u, a) => self.unary(v, *u, *a),
             Op::Binary(b, x, y) => self.binary(v, *b, *x, *y),
             Op::Fma(a, b, c) => {
-                let all_known = [a, b, c].iter().all(|x| self.known.contains_key(*x));
-                let first = if all_known {
-                    Self::opaque_f32(&self.v(*a))
-                } else {
-                    self.v(*a)
-                };
+                // Constant operands opaque: no identity such as `fma(x, 0, c) = c` applies.
+                let [x, y, z] = [a, b, c].map(|o| self.float_operand(*o));
                 let f = self.fma_fn();
-                format!("{f}({first}, {}, {})", self.v(*b), self.v(*c))
+                format!("{f}({x}, {y}, {z})")
             }
             Op::Cmp(c, x, y) => self.cmp(v, *c, *x, *y),
             Op::Select {
@@ -451,6 +447,17 @@ impl Emitter<'_> {
         })
     }
 
+    /// The WGSL of f32 value `v` as an operand of float arithmetic: opaque when it is a constant
+    /// (see [`Emitter::binary`]).
+    fn float_operand(&self, v: Value) -> String {
+        let x = self.v(v);
+        if self.known.contains_key(&v) {
+            Self::opaque_f32(&x)
+        } else {
+            x
+        }
+    }
+
     /// `x` made opaque to WGSL's constant evaluation (for operations on constant operands,
     /// which WGSL would evaluate at shader creation and reject on overflow or NaN).
     fn opaque_f32(x: &str) -> String {
@@ -515,27 +522,39 @@ impl Emitter<'_> {
                 }
             }
         }
-        let fx = if t == ScalarType::F32 && ka.is_some() && kb.is_some() {
-            Self::opaque_f32(&x)
+        // f32: constant operands, and the second of two equal operands, are made opaque, so that
+        // no identity that ignores NaN, infinities or signed zeros (`x + 0 = x`, `x * 0 = 0`,
+        // `x - x = 0`, `x / x = 1`) can be applied by the driver.
+        let (fx, y) = if t == ScalarType::F32 {
+            let fy = if a == b {
+                Self::opaque_f32(&y)
+            } else {
+                self.float_operand(b)
+            };
+            (self.float_operand(a), fy)
         } else {
-            x.clone()
+            (x.clone(), y)
         };
         let op_str = |s: &str| format!("({fx} {s} {y})");
         let signed = t == ScalarType::I32;
         let zero = if signed { "0i" } else { "0u" };
         let one = if signed { "1i" } else { "1u" };
+        // Every f32 result of `+ - * /` leaves the float domain through an OR with a value the
+        // compiler cannot know, so no later operation is fused or algebraically rewritten with
+        // it (Mesa turns `(x + 1) - 1` into `x` otherwise).
+        let opaque = |s: &str| format!("bitcast<f32>(bitcast<u32>({fx} {s} {y}) | params.qf_zero)");
         match (op, t) {
+            (BinaryOp::Add, ScalarType::F32) => opaque("+"),
+            (BinaryOp::Sub, ScalarType::F32) => opaque("-"),
+            (BinaryOp::Mul, ScalarType::F32) => opaque("*"),
             (BinaryOp::Add, _) => op_str("+"),
             (BinaryOp::Sub, _) => op_str("-"),
-            (BinaryOp::Mul, ScalarType::F32) => {
-                format!("bitcast<f32>(bitcast<u32>({fx} * {y}) | params.qf_zero)")
-            }
             (BinaryOp::Mul, _) => op_str("*"),
             (BinaryOp::Div, ScalarType::F32) if self.options.soft_div => {
                 self.use_helper(Helper::SoftDiv);
                 format!("qf_div({fx}, {y})")
             }
-            (BinaryOp::Div, ScalarType::F32) => op_str("/"),
+            (BinaryOp::Div, ScalarType::F32) => opaque("/"),
             (BinaryOp::Div | BinaryOp::Rem, _) => {
                 let o = if op == BinaryOp::Div { "/" } else { "%" };
                 let bad = if signed {

@@ -11,7 +11,8 @@
 //! * `v = x * inv`, `inv = 1.0 / max(absmax, 1e-38)` in `f32`.
 //! * The code is the EXACT nearest code value to `v` among the 256 sorted values, an exact
 //!   midpoint going to the lower code, NaN to code 0. The exact midpoints are carried as
-//!   unevaluated pairs `hi + lo` ([`exact_midpoints`]) and searched in 8 branchless steps.
+//!   unevaluated pairs `hi + lo` ([`exact_midpoints`]) and found in O(1) by
+//!   [`crate::library::nearest`] (a bucket table and two threshold compares).
 //! * Dequant: `code[q] * absmax` in `f32`, stored round-to-nearest-even in the output dtype.
 //!
 //! Parameter order:
@@ -24,8 +25,9 @@
 
 use crate::builder::KernelBuilder;
 use crate::error::{Error, Result};
-use crate::kernel::{Access, Dim, Kernel, TableId, Value};
-use crate::library::emit::{block_range, code8, inv_absmax, range_len};
+use crate::kernel::{Access, Dim, Kernel, Value};
+use crate::library::emit::{block_range, inv_absmax, range_len};
+use crate::library::nearest;
 use crate::library::{check_blocksize_8bit, check_float_dtype, BlockwiseMap};
 use crate::ops::NanMode;
 use crate::types::{DType, ScalarType};
@@ -105,12 +107,6 @@ pub fn dequantize_name(map: BlockwiseMap, blocksize: u32, dtype: DType) -> Strin
     format!("dequantize_blockwise_{map}_bs{blocksize}_{dtype}")
 }
 
-/// Declares the midpoint threshold table of `map` ([`Midpoints8::thresholds`]).
-fn midpoint_table(b: &mut KernelBuilder, map: BlockwiseMap) -> Result<TableId> {
-    let mids = exact_midpoints(&map.code())?;
-    Ok(b.table_f32("mid_thresholds", &mids.thresholds()))
-}
-
 /// The quantize body shared with the double-quantization variant: with `offset`, every loaded
 /// element becomes `x - offset` (one `f32` subtraction) before the absmax and the scaling, and
 /// the absmax is a NaN-ignoring `max` loop over those values.
@@ -129,7 +125,7 @@ pub(crate) fn build_quantize(
     let q = b.buffer_param("q", DType::U8, &[Dim::Param(n)], Access::Write);
     let absmax = b.buffer_param("absmax", DType::F32, &[Dim::Param(n_blocks)], Access::Write);
     b.set_grid(Dim::Param(n_blocks));
-    let thresholds = midpoint_table(&mut b, map)?;
+    let search = nearest::declare(&mut b, &map.code(), "")?;
     let block = b.work_item();
     let nv = b.param(n);
     let (start, end) = block_range(&mut b, block, blocksize, nv);
@@ -164,7 +160,7 @@ pub(crate) fn build_quantize(
     b.for_range(start, end, 1, |b, e| {
         let d = load(b, e);
         let v = b.mul(d, inv);
-        let c = code8(b, v, thresholds);
+        let c = nearest::emit_code(b, v, &search);
         b.store(q, e, c);
     });
     Ok(b.finish())

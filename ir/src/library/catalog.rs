@@ -6,10 +6,13 @@ use half::{bf16, f16};
 use crate::args::OwnedArg;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
+use crate::library::activation::{ActSpec, ACT_BLOCKSIZE};
+use crate::library::gemm::Gemm;
 use crate::library::int8::Int8Spec;
 use crate::library::matmul4::{Direction, Matmul4, TileConfig};
 use crate::library::optim::{self, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
 use crate::library::optim1::{self, Optim1Algo, Optim1Spec};
+use crate::library::optim4::{self, MomentScheme, QAdamSpec};
 use crate::library::optim_ademamix::{self, AdemamixSpec};
 use crate::library::{
     blockwise8, doublequant, quant4, BlockwiseMap, QuantType, BLOCKSIZES_4BIT, BLOCKSIZES_8BIT,
@@ -74,6 +77,8 @@ pub enum KernelSpec {
     DequantizeNested,
     /// [`Matmul4::build`]: the fused 4-bit linear layer or its input gradient.
     Matmul4(Matmul4),
+    /// [`Gemm::build`]: a dense product of a full-precision linear layer (forward, `dX`, `dW`).
+    Gemm(Gemm),
     /// [`Int8Spec::build`]: an LLM.int8() kernel or the per-row int8 weight quantizer.
     Int8(Int8Spec),
     /// [`OptimSpec::build`]: a 32-bit or 8-bit blockwise Adam / AdamW update.
@@ -83,6 +88,12 @@ pub enum KernelSpec {
     Optim1(Optim1Spec),
     /// [`AdemamixSpec::build`]: a 32-bit or 8-bit blockwise AdEMAMix update.
     Ademamix(AdemamixSpec),
+    /// [`ActSpec::build`]: an activation kernel with annealing (`act_beta`, forward or
+    /// backward).
+    Activation(ActSpec),
+    /// [`QAdamSpec::build`]: quantized AdamW with per-moment schemes (4-bit AdamW: ZIP-SR,
+    /// ZE-EDEN, 8-bit linear).
+    QAdam(QAdamSpec),
 }
 
 /// The matmul directions, each in the catalog.
@@ -219,6 +230,31 @@ pub fn catalog() -> Vec<KernelSpec> {
             dtype: DType::F32,
         }));
     }
+    out.extend(Gemm::catalog().into_iter().map(KernelSpec::Gemm));
+    out.extend(ActSpec::all().into_iter().map(KernelSpec::Activation));
+    out.extend(qadam_catalog().into_iter().map(KernelSpec::QAdam));
+    out
+}
+
+/// The quantized-AdamW kernels of the catalog: the ZIP-SR and ZE-EDEN recipes on f32 and bf16,
+/// 8-bit linear on f32 and NF4 stochastic rounding with `dyn4_nz` on f32.
+fn qadam_catalog() -> Vec<QAdamSpec> {
+    let mut out = Vec::new();
+    for m2 in [MomentScheme::Dyn4Sr, MomentScheme::Dyn4NzEden] {
+        for dtype in [DType::F32, DType::BF16] {
+            out.push(QAdamSpec::new(MomentScheme::Nf4, m2, dtype));
+        }
+    }
+    out.push(QAdamSpec::new(
+        MomentScheme::Linear8,
+        MomentScheme::Linear8,
+        DType::F32,
+    ));
+    out.push(QAdamSpec::new(
+        MomentScheme::Nf4Sr,
+        MomentScheme::Dyn4Nz,
+        DType::F32,
+    ));
     out
 }
 
@@ -342,10 +378,13 @@ impl KernelSpec {
             KernelSpec::QuantizeNested => doublequant::QUANTIZE_NESTED_NAME.to_string(),
             KernelSpec::DequantizeNested => doublequant::DEQUANTIZE_NESTED_NAME.to_string(),
             KernelSpec::Matmul4(m) => m.name(),
+            KernelSpec::Gemm(g) => g.name(),
             KernelSpec::Int8(s) => s.name(),
             KernelSpec::Optim(s) => s.name(),
             KernelSpec::Optim1(s) => s.name(),
             KernelSpec::Ademamix(s) => s.name(),
+            KernelSpec::Activation(s) => s.name(),
+            KernelSpec::QAdam(s) => s.name(),
         }
     }
 
@@ -366,6 +405,9 @@ impl KernelSpec {
             KernelSpec::Optim(_) | KernelSpec::Optim1(_) | KernelSpec::Ademamix(_) => {
                 OPTIM_BLOCKSIZE as usize
             }
+            KernelSpec::Activation(_) => ACT_BLOCKSIZE as usize,
+            KernelSpec::Gemm(_) => 64,
+            KernelSpec::QAdam(s) => s.item_size() as usize,
         }
     }
 
@@ -410,10 +452,13 @@ impl KernelSpec {
             KernelSpec::QuantizeNested => doublequant::quantize_nested(),
             KernelSpec::DequantizeNested => doublequant::dequantize_nested(),
             KernelSpec::Matmul4(m) => m.build(),
+            KernelSpec::Gemm(g) => g.build(),
             KernelSpec::Int8(s) => s.build(),
             KernelSpec::Optim(s) => s.build(),
             KernelSpec::Optim1(s) => s.build(),
             KernelSpec::Ademamix(s) => s.build(),
+            KernelSpec::Activation(s) => s.build(),
+            KernelSpec::QAdam(s) => s.build(),
         }
     }
 
@@ -450,7 +495,10 @@ impl KernelSpec {
             KernelSpec::Optim(s) => optim::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::Optim1(s) => optim1::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::Ademamix(s) => optim_ademamix::example_args(&s, values, mix, float_bytes)?,
+            KernelSpec::Activation(s) => s.example_args(values, float_bytes),
+            KernelSpec::QAdam(s) => optim4::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::Matmul4(m) => matmul_example_args(&m, values, first_finite),
+            KernelSpec::Gemm(g) => g.example_args(values, float_bytes),
             KernelSpec::Quantize4 {
                 blocksize, dtype, ..
             } => {
@@ -648,7 +696,18 @@ mod tests {
         let cat = catalog();
         assert_eq!(
             cat.len(),
-            2 * 8 * 3 * 3 + 3 * 7 * 3 * 2 + 3 + (2 * 3 * 2 * 3 + 3) + 3 * 9 + 2 + 9 + 4 * 2 + 2
+            2 * 8 * 3 * 3
+                + 3 * 7 * 3 * 2
+                + 3
+                + (2 * 3 * 2 * 3 + 3)
+                + 3 * 9
+                + 2
+                + 9
+                + 4 * 2
+                + 2
+                + 6
+                + 24
+                + 5
         );
         let mut names = std::collections::HashSet::new();
         let values = [

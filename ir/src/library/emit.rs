@@ -1,7 +1,8 @@
 //! Small IR fragments shared by the library kernels, built with the public builder: block ranges,
-//! guarded loads, the absmax reciprocal and the code searches. Every index a fragment loads or
-//! stores is bounded by the buffer's own size parameter, so a kernel stays in bounds even when its
-//! size scalars are inconsistent with each other.
+//! guarded loads, the absmax reciprocal and the 4-bit code searches (the 8-bit one is in
+//! [`crate::library::nearest`]). Every index a fragment loads or stores is bounded by the
+//! buffer's own size parameter, so a kernel stays in bounds even when its size scalars are
+//! inconsistent with each other.
 
 use crate::builder::KernelBuilder;
 use crate::kernel::{ParamId, TableId, Value};
@@ -133,16 +134,4 @@ pub(crate) fn fp4_code(
     let sign_bit = b.shl(sign, c3);
     let code = b.or(mag_code, sign_bit);
     b.select(is_nan, c3, code)
-}
-
-/// 8-bit code of a scaled value `v`: the number of exact midpoints `mid_k` (between sorted codes
-/// `k` and `k + 1`) with `mid_k < v`, i.e. the exact nearest code with ties to the lower code and
-/// NaN to code 0. `thresholds` holds one `f32` per midpoint with `mid_k < v` exactly when
-/// `t_k < v` (see `Midpoints8::thresholds`), so each of the 8 branchless steps is one lookup
-/// and one comparison.
-pub(crate) fn code8(b: &mut KernelBuilder, v: Value, thresholds: TableId) -> Value {
-    count_prefix(b, &[128, 64, 32, 16, 8, 4, 2, 1], |b, idx| {
-        let t = b.lookup(thresholds, idx);
-        b.cmp(CmpOp::Lt, t, v)
-    })
 }

@@ -14,6 +14,11 @@
 //! * [`optim`]: 32-bit and 8-bit blockwise Adam / AdamW update kernels (bitsandbytes).
 //! * [`optim1`]: 32-bit and 8-bit blockwise Lion, SGD with momentum, RMSprop, Adagrad.
 //! * [`optim_ademamix`]: 32-bit and 8-bit blockwise AdEMAMix.
+//! * [`optim4`]: 4-bit AdamW (adamw4bit: NF4 / Dyn4 / ZE-EDEN / ZIP-SR / 8-bit linear state),
+//!   with its quantizers in [`optim4_quant`].
+//! * [`math`]: `exp`, `erf`, `tanh` and `sigmoid` as IR routines with fixed coefficients.
+//! * [`activation`]: GELU, GELU-tanh, ReLU and SiLU with activation annealing, forward and
+//!   backward.
 //! * [`maps`]: the code tables with bitsandbytes' exact `f32` values.
 //! * [`catalog()`]: every kernel variant, able to build itself and example arguments.
 //!
@@ -24,10 +29,16 @@
 use crate::error::{Error, Result};
 use crate::types::DType;
 
+pub mod activation;
+#[cfg(test)]
+mod activation_tests;
 pub mod blockwise8;
 mod catalog;
 pub mod doublequant;
 mod emit;
+pub mod gemm;
+#[cfg(test)]
+mod gemm_tests;
 pub mod int8;
 mod int8_args;
 pub mod int8_matmul;
@@ -36,14 +47,23 @@ mod int8_tests;
 #[cfg(test)]
 mod kernel_tests;
 pub mod maps;
+pub mod math;
+#[cfg(test)]
+mod math_tests;
 pub mod matmul4;
 #[cfg(test)]
 mod matmul4_tests;
+pub mod nearest;
 mod normal;
 pub mod optim;
 pub mod optim1;
 #[cfg(test)]
 mod optim1_tests;
+pub mod optim4;
+pub mod optim4_quant;
+mod optim4_scheme;
+#[cfg(test)]
+mod optim4_tests;
 pub mod optim_ademamix;
 #[cfg(test)]
 mod optim_ademamix_tests;
@@ -56,12 +76,15 @@ mod round;
 mod test_util;
 mod tile;
 
+pub use activation::{Act, ActDirection, ActSpec, ACT_BLOCKSIZE};
 pub use catalog::{catalog, KernelSpec};
+pub use gemm::{Gemm, Layout};
 pub use int8::Int8Spec;
 pub use matmul4::{Direction, Matmul4, TileConfig};
 pub use normal::{erfc, normal_cdf, normal_ppf};
 pub use optim::{AdamHyper, AdamScalars, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
 pub use optim1::{Optim1Algo, Optim1Hyper, Optim1Scalars, Optim1Spec};
+pub use optim4::{MomentScheme, QAdamScalars, QAdamSizes, QAdamSpec, UniformSource};
 pub use optim_ademamix::{AdemamixHyper, AdemamixScalars, AdemamixSpec};
 
 /// Blocksizes supported by the 4-bit kernels.

@@ -19,10 +19,12 @@
 //!
 //! 8-bit state: `state1` holds codes of the signed dynamic map with one `f32` `absmax1` per block,
 //! `state2` codes of the unsigned dynamic map with `absmax2`. A work item dequantizes its block
-//! (`code[q] * absmax`), updates the moments (first pass: parameters and the new absmax, the
-//! NaN-ignoring `max |x|` of the updated moments), then recomputes the same moments from the
-//! still unchanged codes and requantizes them exactly as [`crate::library::blockwise8`] does
-//! (`x * (1 / max(absmax, 1e-38))`, exact nearest code, ties to the lower code).
+//! (`code[q] * absmax`) and updates the moments twice, bit-identically: a first pass finds the
+//! new absmax (the NaN-ignoring `max |x|` of the updated moments); a second, straight-line pass
+//! (no branch, so a vectorizing backend can take it whole) updates the parameter (selecting the
+//! old value where the gradient is not finite) and requantizes the moments exactly as
+//! [`crate::library::blockwise8`] does (`x * (1 / max(absmax, 1e-38))`, exact nearest code in
+//! O(1) by [`crate::library::nearest`], ties to the lower code).
 //!
 //! Parameter order (`[decay]` only for AdamW):
 //! * 32-bit `adam{,w}32_{dtype}`: `(n: u32, n_blocks: u32, beta1, one_minus_beta1, beta2,
@@ -36,8 +38,8 @@
 use crate::builder::KernelBuilder;
 use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, ParamId, TableId, Value};
-use crate::library::blockwise8::exact_midpoints;
-use crate::library::emit::{block_range, code8, inv_absmax};
+use crate::library::emit::{block_range, inv_absmax};
+use crate::library::nearest::{self, Nearest8Tables};
 use crate::library::{check_float_dtype, BlockwiseMap};
 use crate::ops::CmpOp;
 use crate::types::{DType, Scalar, ScalarType};
@@ -364,25 +366,24 @@ fn build32(spec: &OptimSpec) -> Result<Kernel> {
     Ok(b.finish())
 }
 
-/// The 8-bit state tables: code values and nearest-code thresholds of one map.
+/// The 8-bit state tables of one map: the code values and the nearest-code search.
 pub(crate) struct StateTables {
     /// The code values.
     pub(crate) code: TableId,
-    /// The nearest-code thresholds.
-    pub(crate) thresholds: TableId,
+    /// The exact nearest-code search ([`crate::library::nearest`]).
+    pub(crate) nearest: Nearest8Tables,
 }
 
-/// Declares the code and threshold tables of `map` (names suffixed with `which`).
+/// Declares the code and search tables of `map` (names suffixed with `which`).
 pub(crate) fn state_tables(
     b: &mut KernelBuilder,
     map: BlockwiseMap,
     which: &str,
 ) -> Result<StateTables> {
     let code = map.code();
-    let thresholds = exact_midpoints(&code)?.thresholds();
     Ok(StateTables {
         code: b.table_f32(&format!("code{which}"), &code),
-        thresholds: b.table_f32(&format!("mid_thresholds{which}"), &thresholds),
+        nearest: nearest::declare(b, &code, which)?,
     })
 }
 
@@ -420,9 +421,9 @@ fn build8(spec: &OptimSpec) -> Result<Kernel> {
     };
     let acc1 = b.var("absmax1_acc", ScalarType::F32);
     let acc2 = b.var("absmax2_acc", ScalarType::F32);
-    // Pass 1: parameters and the new absmax of each moment.
+    // Pass 1: the new absmax of each moment.
     b.for_range(start, end, 1, |b, e| {
-        let [finite, m, v] = update(b, e);
+        let [_, m, v] = update(b, e);
         for (acc, x) in [(acc1, m), (acc2, v)] {
             let a = b.abs(x);
             let cur = b.read_var(acc);
@@ -430,17 +431,6 @@ fn build8(spec: &OptimSpec) -> Result<Kernel> {
             let mx = b.max(cur, a);
             b.assign(acc, mx);
         }
-        b.if_then(finite, |b| {
-            let pv = b.load(p, e);
-            let pv = decayed(b, &h, pv);
-            let num = b.mul(step_size, m);
-            let sv = b.sqrt(v);
-            let d = b.div(sv, c2);
-            let den = b.add(d, eps);
-            let upd = b.div(num, den);
-            let out = b.add(pv, upd);
-            b.store_auto(p, e, out);
-        });
     });
     let new_a1 = b.read_var(acc1);
     let new_a2 = b.read_var(acc2);
@@ -448,13 +438,25 @@ fn build8(spec: &OptimSpec) -> Result<Kernel> {
     b.store(a2, block, new_a2);
     let inv1 = inv_absmax(&mut b, new_a1);
     let inv2 = inv_absmax(&mut b, new_a2);
-    // Pass 2: the same moments again (bit-identical), requantized with the new absmax.
+    // Pass 2 (straight-line): the same moments again (bit-identical), the parameter, and the
+    // moments requantized with the new absmax.
     b.for_range(start, end, 1, |b, e| {
-        let [_, m, v] = update(b, e);
+        let [finite, m, v] = update(b, e);
+        let pv = b.load(p, e);
+        let pd = decayed(b, &h, pv);
+        let num = b.mul(step_size, m);
+        let sv = b.sqrt(v);
+        let d = b.div(sv, c2);
+        let den = b.add(d, eps);
+        let upd = b.div(num, den);
+        let stepped = b.add(pd, upd);
+        // A non-finite gradient leaves the parameter as it was.
+        let out = b.select(finite, stepped, pv);
+        b.store_auto(p, e, out);
         let sm = b.mul(m, inv1);
-        let q1 = code8(b, sm, t1.thresholds);
+        let q1 = nearest::emit_code(b, sm, &t1.nearest);
         let sv = b.mul(v, inv2);
-        let q2 = code8(b, sv, t2.thresholds);
+        let q2 = nearest::emit_code(b, sv, &t2.nearest);
         b.store(s1, e, q1);
         b.store(s2, e, q2);
     });

@@ -35,7 +35,8 @@
 use crate::builder::KernelBuilder;
 use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, Value};
-use crate::library::emit::{block_range, code8, inv_absmax};
+use crate::library::emit::{block_range, inv_absmax};
+use crate::library::nearest;
 use crate::library::optim::{state_tables, StateBits, OPTIM_BLOCKSIZE};
 use crate::library::BlockwiseMap;
 use crate::ops::CmpOp;
@@ -465,15 +466,15 @@ fn build(spec: &Optim1Spec) -> Result<Kernel> {
     let new_a1 = b.read_var(acc);
     b.store(a1, block, new_a1);
     let inv = inv_absmax(&mut b, new_a1);
-    // Pass 2: the same state again, the parameter, and the requantized state.
+    // Pass 2 (straight-line): the same state again, the parameter (unchanged where the
+    // gradient is not finite), and the requantized state.
     b.for_range(start, end, 1, |b, e| {
         let [gv, pv, s_old, finite, s] = update(b, e);
-        b.if_then(finite, |b| {
-            let out = new_param(b, algo, &h, gv, pv, s_old, s, gv);
-            b.store(p, e, out);
-        });
+        let stepped = new_param(b, algo, &h, gv, pv, s_old, s, gv);
+        let out = b.select(finite, stepped, pv);
+        b.store(p, e, out);
         let sc = b.mul(s, inv);
-        let q = code8(b, sc, t1.thresholds);
+        let q = nearest::emit_code(b, sc, &t1.nearest);
         b.store(s1, e, q);
     });
     Ok(b.finish())

@@ -25,7 +25,8 @@
 use crate::builder::KernelBuilder;
 use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, ParamId, Value};
-use crate::library::emit::{block_range, code8, inv_absmax};
+use crate::library::emit::{block_range, inv_absmax};
+use crate::library::nearest;
 use crate::library::optim::{state_tables, StateBits, OPTIM_BLOCKSIZE};
 use crate::library::BlockwiseMap;
 use crate::ops::CmpOp;
@@ -320,19 +321,15 @@ fn build(spec: &AdemamixSpec) -> Result<Kernel> {
         (gv, finite, s)
     };
     let accs = [1, 2, 3].map(|k| b.var(&format!("absmax{k}_acc"), ScalarType::F32));
+    // Pass 1: the new absmax of each state.
     b.for_range(start, end, 1, |b, e| {
-        let (_, finite, s) = update(b, e);
+        let (_, _, s) = update(b, e);
         for k in 0..3 {
             let a = b.abs(s[k]);
             let cur = b.read_var(accs[k]);
             let mx = b.max(cur, a);
             b.assign(accs[k], mx);
         }
-        b.if_then(finite, |b| {
-            let pv = b.load(p, e);
-            let out = param(b, &h, pv, s);
-            b.store(p, e, out);
-        });
     });
     let mut inv = Vec::new();
     for k in 0..3 {
@@ -340,11 +337,17 @@ fn build(spec: &AdemamixSpec) -> Result<Kernel> {
         b.store(am[k], block, a);
         inv.push(inv_absmax(&mut b, a));
     }
+    // Pass 2 (straight-line): the same states again, the parameter (unchanged where the
+    // gradient is not finite) and the requantized states.
     b.for_range(start, end, 1, |b, e| {
-        let (_, _, s) = update(b, e);
+        let (_, finite, s) = update(b, e);
+        let pv = b.load(p, e);
+        let stepped = param(b, &h, pv, s);
+        let out = b.select(finite, stepped, pv);
+        b.store(p, e, out);
         for k in 0..3 {
             let sc = b.mul(s[k], inv[k]);
-            let q = code8(b, sc, tables[k].thresholds);
+            let q = nearest::emit_code(b, sc, &tables[k].nearest);
             b.store(st[k], e, q);
         }
     });

@@ -12,6 +12,9 @@ use cranelift_module::{default_libcall_names, Linkage, Module};
 
 use crate::error::{Error, Result};
 
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::__m128i;
+
 /// The ABI of every compiled kernel (see `qforge_codegen::cranelift`).
 type KernelFn = unsafe extern "C" fn(args: *const u64, begin: u32, end: u32);
 
@@ -54,6 +57,30 @@ extern "C" fn qforge_nearbyintf(x: f32) -> f32 {
     x.round_ties_even()
 }
 
+/// `pshufb` for x86_64 CPUs without SSSE3: byte `i` of the result is 0 when bit 7 of `mask[i]`
+/// is set, else `a[mask[i] & 15]`. (`__m128i` is passed in an xmm register, as Cranelift's
+/// libcall does.)
+#[cfg(target_arch = "x86_64")]
+#[allow(improper_ctypes_definitions)]
+extern "C" fn qforge_pshufb(a: __m128i, mask: __m128i) -> __m128i {
+    // SAFETY: `__m128i` and `[u8; 16]` have the same size and every bit pattern is valid.
+    let (a, mask) = unsafe {
+        (
+            std::mem::transmute::<__m128i, [u8; 16]>(a),
+            std::mem::transmute::<__m128i, [u8; 16]>(mask),
+        )
+    };
+    let out: [u8; 16] = std::array::from_fn(|i| {
+        if mask[i] & 0x80 != 0 {
+            0
+        } else {
+            a[(mask[i] & 15) as usize]
+        }
+    });
+    // SAFETY: as above.
+    unsafe { std::mem::transmute::<[u8; 16], __m128i>(out) }
+}
+
 fn libcall_name(call: LibCall) -> String {
     match call {
         LibCall::FmaF32 => "qforge_fmaf".into(),
@@ -61,6 +88,7 @@ fn libcall_name(call: LibCall) -> String {
         LibCall::CeilF32 => "qforge_ceilf".into(),
         LibCall::TruncF32 => "qforge_truncf".into(),
         LibCall::NearestF32 => "qforge_nearbyintf".into(),
+        LibCall::X86Pshufb => "qforge_pshufb".into(),
         other => default_libcall_names()(other),
     }
 }
@@ -111,6 +139,8 @@ impl Jit {
                 qforge_nearbyintf as extern "C" fn(f32) -> f32 as *const u8,
             ),
         ]);
+        #[cfg(target_arch = "x86_64")]
+        builder.symbol("qforge_pshufb", qforge_pshufb as *const u8);
         Ok(Jit {
             module: Mutex::new(Some(JITModule::new(builder))),
             call_conv,

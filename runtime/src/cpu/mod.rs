@@ -164,6 +164,7 @@ impl CpuDevice {
             call_conv: self.jit.call_conv(),
             bounds_checks: self.bounds_checks,
             simd: self.options.simd && cfg!(any(target_arch = "x86_64", target_arch = "aarch64")),
+            x86_pshufb: self.options.native_features && host_has_ssse3(),
         };
         let lowered = lower(kernel, &options)?;
         let entry = self.jit.compile(&kernel.name, lowered.function)?;
@@ -197,5 +198,17 @@ impl Device for CpuDevice {
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
         let compiled = self.compiled(kernel)?;
         launch::launch(&self.jit, &compiled, &self.options, args)
+    }
+}
+
+/// Whether the host CPU has x86's SSSE3 (`pshufb`), which native code may then use directly.
+fn host_has_ssse3() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("ssse3")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }

@@ -25,18 +25,23 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 
+mod activation;
 mod blockwise8;
+mod gemm;
 mod int8;
 mod matmul4;
 mod optim;
 mod optim1;
+mod optim4;
 mod optim_ademamix;
 mod quant4;
 
+pub use activation::{act_beta, act_beta_backward};
 pub use blockwise8::{
     absmax_mean, compress_absmax, compress_absmax_with_offset, decompress_absmax,
     dequantize_blockwise, quantize_blockwise,
 };
+pub use gemm::gemm;
 pub use int8::{
     dequantize_rowwise_int8, int8_linear_matmul, int8_mixed_scaled_mm,
     int8_mixed_scaled_mm_backward_input, int8_mm_dequant, int8_vectorwise_dequant,
@@ -48,13 +53,16 @@ pub use matmul4::{
 };
 pub use optim::{adam_step_32bit, adam_step_8bit, AdamState32, AdamState8, OPTIM_PARAM_DTYPES};
 pub use optim1::{optim1_step_32bit, optim1_step_8bit, Optim1State8};
+pub use optim4::{qadamw_step, MomentState, QAdamRng, QAdamState};
 pub use optim_ademamix::{
     ademamix_step_32bit, ademamix_step_8bit, AdemamixState32, AdemamixState8,
 };
+pub use qforge_ir::library::Layout;
 pub use qforge_ir::library::TileConfig;
 pub use qforge_ir::library::{AdamHyper, OptimAlgo};
 pub use qforge_ir::library::{AdemamixHyper, Optim1Algo, Optim1Hyper};
 pub use qforge_ir::library::{BlockwiseMap, QuantType};
+pub use qforge_ir::library::{MomentScheme, QAdamSpec};
 pub use quant4::{dequantize_4bit, quantize_4bit, Absmax4, QuantState4};
 
 /// The library kernel called `name`, built by `build` on first use and cached for the process.

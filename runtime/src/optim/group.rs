@@ -1,7 +1,9 @@
 //! Parameter groups: which parameters, which update rule with which hyperparameters, and how
 //! many bits of state.
 
-use qforge_ir::library::{AdamHyper, AdemamixHyper, Optim1Algo, Optim1Hyper, OptimAlgo};
+use qforge_ir::library::{
+    AdamHyper, AdemamixHyper, MomentScheme, Optim1Algo, Optim1Hyper, OptimAlgo, QAdamSpec,
+};
 use qforge_ir::DType;
 
 use crate::error::{Error, Result};
@@ -26,6 +28,46 @@ pub enum OptimizerKind {
     /// AdEMAMix (bitsandbytes `AdEMAMix` / `AdEMAMix8bit`); three states; `f32` parameters
     /// only.
     Ademamix(AdemamixHyper),
+    /// Quantized AdamW as the adamw4bit library (4-bit AdamW: ZIP-SR, ZE-EDEN, or explicit
+    /// per-moment schemes); `f32`, `f16`, `bf16` parameters. With [`StateBits::Bits8`] the
+    /// moments use the configured schemes (the small-tensor rule keeps tensors under 4096
+    /// elements, or not a multiple of the block, in `f32`); with [`StateBits::Bits32`] both
+    /// moments are `f32`.
+    QAdamW(QAdamWConfig),
+}
+
+/// Hyperparameters and moment schemes of [`OptimizerKind::QAdamW`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QAdamWConfig {
+    /// lr, betas, eps, weight decay (decoupled, applied before the update).
+    pub hyper: AdamHyper,
+    /// First-moment scheme: `fp32`, `nf4`, `nf4_sr`, `linear8`.
+    pub m1: MomentScheme,
+    /// Second-moment scheme: `fp32`, `dyn4`, `dyn4_nz`, `dyn4_nz_eden`, `dyn4_sr`, `linear8`.
+    pub m2: MomentScheme,
+}
+
+impl QAdamWConfig {
+    /// Explicit schemes (adamw4bit `QuantizedAdamW(m1_quant_scheme, m2_quant_scheme)`).
+    pub fn new(hyper: AdamHyper, m1: MomentScheme, m2: MomentScheme) -> QAdamWConfig {
+        QAdamWConfig { hyper, m1, m2 }
+    }
+
+    /// adamw4bit `QuantizedAdamW`'s default: 8-bit linear for both moments.
+    pub fn quantized(hyper: AdamHyper) -> QAdamWConfig {
+        QAdamWConfig::new(hyper, MomentScheme::Linear8, MomentScheme::Linear8)
+    }
+
+    /// ZIP-SR (`ZIPSRAdamW4Bit`): NF4 m1, zero-inclusive Dyn4 m2 with stochastic rounding in
+    /// preconditioner space.
+    pub fn zip_sr(hyper: AdamHyper) -> QAdamWConfig {
+        QAdamWConfig::new(hyper, MomentScheme::Nf4, MomentScheme::Dyn4Sr)
+    }
+
+    /// ZE-EDEN (`ZEEDENAdamW4Bit`): NF4 m1, zero-exclusive Dyn4 m2 with EDEN scales.
+    pub fn ze_eden(hyper: AdamHyper) -> QAdamWConfig {
+        QAdamWConfig::new(hyper, MomentScheme::Nf4, MomentScheme::Dyn4NzEden)
+    }
 }
 
 /// How many state tensors (besides 8-bit absmax) a rule keeps per parameter, and which host op
@@ -38,11 +80,13 @@ pub(crate) enum Family {
     One,
     /// AdEMAMix: `state1` (m1), `state2` (nu), `state3` (m2).
     Ademamix,
+    /// Quantized AdamW: `state1`/`absmax1` (m1), `state2`/`absmax2` (m2) per scheme.
+    QAdam,
 }
 
 impl OptimizerKind {
-    /// The rule's name in state files: `adam`, `adamw`, `lion`, `sgd`, `rmsprop`, `adagrad` or
-    /// `ademamix`.
+    /// The rule's name in state files: `adam`, `adamw`, `lion`, `sgd`, `rmsprop`, `adagrad`,
+    /// `ademamix` or `qadamw`.
     pub const fn name(&self) -> &'static str {
         match self {
             OptimizerKind::Adam(_) => "adam",
@@ -52,6 +96,7 @@ impl OptimizerKind {
             OptimizerKind::Rmsprop(_) => "rmsprop",
             OptimizerKind::Adagrad(_) => "adagrad",
             OptimizerKind::Ademamix(_) => "ademamix",
+            OptimizerKind::QAdamW(_) => "qadamw",
         }
     }
 
@@ -65,6 +110,7 @@ impl OptimizerKind {
             OptimizerKind::Rmsprop(_) => Family::One,
             OptimizerKind::Adagrad(_) => Family::One,
             OptimizerKind::Ademamix(_) => Family::Ademamix,
+            OptimizerKind::QAdamW(_) => Family::QAdam,
         }
     }
 
@@ -74,7 +120,9 @@ impl OptimizerKind {
     /// scheduler length, so this is unambiguous).
     pub fn hyperparameters(&self) -> Vec<(&'static str, f64)> {
         match self {
-            OptimizerKind::Adam(h) | OptimizerKind::AdamW(h) => vec![
+            OptimizerKind::Adam(h)
+            | OptimizerKind::AdamW(h)
+            | OptimizerKind::QAdamW(QAdamWConfig { hyper: h, .. }) => vec![
                 ("lr", h.lr),
                 ("beta1", h.beta1),
                 ("beta2", h.beta2),
@@ -117,7 +165,8 @@ impl OptimizerKind {
             | OptimizerKind::Sgd(_)
             | OptimizerKind::Rmsprop(_)
             | OptimizerKind::Adagrad(_)
-            | OptimizerKind::Ademamix(_) => None,
+            | OptimizerKind::Ademamix(_)
+            | OptimizerKind::QAdamW(_) => None,
         }
     }
 
@@ -128,7 +177,10 @@ impl OptimizerKind {
             OptimizerKind::Sgd(h) => Some((Optim1Algo::Sgd, h)),
             OptimizerKind::Rmsprop(h) => Some((Optim1Algo::Rmsprop, h)),
             OptimizerKind::Adagrad(h) => Some((Optim1Algo::Adagrad, h)),
-            OptimizerKind::Adam(_) | OptimizerKind::AdamW(_) | OptimizerKind::Ademamix(_) => None,
+            OptimizerKind::Adam(_)
+            | OptimizerKind::AdamW(_)
+            | OptimizerKind::Ademamix(_)
+            | OptimizerKind::QAdamW(_) => None,
         }
     }
 
@@ -141,7 +193,22 @@ impl OptimizerKind {
             | OptimizerKind::Lion(_)
             | OptimizerKind::Sgd(_)
             | OptimizerKind::Rmsprop(_)
-            | OptimizerKind::Adagrad(_) => None,
+            | OptimizerKind::Adagrad(_)
+            | OptimizerKind::QAdamW(_) => None,
+        }
+    }
+
+    /// Quantized AdamW: the hyperparameters and schemes.
+    pub(crate) fn qadam(&self) -> Option<&QAdamWConfig> {
+        match self {
+            OptimizerKind::QAdamW(c) => Some(c),
+            OptimizerKind::Adam(_)
+            | OptimizerKind::AdamW(_)
+            | OptimizerKind::Lion(_)
+            | OptimizerKind::Sgd(_)
+            | OptimizerKind::Rmsprop(_)
+            | OptimizerKind::Adagrad(_)
+            | OptimizerKind::Ademamix(_) => None,
         }
     }
 
@@ -158,6 +225,10 @@ impl OptimizerKind {
             OptimizerKind::Rmsprop(h) => h.check(Optim1Algo::Rmsprop)?,
             OptimizerKind::Adagrad(h) => h.check(Optim1Algo::Adagrad)?,
             OptimizerKind::Ademamix(h) => h.check()?,
+            OptimizerKind::QAdamW(c) => {
+                c.hyper.check(OptimAlgo::AdamW)?;
+                QAdamSpec::new(c.m1, c.m2, DType::F32).check()?;
+            }
         }
         Ok(())
     }
@@ -169,11 +240,11 @@ impl OptimizerKind {
         }
     }
 
-    /// Parameter dtypes this rule's kernels take: `f32`, `f16`, `bf16` for Adam / AdamW, `f32`
-    /// only for the others.
+    /// Parameter dtypes this rule's kernels take: `f32`, `f16`, `bf16` for Adam / AdamW and
+    /// quantized AdamW, `f32` only for the others.
     pub fn param_dtypes(&self) -> &'static [DType] {
         match self.family() {
-            Family::Adam => &OPTIM_PARAM_DTYPES,
+            Family::Adam | Family::QAdam => &OPTIM_PARAM_DTYPES,
             Family::One | Family::Ademamix => &[DType::F32],
         }
     }

@@ -19,9 +19,9 @@ mod state;
 
 use std::collections::HashMap;
 
-use qforge_ir::library::OPTIM_BLOCKSIZE;
+use qforge_ir::library::{MomentScheme, OPTIM_BLOCKSIZE};
 
-pub use group::{OptimizerKind, ParamGroup, StateBits};
+pub use group::{OptimizerKind, ParamGroup, QAdamWConfig, StateBits};
 pub use serial::{STATE_FORMAT_VERSION, STATE_METADATA_KEY};
 
 use crate::device::Device;
@@ -38,8 +38,9 @@ pub struct OptimizerOptions {
     /// Elements per update chunk (rounded down to a multiple of 256, at least 256); bounds the
     /// step's temporary memory. Does not change results. Default 512 Ki.
     pub workspace_elems: usize,
-    /// Seed for rules with stochastic rounding (recorded in state files; none of the current
-    /// rules uses it). Default 0.
+    /// Seed for rules with stochastic rounding (recorded in state files): the Philox key of
+    /// quantized AdamW's `nf4_sr` / `dyn4_sr` moments, whose bits are keyed by (seed, parameter
+    /// position, step, element index). Default 0.
     pub seed: u64,
 }
 
@@ -63,6 +64,9 @@ struct Slot {
     /// The parameter's shape, known from the first step (or a loaded state).
     shape: Option<Vec<usize>>,
     state: Option<ParamState>,
+    /// Quantized AdamW: this parameter's first-moment scheme, replacing the group's
+    /// ([`Optimizer::set_m1_quant_scheme_for_parameters`]).
+    m1_scheme: Option<MomentScheme>,
 }
 
 /// A stateful optimizer over named parameters in groups.
@@ -115,6 +119,7 @@ impl Optimizer {
                     step: 0,
                     shape: None,
                     state: None,
+                    m1_scheme: None,
                 });
             }
         }
@@ -234,17 +239,97 @@ impl Optimizer {
         let chunk = (self.options.workspace_elems / block).max(1) * block;
         for (i, p, g) in work.iter_mut() {
             let min8 = self.options.min_8bit_size;
+            let seed = self.options.seed;
             let slot = &mut self.slots[*i];
             let group = &self.groups[slot.group];
             let numel = p.numel();
+            let m1 = slot.m1_scheme;
             let state = slot.state.get_or_insert_with(|| {
-                Layout::choose(&group.kind, group.bits, numel, min8).zeros(numel)
+                Layout::choose(&group.kind, group.bits, numel, min8, m1).zeros(numel)
             });
             slot.shape = Some(p.shape.clone());
+            let rng = (seed, *i as u32);
             state
-                .update(dev, &group.kind, p, g, slot.step + 1, chunk)
+                .update(dev, &group.kind, p, g, slot.step + 1, chunk, rng)
                 .map_err(|e| Error::Invalid(format!("optimizer step, '{}': {e}", slot.name)))?;
             slot.step += 1;
+        }
+        Ok(())
+    }
+
+    /// Quantized AdamW: the first-moment scheme of parameter `name` (its override, else its
+    /// group's); `None` for an unknown name or another rule.
+    pub fn m1_quant_scheme(&self, name: &str) -> Option<MomentScheme> {
+        let slot = &self.slots[*self.index.get(name)?];
+        let group = self.groups[slot.group].kind.qadam()?;
+        Some(slot.m1_scheme.unwrap_or(group.m1))
+    }
+
+    /// Quantized AdamW: switches the first moment of the named parameters to `scheme` from
+    /// their next step on (adamw4bit's `set_m1_quant_scheme_for_parameters`, used for the
+    /// paper's switch of the LM head to NF4 stochastic rounding for the last 10% of training).
+    /// A parameter that already has state keeps it: the new scheme must store the moment in the
+    /// same format (`nf4` and `nf4_sr` share NF4 codes; a moment kept in `f32` by the
+    /// small-tensor rule stays `f32`). The choice is saved in state files. Nothing changes on
+    /// error.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an unknown name, a parameter outside a quantized-AdamW group, a
+    /// scheme not allowed for the first moment, or a switch that would change the stored
+    /// format of an existing state.
+    pub fn set_m1_quant_scheme_for_parameters(
+        &mut self,
+        names: &[&str],
+        scheme: MomentScheme,
+    ) -> Result<()> {
+        let err = |m: String| Err(Error::Invalid(format!("set_m1_quant_scheme: {m}")));
+        if !scheme.signed() {
+            return err(format!(
+                "scheme '{scheme}' is not allowed for the first moment; allowed: fp32, nf4, \
+                 nf4_sr, linear8"
+            ));
+        }
+        let mut picked = Vec::new();
+        for name in names {
+            let Some(&i) = self.index.get(*name) else {
+                return err(format!("unknown parameter '{name}'"));
+            };
+            let slot = &self.slots[i];
+            let group = &self.groups[slot.group];
+            if group.kind.qadam().is_none() {
+                return err(format!(
+                    "parameter '{name}' is in a {} group, not qadamw",
+                    group.kind.name()
+                ));
+            }
+            if let (Some(state), Some(shape)) = (&slot.state, &slot.shape) {
+                let numel = shape.iter().product();
+                let min8 = self.options.min_8bit_size;
+                let new = Layout::choose(&group.kind, group.bits, numel, min8, Some(scheme));
+                let (state::Layout::QAdam { m1: old, .. }, state::Layout::QAdam { m1: want, .. }) =
+                    (state.layout(), new)
+                else {
+                    return err(format!("parameter '{name}' has no quantized-AdamW state"));
+                };
+                if old.bits() != want.bits() || old.table() != want.table() {
+                    return err(format!(
+                        "parameter '{name}' stores its first moment as {old}; {want} stores it \
+                         differently (switch before its first step, or between nf4 and nf4_sr)"
+                    ));
+                }
+                picked.push((i, Some(new)));
+            } else {
+                picked.push((i, None));
+            }
+        }
+        for (i, layout) in picked {
+            let slot = &mut self.slots[i];
+            slot.m1_scheme = Some(scheme);
+            if let (Some(state::Layout::QAdam { m1, .. }), Some(ParamState::QAdam(s))) =
+                (layout, slot.state.as_mut())
+            {
+                s.m1.scheme = m1;
+            }
         }
         Ok(())
     }

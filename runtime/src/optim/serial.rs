@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use safetensors::tensor::{Dtype, SafeTensorError, SafeTensors};
 use serde_json::{json, Value};
 
+use qforge_ir::library::MomentScheme;
+
 use super::group::{bits_number, ParamGroup};
 use super::state::{Layout, StateTensor};
 use super::Optimizer;
@@ -93,13 +95,18 @@ impl Optimizer {
             .iter()
             .map(|g| {
                 let (hyper, hyper_bits) = hyper_json(g);
-                json!({
+                let mut v = json!({
                     "kind": g.kind.name(),
                     "bits": bits_number(g.bits),
                     "params": g.params,
                     "hyper": hyper,
                     "hyper_bits": hyper_bits,
-                })
+                });
+                if let Some(c) = g.kind.qadam() {
+                    v["m1_scheme"] = json!(c.m1.name());
+                    v["m2_scheme"] = json!(c.m2.name());
+                }
+                v
             })
             .collect();
         let mut tensors = Vec::new();
@@ -111,6 +118,7 @@ impl Optimizer {
                 "step": slot.step,
                 "state": layout,
                 "shape": slot.shape,
+                "m1_scheme": slot.m1_scheme.map(|s| s.name()),
             }));
             if let (Some(state), Some(shape)) = (&slot.state, &slot.shape) {
                 for t in state.tensors(shape) {
@@ -174,10 +182,11 @@ impl Optimizer {
             .as_u64()
             .ok_or_else(|| err("metadata has no valid 'seed'"))?;
         let loaded = self.read_params(&meta, &st)?;
-        for (slot, (step, shape, state)) in self.slots.iter_mut().zip(loaded) {
+        for (slot, (step, shape, state, m1)) in self.slots.iter_mut().zip(loaded) {
             slot.step = step;
             slot.shape = shape;
             slot.state = state;
+            slot.m1_scheme = m1;
         }
         self.options.seed = seed;
         Ok(())
@@ -231,6 +240,13 @@ impl Optimizer {
             if f["params"] != json!(g.params) {
                 return differ("parameter list", &f["params"], json!(g.params).to_string());
             }
+            if let Some(c) = g.kind.qadam() {
+                for (key, s) in [("m1_scheme", c.m1), ("m2_scheme", c.m2)] {
+                    if f[key] != s.name() {
+                        return differ(key, &f[key], s.name().into());
+                    }
+                }
+            }
             for (name, v) in g.kind.hyperparameters() {
                 let bits = format!("{:016x}", v.to_bits());
                 if f["hyper_bits"][name] != bits.as_str() {
@@ -257,7 +273,14 @@ impl Optimizer {
         &self,
         meta: &Value,
         st: &SafeTensors<'_>,
-    ) -> Result<Vec<(u32, Option<Vec<usize>>, Option<super::state::ParamState>)>> {
+    ) -> Result<
+        Vec<(
+            u32,
+            Option<Vec<usize>>,
+            Option<super::state::ParamState>,
+            Option<MomentScheme>,
+        )>,
+    > {
         let entries = meta["params"]
             .as_array()
             .ok_or_else(|| err("metadata has no 'params' list"))?;
@@ -281,11 +304,23 @@ impl Optimizer {
                 .as_u64()
                 .and_then(|s| u32::try_from(s).ok())
                 .ok_or_else(|| err(format!("parameter '{name}': invalid step {}", e["step"])))?;
+            let m1 = match &e["m1_scheme"] {
+                Value::Null => None,
+                Value::String(s) => Some(
+                    MomentScheme::parse(s)
+                        .map_err(|x| err(format!("parameter '{name}': m1_scheme: {x}")))?,
+                ),
+                other => {
+                    return Err(err(format!(
+                        "parameter '{name}': invalid m1_scheme {other}"
+                    )))
+                }
+            };
             if step == 0 {
                 if !e["state"].is_null() {
                     return Err(err(format!("parameter '{name}': state recorded at step 0")));
                 }
-                out.push((0, None, None));
+                out.push((0, None, None, m1));
                 continue;
             }
             let shape: Vec<usize> = e["shape"]
@@ -298,8 +333,14 @@ impl Optimizer {
                 .filter(|&n| n > 0)
                 .ok_or_else(|| err(format!("parameter '{name}': invalid shape {shape:?}")))?;
             let group = &self.groups[slot.group];
-            let want = Layout::choose(&group.kind, group.bits, numel, self.options.min_8bit_size);
-            if e["state"].as_str() != Some(want.name()) {
+            let want = Layout::choose(
+                &group.kind,
+                group.bits,
+                numel,
+                self.options.min_8bit_size,
+                m1,
+            );
+            if e["state"].as_str() != Some(want.name().as_str()) {
                 return Err(err(format!(
                     "parameter '{name}': state layout {} in the file, this optimizer uses {} for {numel} elements",
                     e["state"],
@@ -335,7 +376,7 @@ impl Optimizer {
                     )));
                 }
             }
-            out.push((step, Some(shape), Some(want.state_from(&datas))));
+            out.push((step, Some(shape), Some(want.state_from(&datas)), m1));
         }
         if let Some(extra) = st
             .names()

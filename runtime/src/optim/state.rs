@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use qforge_ir::library::OPTIM_BLOCKSIZE;
+use qforge_ir::library::{MomentScheme, OPTIM_BLOCKSIZE};
 use safetensors::Dtype;
 
 use super::group::{Family, OptimizerKind, StateBits};
@@ -13,7 +13,8 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::{
     adam_step_32bit, adam_step_8bit, ademamix_step_32bit, ademamix_step_8bit, optim1_step_32bit,
-    optim1_step_8bit, AdamState32, AdamState8, AdemamixState32, AdemamixState8, Optim1State8,
+    optim1_step_8bit, qadamw_step, AdamState32, AdamState8, AdemamixState32, AdemamixState8,
+    MomentState, Optim1State8, QAdamRng, QAdamState,
 };
 use crate::tensor::{bytes_f32, f32_bytes, HostTensor};
 
@@ -34,6 +35,8 @@ pub(crate) enum ParamState {
     Ademamix32(AdemamixState32),
     /// AdEMAMix: 8-bit blockwise `m1`, `nu`, `m2`.
     Ademamix8(AdemamixState8),
+    /// Quantized AdamW: each moment in its scheme.
+    QAdam(QAdamState),
 }
 
 /// One named state tensor: suffix, safetensors dtype, shape, bytes.
@@ -60,16 +63,40 @@ pub(crate) enum Layout {
     Ademamix32,
     /// `state1..3`: `u8`; `absmax1..3`.
     Ademamix8,
+    /// Quantized AdamW with these (effective) schemes: `state1` (m1) then `absmax1` when
+    /// quantized, then `state2`/`absmax2` (m2). Codes are `u8[ceil(n / 2)]` packed nibbles
+    /// (4-bit), `i8` of the parameter's shape (8-bit) or `f32` of the parameter's shape.
+    QAdam {
+        /// First-moment scheme.
+        m1: MomentScheme,
+        /// Second-moment scheme.
+        m2: MomentScheme,
+    },
 }
 
 impl Layout {
-    /// The layout for a parameter of `numel` elements in a group of `kind` and `bits`.
+    /// The layout for a parameter of `numel` elements in a group of `kind` and `bits`;
+    /// `m1_override` replaces a quantized-AdamW group's first-moment scheme for this parameter
+    /// (ignored by other rules).
     pub fn choose(
         kind: &OptimizerKind,
         bits: StateBits,
         numel: usize,
         min_8bit_size: usize,
+        m1_override: Option<MomentScheme>,
     ) -> Layout {
+        if let Some(c) = kind.qadam() {
+            return match bits {
+                StateBits::Bits32 => Layout::QAdam {
+                    m1: MomentScheme::Fp32,
+                    m2: MomentScheme::Fp32,
+                },
+                StateBits::Bits8 => Layout::QAdam {
+                    m1: m1_override.unwrap_or(c.m1).effective(numel),
+                    m2: c.m2.effective(numel),
+                },
+            };
+        }
         let eight = match bits {
             StateBits::Bits32 => false,
             StateBits::Bits8 => numel >= min_8bit_size,
@@ -81,6 +108,10 @@ impl Layout {
             (Family::One, true) => Layout::One8,
             (Family::Ademamix, false) => Layout::Ademamix32,
             (Family::Ademamix, true) => Layout::Ademamix8,
+            (Family::QAdam, _) => Layout::QAdam {
+                m1: MomentScheme::Fp32,
+                m2: MomentScheme::Fp32,
+            },
         }
     }
 
@@ -89,14 +120,25 @@ impl Layout {
         match self {
             Layout::Adam32 | Layout::One32 | Layout::Ademamix32 => StateBits::Bits32,
             Layout::Adam8 | Layout::One8 | Layout::Ademamix8 => StateBits::Bits8,
+            Layout::QAdam { m1, m2 } => {
+                if m1 == MomentScheme::Fp32 && m2 == MomentScheme::Fp32 {
+                    StateBits::Bits32
+                } else {
+                    StateBits::Bits8
+                }
+            }
         }
     }
 
-    /// Name in state files (`32bit` or `8bit`; the group's rule says which tensors).
-    pub fn name(self) -> &'static str {
+    /// Name in state files (`32bit` or `8bit`, the group's rule says which tensors; quantized
+    /// AdamW: `qadamw:<m1 scheme>+<m2 scheme>`).
+    pub fn name(self) -> String {
+        if let Layout::QAdam { m1, m2 } = self {
+            return format!("qadamw:{m1}+{m2}");
+        }
         match self.bits() {
-            StateBits::Bits32 => "32bit",
-            StateBits::Bits8 => "8bit",
+            StateBits::Bits32 => "32bit".into(),
+            StateBits::Bits8 => "8bit".into(),
         }
     }
 
@@ -109,6 +151,10 @@ impl Layout {
             Layout::One8 => ParamState::One8(Optim1State8::zeros(numel)),
             Layout::Ademamix32 => ParamState::Ademamix32(AdemamixState32::zeros(numel)),
             Layout::Ademamix8 => ParamState::Ademamix8(AdemamixState8::zeros(numel)),
+            Layout::QAdam { m1, m2 } => ParamState::QAdam(QAdamState {
+                m1: MomentState::initial(m1, numel),
+                m2: MomentState::initial(m2, numel),
+            }),
         }
     }
 
@@ -122,6 +168,7 @@ impl Layout {
             Layout::One32 | Layout::One8 => 1,
             Layout::Adam32 | Layout::Adam8 => 2,
             Layout::Ademamix32 | Layout::Ademamix8 => 3,
+            Layout::QAdam { m1, m2 } => return qadam_tensors(m1, m2, shape),
         };
         let states = ["state1", "state2", "state3"];
         let absmaxes = ["absmax1", "absmax2", "absmax3"];
@@ -166,8 +213,52 @@ impl Layout {
                 codes: std::array::from_fn(|k| data[2 * k].to_vec()),
                 absmax: std::array::from_fn(|k| bytes_f32(data[2 * k + 1])),
             }),
+            Layout::QAdam { m1, m2 } => {
+                let mut next = data.iter();
+                let mut moment = |scheme: MomentScheme| {
+                    let codes = next.next().map_or_else(Vec::new, |d| d.to_vec());
+                    let absmax = if scheme == MomentScheme::Fp32 {
+                        Vec::new()
+                    } else {
+                        next.next().map_or_else(Vec::new, |d| bytes_f32(d))
+                    };
+                    MomentState {
+                        scheme,
+                        codes,
+                        absmax,
+                    }
+                };
+                let m1 = moment(m1);
+                let m2 = moment(m2);
+                ParamState::QAdam(QAdamState { m1, m2 })
+            }
         }
     }
+}
+
+/// The tensors of a quantized-AdamW state (see [`Layout::QAdam`]).
+fn qadam_tensors(
+    m1: MomentScheme,
+    m2: MomentScheme,
+    shape: &[usize],
+) -> Vec<(&'static str, Dtype, Vec<usize>)> {
+    let numel: usize = shape.iter().product();
+    let mut out = Vec::new();
+    for (scheme, state, absmax) in [(m1, "state1", "absmax1"), (m2, "state2", "absmax2")] {
+        let (codes, blocks) = scheme.state_lens(numel);
+        match scheme.bits() {
+            32 => out.push((state, Dtype::F32, shape.to_vec())),
+            8 => {
+                out.push((state, Dtype::I8, shape.to_vec()));
+                out.push((absmax, Dtype::F32, vec![blocks]));
+            }
+            _ => {
+                out.push((state, Dtype::U8, vec![codes]));
+                out.push((absmax, Dtype::F32, vec![blocks]));
+            }
+        }
+    }
+    out
 }
 
 /// Calls `f` with each chunk of `chunk` elements (a multiple of the block) of the parameter and
@@ -211,6 +302,10 @@ impl ParamState {
             ParamState::One8(_) => Layout::One8,
             ParamState::Ademamix32(_) => Layout::Ademamix32,
             ParamState::Ademamix8(_) => Layout::Ademamix8,
+            ParamState::QAdam(s) => Layout::QAdam {
+                m1: s.m1.scheme,
+                m2: s.m2.scheme,
+            },
         }
     }
 
@@ -232,6 +327,16 @@ impl ParamState {
             ParamState::Ademamix8(s) => (0..3)
                 .flat_map(|k| [s.codes[k].clone(), f32_bytes(&s.absmax[k])])
                 .collect(),
+            ParamState::QAdam(s) => {
+                let mut out = Vec::new();
+                for m in [&s.m1, &s.m2] {
+                    out.push(m.codes.clone());
+                    if m.scheme != MomentScheme::Fp32 {
+                        out.push(f32_bytes(&m.absmax));
+                    }
+                }
+                out
+            }
         };
         self.layout()
             .tensors(shape)
@@ -247,10 +352,11 @@ impl ParamState {
     }
 
     /// One update of step `step` (1-based) in chunks of `chunk` elements (a multiple of the
-    /// 256-element block).
+    /// 256-element block). `rng` is the stochastic-rounding key `(seed, parameter id)`.
     ///
     /// # Errors
     /// Any host op error; [`Error::Invalid`] if the state does not belong to `kind` (a bug).
+    #[allow(clippy::too_many_arguments)]
     pub fn update(
         &mut self,
         dev: &dyn Device,
@@ -259,6 +365,7 @@ impl ParamState {
         grads: &HostTensor,
         step: u32,
         chunk: usize,
+        rng: (u64, u32),
     ) -> Result<()> {
         let layout = self.layout();
         let mismatch = || {
@@ -347,6 +454,54 @@ impl ParamState {
                     Ok(())
                 })
             }
+            ParamState::QAdam(s) => {
+                let c = kind.qadam().ok_or_else(mismatch)?;
+                for_chunks(params, grads, chunk, |p, g, r, _| {
+                    let offset = u32::try_from(r.start)
+                        .map_err(|_| Error::Invalid("parameter too large".into()))?;
+                    let mut part = QAdamState {
+                        m1: moment_chunk(&s.m1, &r),
+                        m2: moment_chunk(&s.m2, &r),
+                    };
+                    let key = QAdamRng {
+                        seed: rng.0,
+                        param_id: rng.1,
+                        offset,
+                    };
+                    qadamw_step(dev, p, g, &mut part, &c.hyper, step, key)?;
+                    put_moment_chunk(&mut s.m1, &part.m1, &r);
+                    put_moment_chunk(&mut s.m2, &part.m2, &r);
+                    Ok(())
+                })
+            }
         }
     }
+}
+
+/// Byte range of the codes and block range of the scales of elements `r` (block-aligned).
+fn moment_ranges(m: &MomentState, r: &Range<usize>) -> (Range<usize>, Range<usize>) {
+    let bs = (m.scheme.block() as usize).max(1);
+    let blocks = r.start / bs..r.end.div_ceil(bs);
+    match m.scheme.bits() {
+        32 => (4 * r.start..4 * r.end, 0..0),
+        8 => (r.clone(), blocks),
+        _ => (r.start / 2..r.end.div_ceil(2), blocks),
+    }
+}
+
+/// The part of a moment's state covering elements `r`.
+fn moment_chunk(m: &MomentState, r: &Range<usize>) -> MomentState {
+    let (c, b) = moment_ranges(m, r);
+    MomentState {
+        scheme: m.scheme,
+        codes: m.codes[c].to_vec(),
+        absmax: m.absmax[b].to_vec(),
+    }
+}
+
+/// Writes an updated part back.
+fn put_moment_chunk(m: &mut MomentState, part: &MomentState, r: &Range<usize>) {
+    let (c, b) = moment_ranges(m, r);
+    m.codes[c].copy_from_slice(&part.codes);
+    m.absmax[b].copy_from_slice(&part.absmax);
 }

@@ -480,3 +480,60 @@ fn vector_code_is_emitted_only_with_simd() {
     assert!(text(true).contains("f32x4"), "no vector code with simd on");
     assert!(!text(false).contains("f32x4"), "vector code with simd off");
 }
+
+/// `p[i] = fma(p[i], 3, q[i])` for `i` in `0..n`, with `q: u8` widened (`shift = 0`), or the
+/// chained `p[i + 1] = p[i] * 3 + 1` (`shift = 1`): in place at the loop index it is vectorized
+/// (with a vector `fma` and a 4-byte `u8` load), at another index it must stay scalar.
+fn in_place_kernel(shift: u32) -> Kernel {
+    let mut b = KernelBuilder::new(&format!("in_place_{shift}"));
+    let n = b.scalar_param("n", ScalarType::U32);
+    let p = b.buffer_param("p", DType::F32, &[Dim::Param(n)], Access::ReadWrite);
+    let q = b.buffer_param("q", DType::U8, &[Dim::Param(n)], Access::Read);
+    b.set_grid(Dim::Const(1));
+    let zero = b.const_u32(0);
+    let nv = b.param(n);
+    let sv = b.const_u32(shift);
+    let end = b.sub(nv, sv);
+    b.for_range(zero, end, 1, |b, i| {
+        let v = b.load(p, i);
+        let three = b.const_f32(3.0);
+        let c = b.load(q, i);
+        let cf = b.int_to_float(c);
+        let r = b.fma(v, three, cf);
+        let at = b.add(i, sv);
+        let at = if shift == 0 { i } else { at };
+        b.store(p, at, r);
+    });
+    b.finish()
+}
+
+#[test]
+fn in_place_loops_vectorize_and_chained_ones_stay_scalar() {
+    for shift in [0u32, 1] {
+        let k = in_place_kernel(shift);
+        let text = qforge_codegen::cranelift::lower(&k, &Default::default())
+            .expect("lowers")
+            .function
+            .display()
+            .to_string();
+        assert_eq!(
+            text.contains("f32x4"),
+            shift == 0,
+            "vectorized must be {} for shift {shift}",
+            shift == 0
+        );
+        // n >= shift, so that `n - shift` does not wrap.
+        for n in [shift as usize, 1, 5, 64, 131] {
+            let p = f_inputs(n, 7 + n as u32);
+            let q: Vec<u8> = (0..n).map(|i| (i * 37 % 256) as u8).collect();
+            run_all_modes(
+                &k,
+                vec![
+                    OwnedArg::Scalar(Scalar::U32(n as u32)),
+                    OwnedArg::Write(le_f32(&p)),
+                    OwnedArg::Read(q),
+                ],
+            );
+        }
+    }
+}

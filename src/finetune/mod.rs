@@ -1,0 +1,421 @@
+//! `qforge finetune`: trains serial bottleneck adapters (ZAdapter, AFA-LoRA) after the frozen
+//! NF4 feed-forward blocks of a model so that each NF4 block reproduces its full-precision
+//! output, anneals the activation to linear, and merges the adapters into `output.dense`.
+//!
+//! Per selected block `f(x) = W2 gelu(W1 x + b1) + b2`: inputs are rows of the model's token
+//! embeddings (a training set and a disjoint held-out set); the target is `f` in `f32` (dense
+//! product kernels), the base is `f` on NF4 weights through the fused 4-bit matmul, and the
+//! adapter `y = h + up(act_beta(down(h)))` on the base output `h` is trained on the mean squared
+//! error `mean((y - target)^2)` with the chosen optimizer, `beta` following an
+//! [`AfaSchedule`]. Errors are the held-out relative RMS error `sqrt(sum (y - t)^2 / sum t^2)`
+//! over all selected blocks.
+
+mod model;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use qforge_ir::library::activation::Act;
+use qforge_ir::library::AdamHyper;
+use qforge_ir::library::StateBits;
+use qforge_ir::DType;
+use qforge_runtime::adapter::{AfaSchedule, BottleneckAdapter};
+use qforge_runtime::ops::{self, gemm, Layout};
+use qforge_runtime::optim::{Optimizer, OptimizerKind, ParamGroup, QAdamWConfig};
+use qforge_runtime::{Device, HostTensor};
+
+pub use model::{Block, Model};
+pub use report::FinetuneReport;
+
+use crate::error::{Error, Result};
+
+/// The optimizer of the adapter weights (AdamW, lr from the options, betas (0.9, 0.999), eps
+/// 1e-8, no weight decay).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FtOptimizer {
+    /// 4-bit AdamW, ZIP-SR recipe (NF4 m1, Dyn4 m2 with stochastic rounding in preconditioner
+    /// space).
+    Adamw4bitZipSr,
+    /// 4-bit AdamW, ZE-EDEN recipe (NF4 m1, zero-exclusive Dyn4 m2 with EDEN scales).
+    Adamw4bitZeEden,
+    /// AdamW with 8-bit blockwise state (bitsandbytes `AdamW8bit`).
+    Adamw8bit,
+    /// AdamW with 32-bit state.
+    Adamw,
+}
+
+impl FtOptimizer {
+    /// The names accepted by `--optimizer`, in the order of the variants.
+    pub const NAMES: [&'static str; 4] = [
+        "adamw4bit-zip-sr",
+        "adamw4bit-ze-eden",
+        "adamw8bit",
+        "adamw",
+    ];
+
+    /// The optimizer called `name`.
+    ///
+    /// # Errors
+    /// [`Error::Usage`] listing the accepted names.
+    pub fn from_name(name: &str) -> Result<FtOptimizer> {
+        match name {
+            "adamw4bit-zip-sr" => Ok(FtOptimizer::Adamw4bitZipSr),
+            "adamw4bit-ze-eden" => Ok(FtOptimizer::Adamw4bitZeEden),
+            "adamw8bit" => Ok(FtOptimizer::Adamw8bit),
+            "adamw" => Ok(FtOptimizer::Adamw),
+            other => Err(Error::Usage(format!(
+                "unknown optimizer '{other}' (one of {})",
+                FtOptimizer::NAMES.join(", ")
+            ))),
+        }
+    }
+
+    fn build(self, names: Vec<String>, lr: f64) -> Result<Optimizer> {
+        let hyper = AdamHyper {
+            lr,
+            weight_decay: 0.0,
+            ..AdamHyper::default()
+        };
+        let (kind, bits) = match self {
+            FtOptimizer::Adamw4bitZipSr => (
+                OptimizerKind::QAdamW(QAdamWConfig::zip_sr(hyper)),
+                StateBits::Bits8,
+            ),
+            FtOptimizer::Adamw4bitZeEden => (
+                OptimizerKind::QAdamW(QAdamWConfig::ze_eden(hyper)),
+                StateBits::Bits8,
+            ),
+            FtOptimizer::Adamw8bit => (OptimizerKind::AdamW(hyper), StateBits::Bits8),
+            FtOptimizer::Adamw => (OptimizerKind::AdamW(hyper), StateBits::Bits32),
+        };
+        Ok(Optimizer::new(vec![ParamGroup::new(names, kind, bits)])?)
+    }
+}
+
+/// What to train.
+#[derive(Clone, Debug)]
+pub struct FinetuneOptions {
+    /// A BERT-style `f32` safetensors checkpoint; `None`: the built-in synthetic model.
+    pub model: Option<PathBuf>,
+    /// Encoder layers whose FFN block gets an adapter.
+    pub layers: Vec<usize>,
+    /// Adapter rank `r`.
+    pub rank: usize,
+    /// Training steps.
+    pub steps: u64,
+    /// The optimizer.
+    pub optimizer: FtOptimizer,
+    /// Learning rate.
+    pub lr: f64,
+    /// Rows per step.
+    pub batch: usize,
+    /// Training and held-out rows.
+    pub train_rows: usize,
+    /// Held-out rows.
+    pub eval_rows: usize,
+    /// The adapter activation.
+    pub act: Act,
+    /// Seed of the adapter initialisation (and of the synthetic model).
+    pub seed: u64,
+}
+
+impl Default for FinetuneOptions {
+    /// The synthetic model, layer 0, rank 16, 200 steps of 4-bit AdamW (ZIP-SR) at lr 1e-3,
+    /// batches of 64 of 1024 training rows, 256 held-out rows, GELU.
+    fn default() -> Self {
+        FinetuneOptions {
+            model: None,
+            layers: vec![0],
+            rank: 16,
+            steps: 200,
+            optimizer: FtOptimizer::Adamw4bitZipSr,
+            lr: 1e-3,
+            batch: 64,
+            train_rows: 1024,
+            eval_rows: 256,
+            act: Act::Gelu,
+            seed: 0,
+        }
+    }
+}
+
+/// A merged `output.dense`: `(layer, weight [d, ff], bias [d])`, `f32`.
+pub type MergedLayer = (usize, HostTensor, HostTensor);
+
+/// One block's data: inputs, NF4 base outputs and full-precision targets.
+struct Data {
+    h: Vec<f32>,
+    t: Vec<f32>,
+}
+
+impl Data {
+    fn new(dev: &dyn Device, block: &Block, x: &HostTensor) -> Result<Data> {
+        Ok(Data {
+            h: block.forward(dev, x, true)?.to_f32()?,
+            t: block.forward(dev, x, false)?.to_f32()?,
+        })
+    }
+}
+
+/// `f32 [rows, d]` from rows `at..at + rows` (wrapping) of a row-major `[n, d]` array.
+fn batch_of(v: &[f32], d: usize, at: usize, rows: usize) -> Result<HostTensor> {
+    let n = v.len() / d;
+    let mut out = Vec::with_capacity(rows * d);
+    for i in 0..rows {
+        let r = (at + i) % n;
+        out.extend_from_slice(&v[r * d..(r + 1) * d]);
+    }
+    Ok(HostTensor::from_f32_as(DType::F32, vec![rows, d], &out)?)
+}
+
+/// `sum (y - t)^2` and `sum t^2` in f64.
+fn squared(y: &[f32], t: &[f32]) -> (f64, f64) {
+    y.iter().zip(t).fold((0.0, 0.0), |(e, s), (a, b)| {
+        let diff = *a as f64 - *b as f64;
+        (e + diff * diff, s + *b as f64 * *b as f64)
+    })
+}
+
+/// `(names, tensors)` of the adapters' parameters, in one flat list.
+fn params(adapters: &[(usize, BottleneckAdapter)]) -> (Vec<String>, Vec<HostTensor>) {
+    let mut names = Vec::new();
+    let mut tensors = Vec::new();
+    for (layer, a) in adapters {
+        for (n, t) in [
+            ("down.weight", &a.down_weight),
+            ("down.bias", &a.down_bias),
+            ("up.weight", &a.up_weight),
+            ("up.bias", &a.up_bias),
+        ] {
+            names.push(format!("encoder.layer.{layer}.adapter.{n}"));
+            tensors.push(t.clone());
+        }
+    }
+    (names, tensors)
+}
+
+/// The adapters back from the flat parameter list.
+fn adapters_from(layers: &[usize], p: &[HostTensor]) -> Vec<(usize, BottleneckAdapter)> {
+    layers
+        .iter()
+        .zip(p.chunks_exact(4))
+        .map(|(l, c)| {
+            (
+                *l,
+                BottleneckAdapter {
+                    down_weight: c[0].clone(),
+                    down_bias: c[1].clone(),
+                    up_weight: c[2].clone(),
+                    up_bias: c[3].clone(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Held-out relative RMS error of `output(block_index, h)` against the targets.
+fn rel_error(
+    eval: &[Data],
+    d: usize,
+    mut output: impl FnMut(usize, &HostTensor) -> Result<Vec<f32>>,
+) -> Result<f64> {
+    let (mut e, mut s) = (0.0, 0.0);
+    for (i, data) in eval.iter().enumerate() {
+        let h = batch_of(&data.h, d, 0, data.h.len() / d)?;
+        let (de, ds) = squared(&output(i, &h)?, &data.t);
+        e += de;
+        s += ds;
+    }
+    Ok((e / s.max(f64::MIN_POSITIVE)).sqrt())
+}
+
+/// Checks the options (before any work).
+fn check(o: &FinetuneOptions) -> Result<()> {
+    let bad = |m: String| Err(Error::Usage(m));
+    if o.layers.is_empty() {
+        return bad("finetune: --layers must name at least one layer".into());
+    }
+    if o.rank == 0 || o.rank > 4096 {
+        return bad(format!("finetune: --rank must be 1..=4096, got {}", o.rank));
+    }
+    if o.steps == 0 || o.steps > 1_000_000 {
+        return bad(format!(
+            "finetune: --steps must be 1..=1000000, got {}",
+            o.steps
+        ));
+    }
+    if !(o.lr.is_finite() && o.lr > 0.0) {
+        return bad(format!(
+            "finetune: --lr must be a positive number, got {}",
+            o.lr
+        ));
+    }
+    if o.batch == 0 || o.train_rows == 0 || o.eval_rows == 0 {
+        return bad("finetune: batch, training rows and held-out rows must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// Runs the fine-tuning (see the module docs); `on_step(step, loss, beta)` is called after
+/// every step.
+///
+/// # Errors
+/// [`Error::Usage`] for bad options (no layers, rank 0, ...); checkpoint errors naming the file
+/// and tensor; device errors.
+pub fn run(
+    dev: &dyn Device,
+    o: &FinetuneOptions,
+    mut on_step: impl FnMut(u64, f64, f32),
+) -> Result<(FinetuneReport, Vec<MergedLayer>)> {
+    check(o)?;
+    let model = match &o.model {
+        Some(path) => Model::load(dev, path, &o.layers)?,
+        None => Model::synthetic(dev, &o.layers, o.seed)?,
+    };
+    let d = model.d;
+    let vocab = model.embeddings.len() / d;
+    if o.train_rows + o.eval_rows > vocab {
+        return Err(Error::Usage(format!(
+            "finetune: {} training + {} held-out rows exceed the {vocab} embedding rows",
+            o.train_rows, o.eval_rows
+        )));
+    }
+    // A fixed permutation of the vocabulary (7919 is prime and does not divide the sizes used):
+    // the first rows train, the next are held out.
+    let stride = if vocab % 7919 == 0 { 1 } else { 7919 };
+    let row = |i: usize| (i * stride + 13) % vocab;
+    let train_x = model.rows(&(0..o.train_rows).map(row).collect::<Vec<_>>())?;
+    let eval_x = model.rows(
+        &(o.train_rows..o.train_rows + o.eval_rows)
+            .map(row)
+            .collect::<Vec<_>>(),
+    )?;
+    let mut train = Vec::new();
+    let mut eval = Vec::new();
+    for block in &model.blocks {
+        train.push(Data::new(dev, block, &train_x)?);
+        eval.push(Data::new(dev, block, &eval_x)?);
+    }
+    let layers: Vec<usize> = model.blocks.iter().map(|b| b.layer).collect();
+    let mut adapters = Vec::new();
+    for (i, l) in layers.iter().enumerate() {
+        let seed = o.seed.wrapping_add(1 + i as u64);
+        adapters.push((*l, BottleneckAdapter::new(d, o.rank, seed)?));
+    }
+    let schedule = AfaSchedule::new(o.steps);
+    let err_before = rel_error(&eval, d, |i, h| {
+        Ok(adapters[i].1.forward(dev, o.act, h, 1.0)?.0.to_f32()?)
+    })?;
+    let (names, mut p) = params(&adapters);
+    let mut opt = o.optimizer.build(names, o.lr)?;
+    let mut losses = Vec::with_capacity(o.steps as usize);
+    let started = Instant::now();
+    for step in 0..o.steps {
+        let beta = schedule.beta(step);
+        let current = adapters_from(&layers, &p);
+        let at = (step as usize * o.batch) % o.train_rows;
+        let (mut sq, mut count) = (0.0f64, 0usize);
+        let mut grads = Vec::with_capacity(p.len());
+        for (data, (_, a)) in train.iter().zip(&current) {
+            let h = batch_of(&data.h, d, at, o.batch)?;
+            let t = batch_of(&data.t, d, at, o.batch)?.to_f32()?;
+            let (y, cache) = a.forward(dev, o.act, &h, beta)?;
+            let yv = y.to_f32()?;
+            let scale = 2.0 / (yv.len() * train.len()) as f32;
+            let dy: Vec<f32> = yv.iter().zip(&t).map(|(a, b)| (a - b) * scale).collect();
+            sq += squared(&yv, &t).0;
+            count += yv.len();
+            let dy = HostTensor::from_f32_as(DType::F32, y.shape.clone(), &dy)?;
+            let g = a.backward(dev, o.act, &h, &cache, &dy, beta)?;
+            grads.extend([g.down_weight, g.down_bias, g.up_weight, g.up_bias]);
+        }
+        opt.step(dev, &mut p, &grads)?;
+        let loss = sq / count as f64;
+        losses.push((loss, beta));
+        on_step(step, loss, beta);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let trained = adapters_from(&layers, &p);
+    let beta_end = schedule.beta(o.steps);
+    let err_after = rel_error(&eval, d, |i, h| {
+        Ok(trained[i].1.forward(dev, o.act, h, beta_end)?.0.to_f32()?)
+    })?;
+    // Merge into output.dense (dequantized), then evaluate the merged block from x.
+    let mut merged = Vec::new();
+    for (block, (layer, a)) in model.blocks.iter().zip(&trained) {
+        let w = ops::dequantize_4bit(dev, &block.down.packed, &block.down.state)?;
+        let (w2, b2) = a.merge_into(dev, &w, &block.down.bias)?;
+        merged.push((*layer, w2, b2));
+    }
+    let merged_block = |i: usize, requantize: bool| -> Result<Vec<f32>> {
+        let block = &model.blocks[i];
+        let (_, w2, b2) = &merged[i];
+        let up = ops::matmul_4bit(
+            dev,
+            &eval_x,
+            &block.up.packed,
+            &block.up.state,
+            Some(&block.up.bias),
+            None,
+        )?;
+        let g = ops::act_beta(dev, Act::Gelu, &up, 1.0)?;
+        let y = if requantize {
+            let (packed, state) =
+                ops::quantize_4bit(dev, w2, ops::QuantType::Nf4, model::BLOCKSIZE, false)?;
+            ops::matmul_4bit(dev, &g, &packed, &state, Some(b2), None)?
+        } else {
+            gemm(
+                dev,
+                (&g, Layout::RowMajor),
+                (w2, Layout::RowMajor),
+                Some(b2),
+                None,
+            )?
+        };
+        Ok(y.to_f32()?)
+    };
+    let err_merged = rel_error(&eval, d, |i, _| merged_block(i, false))?;
+    let err_merged_nf4 = rel_error(&eval, d, |i, _| merged_block(i, true))?;
+    let report = FinetuneReport {
+        layers: layers.len(),
+        steps: o.steps,
+        err_before,
+        err_after,
+        err_merged,
+        err_merged_nf4,
+        steps_per_s: o.steps as f64 / seconds.max(1e-9),
+        optimizer_state_bytes: report::state_bytes(&opt.state_dict()?)?,
+        weight_bytes: model
+            .blocks
+            .iter()
+            .map(|b| b.up.nf4_bytes() + b.down.nf4_bytes())
+            .sum(),
+        adapter_bytes: p.iter().map(|t| t.data.len()).sum(),
+        losses,
+    };
+    Ok((report, merged))
+}
+
+/// Writes `loss.csv`, `loss.svg` and `merged.safetensors` into `dir` (created if needed), each
+/// through a temporary file renamed into place.
+///
+/// # Errors
+/// [`Error::Io`] naming the file.
+pub fn write_outputs(dir: &Path, report: &FinetuneReport, merged: &[MergedLayer]) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    report::write_atomic(&dir.join("loss.csv"), report.csv().as_bytes())?;
+    report::write_atomic(&dir.join("loss.svg"), report.svg().as_bytes())?;
+    let mut tensors = Vec::new();
+    for (layer, w, b) in merged {
+        tensors.push((format!("encoder.layer.{layer}.output.dense.weight"), w));
+        tensors.push((format!("encoder.layer.{layer}.output.dense.bias"), b));
+    }
+    report::write_atomic(
+        &dir.join("merged.safetensors"),
+        &report::safetensors(&tensors)?,
+    )
+}

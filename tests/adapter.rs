@@ -1,0 +1,481 @@
+//! Bottleneck adapters: the exact merge of a linear (`beta = 0`) adapter into a real MiniLM
+//! layer against f64, the shard-aware merge against the unsharded one, and bad inputs.
+
+use std::path::Path;
+
+use qforge::ir::library::activation::Act;
+use qforge::ir::DType;
+use qforge::runtime::adapter::{normal_f32, BottleneckAdapter};
+use qforge::runtime::ops::{gemm, Layout};
+use qforge::runtime::{CpuDevice, HostTensor};
+use safetensors::SafeTensors;
+
+/// `encoder.layer.0.output.dense` of MiniLM (`W: [384, 1536]`, `b: [384]`), or a random layer
+/// of that shape when the checkpoint is missing outside CI.
+fn layer() -> (HostTensor, HostTensor) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/models/all-MiniLM-L6-v2/model.safetensors");
+    let f32s = |b: &[u8]| -> Vec<f32> {
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    };
+    let (w, b) = match std::fs::read(&path) {
+        Ok(bytes) => {
+            let st = SafeTensors::deserialize(&bytes).unwrap();
+            let get = |n: &str| f32s(st.tensor(n).unwrap().data());
+            (
+                get("encoder.layer.0.output.dense.weight"),
+                get("encoder.layer.0.output.dense.bias"),
+            )
+        }
+        Err(e) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{} is missing under CI: {e}",
+                path.display()
+            );
+            println!("MiniLM missing ({e}): a random layer instead");
+            (normal_f32(384 * 1536, 0.05, 1), normal_f32(384, 0.05, 2))
+        }
+    };
+    (
+        HostTensor::from_f32_as(DType::F32, vec![384, 1536], &w).unwrap(),
+        HostTensor::from_f32_as(DType::F32, vec![384], &b).unwrap(),
+    )
+}
+
+/// A trained-looking adapter: every weight and bias random (a fresh one has `up = 0`).
+fn adapter(d: usize, r: usize) -> BottleneckAdapter {
+    let t = |shape: Vec<usize>, seed| {
+        let n = shape.iter().product();
+        HostTensor::from_f32_as(DType::F32, shape, &normal_f32(n, 0.05, seed)).unwrap()
+    };
+    BottleneckAdapter {
+        down_weight: t(vec![r, d], 11),
+        down_bias: t(vec![r], 12),
+        up_weight: t(vec![d, r], 13),
+        up_bias: t(vec![d], 14),
+    }
+}
+
+/// The exact merged weight `W + U (D W)` and bias `b + U (D b + b_d) + b_u` in f64, with an
+/// error bound per weight for an `f32` evaluation: `(d + r + 2) eps` times the sum of the
+/// magnitudes of every term (each product's sum has at most `d + r + 2` roundings on the way).
+fn reference(
+    w: &HostTensor,
+    b: &HostTensor,
+    a: &BottleneckAdapter,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let f =
+        |t: &HostTensor| -> Vec<f64> { t.to_f32().unwrap().iter().map(|x| *x as f64).collect() };
+    let (wf, bf, df, dbf, uf, ubf) = (
+        f(w),
+        f(b),
+        f(&a.down_weight),
+        f(&a.down_bias),
+        f(&a.up_weight),
+        f(&a.up_bias),
+    );
+    let (d, k) = (w.shape[0], w.shape[1]);
+    let r = a.down_bias.shape[0];
+    let mut dw = vec![0.0f64; r * k];
+    let mut dw_abs = vec![0.0f64; r * k];
+    for q in 0..r {
+        for l in 0..d {
+            for j in 0..k {
+                dw[q * k + j] += df[q * d + l] * wf[l * k + j];
+                dw_abs[q * k + j] += (df[q * d + l] * wf[l * k + j]).abs();
+            }
+        }
+    }
+    let eps = f32::EPSILON as f64;
+    let (mut exact, mut bound) = (vec![0.0; d * k], vec![0.0; d * k]);
+    for i in 0..d {
+        for j in 0..k {
+            let (mut s, mut mag) = (wf[i * k + j], wf[i * k + j].abs());
+            for q in 0..r {
+                s += uf[i * r + q] * dw[q * k + j];
+                mag += uf[i * r + q].abs() * dw_abs[q * k + j];
+            }
+            exact[i * k + j] = s;
+            bound[i * k + j] = (d + r + 2) as f64 * eps * mag;
+        }
+    }
+    let t: Vec<f64> = (0..r)
+        .map(|q| (0..d).map(|l| df[q * d + l] * bf[l]).sum::<f64>() + dbf[q])
+        .collect();
+    let bias = (0..d)
+        .map(|i| bf[i] + ubf[i] + (0..r).map(|q| uf[i * r + q] * t[q]).sum::<f64>())
+        .collect();
+    (exact, bound, bias)
+}
+
+/// The largest `error / bound` of `got` (rows from `row0` on), asserting every error is within.
+fn within(got: &HostTensor, row0: usize, exact: &[f64], bound: &[f64], what: &str) -> f64 {
+    let width = got.shape[1..].iter().product::<usize>();
+    let mut worst = 0.0f64;
+    for (i, v) in got.to_f32().unwrap().iter().enumerate() {
+        let at = row0 * width + i;
+        let err = (*v as f64 - exact[at]).abs();
+        assert!(
+            err <= bound[at],
+            "{what}[{at}]: error {err} above {}",
+            bound[at]
+        );
+        worst = worst.max(err / bound[at]);
+    }
+    worst
+}
+
+#[test]
+fn merged_minilm_layer_matches_f64_and_the_direct_kernels() {
+    let dev = CpuDevice::new().unwrap();
+    let (w, b) = layer();
+    let (d, r) = (384usize, 16usize);
+    let a = adapter(d, r);
+    let (w2, b2) = a.merge_into(&dev, &w, &b).unwrap();
+    let (exact, bound, bias) = reference(&w, &b, &a);
+    let worst = within(&w2, 0, &exact, &bound, "W'");
+    for (i, v) in b2.to_f32().unwrap().iter().enumerate() {
+        assert!(
+            (*v as f64 - bias[i]).abs() <= 1e-5 * (1.0 + bias[i].abs()),
+            "b'[{i}]"
+        );
+    }
+    println!("merge W' worst error / bound = {worst:.3}");
+    // The same kernels called directly give the same bits (one shard: no extra all-reduce add).
+    use Layout::{RowMajor as N, Transposed as T};
+    let dwt = gemm(&dev, (&a.down_weight, N), (&w, T), None, None).unwrap();
+    let w2d = gemm(&dev, (&a.up_weight, N), (&dwt, T), None, Some(&w)).unwrap();
+    assert_eq!(w2d, w2);
+    let brow = HostTensor::new(DType::F32, vec![1, d], b.data.clone()).unwrap();
+    let t = gemm(
+        &dev,
+        (&brow, N),
+        (&a.down_weight, N),
+        Some(&a.down_bias),
+        None,
+    )
+    .unwrap();
+    let b2d = gemm(
+        &dev,
+        (&t, N),
+        (&a.up_weight, N),
+        Some(&a.up_bias),
+        Some(&brow),
+    )
+    .unwrap();
+    assert_eq!(b2d.data, b2.data);
+}
+
+#[test]
+fn sharded_merge_is_within_the_same_bound_as_the_unsharded_one() {
+    let dev = CpuDevice::new().unwrap();
+    let (w, b) = layer();
+    let (d, k, r) = (384usize, 1536usize, 8usize);
+    let a = adapter(d, r);
+    let (w2, _) = a.merge_into(&dev, &w, &b).unwrap();
+    let (exact, bound, bias) = reference(&w, &b, &a);
+    let (wv, bv) = (w.to_f32().unwrap(), b.to_f32().unwrap());
+    let cuts = [0usize, 100, 300, 384];
+    let shards: Vec<(HostTensor, HostTensor)> = cuts
+        .windows(2)
+        .map(|s| {
+            (
+                HostTensor::from_f32_as(DType::F32, vec![s[1] - s[0], k], &wv[s[0] * k..s[1] * k])
+                    .unwrap(),
+                HostTensor::from_f32_as(DType::F32, vec![s[1] - s[0]], &bv[s[0]..s[1]]).unwrap(),
+            )
+        })
+        .collect();
+    let merged = a.merge_sharded(&dev, &shards).unwrap();
+    let (mut worst, mut differ) = (0.0f64, 0usize);
+    let w2v = w2.to_f32().unwrap();
+    for (s, (ws, bs)) in cuts.windows(2).zip(&merged) {
+        worst = worst.max(within(ws, s[0], &exact, &bound, "sharded W'"));
+        let x = ws.to_f32().unwrap();
+        differ += x
+            .iter()
+            .zip(&w2v[s[0] * k..s[1] * k])
+            .filter(|(p, q)| p.to_bits() != q.to_bits())
+            .count();
+        for (i, v) in bs.to_f32().unwrap().iter().enumerate() {
+            let want = bias[s[0] + i];
+            assert!(
+                (*v as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "sharded b'"
+            );
+        }
+    }
+    println!(
+        "sharded merge: worst error / bound = {worst:.3}; {differ} of {} weights differ in bits \
+         from the unsharded merge (the all-reduce splits the sums over d)",
+        d * k
+    );
+}
+
+#[test]
+fn bad_merge_inputs_name_the_problem() {
+    let dev = CpuDevice::new().unwrap();
+    let a = BottleneckAdapter::new(6, 2, 3).unwrap();
+    let w = HostTensor::from_f32_as(DType::F32, vec![6, 4], &[0.5; 24]).unwrap();
+    let short = HostTensor::from_f32_as(DType::F32, vec![5], &[0.5; 5]).unwrap();
+    let w5 = HostTensor::from_f32_as(DType::F32, vec![5, 4], &[0.5; 20]).unwrap();
+    let w3 = HostTensor::from_f32_as(DType::F32, vec![3, 3], &[0.5; 9]).unwrap();
+    let b3 = HostTensor::from_f32_as(DType::F32, vec![3], &[0.5; 3]).unwrap();
+    let w3k = HostTensor::from_f32_as(DType::F32, vec![3, 4], &[0.5; 12]).unwrap();
+    for (got, want) in [
+        (a.merge_into(&dev, &w, &short).map(|_| ()), "bias [d]"),
+        (a.merge_into(&dev, &w5, &short).map(|_| ()), "d = 6"),
+        (
+            a.merge_sharded(&dev, &[(w3k.clone(), b3.clone()), (w3, b3.clone())])
+                .map(|_| ()),
+            "K = 3",
+        ),
+        (a.merge_sharded(&dev, &[]).map(|_| ()), "d = 6"),
+    ] {
+        let e = got.expect_err(want).to_string();
+        assert!(e.contains(want), "{e:?} does not say {want:?}");
+    }
+}
+
+/// `[rows, cols]` of `N(0, std^2)` values.
+fn normal(rows: usize, cols: usize, std: f64, seed: u64) -> HostTensor {
+    HostTensor::from_f32_as(
+        DType::F32,
+        vec![rows, cols],
+        &normal_f32(rows * cols, std, seed),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_fresh_adapter_is_the_identity() {
+    let dev = CpuDevice::new().unwrap();
+    let a = BottleneckAdapter::new(24, 4, 9).unwrap();
+    let h = normal(5, 24, 1.0, 3);
+    for act in Act::ALL {
+        let (y, _) = a.forward(&dev, act, &h, 1.0).unwrap();
+        assert_eq!(y, h, "{act:?}");
+    }
+}
+
+/// The f64 model of the forward pass: `sum(g * y)` for the adapter `p` (down, b_d, up, b_u
+/// flattened) and input `h`, with GELU (erf form).
+fn loss_f64(
+    p: &[Vec<f64>; 4],
+    h: &[f64],
+    g: &[f64],
+    (m, d, r): (usize, usize, usize),
+    beta: f64,
+) -> f64 {
+    let gelu = |z: f64| 0.5 * z * (2.0 - qforge::ir::library::erfc(z / std::f64::consts::SQRT_2));
+    let mut loss = 0.0;
+    for i in 0..m {
+        let a: Vec<f64> = (0..r)
+            .map(|q| {
+                let z = (0..d).map(|l| h[i * d + l] * p[0][q * d + l]).sum::<f64>() + p[1][q];
+                beta * gelu(z) + (1.0 - beta) * z
+            })
+            .collect();
+        for j in 0..d {
+            let y = h[i * d + j] + (0..r).map(|q| a[q] * p[2][j * r + q]).sum::<f64>() + p[3][j];
+            loss += g[i * d + j] * y;
+        }
+    }
+    loss
+}
+
+#[test]
+fn backward_matches_f64_finite_differences() {
+    let dev = CpuDevice::new().unwrap();
+    let (m, d, r, beta) = (3usize, 10usize, 4usize, 0.7f32);
+    let a = BottleneckAdapter {
+        down_weight: normal(r, d, 0.5, 21),
+        down_bias: HostTensor::from_f32_as(DType::F32, vec![r], &normal_f32(r, 0.5, 22)).unwrap(),
+        up_weight: normal(d, r, 0.5, 23),
+        up_bias: HostTensor::from_f32_as(DType::F32, vec![d], &normal_f32(d, 0.5, 24)).unwrap(),
+    };
+    let h = normal(m, d, 1.0, 25);
+    let g = normal(m, d, 1.0, 26);
+    let (_, cache) = a.forward(&dev, Act::Gelu, &h, beta).unwrap();
+    let grads = a.backward(&dev, Act::Gelu, &h, &cache, &g, beta).unwrap();
+    let f =
+        |t: &HostTensor| -> Vec<f64> { t.to_f32().unwrap().iter().map(|x| *x as f64).collect() };
+    let params = [
+        f(&a.down_weight),
+        f(&a.down_bias),
+        f(&a.up_weight),
+        f(&a.up_bias),
+    ];
+    let (hf, gf) = (f(&h), f(&g));
+    let dims = (m, d, r);
+    let step = 1e-6;
+    let check = |analytic: &HostTensor, numeric: &dyn Fn(usize) -> f64, what: &str| {
+        for (i, got) in f(analytic).iter().enumerate() {
+            let want = numeric(i);
+            assert!(
+                (got - want).abs() <= 1e-4 * want.abs() + 1e-5,
+                "{what}[{i}]: analytic {got}, finite difference {want}"
+            );
+        }
+    };
+    for (k, (what, t)) in [
+        ("down_weight", &grads.down_weight),
+        ("down_bias", &grads.down_bias),
+        ("up_weight", &grads.up_weight),
+        ("up_bias", &grads.up_bias),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let numeric = |i: usize| {
+            let mut p = params.clone();
+            p[k][i] += step;
+            let up = loss_f64(&p, &hf, &gf, dims, beta as f64);
+            p[k][i] -= 2.0 * step;
+            let down = loss_f64(&p, &hf, &gf, dims, beta as f64);
+            (up - down) / (2.0 * step)
+        };
+        check(t, &numeric, what);
+    }
+    let numeric = |i: usize| {
+        let mut x = hf.clone();
+        x[i] += step;
+        let up = loss_f64(&params, &x, &gf, dims, beta as f64);
+        x[i] -= 2.0 * step;
+        let down = loss_f64(&params, &x, &gf, dims, beta as f64);
+        (up - down) / (2.0 * step)
+    };
+    check(&grads.dh, &numeric, "dh");
+}
+
+#[test]
+fn merged_layer_equals_the_linear_adapter_within_the_bound() {
+    let dev = CpuDevice::new().unwrap();
+    let (w, b) = layer();
+    let (d, k, r) = (384usize, 1536usize, 16usize);
+    let a = adapter(d, r);
+    let x = normal(8, k, 1.0, 31);
+    use Layout::RowMajor as N;
+    let h = gemm(&dev, (&x, N), (&w, N), Some(&b), None).unwrap();
+    // beta = 0: the adapter is linear.
+    let (y, _) = a.forward(&dev, Act::Gelu, &h, 0.0).unwrap();
+    let (w2, b2) = a.merge_into(&dev, &w, &b).unwrap();
+    let y2 = gemm(&dev, (&x, N), (&w2, N), Some(&b2), None).unwrap();
+    // Both are f32 evaluations of one exact value, y = (I + U D)(W x + b) + U b_d + b_u; each
+    // is within (k + d + r + 4) eps of the sum of the magnitudes of all its terms.
+    let f = |t: &HostTensor| t.to_f32().unwrap();
+    let (xf, wf, bf, df, dbf, uf, ubf) = (
+        f(&x),
+        f(&w),
+        f(&b),
+        f(&a.down_weight),
+        f(&a.down_bias),
+        f(&a.up_weight),
+        f(&a.up_bias),
+    );
+    // |D| |W| ([r, k]) and |D| |b| + |b_d| ([r]).
+    let mut dw_abs = vec![0.0f64; r * k];
+    let mut db_abs = vec![0.0f64; r];
+    for q in 0..r {
+        for m2 in 0..d {
+            let dq = df[q * d + m2].abs() as f64;
+            for l in 0..k {
+                dw_abs[q * k + l] += dq * wf[m2 * k + l].abs() as f64;
+            }
+            db_abs[q] += dq * bf[m2].abs() as f64;
+        }
+        db_abs[q] += dbf[q].abs() as f64;
+    }
+    let (yv, y2v) = (f(&y), f(&y2));
+    let mut worst = 0.0f64;
+    for j in 0..d {
+        let w_abs: Vec<f64> = (0..k)
+            .map(|l| {
+                wf[j * k + l].abs() as f64
+                    + (0..r)
+                        .map(|q| uf[j * r + q].abs() as f64 * dw_abs[q * k + l])
+                        .sum::<f64>()
+            })
+            .collect();
+        let b_abs = bf[j].abs() as f64
+            + ubf[j].abs() as f64
+            + (0..r)
+                .map(|q| uf[j * r + q].abs() as f64 * db_abs[q])
+                .sum::<f64>();
+        for i in 0..8 {
+            let mag = (0..k)
+                .map(|l| xf[i * k + l].abs() as f64 * w_abs[l])
+                .sum::<f64>()
+                + b_abs;
+            let bound = 2.0 * (k + d + r + 4) as f64 * f32::EPSILON as f64 * mag;
+            let diff = (yv[i * d + j] as f64 - y2v[i * d + j] as f64).abs();
+            worst = worst.max(diff / bound);
+            assert!(
+                diff <= bound,
+                "y[{i},{j}]: merged {} vs adapter {}",
+                y2v[i * d + j],
+                yv[i * d + j]
+            );
+        }
+    }
+    println!("merged vs unmerged adapter output: worst difference / bound = {worst:.2e}");
+}
+
+#[test]
+fn forward_and_backward_are_bit_exact_on_every_device() {
+    use qforge::devices::available_devices;
+    use qforge::runtime::InterpreterDevice;
+    let (devices, unavailable) = available_devices();
+    for u in &unavailable {
+        println!("skipped on {}: {}", u.backend, u.reason);
+    }
+    let (m, d, r) = (5usize, 24usize, 4usize);
+    let a = BottleneckAdapter {
+        down_weight: normal(r, d, 0.5, 41),
+        down_bias: HostTensor::from_f32_as(DType::F32, vec![r], &normal_f32(r, 0.5, 42)).unwrap(),
+        up_weight: normal(d, r, 0.5, 43),
+        up_bias: HostTensor::from_f32_as(DType::F32, vec![d], &normal_f32(d, 0.5, 44)).unwrap(),
+    };
+    // Edge values in h: zeros, a subnormal, huge and infinite entries.
+    let mut hv = normal_f32(m * d, 2.0, 45);
+    hv[0] = 0.0;
+    hv[1] = -0.0;
+    hv[2] = f32::from_bits(1);
+    hv[3] = 88.0;
+    hv[4] = -89.0;
+    hv[m * d - 1] = f32::INFINITY;
+    let h = HostTensor::from_f32_as(DType::F32, vec![m, d], &hv).unwrap();
+    let dy = normal(m, d, 1.0, 46);
+    for act in Act::ALL {
+        for beta in [1.0f32, 0.3, 0.0] {
+            let run = |dev: &dyn qforge::runtime::Device| {
+                let (y, cache) = a.forward(dev, act, &h, beta).unwrap();
+                (y, a.backward(dev, act, &h, &cache, &dy, beta).unwrap())
+            };
+            let want = run(&InterpreterDevice);
+            for dev in &devices {
+                let got = run(dev.as_ref());
+                let same = |x: &HostTensor, y: &HostTensor| {
+                    let (x, y) = (x.to_f32().unwrap(), y.to_f32().unwrap());
+                    x.iter()
+                        .zip(&y)
+                        .all(|(p, q)| p.to_bits() == q.to_bits() || p.is_nan() && q.is_nan())
+                };
+                let what = format!("{} {act:?} beta {beta}", dev.name());
+                assert!(same(&got.0, &want.0), "y on {what}");
+                for (g, w, name) in [
+                    (&got.1.dh, &want.1.dh, "dh"),
+                    (&got.1.down_weight, &want.1.down_weight, "dD"),
+                    (&got.1.down_bias, &want.1.down_bias, "db_d"),
+                    (&got.1.up_weight, &want.1.up_weight, "dU"),
+                    (&got.1.up_bias, &want.1.up_bias, "db_u"),
+                ] {
+                    assert!(same(g, w), "{name} on {what}");
+                }
+            }
+        }
+    }
+}

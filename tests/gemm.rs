@@ -1,0 +1,176 @@
+//! The dense products of a full-precision linear layer (`ops::gemm`: forward, `dX`, `dW`) on
+//! every device present, bit for bit against the interpreter, against f64 sums, and with bad
+//! inputs rejected by name.
+
+use qforge::devices::available_devices;
+use qforge::ir::DType;
+use qforge::runtime::ops::{self, Layout};
+use qforge::runtime::{HostTensor, InterpreterDevice};
+
+fn data(len: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn tensor(dtype: DType, shape: Vec<usize>, seed: u32) -> HostTensor {
+    let n = shape.iter().product();
+    HostTensor::from_f32_as(dtype, shape, &data(n, seed)).unwrap()
+}
+
+#[test]
+fn linear_layer_products_are_bit_exact_on_every_device() {
+    let (devices, unavailable) = available_devices();
+    for u in &unavailable {
+        println!("skipped on {}: {}", u.backend, u.reason);
+    }
+    for dtype in [DType::F32, DType::BF16] {
+        for (m, k, n) in [(1usize, 64usize, 16usize), (7, 33, 10), (16, 130, 9)] {
+            let x = tensor(dtype, vec![m, k], 3);
+            let w = tensor(dtype, vec![n, k], 5);
+            let b = tensor(dtype, vec![n], 7);
+            let dy = tensor(dtype, vec![m, n], 11);
+            let run = |dev: &dyn qforge::runtime::Device| {
+                [
+                    ops::gemm(
+                        dev,
+                        (&x, Layout::RowMajor),
+                        (&w, Layout::RowMajor),
+                        Some(&b),
+                        None,
+                    ),
+                    ops::gemm(
+                        dev,
+                        (&dy, Layout::RowMajor),
+                        (&w, Layout::Transposed),
+                        None,
+                        Some(&x),
+                    ),
+                    ops::gemm(
+                        dev,
+                        (&dy, Layout::Transposed),
+                        (&x, Layout::Transposed),
+                        None,
+                        None,
+                    ),
+                ]
+                .map(|r| r.unwrap())
+            };
+            let want = run(&InterpreterDevice);
+            for dev in &devices {
+                let got = run(dev.as_ref());
+                for (g, w) in got.iter().zip(&want) {
+                    assert_eq!(g, w, "{} {dtype} {m}x{k}x{n}", dev.name());
+                }
+            }
+            // The forward against f64 (f32 only: bf16 rounds the output).
+            if dtype == DType::F32 {
+                let (xf, wf, bf) = (
+                    x.to_f32().unwrap(),
+                    w.to_f32().unwrap(),
+                    b.to_f32().unwrap(),
+                );
+                let y = want[0].to_f32().unwrap();
+                for i in 0..m {
+                    for j in 0..n {
+                        let s: f64 = (0..k)
+                            .map(|l| xf[i * k + l] as f64 * wf[j * k + l] as f64)
+                            .sum::<f64>()
+                            + bf[j] as f64;
+                        let scale: f64 = (0..k)
+                            .map(|l| (xf[i * k + l] * wf[j * k + l]).abs() as f64)
+                            .sum::<f64>()
+                            + bf[j].abs() as f64;
+                        let err = (y[i * n + j] as f64 - s).abs();
+                        assert!(
+                            err <= 2.0 * k as f64 * f32::EPSILON as f64 * scale,
+                            "y[{i},{j}] error {err}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_name_the_problem() {
+    let dev = InterpreterDevice;
+    let x = tensor(DType::F32, vec![3, 8], 1);
+    let w = tensor(DType::F32, vec![4, 8], 2);
+    let cases: Vec<(Result<HostTensor, qforge::runtime::Error>, &str)> = vec![
+        (
+            ops::gemm(
+                &dev,
+                (&x, Layout::RowMajor),
+                (&tensor(DType::BF16, vec![4, 8], 2), Layout::RowMajor),
+                None,
+                None,
+            ),
+            "same float dtype",
+        ),
+        (
+            ops::gemm(
+                &dev,
+                (&x, Layout::RowMajor),
+                (&tensor(DType::F32, vec![2, 4, 8], 2), Layout::RowMajor),
+                None,
+                None,
+            ),
+            "must be 2-D",
+        ),
+        (
+            ops::gemm(
+                &dev,
+                (&x, Layout::RowMajor),
+                (&w, Layout::Transposed),
+                None,
+                None,
+            ),
+            "they must match",
+        ),
+        (
+            ops::gemm(
+                &dev,
+                (&x, Layout::RowMajor),
+                (&w, Layout::RowMajor),
+                Some(&tensor(DType::F32, vec![3], 4)),
+                None,
+            ),
+            "bias must be",
+        ),
+        (
+            ops::gemm(
+                &dev,
+                (
+                    &HostTensor::new(DType::I8, vec![3, 8], vec![0; 24]).unwrap(),
+                    Layout::RowMajor,
+                ),
+                (&w, Layout::RowMajor),
+                None,
+                None,
+            ),
+            "A must be f32",
+        ),
+        (
+            ops::gemm(
+                &dev,
+                (&x, Layout::RowMajor),
+                (&w, Layout::RowMajor),
+                None,
+                Some(&x),
+            ),
+            "residual must be",
+        ),
+    ];
+    for (r, want) in cases {
+        let e = r.expect_err(want).to_string();
+        assert!(e.contains(want), "{e:?} does not say {want:?}");
+    }
+}
