@@ -475,10 +475,10 @@ mod tests {
         }
     }
 
-    /// All 2^32 inputs of each map (a few minutes in the optimized test profile: `cargo test --release -p qforge-ir --
-    /// --ignored nearest8_exhaustive`).
+    /// All 2^32 inputs of each map (a few minutes in the optimized test profile:
+    /// `cargo test --release -p qforge-ir -- --ignored nearest8_exhaustive`).
     #[test]
-    #[ignore]
+    #[ignore = "all 2^32 inputs of 3 maps: about 6 minutes; run with --release --ignored"]
     fn nearest8_exhaustive() {
         for map in BlockwiseMap::ALL {
             let n = Nearest8::new(&map.code()).unwrap();
