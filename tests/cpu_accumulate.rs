@@ -538,20 +538,13 @@ fn index_tricks_kernel(order: ReduceOrder, sb: u32, sf: u32) -> Kernel {
     let vars = [b.var("a", ScalarType::F32), b.var("b", ScalarType::F32)];
     b.accumulate(nv, order, &vars, |b, i| {
         let e = b.add(uv, i);
-        let one = b.const_u32(1);
         let (sbv, sfv) = (b.const_u32(sb), b.const_u32(sf));
         let bi = b.shr(e, sbv);
         let byte = b.load(bytes, bi);
         let fi = b.shr(e, sfv);
         let f = b.load(fl, fi);
         let h = b.load(hf, e);
-        let parity = b.and(e, one);
-        let flip = b.binary(BinaryOp::Xor, parity, one);
-        let two = b.const_u32(2);
-        let amount = b.shl(flip, two);
-        let shifted = b.shr(byte, amount);
-        let fifteen = b.const_u32(15);
-        let nib = b.and(shifted, fifteen);
+        let nib = nibble_of(b, byte, e);
         let three = b.const_u32(3);
         let small = b.and(e, three);
         let wide = b.shl(nib, small);
@@ -559,12 +552,34 @@ fn index_tricks_kernel(order: ReduceOrder, sb: u32, sf: u32) -> Kernel {
         let wf = b.mul(w, f);
         vec![(wf, h), (h, f)]
     });
+    store_vars(&mut b, out, &vars);
+    b.finish()
+}
+
+/// bitsandbytes' nibble of element `e` in its packed `byte`: `(byte >> (((e & 1) ^ 1) << 2)) & 15`
+/// (the high nibble for an even `e`).
+fn nibble_of(
+    b: &mut KernelBuilder,
+    byte: qforge::ir::Value,
+    e: qforge::ir::Value,
+) -> qforge::ir::Value {
+    let one = b.const_u32(1);
+    let parity = b.and(e, one);
+    let flip = b.binary(BinaryOp::Xor, parity, one);
+    let two = b.const_u32(2);
+    let amount = b.shl(flip, two);
+    let shifted = b.shr(byte, amount);
+    let fifteen = b.const_u32(15);
+    b.and(shifted, fifteen)
+}
+
+/// `out[k] = vars[k]` for each variable.
+fn store_vars(b: &mut KernelBuilder, out: qforge::ir::ParamId, vars: &[VarId]) {
     for (k, var) in vars.iter().enumerate() {
         let kv = b.const_u32(k as u32);
         let r = b.read_var(*var);
         b.store(out, kv, r);
     }
-    b.finish()
 }
 
 #[test]

@@ -4,9 +4,9 @@
 //! table length, partial count and buffer size (one element too few reports like the
 //! interpreter).
 
-use super::{check, encode, le_f32, values, Rng};
+use super::{check, encode, le_f32, nibble_of, store_vars, values, Rng};
 use qforge::ir::{
-    Access, BinaryOp, DType, Dim, Kernel, KernelBuilder, OwnedArg, ReduceOrder, Scalar, ScalarType,
+    Access, DType, Dim, Kernel, KernelBuilder, OwnedArg, ReduceOrder, Scalar, ScalarType,
 };
 
 /// `sum_i x[i] * (table[nibble(u + i)] * scale[(u + i) >> sb])` and
@@ -34,13 +34,7 @@ fn nibble_kernel(order: ReduceOrder, table: &[f32], sb: u32, sg: u32) -> Kernel 
         let one = b.const_u32(1);
         let at = b.shr(e, one);
         let byte = b.load(packed, at);
-        let parity = b.and(e, one);
-        let flip = b.binary(BinaryOp::Xor, parity, one);
-        let two = b.const_u32(2);
-        let amount = b.shl(flip, two);
-        let shifted = b.shr(byte, amount);
-        let fifteen = b.const_u32(15);
-        let nib = b.and(shifted, fifteen);
+        let nib = nibble_of(b, byte, e);
         let code = b.lookup(t, nib);
         let sbv = b.const_u32(sb);
         let si = b.shr(e, sbv);
@@ -54,11 +48,7 @@ fn nibble_kernel(order: ReduceOrder, table: &[f32], sb: u32, sg: u32) -> Kernel 
         let xv = b.load(x, i);
         vec![(xv, w), (code, g)]
     });
-    for (k, var) in vars.iter().enumerate() {
-        let kv = b.const_u32(k as u32);
-        let r = b.read_var(*var);
-        b.store(out, kv, r);
-    }
+    store_vars(&mut b, out, &vars);
     b.finish()
 }
 
