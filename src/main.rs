@@ -371,6 +371,8 @@ fn finetune(
         lr,
         ..FinetuneOptions::default()
     };
+    // A bad --out is found before the training, not after it.
+    finetune::check_out_dir(out_dir)?;
     let device = device_by_name(device)?;
     let bar = indicatif::ProgressBar::new(steps);
     bar.set_style(

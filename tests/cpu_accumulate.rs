@@ -13,6 +13,8 @@ use qforge::ir::{
 };
 use qforge::runtime::{CpuDevice, CpuOptions, Device};
 
+#[path = "cpu_accumulate/running.rs"]
+mod running;
 #[path = "cpu_accumulate/wide.rs"]
 mod wide;
 

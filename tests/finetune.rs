@@ -140,6 +140,10 @@ fn cli_prints_the_json_line_last_and_rejects_bad_options() {
             vec!["finetune", "--model", missing.to_str().unwrap()],
             "nope.safetensors",
         ),
+        (
+            vec!["finetune", "--layers", "1,0,1"],
+            "--layers names layer 1 twice",
+        ),
     ] {
         let (code, _, stderr) = qforge(&args);
         assert_eq!(code, 2, "{args:?}: {stderr}");
@@ -156,9 +160,146 @@ fn cli_prints_the_json_line_last_and_rejects_bad_options() {
             "1",
         ]);
         assert_eq!(code, 2);
-        assert!(
-            stderr.contains("encoder.layer.9.intermediate.dense.weight"),
-            "{stderr}"
-        );
+        for want in [
+            "encoder.layer.9.intermediate.dense.weight",
+            "--layers 9 is not an encoder layer of this checkpoint (it has layers [0, 1, 2, 3, 4, 5])",
+        ] {
+            assert!(stderr.contains(want), "{stderr}");
+        }
     }
+}
+
+/// Writes an `f32` safetensors file of `(name, shape, value)` tensors, every element `value`.
+fn checkpoint(path: &Path, tensors: &[(&str, Vec<usize>, f32)]) {
+    use safetensors::tensor::TensorView;
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, shape, v)| {
+            let n: usize = shape.iter().product();
+            (0..n).flat_map(|_| v.to_le_bytes()).collect()
+        })
+        .collect();
+    let views: Vec<(&str, TensorView<'_>)> = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((name, shape, _), b)| {
+            let view = TensorView::new(safetensors::Dtype::F32, shape.clone(), b).unwrap();
+            (*name, view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, &None, path).unwrap();
+}
+
+/// A one-layer BERT-style checkpoint (`vocab` rows of width 8, ff 16) with `w1`'s shape and
+/// the embeddings' value given.
+fn small_model(path: &Path, vocab: usize, w1: Vec<usize>, embedding: f32) {
+    checkpoint(
+        path,
+        &[
+            (
+                "embeddings.word_embeddings.weight",
+                vec![vocab, 8],
+                embedding,
+            ),
+            ("encoder.layer.0.intermediate.dense.weight", w1, 0.01),
+            ("encoder.layer.0.intermediate.dense.bias", vec![16], 0.01),
+            ("encoder.layer.0.output.dense.weight", vec![8, 16], 0.01),
+            ("encoder.layer.0.output.dense.bias", vec![8], 0.01),
+        ],
+    );
+}
+
+/// Bad checkpoints, a diverging learning rate and bad output folders: each is a clear error
+/// with exit code 2, found before the training where it can be, and no output is left behind.
+#[test]
+fn cli_refuses_bad_models_and_outputs_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name);
+    // A 0-dimensional intermediate.dense.weight (this used to panic with an index out of
+    // bounds), a NaN in the embeddings (this used to train on NaN and write NaN weights), an
+    // empty embedding matrix.
+    small_model(&at("scalar.safetensors"), 4, vec![], 1.0);
+    small_model(&at("nan.safetensors"), 4, vec![16, 8], f32::NAN);
+    checkpoint(
+        &at("empty.safetensors"),
+        &[("embeddings.word_embeddings.weight", vec![4, 0], 0.0)],
+    );
+    std::fs::write(at("afile"), b"not a folder").unwrap();
+    std::fs::create_dir_all(at("taken/merged.safetensors")).unwrap();
+    let path = |name: &str| at(name).to_str().unwrap().to_string();
+    let out = path("out");
+    for (args, want, trains) in [
+        (
+            vec!["--model", &path("scalar.safetensors")],
+            "FFN shapes [], [16], [8, 16], [8] do not chain",
+            false,
+        ),
+        (
+            vec!["--model", &path("nan.safetensors")],
+            "'embeddings.word_embeddings.weight': has a non-finite value NaN at flat index 0",
+            false,
+        ),
+        (
+            vec!["--model", &path("empty.safetensors")],
+            "'embeddings.word_embeddings.weight': is empty (shape [4, 0])",
+            false,
+        ),
+        // Diverges within a few steps (this used to exit 0 and write NaN weights).
+        (vec!["--lr", "1e30"], "the training diverged", true),
+    ] {
+        let mut all = vec!["finetune", "--steps", "50", "--out", &out];
+        all.extend(args.iter().copied());
+        let (code, stdout, stderr) = qforge(&all);
+        assert_eq!(code, 2, "{all:?}: {stderr}");
+        assert!(stderr.contains(want), "{all:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{all:?}: {stderr}");
+        assert_eq!(stdout.contains("step"), trains, "{all:?}: {stdout}");
+        assert!(!at("out").exists(), "{all:?} left {out}");
+    }
+    // Bad output folders are refused before the training (this used to train first and then
+    // fail with a bare OS error), and an output name taken by a folder leaves no other output
+    // behind (the three files used to be written one by one).
+    for (out, want) in [
+        (path("afile"), "--out"),
+        (format!("{}/sub", path("afile")), "is not a folder"),
+        (
+            path("taken"),
+            "taken/merged.safetensors is a directory; refusing to replace it",
+        ),
+    ] {
+        let (code, stdout, stderr) = qforge(&["finetune", "--steps", "3", "--out", &out]);
+        assert_eq!(code, 2, "{out}: {stderr}");
+        assert!(stderr.contains(want), "{out}: {stderr}");
+        assert!(!stdout.contains("step"), "{out}: trained first: {stdout}");
+    }
+    let left: Vec<_> = std::fs::read_dir(at("taken"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["merged.safetensors"], "left in taken/: {left:?}");
+}
+
+/// The writer itself is all or nothing: with one output name taken by a folder, none of the
+/// other files is left.
+#[test]
+fn write_outputs_is_all_or_nothing() {
+    let dev = CpuDevice::new().unwrap();
+    let o = FinetuneOptions {
+        steps: 2,
+        ..FinetuneOptions::default()
+    };
+    let (r, merged) = run(&dev, &o, |_, _, _| {}).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let taken = dir.path().join("taken");
+    std::fs::create_dir_all(taken.join("loss.svg")).unwrap();
+    assert!(write_outputs(&taken, &r, &merged).is_err());
+    let left: Vec<_> = std::fs::read_dir(&taken)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["loss.svg"]);
+    // Missing folders are created.
+    let fresh = dir.path().join("a/b");
+    write_outputs(&fresh, &r, &merged).unwrap();
+    assert!(fresh.join("merged.safetensors").is_file());
 }

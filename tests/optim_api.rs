@@ -26,6 +26,10 @@ mod rules;
 #[path = "optim_api/qadam.rs"]
 mod qadam;
 
+/// LAMB and LARS (the `max_unorm` trust ratio) through the API and the host ops.
+#[path = "optim_api/norm.rs"]
+mod norm;
+
 /// splitmix64: deterministic pseudo-random numbers.
 struct Rng(u64);
 

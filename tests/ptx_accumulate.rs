@@ -210,10 +210,14 @@ fn check_accumulate(k: &Kernel, text: &str) -> Result<(usize, usize), String> {
         ReduceOrder::Sequential => 1,
         ReduceOrder::Strided(w) => *w as usize,
     };
-    let loads = body
-        .iter()
-        .filter(|s| matches!(s, Stmt::Let(v) if matches!(k.values[*v].op, Op::Load { .. })))
-        .count();
+    let count = |f: fn(&Op) -> bool| {
+        body.iter()
+            .filter(|s| matches!(s, Stmt::Let(v) if f(&k.values[*v].op)))
+            .count()
+    };
+    let loads = count(|op| matches!(op, Op::Load { .. }));
+    // The body's own fmas (a moment update in the LAMB/LARS norm), one instruction each.
+    let body_fmas = count(|op| matches!(op, Op::Fma(..)));
     let (idx, n) = (format!("%r{}", index.index()), format!("%r{}", len.index()));
     let ins: Vec<&str> = instructions(text).collect();
     let pos = |suffix: &str| {
@@ -307,10 +311,11 @@ fn check_accumulate(k: &Kernel, text: &str) -> Result<(usize, usize), String> {
                 .filter(|l| l.starts_with('@') || l.starts_with("bra"))
                 .count();
             let ld = inner.iter().filter(|l| l.starts_with("ld.global")).count();
-            let fma_in_body = inner.iter().any(|l| l.starts_with("fma"));
-            if branches != 0 || ld != loads || fma_in_body {
+            let fmas = inner.iter().filter(|l| l.starts_with("fma")).count();
+            if branches != 0 || ld != loads || fmas != body_fmas {
                 return Err(format!(
-                    "element {j}: {branches} branches, {ld} loads, body fma {fma_in_body}"
+                    "element {j}: {branches} branches, {ld} loads, {fmas} body fmas \
+                     (want 0, {loads}, {body_fmas})"
                 ));
             }
             body_len = inner.len();

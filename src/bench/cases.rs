@@ -1,7 +1,8 @@
 //! The cases `qforge bench` runs, and [`library_case`], which turns a library kernel into a case.
 
 use qforge_ir::library::{
-    BlockwiseMap, KernelSpec, QuantType, StateBits, NESTED_BLOCKSIZE, OPTIM_BLOCKSIZE,
+    BlockwiseMap, KernelSpec, NormRule, OptimNormSpec, QuantType, StateBits, NESTED_BLOCKSIZE,
+    OPTIM_BLOCKSIZE,
 };
 use qforge_ir::{DType, Kernel, OwnedArg};
 use qforge_runtime::Device;
@@ -185,6 +186,10 @@ pub fn spec_dtype(spec: KernelSpec) -> DType {
         KernelSpec::Ademamix(s) => s.dtype,
         KernelSpec::QAdam(s) => s.dtype,
         KernelSpec::Activation(s) => s.dtype,
+        KernelSpec::OptimNorm(s) => match s {
+            OptimNormSpec::Partials { dtype, .. } | OptimNormSpec::Update { dtype, .. } => dtype,
+            OptimNormSpec::Scale => DType::F32,
+        },
         KernelSpec::AbsmaxMean | KernelSpec::QuantizeNested | KernelSpec::DequantizeNested => {
             DType::F32
         }
@@ -274,6 +279,27 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
                 qforge_ir::library::ActDirection::Backward => 3,
             };
             buffers * n * s.dtype.size_bytes()
+        }
+        // LAMB / LARS: the partials read the parameter, the gradient and the f32 state and write
+        // two f32 per block; the update reads the gradient and the one-element scale and reads
+        // and writes the parameter and the state; the scale kernel reads n partials of each sum
+        // and writes one f32.
+        KernelSpec::OptimNorm(s) => {
+            let states = |rule: NormRule| match rule {
+                NormRule::Lamb => 2,
+                NormRule::Lars => 1,
+            };
+            match s {
+                OptimNormSpec::Partials { rule, dtype } => {
+                    2 * n * dtype.size_bytes()
+                        + states(rule) * 4 * n
+                        + 2 * 4 * blocks(OPTIM_BLOCKSIZE)
+                }
+                OptimNormSpec::Update { rule, dtype } => {
+                    2 * n * dtype.size_bytes() + states(rule) * 4 * n + 4
+                }
+                OptimNormSpec::Scale => 2 * 4 * n + 4,
+            }
         }
         KernelSpec::Matmul4(_) | KernelSpec::Int8(_) | KernelSpec::Gemm(_) => return None,
     })

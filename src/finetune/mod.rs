@@ -236,6 +236,11 @@ fn check(o: &FinetuneOptions) -> Result<()> {
     if o.layers.is_empty() {
         return bad("finetune: --layers must name at least one layer".into());
     }
+    for (i, l) in o.layers.iter().enumerate() {
+        if o.layers[..i].contains(l) {
+            return bad(format!("finetune: --layers names layer {l} twice"));
+        }
+    }
     if o.rank == 0 || o.rank > 4096 {
         return bad(format!("finetune: --rank must be 1..=4096, got {}", o.rank));
     }
@@ -330,8 +335,15 @@ pub fn run(
             let g = a.backward(dev, o.act, &h, &cache, &dy, beta)?;
             grads.extend([g.down_weight, g.down_bias, g.up_weight, g.up_bias]);
         }
-        opt.step(dev, &mut p, &grads)?;
         let loss = sq / count as f64;
+        if !loss.is_finite() {
+            return Err(Error::Usage(format!(
+                "finetune: the training loss is {loss} at step {step}: the training diverged \
+                 (try a smaller --lr than {:e}) or the model's values overflow f32; nothing written",
+                o.lr
+            )));
+        }
+        opt.step(dev, &mut p, &grads)?;
         losses.push((loss, beta));
         on_step(step, loss, beta);
     }
@@ -341,6 +353,13 @@ pub fn run(
     let err_after = rel_error(&eval, d, |i, h| {
         Ok(trained[i].1.forward(dev, o.act, h, beta_end)?.0.to_f32()?)
     })?;
+    if !err_after.is_finite() {
+        return Err(Error::Usage(format!(
+            "finetune: the held-out error after training is {err_after}: the training diverged \
+             (try a smaller --lr than {:e}); nothing written",
+            o.lr
+        )));
+    }
     // Merge into output.dense (dequantized), then evaluate the merged block from x.
     let mut merged = Vec::new();
     for (block, (layer, a)) in model.blocks.iter().zip(&trained) {
@@ -397,25 +416,105 @@ pub fn run(
     Ok((report, merged))
 }
 
-/// Writes `loss.csv`, `loss.svg` and `merged.safetensors` into `dir` (created if needed), each
-/// through a temporary file renamed into place.
+/// Checks, before any work, that `dir` can receive the outputs of [`write_outputs`]: it is a
+/// folder (or does not exist yet and its nearest existing ancestor is a folder), a file can be
+/// created in it (a probe file, removed at once), and no output name in it is taken by a
+/// folder or anything else [`write_outputs`] would refuse to replace.
 ///
 /// # Errors
-/// [`Error::Io`] naming the file.
+/// [`Error::Usage`] naming `dir` and what is wrong with it.
+pub fn check_out_dir(dir: &Path) -> Result<()> {
+    let usage = |what: String| {
+        Err(Error::Usage(format!(
+            "finetune: --out {}: {what}",
+            dir.display()
+        )))
+    };
+    let existing = match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => dir.to_path_buf(),
+        Ok(_) => return usage("exists and is not a folder".into()),
+        Err(_) => {
+            let Some(up) = dir
+                .ancestors()
+                .skip(1)
+                .map(|a| {
+                    if a.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        a
+                    }
+                })
+                .find(|a| std::fs::symlink_metadata(a).is_ok())
+            else {
+                return usage("no part of the path exists".into());
+            };
+            if !up.is_dir() {
+                return usage(format!("{} is not a folder", up.display()));
+            }
+            up.to_path_buf()
+        }
+    };
+    if existing == dir {
+        for name in OUTPUTS {
+            crate::checkpoint::io::output_target(&dir.join(name))?;
+        }
+    }
+    let probe = existing.join(format!(".qforge-probe-{}.tmp", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => usage(format!(
+            "cannot create a file in {}: {e}",
+            existing.display()
+        )),
+    }
+}
+
+/// The files [`write_outputs`] writes.
+const OUTPUTS: [&str; 3] = ["loss.csv", "loss.svg", "merged.safetensors"];
+
+/// Writes `loss.csv`, `loss.svg` and `merged.safetensors` into `dir` (created if needed), all
+/// or nothing: each goes to a temporary file first, and only when all three are written are
+/// they renamed into place. On a failure the temporary files and any folders this call created
+/// are removed.
+///
+/// # Errors
+/// [`Error::Io`] naming the file or folder; [`Error::Usage`] for an output name taken by a
+/// folder or something else that must not be replaced.
 pub fn write_outputs(dir: &Path, report: &FinetuneReport, merged: &[MergedLayer]) -> Result<()> {
+    // The folders this call creates, deepest first (removed again on failure).
+    let created: Vec<PathBuf> = dir
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && std::fs::symlink_metadata(a).is_err())
+        .map(Path::to_path_buf)
+        .collect();
     std::fs::create_dir_all(dir).map_err(|source| Error::Io {
         path: dir.to_path_buf(),
         source,
     })?;
-    report::write_atomic(&dir.join("loss.csv"), report.csv().as_bytes())?;
-    report::write_atomic(&dir.join("loss.svg"), report.svg().as_bytes())?;
-    let mut tensors = Vec::new();
-    for (layer, w, b) in merged {
-        tensors.push((format!("encoder.layer.{layer}.output.dense.weight"), w));
-        tensors.push((format!("encoder.layer.{layer}.output.dense.bias"), b));
+    let written = (|| {
+        let mut tensors = Vec::new();
+        for (layer, w, b) in merged {
+            tensors.push((format!("encoder.layer.{layer}.output.dense.weight"), w));
+            tensors.push((format!("encoder.layer.{layer}.output.dense.bias"), b));
+        }
+        let [csv, svg, st] = OUTPUTS.map(|n| dir.join(n));
+        crate::checkpoint::io::write_files_atomic(&[
+            (csv, report.csv().into_bytes()),
+            (svg, report.svg().into_bytes()),
+            (st, report::safetensors(&tensors)?),
+        ])
+    })();
+    if written.is_err() {
+        for folder in &created {
+            let _ = std::fs::remove_dir(folder);
+        }
     }
-    report::write_atomic(
-        &dir.join("merged.safetensors"),
-        &report::safetensors(&tensors)?,
-    )
+    written
 }

@@ -124,11 +124,40 @@ fn tensor(st: &SafeTensors, path: &Path, name: &str) -> Result<HostTensor> {
             format!("is {:?}, finetune needs an f32 checkpoint", view.dtype()),
         ));
     }
+    let values = view
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    if let Some((i, v)) = values.enumerate().find(|(_, v)| !v.is_finite()) {
+        return Err(tensor_error(
+            path,
+            name,
+            format!("has a non-finite value {v} at flat index {i}; finetune needs finite values"),
+        ));
+    }
     Ok(HostTensor::new(
         DType::F32,
         view.shape().to_vec(),
         view.data().to_vec(),
     )?)
+}
+
+/// The encoder layers of a checkpoint (`encoder.layer.{i}.`), sorted, for error messages.
+fn encoder_layers(st: &SafeTensors) -> Vec<usize> {
+    let mut layers: Vec<usize> = st
+        .names()
+        .iter()
+        .filter_map(|n| {
+            n.strip_prefix("encoder.layer.")?
+                .split('.')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    layers.sort_unstable();
+    layers.dedup();
+    layers
 }
 
 impl Model {
@@ -137,8 +166,10 @@ impl Model {
     /// `embeddings.word_embeddings.weight`), weights quantized to NF4 on `dev`.
     ///
     /// # Errors
-    /// [`Error::Invalid`] naming the file and tensor for a missing or non-`f32` tensor or
-    /// shapes that do not chain; I/O and device errors.
+    /// [`Error::Tensor`] naming the file and tensor for a missing, empty or non-`f32` tensor,
+    /// one with a NaN or infinite value, a layer the checkpoint does not have, or shapes that
+    /// do not chain; [`Error::Safetensors`] for a file that is not safetensors; I/O and device
+    /// errors.
     pub fn load(dev: &dyn Device, path: &Path, layers: &[usize]) -> Result<Model> {
         let bytes = std::fs::read(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
@@ -150,24 +181,49 @@ impl Model {
         })?;
         const EMB: &str = "embeddings.word_embeddings.weight";
         let emb = tensor(&st, path, EMB)?;
-        let [_, d] = emb.shape[..] else {
+        let [vocab, d] = emb.shape[..] else {
             return Err(tensor_error(
                 path,
                 EMB,
                 format!("must be 2-D, got {:?}", emb.shape),
             ));
         };
+        if vocab == 0 || d == 0 {
+            return Err(tensor_error(
+                path,
+                EMB,
+                format!("is empty (shape {:?})", emb.shape),
+            ));
+        }
+        let available = encoder_layers(&st);
         let mut blocks = Vec::new();
         for &layer in layers {
             let p = |s: &str| format!("encoder.layer.{layer}.{s}");
             let get = |s: &str| tensor(&st, path, &p(s));
+            if !available.contains(&layer) {
+                let list: Vec<String> = available.iter().map(|l| l.to_string()).collect();
+                return Err(tensor_error(
+                    path,
+                    &p("intermediate.dense.weight"),
+                    format!(
+                        "missing: --layers {layer} is not an encoder layer of this checkpoint \
+                         (it has layers [{}])",
+                        list.join(", ")
+                    ),
+                ));
+            }
             let (w1, b1) = (
                 get("intermediate.dense.weight")?,
                 get("intermediate.dense.bias")?,
             );
             let (w2, b2) = (get("output.dense.weight")?, get("output.dense.bias")?);
-            let ff = w1.shape[0];
-            if w1.shape != [ff, d] || w2.shape != [d, ff] || b1.shape != [ff] || b2.shape != [d] {
+            let ff = w1.shape.first().copied().unwrap_or(0);
+            if ff == 0
+                || w1.shape != [ff, d]
+                || w2.shape != [d, ff]
+                || b1.shape != [ff]
+                || b2.shape != [d]
+            {
                 return Err(tensor_error(
                     path,
                     &p("output.dense.weight"),

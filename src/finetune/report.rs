@@ -51,11 +51,6 @@ pub fn state_bytes(bytes: &[u8]) -> Result<usize> {
     Ok(st.tensors().iter().map(|(_, v)| v.data().len()).sum())
 }
 
-/// Writes `bytes` to `path` through a temporary file.
-pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    io::write_files_atomic(&[(path.to_path_buf(), bytes.to_vec())])
-}
-
 /// The `f32` tensors as a safetensors buffer.
 pub(super) fn safetensors(tensors: &[(String, &HostTensor)]) -> Result<Vec<u8>> {
     let raw: Vec<(String, RawTensor<'_>)> = tensors

@@ -91,7 +91,9 @@ fn reference(kind: OptimizerKind, bits: StateBits, dev: &dyn Device, n: u32) -> 
         OptimizerKind::Ademamix(_)
         | OptimizerKind::Adam(_)
         | OptimizerKind::AdamW(_)
-        | OptimizerKind::QAdamW(_) => None,
+        | OptimizerKind::QAdamW(_)
+        | OptimizerKind::Lamb(_)
+        | OptimizerKind::Lars(_) => None,
     };
     let mut states: Vec<Direct> = params
         .iter()

@@ -8,7 +8,7 @@ use cranelift_codegen::ir::{
 };
 use cranelift_codegen::isa::TargetFrontendConfig;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
-use qforge_ir::{Access, DType, Kernel, Op, ParamId, ParamKind, ScalarType, Stmt};
+use qforge_ir::{Access, DType, Kernel, Op, ParamId, ParamKind, ScalarType, Stmt, VarId};
 use target_lexicon::PointerWidth;
 
 use super::{ArgLayout, LowerOptions, BACKEND};
@@ -233,6 +233,14 @@ impl Lowerer<'_> {
         Ok(result)
     }
 
+    /// The Cranelift variable of IR variable `var`.
+    pub(super) fn var_of(&self, var: VarId) -> Result<Variable> {
+        self.vars
+            .get(var.index())
+            .map(|(v, _)| *v)
+            .ok_or_else(|| internal("missing variable"))
+    }
+
     /// Emits `for i in (start..end).step_by(step) { body(i) }` on unsigned integers of the type
     /// of `start` (no wrap-around: the loop stops when `i + step` would reach or pass `end`).
     /// Leaves the builder after the loop.
@@ -354,10 +362,7 @@ impl Lowerer<'_> {
             }
             Stmt::Assign { var, value } => {
                 let value = self.val(*value)?;
-                let (var, _) = *self
-                    .vars
-                    .get(var.index())
-                    .ok_or_else(|| internal("missing variable"))?;
+                let var = self.var_of(*var)?;
                 self.b.def_var(var, value);
             }
             Stmt::If {
@@ -434,10 +439,7 @@ impl Lowerer<'_> {
                 ScalarType::Bool => self.b.ins().iconst(I8, c.bits() as i64),
             },
             Op::ReadVar(var) => {
-                let (var, _) = *self
-                    .vars
-                    .get(var.index())
-                    .ok_or_else(|| internal("missing variable"))?;
+                let var = self.var_of(*var)?;
                 self.b.use_var(var)
             }
             Op::Load { buf, index } => {

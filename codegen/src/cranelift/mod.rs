@@ -39,6 +39,7 @@ mod lower;
 mod memory;
 mod reduce;
 mod vector_mem;
+mod vector_running;
 mod vectorize;
 
 use cranelift_codegen::ir::Function;

@@ -36,11 +36,13 @@ use std::collections::{HashMap, HashSet};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32X4, I32, I32X4, I8};
 use cranelift_codegen::ir::{ConstantData, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_frontend::Variable;
 use qforge_ir::{
     BinaryOp, CmpOp, Kernel, Op, Rounding, ScalarType, Stmt, UnaryOp, Value as IrValue,
 };
 
 use super::lower::{internal, Lowerer};
+use super::vector_running::running_reductions;
 use crate::error::Result;
 
 /// Lanes of a vector iteration.
@@ -65,6 +67,11 @@ pub(super) struct Body {
     /// Loads proven in range for every iteration of the loop (see `accumulate_range.rs`):
     /// lowered without bounds checks.
     trusted: HashSet<usize>,
+    /// The `f32x4` lane variable of each running max-of-abs reduction, by IR variable index
+    /// (see `vector_running.rs`).
+    pub(super) carried: HashMap<usize, Variable>,
+    /// The scalar variable and the addend of each running sum, by IR variable index.
+    pub(super) sums: HashMap<usize, (Variable, IrValue)>,
 }
 
 impl Body {
@@ -127,11 +134,15 @@ fn set_binary(op: BinaryOp, signed: bool, x: u32, y: u32) -> Option<u32> {
 }
 
 /// Whether the `for` loop with this body (loop index `index`) can run 4 iterations at a time:
-/// straight-line code, no buffer stored by two statements, and no buffer both stored to and
+/// straight-line code whose only assignments are running max-of-abs reductions
+/// (`vector_running.rs`), no buffer stored by two statements, and no buffer both stored to and
 /// read unless every access to it is at `index` itself (each iteration then touches only its
 /// own element, as an in-place update `p[i] = f(p[i])` does, so running the iterations' loads
 /// before their stores changes nothing).
 pub(super) fn eligible(kernel: &Kernel, index: Option<IrValue>, body: &[Stmt]) -> bool {
+    if running_reductions(kernel, body).is_none() {
+        return false;
+    }
     let mut stored = HashSet::new();
     let mut read = HashSet::new();
     // Buffers accessed at another index than the loop index.
@@ -176,9 +187,9 @@ pub(super) fn eligible(kernel: &Kernel, index: Option<IrValue>, body: &[Stmt]) -
                 }
                 access(buf.index(), Some(*at));
             }
-            Stmt::Assign { .. } | Stmt::If { .. } | Stmt::For { .. } | Stmt::Accumulate { .. } => {
-                return false
-            }
+            // Checked by `running_reductions` above.
+            Stmt::Assign { .. } => {}
+            Stmt::If { .. } | Stmt::For { .. } | Stmt::Accumulate { .. } => return false,
         }
     }
     stored
@@ -216,16 +227,21 @@ impl Lowerer<'_> {
         let n = self.b.ins().select(nonempty, diff, zero);
         let n4 = self.b.ins().band_imm_u(n, !3u32 as i64);
         let vend = self.b.ins().iadd(start, n4);
+        let reductions = running_reductions(self.k, body)
+            .ok_or_else(|| internal("vectorizing a loop with a plain assignment"))?;
+        let reductions = self.start_running(&reductions)?;
         self.counted_loop(start, vend, LANES as u32, |l, i| {
             let mut local = Body::default();
             local
                 .vals
                 .insert(index.index(), VVal::Affine { base: i, stride: 1 });
+            l.read_running(&reductions, &mut local);
             for stmt in body {
                 l.vector_stmt(stmt, &mut local)?;
             }
             Ok(())
         })?;
+        self.finish_running(&reductions)?;
         self.counted_loop(vend, end, 1, |l, i| {
             l.set_value(index, i);
             l.scalar_block(body)
@@ -243,6 +259,8 @@ impl Lowerer<'_> {
     /// Lowers one statement of a vectorized body for the 4 lanes of one iteration.
     pub(super) fn vector_stmt(&mut self, stmt: &Stmt, local: &mut Body) -> Result<()> {
         match stmt {
+            // A reduced variable's read, already its lane vector.
+            Stmt::Let(v) if local.has(*v) => {}
             Stmt::Let(v) => {
                 let def = self
                     .k
@@ -291,7 +309,8 @@ impl Lowerer<'_> {
                 let val = self.vval(local, *value)?;
                 self.vector_store(*buf, idx, val, vty, *rounding)?;
             }
-            Stmt::Assign { .. } | Stmt::If { .. } | Stmt::For { .. } | Stmt::Accumulate { .. } => {
+            Stmt::Assign { var, value } => self.assign_running(*var, *value, local)?,
+            Stmt::If { .. } | Stmt::For { .. } | Stmt::Accumulate { .. } => {
                 return Err(internal("control flow in a vectorized loop"))
             }
         }

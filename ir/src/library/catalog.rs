@@ -14,6 +14,7 @@ use crate::library::optim::{self, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSI
 use crate::library::optim1::{self, Optim1Algo, Optim1Spec};
 use crate::library::optim4::{self, MomentScheme, QAdamSpec};
 use crate::library::optim_ademamix::{self, AdemamixSpec};
+use crate::library::optim_norm::{self, NormRule, OptimNormSpec};
 use crate::library::{
     blockwise8, doublequant, quant4, BlockwiseMap, QuantType, BLOCKSIZES_4BIT, BLOCKSIZES_8BIT,
     FLOAT_DTYPES, NESTED_BLOCKSIZE,
@@ -94,6 +95,9 @@ pub enum KernelSpec {
     /// [`QAdamSpec::build`]: quantized AdamW with per-moment schemes (4-bit AdamW: ZIP-SR,
     /// ZE-EDEN, 8-bit linear).
     QAdam(QAdamSpec),
+    /// [`OptimNormSpec::build`]: a kernel of 32-bit LAMB / LARS (norm partials, trust-ratio
+    /// scale, scaled update).
+    OptimNorm(OptimNormSpec),
 }
 
 /// The matmul directions, each in the catalog.
@@ -233,6 +237,24 @@ pub fn catalog() -> Vec<KernelSpec> {
     out.extend(Gemm::catalog().into_iter().map(KernelSpec::Gemm));
     out.extend(ActSpec::all().into_iter().map(KernelSpec::Activation));
     out.extend(qadam_catalog().into_iter().map(KernelSpec::QAdam));
+    out.extend(optim_norm_catalog().into_iter().map(KernelSpec::OptimNorm));
+    out
+}
+
+/// The LAMB / LARS kernels of the catalog: LAMB's partials and update on f32 and bf16, LARS's
+/// on f32, and the shared scale kernel.
+fn optim_norm_catalog() -> Vec<OptimNormSpec> {
+    let mut out = Vec::new();
+    for (rule, dtypes) in [
+        (NormRule::Lamb, &[DType::F32, DType::BF16][..]),
+        (NormRule::Lars, &[DType::F32][..]),
+    ] {
+        for &dtype in dtypes {
+            out.push(OptimNormSpec::Partials { rule, dtype });
+            out.push(OptimNormSpec::Update { rule, dtype });
+        }
+    }
+    out.push(OptimNormSpec::Scale);
     out
 }
 
@@ -385,6 +407,7 @@ impl KernelSpec {
             KernelSpec::Ademamix(s) => s.name(),
             KernelSpec::Activation(s) => s.name(),
             KernelSpec::QAdam(s) => s.name(),
+            KernelSpec::OptimNorm(s) => s.name(),
         }
     }
 
@@ -402,9 +425,10 @@ impl KernelSpec {
                 NESTED_BLOCKSIZE as usize
             }
             KernelSpec::Int8(s) => s.blocksize(),
-            KernelSpec::Optim(_) | KernelSpec::Optim1(_) | KernelSpec::Ademamix(_) => {
-                OPTIM_BLOCKSIZE as usize
-            }
+            KernelSpec::Optim(_)
+            | KernelSpec::Optim1(_)
+            | KernelSpec::Ademamix(_)
+            | KernelSpec::OptimNorm(_) => OPTIM_BLOCKSIZE as usize,
             KernelSpec::Activation(_) => ACT_BLOCKSIZE as usize,
             KernelSpec::Gemm(_) => 64,
             KernelSpec::QAdam(s) => s.item_size() as usize,
@@ -459,6 +483,7 @@ impl KernelSpec {
             KernelSpec::Ademamix(s) => s.build(),
             KernelSpec::Activation(s) => s.build(),
             KernelSpec::QAdam(s) => s.build(),
+            KernelSpec::OptimNorm(s) => s.build(),
         }
     }
 
@@ -497,6 +522,7 @@ impl KernelSpec {
             KernelSpec::Ademamix(s) => optim_ademamix::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::Activation(s) => s.example_args(values, float_bytes),
             KernelSpec::QAdam(s) => optim4::example_args(&s, values, mix, float_bytes)?,
+            KernelSpec::OptimNorm(s) => optim_norm::example_args(&s, values, float_bytes)?,
             KernelSpec::Matmul4(m) => matmul_example_args(&m, values, first_finite),
             KernelSpec::Gemm(g) => g.example_args(values, float_bytes),
             KernelSpec::Quantize4 {
@@ -708,6 +734,7 @@ mod tests {
                 + 6
                 + 24
                 + 5
+                + 7
         );
         let mut names = std::collections::HashSet::new();
         let values = [
@@ -737,6 +764,7 @@ mod tests {
         assert!(names.contains("int8_linear_matmul_t2x4"));
         assert!(names.contains("int8_mixed_scaled_mm_bf16_bias_t4x1"));
         assert!(names.contains("adamw8bit_f16") && names.contains("adam32_bf16"));
+        assert!(names.contains("lamb_norm_bf16") && names.contains("optim_norm_scale"));
         assert!(KernelSpec::from_name("quantize_4bit_nf4_bs48_f32").is_none());
         assert!(cat[0].example_args(&[]).is_err());
     }

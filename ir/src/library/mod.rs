@@ -14,6 +14,8 @@
 //! * [`optim`]: 32-bit and 8-bit blockwise Adam / AdamW update kernels (bitsandbytes).
 //! * [`optim1`]: 32-bit and 8-bit blockwise Lion, SGD with momentum, RMSprop, Adagrad.
 //! * [`optim_ademamix`]: 32-bit and 8-bit blockwise AdEMAMix.
+//! * [`optim_norm`]: 32-bit LAMB and LARS (bitsandbytes' `max_unorm` trust ratio): per-block
+//!   norm partials, the scale, and the scaled update.
 //! * [`optim4`]: 4-bit AdamW (adamw4bit: NF4 / Dyn4 / ZE-EDEN / ZIP-SR / 8-bit linear state),
 //!   with its quantizers in [`optim4_quant`].
 //! * [`math`]: `exp`, `erf`, `tanh` and `sigmoid` as IR routines with fixed coefficients.
@@ -67,6 +69,9 @@ mod optim4_tests;
 pub mod optim_ademamix;
 #[cfg(test)]
 mod optim_ademamix_tests;
+pub mod optim_norm;
+#[cfg(test)]
+mod optim_norm_tests;
 #[cfg(test)]
 mod optim_tests;
 pub mod philox;
@@ -86,6 +91,7 @@ pub use optim::{AdamHyper, AdamScalars, OptimAlgo, OptimSpec, StateBits, OPTIM_B
 pub use optim1::{Optim1Algo, Optim1Hyper, Optim1Scalars, Optim1Spec};
 pub use optim4::{MomentScheme, QAdamScalars, QAdamSizes, QAdamSpec, UniformSource};
 pub use optim_ademamix::{AdemamixHyper, AdemamixScalars, AdemamixSpec};
+pub use optim_norm::{LambHyper, LambScalars, LarsHyper, LarsScalars, NormRule, OptimNormSpec};
 
 /// Blocksizes supported by the 4-bit kernels.
 pub const BLOCKSIZES_4BIT: [u32; 8] = [32, 64, 128, 256, 512, 1024, 2048, 4096];

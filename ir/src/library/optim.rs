@@ -11,7 +11,9 @@
 //! * moments: `m = fma(g, one_minus_beta1, m * beta1)`,
 //!   `v = fma(one_minus_beta2 * g, g, v * beta2)`;
 //! * a non-finite `g` (NaN or ±inf) sets `m = v = +0.0` and leaves the parameter unchanged (no
-//!   weight decay either), as bitsandbytes' blockwise kernels do;
+//!   weight decay either), as bitsandbytes' blockwise kernels do: both widths select the old
+//!   value and store it back (a straight-line loop body), so an `f16`/`bf16` NaN parameter
+//!   comes back as the format's NaN of the same sign;
 //! * AdamW only (decoupled weight decay, before the update): `p = p * decay`;
 //! * 32-bit step: `p = fma(m / (sqrt(v) + eps_c2), step_size, p)`;
 //! * 8-bit step: `p = p + (step_size * m) / (sqrt(v) / c2 + eps)`;
@@ -353,15 +355,16 @@ fn build32(spec: &OptimSpec) -> Result<Kernel> {
         let [finite, m, v] = moments(b, &h, gv, m_old, v_old);
         b.store(s1, e, m);
         b.store(s2, e, v);
-        b.if_then(finite, |b| {
-            let pv = b.load(p, e);
-            let pv = decayed(b, &h, pv);
-            let sv = b.sqrt(v);
-            let den = b.add(sv, eps_c2);
-            let r = b.div(m, den);
-            let out = b.fma(r, step_size, pv);
-            b.store_auto(p, e, out);
-        });
+        // Straight-line (no branch, so a vectorizing backend takes the loop whole): a
+        // non-finite gradient keeps the old parameter value.
+        let pv = b.load(p, e);
+        let pd = decayed(b, &h, pv);
+        let sv = b.sqrt(v);
+        let den = b.add(sv, eps_c2);
+        let r = b.div(m, den);
+        let stepped = b.fma(r, step_size, pd);
+        let out = b.select(finite, stepped, pv);
+        b.store_auto(p, e, out);
     });
     Ok(b.finish())
 }

@@ -435,10 +435,10 @@ fn build(spec: &Optim1Spec) -> Result<Kernel> {
             let s_old = b.load(s1, e);
             let [finite, gw, s] = new_state(b, algo, false, &h, gv, pv, s_old);
             b.store(s1, e, s);
-            b.if_then(finite, |b| {
-                let out = new_param(b, algo, &h, gv, pv, s_old, s, gw);
-                b.store(p, e, out);
-            });
+            // Straight-line: a non-finite gradient keeps the old parameter.
+            let stepped = new_param(b, algo, &h, gv, pv, s_old, s, gw);
+            let out = b.select(finite, stepped, pv);
+            b.store(p, e, out);
         });
         return Ok(b.finish());
     };

@@ -251,8 +251,17 @@ fn old_absmax(b: &mut KernelBuilder, m: &Moment, item: Value, item_size: u32) ->
         .collect()
 }
 
-/// The stored (dequantized) moment of element `e`.
-fn load_moment(b: &mut KernelBuilder, cx: &Ctx, m: &Moment, old: &[Value], e: Value) -> Value {
+/// The stored (dequantized) moment of element `e`; a 4-bit code is read from byte `byte` when
+/// given (the caller's `e >> 1`, as a value a vectorizing backend recognises as its loop
+/// index), else from byte `e >> 1`.
+fn load_moment(
+    b: &mut KernelBuilder,
+    cx: &Ctx,
+    m: &Moment,
+    old: &[Value],
+    e: Value,
+    byte: Option<Value>,
+) -> Value {
     match m.scheme.bits() {
         32 => b.load(m.state, e),
         bits => {
@@ -267,7 +276,10 @@ fn load_moment(b: &mut KernelBuilder, cx: &Ctx, m: &Moment, old: &[Value], e: Va
             };
             let unit = if bits == 4 {
                 let one = b.const_u32(1);
-                let byte_i = b.shr(e, one);
+                let byte_i = match byte {
+                    Some(i) => i,
+                    None => b.shr(e, one),
+                };
                 let byte = b.load(m.state, byte_i);
                 let odd = b.and(e, one);
                 let two = b.const_u32(2);
@@ -295,8 +307,8 @@ fn update(
     e: Value,
 ) -> [Value; 3] {
     let g = b.load(cx.g, e);
-    let m1_old = load_moment(b, cx, ms.0, olds.0, e);
-    let m2_old = load_moment(b, cx, ms.1, olds.1, e);
+    let m1_old = load_moment(b, cx, ms.0, olds.0, e, None);
+    let m2_old = load_moment(b, cx, ms.1, olds.1, e, None);
     let d1 = b.sub(g, m1_old);
     let m1 = b.fma(cx.w1, d1, m1_old);
     let gg = b.mul(g, g);
@@ -312,10 +324,17 @@ fn update(
 }
 
 /// The updated value of moment `m` (`which` = 1 or 2) of element `e` alone (the store passes
-/// need one moment; same bits as [`update`]).
-fn moment_value(b: &mut KernelBuilder, cx: &Ctx, m: &Moment, old: &[Value], e: Value) -> Value {
+/// need one moment; same bits as [`update`]); `byte` as for [`load_moment`].
+fn moment_value(
+    b: &mut KernelBuilder,
+    cx: &Ctx,
+    m: &Moment,
+    old: &[Value],
+    e: Value,
+    byte: Option<Value>,
+) -> Value {
     let g = b.load(cx.g, e);
-    let prev = load_moment(b, cx, m, old, e);
+    let prev = load_moment(b, cx, m, old, e, byte);
     let new = if m.which == 1 {
         let d = b.sub(g, prev);
         b.fma(cx.w1, d, prev)
@@ -333,28 +352,24 @@ fn moment_value(b: &mut KernelBuilder, cx: &Ctx, m: &Moment, old: &[Value], e: V
 
 /// The uniforms of the element pair `(e0, e0 + 1)` for moment `m` (`e0` even): from the
 /// buffer, or words 0 and 1 of one Philox call with counter `((offset + e0) / 2, step,
-/// param_id, which)` (`offset` is even). The second is only loaded from a buffer when
-/// `e0 + 1 < end`.
+/// param_id, which)` (`offset` is even). From a buffer, the second is read at `e0` again when
+/// `has1` (`e0 + 1 < end`) is false (the caller discards it then).
 fn pair_uniforms(
     b: &mut KernelBuilder,
     cx: &Ctx,
     m: &Moment,
     e0: Value,
-    (has1, block): (Value, u32),
+    has1: Value,
 ) -> (Value, Value) {
     match m.uniform {
         Some(buf) => {
             let u0 = b.load(buf, e0);
-            let var = b.var(&format!("u1_m{}_{block}", m.which), ScalarType::F32);
-            let zero = b.const_f32(0.0);
-            b.assign(var, zero);
-            b.if_then(has1, |b| {
-                let one = b.const_u32(1);
-                let e1 = b.add(e0, one);
-                let u1 = b.load(buf, e1);
-                b.assign(var, u1);
-            });
-            (u0, b.read_var(var))
+            // The second is read at `e0 + 1` when that is in the block, else again at `e0`
+            // (its value is then unused).
+            let one = b.const_u32(1);
+            let e1 = b.add(e0, one);
+            let e1 = b.select(has1, e1, e0);
+            (u0, b.load(buf, e1))
         }
         None => {
             let stream = b.const_u32(m.which);
@@ -472,17 +487,18 @@ fn build(spec: &QAdamSpec) -> Result<Kernel> {
                 b.store(m.state, e, v);
             }
         }
-        b.if_then(finite, |b| {
-            let pv = b.load(p, e);
-            let pv = b.mul(pv, decay);
-            let num = b.mul(neg_step, v1);
-            let r = b.sqrt(v2);
-            let d = b.div(r, sqrt_c2);
-            let den = b.add(d, eps);
-            let upd = b.div(num, den);
-            let out = b.add(pv, upd);
-            b.store_auto(p, e, out);
-        });
+        // Straight-line (a vectorizing backend takes the loop whole): a non-finite gradient
+        // keeps the old parameter value.
+        let pv = b.load(p, e);
+        let pd = b.mul(pv, decay);
+        let num = b.mul(neg_step, v1);
+        let r = b.sqrt(v2);
+        let d = b.div(r, sqrt_c2);
+        let den = b.add(d, eps);
+        let upd = b.div(num, den);
+        let stepped = b.add(pd, upd);
+        let out = b.select(finite, stepped, pv);
+        b.store_auto(p, e, out);
     });
 
     // Then each quantized moment, block by block.
@@ -511,7 +527,8 @@ fn store_moment(
     let per = cx.item_size / bs;
     let absmax_buf = m.absmax.expect("quantized moments have an absmax");
     let old = if k == 1 { olds.0 } else { olds.1 };
-    let value = move |b: &mut KernelBuilder, e: Value| -> Value { moment_value(b, cx, m, old, e) };
+    let value =
+        move |b: &mut KernelBuilder, e: Value| -> Value { moment_value(b, cx, m, old, e, None) };
     for j in 0..per {
         let per_v = b.const_u32(per);
         let first = b.mul(item, per_v);
@@ -532,22 +549,45 @@ fn store_moment(
             let floor = b.const_f32(m.scheme.absmax_floor());
             let absmax = b.max(raw, floor);
             let stored = if m.scheme == MomentScheme::Dyn4NzEden {
-                let one = b.const_u32(1);
-                let last = b.sub(bend, one);
-                let (sx, sy) = q::eden_sums(b, eden_vars, |b, i| {
-                    let e = b.add(bstart, i);
-                    let present = b.cmp(CmpOp::Lt, e, bend);
-                    let ec = b.min(e, last);
-                    let x = value(b, ec);
+                // The EDEN terms `(s^2, s * table[code])` of the value at element `e`.
+                let table = m.table.expect("4-bit table");
+                let terms = move |b: &mut KernelBuilder, e: Value| -> (Value, Value) {
+                    let x = value(b, e);
                     let s = b.div(x, absmax);
-                    let nb = q::neighbours(b, s, m.table.expect("4-bit table"));
+                    let nb = q::neighbours(b, s, table);
                     let c = q::rtn_code(b, s, &nb);
                     let c = q::floor_code1(b, c);
-                    let t = b.lookup(m.table.expect("4-bit table"), c);
-                    let ss = b.mul(s, s);
-                    let st = b.mul(s, t);
-                    (present, ss, st)
-                });
+                    let t = b.lookup(table, c);
+                    (b.mul(s, s), b.mul(s, t))
+                };
+                let len = b.sub(bend, bstart);
+                let bs_v = b.const_u32(bs);
+                let full = b.cmp(CmpOp::Eq, len, bs_v);
+                let [tot_x, tot_y, ..] = eden_vars;
+                // Full blocks (all but maybe the last) in the lane-parallel form; the last one
+                // with absent elements adding -0.0.
+                b.if_else(
+                    full,
+                    |b| {
+                        q::eden_sums_lanes(b, [tot_x, tot_y], |b, i| {
+                            let e = b.add(bstart, i);
+                            terms(b, e)
+                        })
+                    },
+                    |b| {
+                        let one = b.const_u32(1);
+                        let last = b.sub(bend, one);
+                        q::eden_sums(b, eden_vars, |b, i| {
+                            let e = b.add(bstart, i);
+                            let present = b.cmp(CmpOp::Lt, e, bend);
+                            let ec = b.min(e, last);
+                            let (ss, st) = terms(b, ec);
+                            (present, ss, st)
+                        });
+                    },
+                );
+                let sx = b.read_var(tot_x);
+                let sy = b.read_var(tot_y);
                 let floor = b.const_f32(EDEN_DOT_FLOOR);
                 let den = b.max(sy, floor);
                 let c = b.div(sx, den);
@@ -565,32 +605,36 @@ fn store_moment(
                     b.store(m.state, e, c);
                 });
             } else {
-                b.for_range(bstart, bend, 2, |b, e0| {
+                // One byte (two elements) per iteration, straight-line so that a vectorizing
+                // backend takes the loop whole: bytes `bstart / 2 .. ceil(bend / 2)` (`bstart`
+                // is even). Element `e1 = e0 + 1` past the block end gets the high nibble 0;
+                // its code is computed at `e0` instead and discarded.
+                let one = b.const_u32(1);
+                let first = b.shr(bstart, one);
+                let bend1 = b.add(bend, one);
+                let last = b.shr(bend1, one);
+                b.for_range(first, last, 1, |b, i| {
                     let one = b.const_u32(1);
+                    let e0 = b.shl(i, one);
                     let e1 = b.add(e0, one);
                     let has1 = b.cmp(CmpOp::Lt, e1, bend);
+                    let e1 = b.select(has1, e1, e0);
                     let (u0, u1) = if m.scheme.stochastic() {
-                        let (u0, u1) = pair_uniforms(b, cx, m, e0, (has1, j));
+                        let (u0, u1) = pair_uniforms(b, cx, m, e0, has1);
                         (Some(u0), Some(u1))
                     } else {
                         (None, None)
                     };
-                    let x0 = value(b, e0);
+                    let x0 = moment_value(b, cx, m, old, e0, Some(i));
                     let c0 = code_of(b, m, x0, absmax, pc, u0);
-                    let c1var = b.var(&format!("hi_nibble{w}_{j}"), ScalarType::U32);
+                    let x1 = moment_value(b, cx, m, old, e1, Some(i));
+                    let c1 = code_of(b, m, x1, absmax, pc, u1);
                     let zero = b.const_u32(0);
-                    b.assign(c1var, zero);
-                    b.if_then(has1, |b| {
-                        let x1 = value(b, e1);
-                        let c1 = code_of(b, m, x1, absmax, pc, u1);
-                        b.assign(c1var, c1);
-                    });
-                    let c1 = b.read_var(c1var);
+                    let c1 = b.select(has1, c1, zero);
                     let four = b.const_u32(4);
                     let hi = b.shl(c1, four);
                     let byte = b.or(c0, hi);
-                    let at = b.shr(e0, one);
-                    b.store(m.state, at, byte);
+                    b.store(m.state, i, byte);
                 });
             }
         });

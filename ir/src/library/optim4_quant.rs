@@ -291,3 +291,40 @@ pub(crate) fn eden_sums(
     let sy = b.read_var(tot_y);
     (sx, sy)
 }
+
+/// The two EDEN sums of one *full* 128-element block in the same order as [`eden_sums`],
+/// assigned to `tot_x` and `tot_y`, written so that a vectorizing backend runs the lanes
+/// together: one straight-line iteration per lane `l` of torch's vector computes
+/// `A_k = (((-0 + x_{8k+l}) + x_{8(k+4)+l}) + x_{8(k+8)+l}) + x_{8(k+12)+l}` for each `k`, then
+/// `P = (((-0 + A_0) + A_1) + A_2) + A_3`, and adds it to the total (`tot = tot + P`, lanes in
+/// order from `-0.0`). `terms(b, i)` returns `(x, y)` of block element `i`.
+pub(crate) fn eden_sums_lanes(
+    b: &mut KernelBuilder,
+    [tot_x, tot_y]: [VarId; 2],
+    terms: impl Fn(&mut KernelBuilder, Value) -> (Value, Value),
+) {
+    let neg0 = b.const_f32(-0.0);
+    b.assign(tot_x, neg0);
+    b.assign(tot_y, neg0);
+    let zero = b.const_u32(0);
+    let lanes = b.const_u32(EDEN_LANES);
+    b.for_range(zero, lanes, 1, |b, lane| {
+        let neg0 = b.const_f32(-0.0);
+        let mut p = [neg0, neg0];
+        for k in 0..EDEN_ACCS {
+            let mut a = [neg0, neg0];
+            for r in 0..EDEN_ROUNDS {
+                let off = b.const_u32(EDEN_LANES * (k + EDEN_ACCS * r));
+                let i = b.add(lane, off);
+                let (x, y) = terms(b, i);
+                a = [b.add(a[0], x), b.add(a[1], y)];
+            }
+            p = [b.add(p[0], a[0]), b.add(p[1], a[1])];
+        }
+        for (t, pv) in [(tot_x, p[0]), (tot_y, p[1])] {
+            let cur = b.read_var(t);
+            let s = b.add(cur, pv);
+            b.assign(t, s);
+        }
+    });
+}

@@ -297,11 +297,11 @@ fn build(spec: &AdemamixSpec) -> Result<Kernel> {
             for k in 0..3 {
                 b.store(st[k], e, s[k]);
             }
-            b.if_then(finite, |b| {
-                let pv = b.load(p, e);
-                let out = param(b, &h, pv, s);
-                b.store(p, e, out);
-            });
+            // Straight-line: a non-finite gradient keeps the old parameter.
+            let pv = b.load(p, e);
+            let stepped = param(b, &h, pv, s);
+            let out = b.select(finite, stepped, pv);
+            b.store(p, e, out);
         });
         return Ok(b.finish());
     }

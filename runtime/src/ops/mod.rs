@@ -11,6 +11,9 @@
 //!   per-row int8 weight format.
 //! * [`adam_step_32bit`] / [`adam_step_8bit`]: Adam and AdamW with 32-bit or 8-bit blockwise
 //!   state ([`AdamState32`], [`AdamState8`]).
+//! * [`lamb_step_32bit`] / [`lars_step_32bit`]: LAMB and LARS (bitsandbytes' `max_unorm` trust
+//!   ratio), also as their three pieces ([`lamb_norm_partials`], [`norm_scale`],
+//!   [`lamb_update_32bit`], ...) for chunked callers.
 //! * [`absmax_mean`], [`compress_absmax`], [`compress_absmax_with_offset`],
 //!   [`decompress_absmax`]: the double-quantization steps on their own.
 //!
@@ -34,6 +37,7 @@ mod optim;
 mod optim1;
 mod optim4;
 mod optim_ademamix;
+mod optim_norm;
 mod quant4;
 
 pub use activation::{act_beta, act_beta_backward};
@@ -57,11 +61,16 @@ pub use optim4::{qadamw_step, MomentState, QAdamRng, QAdamState};
 pub use optim_ademamix::{
     ademamix_step_32bit, ademamix_step_8bit, AdemamixState32, AdemamixState8,
 };
+pub use optim_norm::{
+    lamb_norm_partials, lamb_step_32bit, lamb_update_32bit, lars_norm_partials, lars_step_32bit,
+    lars_update_32bit, norm_scale, NormPartials,
+};
 pub use qforge_ir::library::Layout;
 pub use qforge_ir::library::TileConfig;
 pub use qforge_ir::library::{AdamHyper, OptimAlgo};
 pub use qforge_ir::library::{AdemamixHyper, Optim1Algo, Optim1Hyper};
 pub use qforge_ir::library::{BlockwiseMap, QuantType};
+pub use qforge_ir::library::{LambHyper, LarsHyper};
 pub use qforge_ir::library::{MomentScheme, QAdamSpec};
 pub use quant4::{dequantize_4bit, quantize_4bit, Absmax4, QuantState4};
 

@@ -2,7 +2,8 @@
 //! many bits of state.
 
 use qforge_ir::library::{
-    AdamHyper, AdemamixHyper, MomentScheme, Optim1Algo, Optim1Hyper, OptimAlgo, QAdamSpec,
+    AdamHyper, AdemamixHyper, LambHyper, LarsHyper, MomentScheme, Optim1Algo, Optim1Hyper,
+    OptimAlgo, QAdamSpec,
 };
 use qforge_ir::DType;
 
@@ -34,6 +35,13 @@ pub enum OptimizerKind {
     /// elements, or not a multiple of the block, in `f32`); with [`StateBits::Bits32`] both
     /// moments are `f32`.
     QAdamW(QAdamWConfig),
+    /// LAMB (bitsandbytes `LAMB` / `LAMB32bit`): AdamW whose step is scaled by the trust ratio
+    /// `max_unorm * |p| / |u|` when the update norm exceeds `max_unorm * |p|`; 32-bit state
+    /// only (`state1`, `state2` as Adam); `f32`, `f16`, `bf16` parameters.
+    Lamb(LambHyper),
+    /// LARS (bitsandbytes `LARS` / `LARS32bit`): SGD with momentum and the same trust-ratio
+    /// scaling (`max_unorm` 0.02); 32-bit state only (`state1`); `f32` parameters only.
+    Lars(LarsHyper),
 }
 
 /// Hyperparameters and moment schemes of [`OptimizerKind::QAdamW`].
@@ -86,7 +94,7 @@ pub(crate) enum Family {
 
 impl OptimizerKind {
     /// The rule's name in state files: `adam`, `adamw`, `lion`, `sgd`, `rmsprop`, `adagrad`,
-    /// `ademamix` or `qadamw`.
+    /// `ademamix`, `qadamw`, `lamb` or `lars`.
     pub const fn name(&self) -> &'static str {
         match self {
             OptimizerKind::Adam(_) => "adam",
@@ -97,6 +105,8 @@ impl OptimizerKind {
             OptimizerKind::Adagrad(_) => "adagrad",
             OptimizerKind::Ademamix(_) => "ademamix",
             OptimizerKind::QAdamW(_) => "qadamw",
+            OptimizerKind::Lamb(_) => "lamb",
+            OptimizerKind::Lars(_) => "lars",
         }
     }
 
@@ -111,6 +121,8 @@ impl OptimizerKind {
             OptimizerKind::Adagrad(_) => Family::One,
             OptimizerKind::Ademamix(_) => Family::Ademamix,
             OptimizerKind::QAdamW(_) => Family::QAdam,
+            OptimizerKind::Lamb(_) => Family::Adam,
+            OptimizerKind::Lars(_) => Family::One,
         }
     }
 
@@ -153,6 +165,20 @@ impl OptimizerKind {
                     ("t_beta3", steps(h.t_beta3)),
                 ]
             }
+            OptimizerKind::Lamb(h) => vec![
+                ("lr", h.lr),
+                ("beta1", h.beta1),
+                ("beta2", h.beta2),
+                ("eps", h.eps),
+                ("weight_decay", h.weight_decay),
+                ("max_unorm", h.max_unorm),
+            ],
+            OptimizerKind::Lars(h) => vec![
+                ("lr", h.lr),
+                ("momentum", h.momentum),
+                ("weight_decay", h.weight_decay),
+                ("max_unorm", h.max_unorm),
+            ],
         }
     }
 
@@ -166,7 +192,9 @@ impl OptimizerKind {
             | OptimizerKind::Rmsprop(_)
             | OptimizerKind::Adagrad(_)
             | OptimizerKind::Ademamix(_)
-            | OptimizerKind::QAdamW(_) => None,
+            | OptimizerKind::QAdamW(_)
+            | OptimizerKind::Lamb(_)
+            | OptimizerKind::Lars(_) => None,
         }
     }
 
@@ -180,7 +208,9 @@ impl OptimizerKind {
             OptimizerKind::Adam(_)
             | OptimizerKind::AdamW(_)
             | OptimizerKind::Ademamix(_)
-            | OptimizerKind::QAdamW(_) => None,
+            | OptimizerKind::QAdamW(_)
+            | OptimizerKind::Lamb(_)
+            | OptimizerKind::Lars(_) => None,
         }
     }
 
@@ -194,7 +224,9 @@ impl OptimizerKind {
             | OptimizerKind::Sgd(_)
             | OptimizerKind::Rmsprop(_)
             | OptimizerKind::Adagrad(_)
-            | OptimizerKind::QAdamW(_) => None,
+            | OptimizerKind::QAdamW(_)
+            | OptimizerKind::Lamb(_)
+            | OptimizerKind::Lars(_) => None,
         }
     }
 
@@ -208,7 +240,41 @@ impl OptimizerKind {
             | OptimizerKind::Sgd(_)
             | OptimizerKind::Rmsprop(_)
             | OptimizerKind::Adagrad(_)
-            | OptimizerKind::Ademamix(_) => None,
+            | OptimizerKind::Ademamix(_)
+            | OptimizerKind::Lamb(_)
+            | OptimizerKind::Lars(_) => None,
+        }
+    }
+
+    /// LAMB: the hyperparameters.
+    pub(crate) fn lamb(&self) -> Option<&LambHyper> {
+        match self {
+            OptimizerKind::Lamb(h) => Some(h),
+            OptimizerKind::Adam(_)
+            | OptimizerKind::AdamW(_)
+            | OptimizerKind::Lion(_)
+            | OptimizerKind::Sgd(_)
+            | OptimizerKind::Rmsprop(_)
+            | OptimizerKind::Adagrad(_)
+            | OptimizerKind::Ademamix(_)
+            | OptimizerKind::QAdamW(_)
+            | OptimizerKind::Lars(_) => None,
+        }
+    }
+
+    /// LARS: the hyperparameters.
+    pub(crate) fn lars(&self) -> Option<&LarsHyper> {
+        match self {
+            OptimizerKind::Lars(h) => Some(h),
+            OptimizerKind::Adam(_)
+            | OptimizerKind::AdamW(_)
+            | OptimizerKind::Lion(_)
+            | OptimizerKind::Sgd(_)
+            | OptimizerKind::Rmsprop(_)
+            | OptimizerKind::Adagrad(_)
+            | OptimizerKind::Ademamix(_)
+            | OptimizerKind::QAdamW(_)
+            | OptimizerKind::Lamb(_) => None,
         }
     }
 
@@ -229,19 +295,32 @@ impl OptimizerKind {
                 c.hyper.check(OptimAlgo::AdamW)?;
                 QAdamSpec::new(c.m1, c.m2, DType::F32).check()?;
             }
+            OptimizerKind::Lamb(h) => h.check()?,
+            OptimizerKind::Lars(h) => h.check()?,
         }
         Ok(())
     }
 
-    /// State bit widths this rule has kernels for (every rule: 32 and 8).
+    /// State bit widths this rule has kernels for: 32 and 8 for every rule but LAMB and LARS,
+    /// which have 32-bit state only ([`OptimizerKind::unsupported_reason`]).
     pub fn supports(&self, bits: StateBits) -> bool {
-        match bits {
-            StateBits::Bits32 | StateBits::Bits8 => true,
+        self.unsupported_reason(bits).is_none()
+    }
+
+    /// Why the rule has no kernels for `bits`, or `None` when it has.
+    pub fn unsupported_reason(&self, bits: StateBits) -> Option<&'static str> {
+        match (self, bits) {
+            (OptimizerKind::Lamb(_) | OptimizerKind::Lars(_), StateBits::Bits8) => Some(
+                "not supported: bitsandbytes' LAMB8bit / LARS8bit use its non-blockwise 8-bit \
+                 path (one absmax per tensor, LAMB8bit without update-norm clipping), which \
+                 qforge does not implement; use 32-bit state",
+            ),
+            (_, StateBits::Bits32 | StateBits::Bits8) => None,
         }
     }
 
-    /// Parameter dtypes this rule's kernels take: `f32`, `f16`, `bf16` for Adam / AdamW and
-    /// quantized AdamW, `f32` only for the others.
+    /// Parameter dtypes this rule's kernels take: `f32`, `f16`, `bf16` for Adam / AdamW, LAMB
+    /// and quantized AdamW, `f32` only for the others.
     pub fn param_dtypes(&self) -> &'static [DType] {
         match self.family() {
             Family::Adam | Family::QAdam => &OPTIM_PARAM_DTYPES,
@@ -270,6 +349,12 @@ pub struct ParamGroup {
     /// State width. With [`StateBits::Bits8`], parameters with fewer than the optimizer's
     /// `min_8bit_size` elements keep 32-bit state (as bitsandbytes does).
     pub bits: StateBits,
+    /// bitsandbytes' `max_unorm` for Adam, AdamW and SGD groups with 32-bit state: `0` (the
+    /// default) is off; `> 0` scales each parameter's step by the trust ratio
+    /// `max_unorm * |p| / |u|` when the update norm `|u|` exceeds `max_unorm * |p|`, through the
+    /// LAMB / LARS kernels ([`ParamGroup::effective_kind`]). LAMB and LARS take it in their
+    /// hyperparameters instead, so it must stay 0 for them (and for every other rule).
+    pub max_unorm: f64,
 }
 
 impl ParamGroup {
@@ -283,7 +368,103 @@ impl ParamGroup {
             params: params.into_iter().map(Into::into).collect(),
             kind,
             bits,
+            max_unorm: 0.0,
         }
+    }
+
+    /// The same group with `max_unorm` set (see [`ParamGroup::max_unorm`]).
+    pub fn with_max_unorm(mut self, max_unorm: f64) -> ParamGroup {
+        self.max_unorm = max_unorm;
+        self
+    }
+
+    /// The rule the kernels run: `kind`, except that with `max_unorm > 0` Adam and AdamW run as
+    /// [`OptimizerKind::Lamb`] (same hyperparameters; Adam has no weight decay, so LAMB's decay
+    /// factor is exactly 1) and SGD as [`OptimizerKind::Lars`] (`momentum` = SGD's `beta1`).
+    /// With a scale of 1 these equal the plain rules bit for bit.
+    pub fn effective_kind(&self) -> OptimizerKind {
+        if self.max_unorm <= 0.0 {
+            return self.kind;
+        }
+        match self.kind {
+            OptimizerKind::Adam(h) | OptimizerKind::AdamW(h) => OptimizerKind::Lamb(LambHyper {
+                lr: h.lr,
+                beta1: h.beta1,
+                beta2: h.beta2,
+                eps: h.eps,
+                weight_decay: h.weight_decay,
+                max_unorm: self.max_unorm,
+            }),
+            OptimizerKind::Sgd(h) => OptimizerKind::Lars(LarsHyper {
+                lr: h.lr,
+                momentum: h.beta1,
+                weight_decay: h.weight_decay,
+                max_unorm: self.max_unorm,
+            }),
+            OptimizerKind::Lion(_)
+            | OptimizerKind::Rmsprop(_)
+            | OptimizerKind::Adagrad(_)
+            | OptimizerKind::Ademamix(_)
+            | OptimizerKind::QAdamW(_)
+            | OptimizerKind::Lamb(_)
+            | OptimizerKind::Lars(_) => self.kind,
+        }
+    }
+
+    /// The hyperparameters recorded in state files: the rule's, plus `max_unorm` when the
+    /// group sets it.
+    pub(crate) fn hyperparameters(&self) -> Vec<(&'static str, f64)> {
+        let mut out = self.kind.hyperparameters();
+        if self.max_unorm != 0.0 {
+            out.push(("max_unorm", self.max_unorm));
+        }
+        out
+    }
+
+    /// Checks `max_unorm` (see [`ParamGroup::max_unorm`]).
+    fn check_max_unorm(&self) -> std::result::Result<(), String> {
+        let m = self.max_unorm;
+        if m == 0.0 {
+            return Ok(());
+        }
+        if !(m.is_finite() && m > 0.0) {
+            return Err(format!(
+                "max_unorm = {m} is invalid: it must be finite and >= 0"
+            ));
+        }
+        match self.kind {
+            OptimizerKind::Adam(_) | OptimizerKind::AdamW(_) | OptimizerKind::Sgd(_) => {}
+            OptimizerKind::Lamb(_) | OptimizerKind::Lars(_) => {
+                return Err(format!(
+                    "max_unorm is set in {}'s hyperparameters, not on the group",
+                    self.kind.name()
+                ))
+            }
+            OptimizerKind::Lion(_)
+            | OptimizerKind::Rmsprop(_)
+            | OptimizerKind::Adagrad(_)
+            | OptimizerKind::Ademamix(_)
+            | OptimizerKind::QAdamW(_) => {
+                return Err(format!(
+                    "max_unorm is supported for adam, adamw and sgd groups, not {}",
+                    self.kind.name()
+                ))
+            }
+        }
+        if self.bits == StateBits::Bits8 {
+            return Err(
+                "max_unorm with 8-bit state is not supported: bitsandbytes' blockwise 8-bit \
+                 update has no update-norm clipping; use 32-bit state"
+                    .into(),
+            );
+        }
+        self.effective_kind().check().map_err(|e| {
+            format!(
+                "with max_unorm, {} runs the {} kernels: {e}",
+                self.kind.name(),
+                self.effective_kind().name()
+            )
+        })
     }
 
     /// Checks the hyperparameters and that the rule supports the width.
@@ -291,13 +472,14 @@ impl ParamGroup {
         self.kind
             .check()
             .map_err(|e| Error::Invalid(format!("optimizer: parameter group {index}: {e}")))?;
-        if !self.kind.supports(self.bits) {
+        if let Some(why) = self.kind.unsupported_reason(self.bits) {
             return Err(Error::Invalid(format!(
-                "optimizer: parameter group {index}: {} has no {}-bit state",
+                "optimizer: parameter group {index}: {} has no {}-bit state: {why}",
                 self.kind.name(),
                 bits_number(self.bits)
             )));
         }
-        Ok(())
+        self.check_max_unorm()
+            .map_err(|e| Error::Invalid(format!("optimizer: parameter group {index}: {e}")))
     }
 }

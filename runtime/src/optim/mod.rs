@@ -249,8 +249,10 @@ impl Optimizer {
             });
             slot.shape = Some(p.shape.clone());
             let rng = (seed, *i as u32);
+            // Adam / AdamW / SGD with a group `max_unorm` run the LAMB / LARS kernels.
+            let kind = group.effective_kind();
             state
-                .update(dev, &group.kind, p, g, slot.step + 1, chunk, rng)
+                .update(dev, &kind, p, g, slot.step + 1, chunk, rng)
                 .map_err(|e| Error::Invalid(format!("optimizer step, '{}': {e}", slot.name)))?;
             slot.step += 1;
         }

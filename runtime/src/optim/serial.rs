@@ -73,7 +73,7 @@ fn describe(e: SafeTensorError) -> String {
 fn hyper_json(group: &ParamGroup) -> (Value, Value) {
     let mut values = serde_json::Map::new();
     let mut bits = serde_json::Map::new();
-    for (name, v) in group.kind.hyperparameters() {
+    for (name, v) in group.hyperparameters() {
         values.insert(name.into(), json!(v));
         bits.insert(name.into(), json!(format!("{:016x}", v.to_bits())));
     }
@@ -247,15 +247,24 @@ impl Optimizer {
                     }
                 }
             }
-            for (name, v) in g.kind.hyperparameters() {
+            let hyper = g.hyperparameters();
+            for (name, v) in &hyper {
                 let bits = format!("{:016x}", v.to_bits());
-                if f["hyper_bits"][name] != bits.as_str() {
+                if f["hyper_bits"][*name] != bits.as_str() {
                     return differ(
                         &format!("hyperparameter {name}"),
-                        &f["hyper"][name],
+                        &f["hyper"][*name],
                         v.to_string(),
                     );
                 }
+            }
+            // A group `max_unorm` recorded in the file but off here.
+            if !hyper.iter().any(|(n, _)| *n == "max_unorm") && !f["hyper"]["max_unorm"].is_null() {
+                return differ(
+                    "hyperparameter max_unorm",
+                    &f["hyper"]["max_unorm"],
+                    "0 (off)".into(),
+                );
             }
         }
         if meta["min_8bit_size"].as_u64() != Some(self.options.min_8bit_size as u64) {

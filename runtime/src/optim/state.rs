@@ -12,9 +12,10 @@ use super::group::{Family, OptimizerKind, StateBits};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::{
-    adam_step_32bit, adam_step_8bit, ademamix_step_32bit, ademamix_step_8bit, optim1_step_32bit,
+    adam_step_32bit, adam_step_8bit, ademamix_step_32bit, ademamix_step_8bit, lamb_norm_partials,
+    lamb_update_32bit, lars_norm_partials, lars_update_32bit, norm_scale, optim1_step_32bit,
     optim1_step_8bit, qadamw_step, AdamState32, AdamState8, AdemamixState32, AdemamixState8,
-    MomentState, Optim1State8, QAdamRng, QAdamState,
+    MomentState, NormPartials, Optim1State8, QAdamRng, QAdamState,
 };
 use crate::tensor::{bytes_f32, f32_bytes, HostTensor};
 
@@ -375,6 +376,47 @@ impl ParamState {
             ))
         };
         match self {
+            ParamState::Adam32(s) if kind.lamb().is_some() => {
+                let h = kind.lamb().ok_or_else(mismatch)?;
+                // Pass 1: the partials of every chunk (whole blocks), then one scale.
+                let mut parts = NormPartials::zeros(params.numel());
+                for_chunks(params, grads, chunk, |p, g, r, b| {
+                    let c = AdamState32 {
+                        state1: s.state1[r.clone()].to_vec(),
+                        state2: s.state2[r].to_vec(),
+                    };
+                    let part = lamb_norm_partials(dev, p, g, &c, h, step)?;
+                    parts.unorm[b.clone()].copy_from_slice(&part.unorm);
+                    parts.pnorm[b].copy_from_slice(&part.pnorm);
+                    Ok(())
+                })?;
+                let scale = norm_scale(dev, &parts, h.max_unorm)?;
+                // Pass 2: the scaled update, chunk by chunk.
+                for_chunks(params, grads, chunk, |p, g, r, _| {
+                    let mut c = AdamState32 {
+                        state1: s.state1[r.clone()].to_vec(),
+                        state2: s.state2[r.clone()].to_vec(),
+                    };
+                    lamb_update_32bit(dev, p, g, &mut c, h, step, scale)?;
+                    s.state1[r.clone()].copy_from_slice(&c.state1);
+                    s.state2[r].copy_from_slice(&c.state2);
+                    Ok(())
+                })
+            }
+            ParamState::One32(s) if kind.lars().is_some() => {
+                let h = kind.lars().ok_or_else(mismatch)?;
+                let mut parts = NormPartials::zeros(params.numel());
+                for_chunks(params, grads, chunk, |p, g, r, b| {
+                    let part = lars_norm_partials(dev, p, g, &s[r], h, step)?;
+                    parts.unorm[b.clone()].copy_from_slice(&part.unorm);
+                    parts.pnorm[b].copy_from_slice(&part.pnorm);
+                    Ok(())
+                })?;
+                let scale = norm_scale(dev, &parts, h.max_unorm)?;
+                for_chunks(params, grads, chunk, |p, g, r, _| {
+                    lars_update_32bit(dev, p, g, &mut s[r], h, step, scale)
+                })
+            }
             ParamState::Adam32(s) => {
                 let (algo, h) = kind.adam().ok_or_else(mismatch)?;
                 for_chunks(params, grads, chunk, |p, g, r, _| {

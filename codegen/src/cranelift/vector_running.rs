@@ -1,0 +1,279 @@
+//! Running reductions in a vectorized loop: an `f32` variable `acc` updated once per iteration,
+//! the loop reading `acc` only in that update and using the update's intermediate values nowhere
+//! else, as
+//! * `acc = max(acc, a)` (NaN skipped: the absmax of the 8-bit optimizers and blockwise
+//!   quantizers) or `acc = select(a > acc || a != a, a, acc)` (NaN propagated: torch's `max`,
+//!   the absmax of the 4-bit optimizers), with `a = abs(x)`: the vector loop keeps one running
+//!   value per lane in an `f32x4` variable, each lane starting from the value `c` the variable
+//!   has before the loop; after the vector loop the lanes are combined in lane order with the
+//!   same scalar update, and the scalar remainder loop continues from the result;
+//! * `acc = acc + x` (a sum in iteration order, as the EDEN sums of the 4-bit optimizers): each
+//!   vector iteration adds its 4 lanes to the scalar `acc` in lane order, which is the order of
+//!   the scalar loop, so this one is exact by construction.
+//!
+//! Exactness of the maxima.
+//! Exactness. Every `a` has its sign bit clear, and two floats that compare equal differ in bits
+//! only as `+0` / `-0`, so all the `a` equal to the largest non-NaN one have the same bits.
+//! * NaN skipped: the scalar fold gives `c` when `c` is NaN or no `a` exceeds `c`, otherwise the
+//!   largest non-NaN `a`. Each lane gives the same over its own elements, and so does the
+//!   combination of the lanes: the split cannot matter.
+//! * NaN propagated: without a NaN `a` the fold is the one above. With one, the scalar result
+//!   is the last NaN `a` (each NaN replaces the running value, and only a NaN replaces a NaN);
+//!   some lane then holds a NaN and the combination is a NaN too, possibly another one: the
+//!   numeric contract (DESIGN.md, rule 1) leaves NaN payloads free, and the checker compares
+//!   NaNs as equal.
+
+use std::collections::HashMap;
+
+use cranelift_codegen::ir::types::F32X4;
+use cranelift_codegen::ir::{InstBuilder, Value};
+use cranelift_frontend::Variable;
+use qforge_ir::{BinaryOp, CmpOp, Kernel, Op, ScalarType, Stmt, UnaryOp, Value as IrValue, VarId};
+
+use super::lower::{internal, Lowerer};
+use super::vectorize::{Body, VVal, LANES};
+use crate::error::Result;
+
+/// How a reduction treats a NaN `a`.
+#[derive(Clone, Copy)]
+enum NanRule {
+    /// `max(acc, a)`: skipped.
+    Skip,
+    /// `select(a > acc || a != a, a, acc)`: a NaN wins.
+    Propagate,
+    /// `acc + x`: a sequential sum (not a maximum; the name covers all running updates).
+    Sum,
+}
+
+/// One running max-of-abs reduction of a loop body.
+#[derive(Clone, Copy)]
+pub(super) struct Running {
+    /// The variable.
+    var: VarId,
+    /// The body's one `read_var(acc)`.
+    read: IrValue,
+    /// The assigned value.
+    update: IrValue,
+    /// A sum's addend `x` (unused by the maxima).
+    addend: IrValue,
+    rule: NanRule,
+}
+
+/// A reduction during lowering, with its `f32x4` lane variable (the scalar variable itself for
+/// a sum).
+#[derive(Clone, Copy)]
+pub(super) struct Carried {
+    red: Running,
+    lanes: Variable,
+}
+
+/// The op of body value `v`.
+fn op_of(kernel: &Kernel, v: IrValue) -> Option<&Op> {
+    kernel.values.try_get(v).map(|d| &d.op)
+}
+
+/// Whether `a` is `abs(_)`.
+fn is_abs(kernel: &Kernel, a: IrValue) -> bool {
+    matches!(op_of(kernel, a), Some(Op::Unary(UnaryOp::Abs, _)))
+}
+
+/// The reduction assigning `value` to a variable whose loop read is `cur`: its rule and the
+/// intermediate values that must have no other use.
+fn pattern(kernel: &Kernel, value: IrValue) -> Option<(IrValue, NanRule, Vec<IrValue>)> {
+    match *op_of(kernel, value)? {
+        Op::Binary(BinaryOp::Add, cur, _)
+            if kernel.values.try_get(value)?.ty == ScalarType::F32 =>
+        {
+            Some((cur, NanRule::Sum, vec![]))
+        }
+        Op::Binary(BinaryOp::Max, cur, a) if is_abs(kernel, a) => {
+            Some((cur, NanRule::Skip, vec![]))
+        }
+        Op::Select {
+            cond,
+            if_true: a,
+            if_false: cur,
+        } if is_abs(kernel, a) => {
+            let Op::Binary(BinaryOp::Or, gt, nan) = *op_of(kernel, cond)? else {
+                return None;
+            };
+            let gt_ok =
+                matches!(op_of(kernel, gt), Some(&Op::Cmp(CmpOp::Gt, x, y)) if x == a && y == cur);
+            let nan_ok =
+                matches!(op_of(kernel, nan), Some(&Op::Cmp(CmpOp::Ne, x, y)) if x == a && y == a);
+            (gt_ok && nan_ok).then(|| (cur, NanRule::Propagate, vec![cond, gt, nan]))
+        }
+        _ => None,
+    }
+}
+
+/// The max-of-abs reductions of a straight-line loop body, or `None` when an assignment in it
+/// is anything else (the loop then is not vectorized). An empty list when it assigns nothing.
+pub(super) fn running_reductions(kernel: &Kernel, body: &[Stmt]) -> Option<Vec<Running>> {
+    // Number of uses of each body value as an operand, a store index or value, or an assigned
+    // value.
+    let mut uses: HashMap<usize, usize> = HashMap::new();
+    let mut reads: HashMap<usize, Vec<IrValue>> = HashMap::new();
+    let mut assigned = Vec::new();
+    for stmt in body {
+        match stmt {
+            Stmt::Let(v) => {
+                let op = op_of(kernel, *v)?;
+                for o in op.operands() {
+                    *uses.entry(o.index()).or_default() += 1;
+                }
+                if let Op::ReadVar(var) = op {
+                    reads.entry(var.index()).or_default().push(*v);
+                }
+            }
+            Stmt::Store { index, value, .. } => {
+                for o in [index, value] {
+                    *uses.entry(o.index()).or_default() += 1;
+                }
+            }
+            Stmt::Assign { var, value } => {
+                *uses.entry(value.index()).or_default() += 1;
+                assigned.push((*var, *value));
+            }
+            Stmt::If { .. } | Stmt::For { .. } | Stmt::Accumulate { .. } => return None,
+        }
+    }
+    let used = |v: IrValue| uses.get(&v.index()).copied().unwrap_or(0);
+    let mut found: Vec<Running> = Vec::new();
+    for (var, value) in assigned {
+        if kernel.vars.try_get(var)?.ty != ScalarType::F32 {
+            return None;
+        }
+        let (cur, rule, inner) = pattern(kernel, value)?;
+        // `cur` must be the loop's only read of `var`, used only by the update (once by `max`,
+        // twice by the NaN-propagating select and compare), and the update's values used only
+        // inside it.
+        let cur_uses = match rule {
+            NanRule::Skip | NanRule::Sum => 1,
+            NanRule::Propagate => 2,
+        };
+        let only_read = reads.get(&var.index()).is_some_and(|r| r == &[cur]);
+        if !only_read
+            || used(cur) != cur_uses
+            || used(value) != 1
+            || inner.iter().any(|&v| used(v) != 1)
+            || found.iter().any(|r| r.var == var)
+        {
+            return None;
+        }
+        let addend = match *op_of(kernel, value)? {
+            Op::Binary(BinaryOp::Add, _, x) => x,
+            _ => value,
+        };
+        found.push(Running {
+            var,
+            read: cur,
+            update: value,
+            addend,
+            rule,
+        });
+    }
+    Some(found)
+}
+
+impl Lowerer<'_> {
+    /// Before the vector loop: the lane variables, every lane set to the variable's current
+    /// value.
+    pub(super) fn start_running(&mut self, reductions: &[Running]) -> Result<Vec<Carried>> {
+        let mut out = Vec::with_capacity(reductions.len());
+        for red in reductions {
+            let scalar = self.var_of(red.var)?;
+            let lanes = if let NanRule::Sum = red.rule {
+                scalar
+            } else {
+                let c = self.b.use_var(scalar);
+                let lanes = self.b.declare_var(F32X4);
+                let splat = self.b.ins().splat(F32X4, c);
+                self.b.def_var(lanes, splat);
+                lanes
+            };
+            out.push(Carried { red: *red, lanes });
+        }
+        Ok(out)
+    }
+
+    /// In one vector iteration: the reads of the reduced variables are their lane vectors (a
+    /// sum's read and update are not lowered as values: the assignment does the adds).
+    pub(super) fn read_running(&mut self, carried: &[Carried], local: &mut Body) {
+        for c in carried {
+            let v = self.b.use_var(c.lanes);
+            if let NanRule::Sum = c.red.rule {
+                local.insert(c.red.read, VVal::Uniform(v));
+                local.insert(c.red.update, VVal::Uniform(v));
+                local
+                    .sums
+                    .insert(c.red.var.index(), (c.lanes, c.red.addend));
+            } else {
+                local.insert(c.red.read, VVal::Vector(v));
+                local.carried.insert(c.red.var.index(), c.lanes);
+            }
+        }
+    }
+
+    /// `Stmt::Assign` in a vector iteration: only a reduction's update (see
+    /// [`running_reductions`]), which sets its lane vector.
+    pub(super) fn assign_running(
+        &mut self,
+        var: VarId,
+        value: IrValue,
+        local: &Body,
+    ) -> Result<()> {
+        if let Some(&(scalar, addend)) = local.sums.get(&var.index()) {
+            let x = self.vval(local, addend)?;
+            let mut acc = self.b.use_var(scalar);
+            for j in 0..LANES {
+                let xj = self.lane(x, ScalarType::F32, j);
+                acc = self.b.ins().fadd(acc, xj);
+            }
+            self.b.def_var(scalar, acc);
+            return Ok(());
+        }
+        let lanes = *local
+            .carried
+            .get(&var.index())
+            .ok_or_else(|| internal("assignment in a vectorized loop"))?;
+        let Some(VVal::Vector(v)) = local.get(value) else {
+            return Err(internal("reduction update is not a vector"));
+        };
+        self.b.def_var(lanes, v);
+        Ok(())
+    }
+
+    /// After the vector loop: the lanes combined in lane order with the scalar update, assigned
+    /// to the variable.
+    pub(super) fn finish_running(&mut self, carried: &[Carried]) -> Result<()> {
+        for c in carried {
+            if let NanRule::Sum = c.red.rule {
+                continue;
+            }
+            let v = self.b.use_var(c.lanes);
+            let lanes: Vec<Value> = (0..LANES).map(|j| self.b.ins().extractlane(v, j)).collect();
+            let mut acc = lanes[0];
+            for &x in &lanes[1..] {
+                acc = self.max_update(c.red.rule, acc, x)?;
+            }
+            let scalar = self.var_of(c.red.var)?;
+            self.b.def_var(scalar, acc);
+        }
+        Ok(())
+    }
+
+    /// The scalar update of a reduction's rule: the next running value after `acc` and `x`.
+    fn max_update(&mut self, rule: NanRule, acc: Value, x: Value) -> Result<Value> {
+        match rule {
+            NanRule::Skip => self.binary(BinaryOp::Max, ScalarType::F32, acc, x),
+            NanRule::Sum => Err(internal("a sum has no lanes to combine")),
+            NanRule::Propagate => {
+                let gt = self.compare(CmpOp::Gt, ScalarType::F32, x, acc)?;
+                let nan = self.compare(CmpOp::Ne, ScalarType::F32, x, x)?;
+                let take = self.b.ins().bor(gt, nan);
+                Ok(self.b.ins().select(take, x, acc))
+            }
+        }
+    }
+}

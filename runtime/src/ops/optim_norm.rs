@@ -1,0 +1,311 @@
+//! LAMB and LARS steps with 32-bit state (bitsandbytes' `LAMB` / `LAMB32bit` and `LARS` /
+//! `LARS32bit`), over any [`Device`]. A step is three kernel launches
+//! ([`qforge_ir::library::optim_norm`]): per-block norm partials, the trust-ratio scale (one
+//! work item, fixed order), and the scaled update. The pieces are public so a caller that
+//! processes a tensor in chunks of whole 256-element blocks (the optimizer API) can gather the
+//! partials of every chunk, take one scale and then update chunk by chunk, bit-identically to
+//! one whole-tensor [`lamb_step_32bit`] / [`lars_step_32bit`]. Formulas: `docs/optimizers.md`,
+//! section "LAMB and LARS".
+
+use qforge_ir::library::{LambHyper, LarsHyper, NormRule, OptimNormSpec, OPTIM_BLOCKSIZE};
+use qforge_ir::{Arg, DType, Scalar};
+
+use super::optim::expect;
+use super::{cached_kernel, count_u32, f32_le, float_input, le_f32, scalar_u32, AdamState32};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::tensor::HostTensor;
+
+/// Per-block partial sums of one tensor (or chunk): `unorm[b]` the sum of squared updates and
+/// `pnorm[b]` the sum of squared parameters of block `b` (256 elements, order `Strided(8)`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NormPartials {
+    /// Sums of squared update elements, one per block.
+    pub unorm: Vec<f32>,
+    /// Sums of squared parameter elements, one per block.
+    pub pnorm: Vec<f32>,
+}
+
+impl NormPartials {
+    /// Zeros for a tensor of `n` elements (one entry per block).
+    pub fn zeros(n: usize) -> NormPartials {
+        let blocks = n.div_ceil(OPTIM_BLOCKSIZE as usize);
+        NormPartials {
+            unorm: vec![0.0; blocks],
+            pnorm: vec![0.0; blocks],
+        }
+    }
+}
+
+/// Checks a scale from [`norm_scale`]: finite and `>= 0` (the kernel yields values in `[0, 1]`).
+fn check_scale(op: &str, scale: f32) -> Result<()> {
+    if scale.is_finite() && scale >= 0.0 {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "{op}: scale = {scale} is invalid: it must be finite and >= 0 (norm_scale gives [0, 1])"
+        )))
+    }
+}
+
+/// Checks the pair for `rule`; returns `n` and the parameter dtype.
+fn prepare(
+    op: &str,
+    rule: NormRule,
+    params: &HostTensor,
+    grads: &HostTensor,
+) -> Result<(u32, DType)> {
+    let n = float_input(op, params)?;
+    float_input(op, grads)?;
+    if grads.dtype != params.dtype || grads.shape != params.shape {
+        return Err(Error::Invalid(format!(
+            "{op}: the gradient ({} {:?}) must have the parameter's dtype and shape ({} {:?})",
+            grads.dtype, grads.shape, params.dtype, params.shape
+        )));
+    }
+    if !rule.param_dtypes().contains(&params.dtype) {
+        return Err(Error::Invalid(format!(
+            "{op}: {} takes f32 parameters only, got {}",
+            rule.name(),
+            params.dtype
+        )));
+    }
+    Ok((count_u32(op, "the parameter", n as usize)?, params.dtype))
+}
+
+/// Launches a partials kernel and returns the two per-block arrays.
+fn partials(
+    dev: &dyn Device,
+    spec: OptimNormSpec,
+    n: u32,
+    scalars: Vec<Scalar>,
+    inputs: &[&[u8]],
+) -> Result<NormPartials> {
+    let blocks = n.div_ceil(OPTIM_BLOCKSIZE);
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let mut up = vec![0u8; 4 * blocks as usize];
+    let mut pp = vec![0u8; 4 * blocks as usize];
+    let mut args = vec![scalar_u32(n), scalar_u32(blocks)];
+    args.extend(scalars.into_iter().map(Arg::Scalar));
+    args.extend(inputs.iter().map(|b| Arg::Read(b)));
+    args.extend([Arg::Write(&mut up), Arg::Write(&mut pp)]);
+    dev.launch(&kernel, &mut args)?;
+    Ok(NormPartials {
+        unorm: le_f32(&up),
+        pnorm: le_f32(&pp),
+    })
+}
+
+/// The LAMB norm partials of step `step` (1-based) for a parameter, its gradient and its
+/// 32-bit state before the step; nothing is modified.
+///
+/// # Errors
+/// [`Error::Invalid`] for an empty or non-float parameter, a gradient of another dtype or
+/// shape, state of the wrong length, more than `2^31 - 1` elements; [`Error::Ir`] for invalid
+/// hyperparameters or step 0; any device error.
+pub fn lamb_norm_partials(
+    dev: &dyn Device,
+    params: &HostTensor,
+    grads: &HostTensor,
+    state: &AdamState32,
+    hyper: &LambHyper,
+    step: u32,
+) -> Result<NormPartials> {
+    const OP: &str = "lamb_norm_partials";
+    let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
+    expect(OP, "state1", state.state1.len(), n as usize)?;
+    expect(OP, "state2", state.state2.len(), n as usize)?;
+    let s = hyper.scalars(step)?;
+    let (s1, s2) = (f32_le(&state.state1), f32_le(&state.state2));
+    let spec = OptimNormSpec::Partials {
+        rule: NormRule::Lamb,
+        dtype,
+    };
+    let inputs: [&[u8]; 4] = [&params.data, &grads.data, &s1, &s2];
+    partials(dev, spec, n, s.partials_args(), &inputs)
+}
+
+/// The LARS norm partials of step `step` (1-based) for an `f32` parameter, its gradient and its
+/// momentum before the step; nothing is modified.
+///
+/// # Errors
+/// As [`lamb_norm_partials`]; the parameter must be `f32`.
+pub fn lars_norm_partials(
+    dev: &dyn Device,
+    params: &HostTensor,
+    grads: &HostTensor,
+    state1: &[f32],
+    hyper: &LarsHyper,
+    step: u32,
+) -> Result<NormPartials> {
+    const OP: &str = "lars_norm_partials";
+    let (n, _) = prepare(OP, NormRule::Lars, params, grads)?;
+    expect(OP, "state1", state1.len(), n as usize)?;
+    let s = hyper.scalars(step)?;
+    let s1 = f32_le(state1);
+    let spec = OptimNormSpec::Partials {
+        rule: NormRule::Lars,
+        dtype: DType::F32,
+    };
+    let inputs: [&[u8]; 3] = [&params.data, &grads.data, &s1];
+    partials(dev, spec, n, s.partials_args(), &inputs)
+}
+
+/// The trust-ratio scale of a whole tensor from its partials (all blocks, in order):
+/// `max_unorm > 0 && unorm > max_unorm * pnorm ? max_unorm * pnorm / unorm : 1` with
+/// `unorm`, `pnorm` the square roots of the sequential sums (the `optim_norm_scale` kernel).
+///
+/// # Errors
+/// [`Error::Invalid`] for empty partials, arrays of different lengths, more than `2^31 - 1`
+/// blocks, or a `max_unorm` that is not finite and `>= 0`; any device error.
+pub fn norm_scale(dev: &dyn Device, partials: &NormPartials, max_unorm: f64) -> Result<f32> {
+    const OP: &str = "norm_scale";
+    let blocks = partials.unorm.len();
+    if blocks == 0 || partials.pnorm.len() != blocks {
+        return Err(Error::Invalid(format!(
+            "{OP}: the partials must be non-empty and of one length, got {} and {}",
+            blocks,
+            partials.pnorm.len()
+        )));
+    }
+    if !(max_unorm.is_finite() && max_unorm >= 0.0) {
+        return Err(Error::Invalid(format!(
+            "{OP}: max_unorm = {max_unorm} is invalid: it must be finite and >= 0"
+        )));
+    }
+    let nb = count_u32(OP, "the partials", blocks)?;
+    let spec = OptimNormSpec::Scale;
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (up, pp) = (f32_le(&partials.unorm), f32_le(&partials.pnorm));
+    let mut out = vec![0u8; 4];
+    let mut args = vec![
+        scalar_u32(nb),
+        Arg::Scalar(Scalar::f32(max_unorm as f32)),
+        Arg::Scalar(Scalar::f32(0.0)),
+        Arg::Read(&up),
+        Arg::Read(&pp),
+        Arg::Write(&mut out),
+    ];
+    dev.launch(&kernel, &mut args)?;
+    Ok(f32::from_le_bytes([out[0], out[1], out[2], out[3]]))
+}
+
+/// The LAMB update of step `step` with a given `scale` (from [`norm_scale`]), in place: AdamW
+/// (decoupled weight decay before the update) with the step multiplied by `scale`. Gradient
+/// elements that are NaN or ±inf zero their moments and leave their parameter unchanged.
+///
+/// # Errors
+/// As [`lamb_norm_partials`]; [`Error::Invalid`] for a `scale` that is not finite and `>= 0`.
+pub fn lamb_update_32bit(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState32,
+    hyper: &LambHyper,
+    step: u32,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "lamb_update_32bit";
+    check_scale(OP, scale)?;
+    let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
+    expect(OP, "state1", state.state1.len(), n as usize)?;
+    expect(OP, "state2", state.state2.len(), n as usize)?;
+    let s = hyper.scalars(step)?;
+    let spec = OptimNormSpec::Update {
+        rule: NormRule::Lamb,
+        dtype,
+    };
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (mut s1, mut s2) = (f32_le(&state.state1), f32_le(&state.state2));
+    let sc = scale.to_le_bytes();
+    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
+    args.extend(s.update_args().into_iter().map(Arg::Scalar));
+    args.extend([
+        Arg::Write(&mut params.data),
+        Arg::Read(&grads.data),
+        Arg::Write(&mut s1),
+        Arg::Write(&mut s2),
+        Arg::Read(&sc),
+    ]);
+    dev.launch(&kernel, &mut args)?;
+    state.state1 = le_f32(&s1);
+    state.state2 = le_f32(&s2);
+    Ok(())
+}
+
+/// The LARS update of step `step` with a given `scale`, in place: SGD with momentum (coupled
+/// weight decay, the gradient itself as momentum on step 1) with the step multiplied by
+/// `scale`. Non-finite gradient elements zero their momentum and leave their parameter
+/// unchanged.
+///
+/// # Errors
+/// As [`lars_norm_partials`]; [`Error::Invalid`] for a `scale` that is not finite and `>= 0`.
+pub fn lars_update_32bit(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state1: &mut [f32],
+    hyper: &LarsHyper,
+    step: u32,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "lars_update_32bit";
+    check_scale(OP, scale)?;
+    let (n, _) = prepare(OP, NormRule::Lars, params, grads)?;
+    expect(OP, "state1", state1.len(), n as usize)?;
+    let s = hyper.scalars(step)?;
+    let spec = OptimNormSpec::Update {
+        rule: NormRule::Lars,
+        dtype: DType::F32,
+    };
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let mut s1 = f32_le(state1);
+    let sc = scale.to_le_bytes();
+    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
+    args.extend(s.update_args().into_iter().map(Arg::Scalar));
+    args.extend([
+        Arg::Write(&mut params.data),
+        Arg::Read(&grads.data),
+        Arg::Write(&mut s1),
+        Arg::Read(&sc),
+    ]);
+    dev.launch(&kernel, &mut args)?;
+    state1.copy_from_slice(&le_f32(&s1));
+    Ok(())
+}
+
+/// One whole-tensor LAMB step (partials, scale, update); returns the scale it applied.
+///
+/// # Errors
+/// As [`lamb_norm_partials`].
+pub fn lamb_step_32bit(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState32,
+    hyper: &LambHyper,
+    step: u32,
+) -> Result<f32> {
+    let parts = lamb_norm_partials(dev, params, grads, state, hyper, step)?;
+    let scale = norm_scale(dev, &parts, hyper.max_unorm)?;
+    lamb_update_32bit(dev, params, grads, state, hyper, step, scale)?;
+    Ok(scale)
+}
+
+/// One whole-tensor LARS step (partials, scale, update); returns the scale it applied.
+///
+/// # Errors
+/// As [`lars_norm_partials`].
+pub fn lars_step_32bit(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state1: &mut [f32],
+    hyper: &LarsHyper,
+    step: u32,
+) -> Result<f32> {
+    let parts = lars_norm_partials(dev, params, grads, state1, hyper, step)?;
+    let scale = norm_scale(dev, &parts, hyper.max_unorm)?;
+    lars_update_32bit(dev, params, grads, state1, hyper, step, scale)?;
+    Ok(scale)
+}
