@@ -216,65 +216,37 @@ impl OptimizerKind {
 
     /// AdEMAMix: the hyperparameters.
     pub(crate) fn ademamix(&self) -> Option<&AdemamixHyper> {
-        match self {
-            OptimizerKind::Ademamix(h) => Some(h),
-            OptimizerKind::Adam(_)
-            | OptimizerKind::AdamW(_)
-            | OptimizerKind::Lion(_)
-            | OptimizerKind::Sgd(_)
-            | OptimizerKind::Rmsprop(_)
-            | OptimizerKind::Adagrad(_)
-            | OptimizerKind::QAdamW(_)
-            | OptimizerKind::Lamb(_)
-            | OptimizerKind::Lars(_) => None,
+        if let OptimizerKind::Ademamix(h) = self {
+            Some(h)
+        } else {
+            None
         }
     }
 
     /// Quantized AdamW: the hyperparameters and schemes.
     pub(crate) fn qadam(&self) -> Option<&QAdamWConfig> {
-        match self {
-            OptimizerKind::QAdamW(c) => Some(c),
-            OptimizerKind::Adam(_)
-            | OptimizerKind::AdamW(_)
-            | OptimizerKind::Lion(_)
-            | OptimizerKind::Sgd(_)
-            | OptimizerKind::Rmsprop(_)
-            | OptimizerKind::Adagrad(_)
-            | OptimizerKind::Ademamix(_)
-            | OptimizerKind::Lamb(_)
-            | OptimizerKind::Lars(_) => None,
+        if let OptimizerKind::QAdamW(c) = self {
+            Some(c)
+        } else {
+            None
         }
     }
 
     /// LAMB: the hyperparameters.
     pub(crate) fn lamb(&self) -> Option<&LambHyper> {
-        match self {
-            OptimizerKind::Lamb(h) => Some(h),
-            OptimizerKind::Adam(_)
-            | OptimizerKind::AdamW(_)
-            | OptimizerKind::Lion(_)
-            | OptimizerKind::Sgd(_)
-            | OptimizerKind::Rmsprop(_)
-            | OptimizerKind::Adagrad(_)
-            | OptimizerKind::Ademamix(_)
-            | OptimizerKind::QAdamW(_)
-            | OptimizerKind::Lars(_) => None,
+        if let OptimizerKind::Lamb(h) = self {
+            Some(h)
+        } else {
+            None
         }
     }
 
     /// LARS: the hyperparameters.
     pub(crate) fn lars(&self) -> Option<&LarsHyper> {
-        match self {
-            OptimizerKind::Lars(h) => Some(h),
-            OptimizerKind::Adam(_)
-            | OptimizerKind::AdamW(_)
-            | OptimizerKind::Lion(_)
-            | OptimizerKind::Sgd(_)
-            | OptimizerKind::Rmsprop(_)
-            | OptimizerKind::Adagrad(_)
-            | OptimizerKind::Ademamix(_)
-            | OptimizerKind::QAdamW(_)
-            | OptimizerKind::Lamb(_) => None,
+        if let OptimizerKind::Lars(h) = self {
+            Some(h)
+        } else {
+            None
         }
     }
 
