@@ -1,6 +1,6 @@
 //! Optimizer kernels over many consecutive steps with random hyperparameters: every optimizer
 //! kernel of the library catalog (Adam/AdamW 32-bit and 8-bit on each catalog parameter dtype;
-//! Lion, SGD, RMSprop, Adagrad 32/8-bit; AdEMAMix 32/8-bit; the quantized-AdamW schemes, the
+//! Lion, SGD, RMSprop, Adagrad 32/8-bit; AdEMAMix 32/8-bit; LAMB and LARS; the quantized-AdamW schemes, the
 //! stochastic-rounding ones with their Philox source) runs [`STEPS`] consecutive steps through
 //! the runtime's host ops on the reference interpreter and on each device this build can run.
 //! Each run feeds its own state forward; after every step the parameters and every state word
@@ -21,8 +21,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use qforge::devices::available_devices;
 use qforge::ir::library::{
-    self, AdamHyper, AdemamixHyper, AdemamixSpec, KernelSpec, MomentScheme, Optim1Hyper,
-    Optim1Spec, OptimAlgo, OptimSpec, QAdamSpec, StateBits, OPTIM_BLOCKSIZE,
+    self, AdamHyper, AdemamixHyper, AdemamixSpec, KernelSpec, LambHyper, LarsHyper, MomentScheme,
+    NormRule, Optim1Hyper, Optim1Spec, OptimAlgo, OptimNormSpec, OptimSpec, QAdamSpec, StateBits,
+    OPTIM_BLOCKSIZE,
 };
 use qforge::ir::DType;
 use qforge::runtime::ops::{
@@ -47,6 +48,8 @@ enum Family {
     Ademamix(AdemamixSpec),
     /// Quantized AdamW with per-moment schemes.
     QAdam(QAdamSpec),
+    /// LAMB or LARS (32-bit state): the norm, scale and update kernels of one step.
+    Norm(NormRule, DType),
 }
 
 /// The optimizer families of the catalog (every variant listed, so a new kernel family makes the
@@ -59,6 +62,11 @@ fn families() -> Vec<Family> {
             KernelSpec::Optim1(s) => Some(Family::One(s)),
             KernelSpec::Ademamix(s) => Some(Family::Ademamix(s)),
             KernelSpec::QAdam(s) => Some(Family::QAdam(s)),
+            // One family per rule and dtype: its update kernel (the step also runs the norm
+            // and scale kernels).
+            KernelSpec::OptimNorm(OptimNormSpec::Update { rule, dtype }) => {
+                Some(Family::Norm(rule, dtype))
+            }
             KernelSpec::Quantize4 { .. }
             | KernelSpec::Dequantize4 { .. }
             | KernelSpec::Dequantize4Nested { .. }
@@ -71,7 +79,7 @@ fn families() -> Vec<Family> {
             | KernelSpec::Gemm(_)
             | KernelSpec::Int8(_)
             | KernelSpec::Activation(_)
-            | KernelSpec::OptimNorm(_) => None,
+            | KernelSpec::OptimNorm(OptimNormSpec::Partials { .. } | OptimNormSpec::Scale) => None,
         })
         .collect()
 }
@@ -88,6 +96,8 @@ struct Draw {
     weight_decay: f64,
     t_alpha: Option<u32>,
     t_beta3: Option<u32>,
+    /// LAMB / LARS trust-ratio bound (small values clip most steps, large ones none).
+    max_unorm: f64,
     /// The step number of the first of the [`STEPS`] steps (1-based).
     first_step: u32,
     seed: u64,
@@ -117,22 +127,30 @@ fn draw() -> impl Strategy<Value = Draw> {
         prop::option::of(1u32..20),
         prop_oneof![Just(1u32), 2u32..10_000],
     );
-    let rng = (any::<u64>(), 0u32..64, (0u32..1000).prop_map(|k| 2 * k));
+    let rng = (
+        any::<u64>(),
+        0u32..64,
+        (0u32..1000).prop_map(|k| 2 * k),
+        prop::sample::select(vec![0.001, 0.02, 1.0, 100.0]),
+    );
     (betas, rates, schedule, rng).prop_map(
-        |((beta1, beta2, beta3, alpha), (lr, eps, wd), (ta, tb, first), (seed, id, off))| Draw {
-            lr,
-            beta1,
-            beta2,
-            beta3,
-            alpha,
-            eps,
-            weight_decay: wd,
-            t_alpha: ta,
-            t_beta3: tb,
-            first_step: first,
-            seed,
-            param_id: id,
-            offset: off,
+        |((beta1, beta2, beta3, alpha), (lr, eps, wd), (ta, tb, first), (seed, id, off, mu))| {
+            Draw {
+                lr,
+                beta1,
+                beta2,
+                beta3,
+                alpha,
+                eps,
+                weight_decay: wd,
+                t_alpha: ta,
+                t_beta3: tb,
+                max_unorm: mu,
+                first_step: first,
+                seed,
+                param_id: id,
+                offset: off,
+            }
         },
     )
 }
@@ -156,13 +174,19 @@ fn edges() -> Vec<f32> {
     ]
 }
 
-/// A parameter: mostly normal-looking, sometimes an edge value (rarely non-finite).
-fn param() -> impl Strategy<Value = f32> {
+/// A parameter: mostly normal-looking, sometimes an edge value (rarely non-finite). With
+/// `finite_norm`, only values whose squares sum to a finite norm (no ±inf, NaN or huge values),
+/// so that LAMB/LARS reach their trust-ratio clipping instead of the non-finite-norm rules.
+fn param(finite_norm: bool) -> impl Strategy<Value = f32> {
+    let small: Vec<f32> = edges().into_iter().filter(|p| p.abs() < 1e5).collect();
     let mut rare = edges();
     rare.extend([f32::INFINITY, f32::NAN]);
+    if finite_norm {
+        rare = small.clone();
+    }
     prop_oneof![
         12 => -2.0f32..2.0,
-        2 => prop::sample::select(edges()),
+        2 => prop::sample::select(if finite_norm { small } else { edges() }),
         1 => prop::sample::select(rare),
     ]
 }
@@ -202,11 +226,11 @@ fn size(block: usize) -> impl Strategy<Value = usize> {
     ]
 }
 
-fn case(block: usize) -> impl Strategy<Value = Case> {
-    let overflow = prop::bool::weighted(0.2);
-    (size(block), draw(), overflow).prop_flat_map(|(n, draw, overflow)| {
+fn case(block: usize, finite_norm: bool) -> impl Strategy<Value = Case> {
+    let overflow = prop::bool::weighted(if finite_norm { 0.0 } else { 0.2 });
+    (size(block), draw(), overflow).prop_flat_map(move |(n, draw, overflow)| {
         (
-            prop::collection::vec(param(), n),
+            prop::collection::vec(param(finite_norm), n),
             prop::collection::vec(prop::collection::vec(grad(overflow), n), STEPS),
         )
             .prop_map(move |(params, grads)| Case {
@@ -242,6 +266,11 @@ impl Family {
             Family::One(s) => s.name(),
             Family::Ademamix(s) => s.name(),
             Family::QAdam(s) => s.name(),
+            Family::Norm(rule, dtype) => OptimNormSpec::Update {
+                rule: *rule,
+                dtype: *dtype,
+            }
+            .name(),
         }
     }
 
@@ -251,13 +280,16 @@ impl Family {
             Family::One(s) => s.dtype,
             Family::Ademamix(s) => s.dtype,
             Family::QAdam(s) => s.dtype,
+            Family::Norm(_, dtype) => *dtype,
         }
     }
 
     /// The block the sizes are drawn around (8-bit state block; a quantized-AdamW work item).
     fn block(&self) -> usize {
         match self {
-            Family::Adam(_) | Family::One(_) | Family::Ademamix(_) => OPTIM_BLOCKSIZE as usize,
+            Family::Adam(_) | Family::One(_) | Family::Ademamix(_) | Family::Norm(..) => {
+                OPTIM_BLOCKSIZE as usize
+            }
             Family::QAdam(s) => s.item_size() as usize,
         }
     }
@@ -279,6 +311,8 @@ impl Family {
                 StateBits::Bits32 => State::Ema32(AdemamixState32::zeros(n)),
                 StateBits::Bits8 => State::Ema8(AdemamixState8::zeros(n)),
             },
+            Family::Norm(NormRule::Lamb, _) => State::Adam32(AdamState32::zeros(n)),
+            Family::Norm(NormRule::Lars, _) => State::One32(vec![0.0; n]),
             Family::QAdam(s) => {
                 let moment = |scheme: MomentScheme| {
                     let block = scheme.block() as usize;
@@ -361,6 +395,27 @@ impl Family {
             (Family::QAdam(_), State::QAdam(st)) => {
                 let h = adam(OptimAlgo::AdamW);
                 ops::qadamw_step(dev, params, grads, st, &h, t, rng)
+            }
+            (Family::Norm(NormRule::Lamb, _), State::Adam32(st)) => {
+                let h = LambHyper {
+                    lr: d.lr,
+                    beta1: d.beta1,
+                    beta2: d.beta2,
+                    eps: d.eps,
+                    weight_decay: d.weight_decay,
+                    max_unorm: d.max_unorm,
+                };
+                ops::lamb_step_32bit(dev, params, grads, st, &h, t).map(|_| ())
+            }
+            (Family::Norm(NormRule::Lars, _), State::One32(st)) => {
+                // LARS needs a momentum in (0, 1).
+                let h = LarsHyper {
+                    lr: d.lr,
+                    momentum: d.beta1.max(0.01),
+                    weight_decay: d.weight_decay,
+                    max_unorm: d.max_unorm,
+                };
+                ops::lars_step_32bit(dev, params, grads, st, &h, t).map(|_| ())
             }
             (family, state) => {
                 return Err(format!("{family:?} cannot step a {state:?} state"));
@@ -579,7 +634,13 @@ fn check_families(test: &str, select: impl Fn(&Family) -> bool) {
             max_shrink_iters: 16,
             ..Config::default()
         });
-        let result = runner.run(&case(family.block()), |c| {
+        // LAMB/LARS: mostly parameters with a finite norm (the clipping path).
+        let finite = matches!(family, Family::Norm(..));
+        let cases = prop_oneof![
+            3 => case(family.block(), finite),
+            1 => case(family.block(), false),
+        ];
+        let result = runner.run(&cases, |c| {
             check_case(&family, &devices, &c, |d| *d).map_err(TestCaseError::fail)
         });
         checked.push(family.name());
@@ -624,6 +685,11 @@ fn quantized_adamw_matches_the_interpreter_over_many_steps() {
     check_families("qadamw", |f| matches!(f, Family::QAdam(_)));
 }
 
+#[test]
+fn lamb_and_lars_match_the_interpreter_over_many_steps() {
+    check_families("lamb/lars", |f| matches!(f, Family::Norm(..)));
+}
+
 /// The comparison can fail: on the first device, a run with the learning rate one part in a
 /// thousand off is reported for an 8-bit and a 4-bit family, and so is a state with one flipped
 /// bit.
@@ -640,7 +706,7 @@ fn the_checker_catches_a_perturbed_run() {
             s.algo == OptimAlgo::AdamW && s.state == StateBits::Bits8 && s.dtype == DType::F32
         }
         Family::QAdam(s) => s.m2 == MomentScheme::Dyn4Sr && s.dtype == DType::F32,
-        Family::One(_) | Family::Ademamix(_) => false,
+        Family::One(_) | Family::Ademamix(_) | Family::Norm(..) => false,
     });
     let mut checked = 0;
     for family in picks {
@@ -655,6 +721,7 @@ fn the_checker_catches_a_perturbed_run() {
             weight_decay: 0.01,
             t_alpha: None,
             t_beta3: None,
+            max_unorm: 1.0,
             first_step: 1,
             seed: 7,
             param_id: 1,
