@@ -607,3 +607,145 @@ fn bad_steps_and_groups_are_errors() {
         .to_string();
     assert_has(&e, &["unknown parameter 'z'"]);
 }
+
+/// A device whose launch number `fail_at` (counted from 0) fails: a device error mid-step.
+struct FailingDevice {
+    inner: InterpreterDevice,
+    launches: std::sync::atomic::AtomicUsize,
+    fail_at: usize,
+}
+
+impl Device for FailingDevice {
+    fn name(&self) -> &str {
+        "failing"
+    }
+    fn backend(&self) -> &'static str {
+        "failing"
+    }
+    fn compile(&self, kernel: &qforge::ir::Kernel) -> qforge::runtime::Result<()> {
+        self.inner.compile(kernel)
+    }
+    fn launch(
+        &self,
+        kernel: &qforge::ir::Kernel,
+        args: &mut [qforge::ir::Arg<'_>],
+    ) -> qforge::runtime::Result<()> {
+        let n = self
+            .launches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n == self.fail_at {
+            return Err(qforge::runtime::Error::Invalid(
+                "injected device failure".into(),
+            ));
+        }
+        self.inner.launch(kernel, args)
+    }
+}
+
+/// Found by a fresh-user pass: a malformed tensor, hyperparameters whose f32 values overflow
+/// or whose eps rounds to 0, step counts past i32::MAX, and a failed first step.
+#[test]
+fn malformed_tensors_extreme_hyperparameters_and_failed_steps_are_clear_errors() {
+    let dev = InterpreterDevice;
+    let adamw = |h: AdamHyper| OptimizerKind::AdamW(h);
+    let x = random_tensor(DType::F32, &[300], 1, 1.0);
+    // A tensor whose bytes do not match its shape (the fields are public).
+    let mut o = Optimizer::new(vec![ParamGroup::new(
+        ["x"],
+        kind(OptimAlgo::AdamW),
+        StateBits::Bits32,
+    )])
+    .unwrap();
+    let mut short = x.clone();
+    short.data.truncate(40);
+    let e = o
+        .step(&dev, &mut [short.clone()], &[short])
+        .unwrap_err()
+        .to_string();
+    assert_has(&e, &["'x'", "40 bytes", "1200"]);
+    // Finite f64 hyperparameters whose f32 kernel values are not usable.
+    for (h, needle) in [
+        (
+            AdamHyper {
+                lr: 1e39,
+                ..hyper(0.0)
+            },
+            "step_size",
+        ),
+        (
+            AdamHyper {
+                weight_decay: 1e300,
+                ..hyper(0.0)
+            },
+            "decay",
+        ),
+        (
+            AdamHyper {
+                eps: 1e-50,
+                ..hyper(0.0)
+            },
+            "eps",
+        ),
+    ] {
+        for bits in [StateBits::Bits32, StateBits::Bits8] {
+            let mut o = Optimizer::new(vec![ParamGroup::new(["x"], adamw(h), bits)]).unwrap();
+            let mut p = [x.clone()];
+            let e = o
+                .step(&dev, &mut p, std::slice::from_ref(&x))
+                .unwrap_err()
+                .to_string();
+            assert_has(&e, &[needle, "f32"]);
+            assert_eq!(p[0], x, "nothing is updated");
+        }
+    }
+    // A first step whose device fails leaves no state: what is saved next loads again.
+    let failing = FailingDevice {
+        inner: InterpreterDevice,
+        launches: std::sync::atomic::AtomicUsize::new(0),
+        fail_at: 0,
+    };
+    let mut o = Optimizer::new(vec![ParamGroup::new(
+        ["x"],
+        kind(OptimAlgo::AdamW),
+        StateBits::Bits32,
+    )])
+    .unwrap();
+    let mut p = [x.clone()];
+    let e = o
+        .step(&failing, &mut p, std::slice::from_ref(&x))
+        .unwrap_err()
+        .to_string();
+    assert_has(&e, &["injected device failure"]);
+    assert_eq!((o.step_count("x"), o.state_bits("x")), (Some(0), None));
+    let saved = o.state_dict().unwrap();
+    let mut fresh = Optimizer::new(vec![ParamGroup::new(
+        ["x"],
+        kind(OptimAlgo::AdamW),
+        StateBits::Bits32,
+    )])
+    .unwrap();
+    fresh.load_state_dict(&saved).unwrap();
+}
+
+/// Step numbers past `i32::MAX` (where `beta.powi(t)` would wrap) are refused by every rule's
+/// scalars instead of giving NaN parameters.
+#[test]
+fn step_numbers_past_i32_max_are_refused() {
+    use qforge::ir::library::{AdemamixHyper, LambHyper, OptimSpec, QAdamScalars};
+    let spec = OptimSpec {
+        algo: OptimAlgo::AdamW,
+        state: StateBits::Bits32,
+        dtype: DType::F32,
+    };
+    let big = i32::MAX as u32 + 1;
+    assert!(hyper(0.0).scalars(&spec, i32::MAX as u32).is_ok());
+    let errors = [
+        hyper(0.0).scalars(&spec, big).map(|_| ()),
+        LambHyper::default().scalars(big).map(|_| ()),
+        AdemamixHyper::default().scalars(big).map(|_| ()),
+        QAdamScalars::new(&hyper(0.0), big).map(|_| ()),
+    ];
+    for e in errors {
+        assert_has(&e.unwrap_err().to_string(), &["2147483648", "step"]);
+    }
+}

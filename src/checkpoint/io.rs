@@ -233,7 +233,11 @@ pub fn write_files_atomic(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let tmp = dir.join(format!(".qforge-{}-{i}.tmp", std::process::id()));
+        // Unique per process and per call, so concurrent writes (threads) never share a temp
+        // file.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".qforge-{}-{n}-{i}.tmp", std::process::id()));
         track(&tmp, true);
         temps.push(tmp.clone());
         let written = (|| {

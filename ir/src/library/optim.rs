@@ -49,6 +49,49 @@ use crate::types::{DType, Scalar, ScalarType};
 /// Elements per work item and per 8-bit absmax block (bitsandbytes' optimizer blocksize).
 pub const OPTIM_BLOCKSIZE: u32 = 256;
 
+/// Checks a 1-based step number and returns it as the exponent `t` of the bias corrections
+/// `beta^t` (`f64::powi` takes an `i32`).
+///
+/// # Errors
+/// [`Error::Unsupported`] for step 0 or a step above `i32::MAX`.
+pub(crate) fn step_exponent(step: u32) -> Result<i32> {
+    if step == 0 {
+        return Err(Error::Unsupported(
+            "optimizer step counts start at 1, got 0".into(),
+        ));
+    }
+    i32::try_from(step).map_err(|_| {
+        Error::Unsupported(format!(
+            "optimizer step {step} is above the largest supported step count {}",
+            i32::MAX
+        ))
+    })
+}
+
+/// Checks the `f32` kernel scalars derived from the hyperparameters: each must be finite (a
+/// finite `f64` value such as `lr * weight_decay` can overflow `f32`), and the `positive` ones
+/// (denominators such as `eps`) above 0 (a tiny `eps` can round to 0 in `f32`).
+///
+/// # Errors
+/// [`Error::Unsupported`] naming the first bad scalar.
+pub(crate) fn check_f32_scalars(values: &[(&str, f32)], positive: &[&str]) -> Result<()> {
+    for (name, v) in values {
+        let must_be_positive = positive.contains(name);
+        if !v.is_finite() || (must_be_positive && *v <= 0.0) {
+            let want = if must_be_positive {
+                "finite and above 0"
+            } else {
+                "finite"
+            };
+            return Err(Error::Unsupported(format!(
+                "optimizer hyperparameters give the f32 kernel value {name} = {v:e}, which must \
+                 be {want}: lr, weight_decay or eps is out of f32 range"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The update rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OptimAlgo {
@@ -196,22 +239,19 @@ impl AdamHyper {
     /// and every derived value in `f64`, each rounded once to `f32`.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for step 0 or invalid hyperparameters ([`AdamHyper::check`]).
+    /// [`Error::Unsupported`] for step 0 or above `i32::MAX`, invalid hyperparameters
+    /// ([`AdamHyper::check`]), or hyperparameters whose `f32` scalars overflow or whose `eps`
+    /// rounds to 0.
     pub fn scalars(&self, spec: &OptimSpec, step: u32) -> Result<AdamScalars> {
         self.check(spec.algo)?;
-        if step == 0 {
-            return Err(Error::Unsupported(
-                "optimizer step counts start at 1, got 0".into(),
-            ));
-        }
-        let t = step as i32;
+        let t = step_exponent(step)?;
         let c1 = 1.0 - self.beta1.powi(t);
         let c2 = (1.0 - self.beta2.powi(t)).sqrt();
         let step_size = match spec.state {
             StateBits::Bits32 => -self.lr * c2 / c1,
             StateBits::Bits8 => -self.lr / c1,
         };
-        Ok(AdamScalars {
+        let s = AdamScalars {
             beta1: self.beta1 as f32,
             one_minus_beta1: (1.0 - self.beta1) as f32,
             beta2: self.beta2 as f32,
@@ -221,7 +261,18 @@ impl AdamHyper {
             c2: c2 as f32,
             eps: self.eps as f32,
             eps_c2: (self.eps * c2) as f32,
-        })
+        };
+        check_f32_scalars(
+            &[
+                ("decay", s.decay),
+                ("step_size", s.step_size),
+                ("c2", s.c2),
+                ("eps", s.eps),
+                ("eps_c2", s.eps_c2),
+            ],
+            &["eps", "eps_c2"],
+        )?;
+        Ok(s)
     }
 }
 

@@ -37,6 +37,7 @@ use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, Value};
 use crate::library::emit::{block_range, inv_absmax};
 use crate::library::nearest;
+use crate::library::optim::{check_f32_scalars, step_exponent};
 use crate::library::optim::{state_tables, StateBits, OPTIM_BLOCKSIZE};
 use crate::library::BlockwiseMap;
 use crate::ops::CmpOp;
@@ -203,12 +204,8 @@ impl Optim1Hyper {
     /// [`Error::Unsupported`] for step 0 or invalid hyperparameters ([`Optim1Hyper::check`]).
     pub fn scalars(&self, algo: Optim1Algo, step: u32) -> Result<Optim1Scalars> {
         self.check(algo)?;
-        if step == 0 {
-            return Err(Error::Unsupported(
-                "optimizer step counts start at 1, got 0".into(),
-            ));
-        }
-        Ok(Optim1Scalars {
+        step_exponent(step)?;
+        let s = Optim1Scalars {
             first: u32::from(step == 1),
             beta1: self.beta1 as f32,
             one_minus_beta1: (1.0 - self.beta1) as f32,
@@ -219,7 +216,22 @@ impl Optim1Hyper {
             eps: self.eps as f32,
             lr: self.lr as f32,
             neg_lr: (-self.lr) as f32,
-        })
+        };
+        // RMSprop and Adagrad divide by `sqrt(s) + eps`.
+        let positive: &[&str] = match algo {
+            Optim1Algo::Rmsprop | Optim1Algo::Adagrad => &["eps"],
+            Optim1Algo::Lion | Optim1Algo::Sgd => &[],
+        };
+        check_f32_scalars(
+            &[
+                ("weight_decay", s.weight_decay),
+                ("decay", s.decay),
+                ("eps", s.eps),
+                ("lr", s.lr),
+            ],
+            positive,
+        )?;
+        Ok(s)
     }
 }
 

@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::library::optim::AdamHyper;
+use crate::library::optim::{check_f32_scalars, step_exponent};
 use crate::library::optim4::{QAdamSpec, UniformSource};
 use crate::library::optim4_quant::{self as q, DYN4_BITS, NF4_BITS};
 use crate::library::OptimAlgo;
@@ -249,15 +250,11 @@ impl QAdamScalars {
     /// [`Error::Unsupported`] for step 0 or invalid hyperparameters ([`AdamHyper::check`]).
     pub fn new(hyper: &AdamHyper, step: u32) -> Result<QAdamScalars> {
         hyper.check(OptimAlgo::AdamW)?;
-        if step == 0 {
-            return Err(Error::Unsupported(
-                "optimizer step counts start at 1, got 0".into(),
-            ));
-        }
+        step_exponent(step)?;
         let t = f64::from(step);
         let c1 = 1.0 - hyper.beta1.powf(t);
         let c2 = 1.0 - hyper.beta2.powf(t);
-        Ok(QAdamScalars {
+        let s = QAdamScalars {
             w1: (1.0 - hyper.beta1) as f32,
             w2: (1.0 - hyper.beta2) as f32,
             decay: (1.0 - hyper.lr * hyper.weight_decay) as f32,
@@ -266,7 +263,18 @@ impl QAdamScalars {
             eps: hyper.eps as f32,
             c2: c2 as f32,
             step,
-        })
+        };
+        check_f32_scalars(
+            &[
+                ("decay", s.decay),
+                ("neg_step", s.neg_step),
+                ("sqrt_c2", s.sqrt_c2),
+                ("eps", s.eps),
+                ("c2", s.c2),
+            ],
+            &["eps"],
+        )?;
+        Ok(s)
     }
 
     /// The scalar arguments after the five sizes, in parameter order: the seven `f32` values,

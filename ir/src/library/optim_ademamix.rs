@@ -27,6 +27,7 @@ use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, ParamId, Value};
 use crate::library::emit::{block_range, inv_absmax};
 use crate::library::nearest;
+use crate::library::optim::{check_f32_scalars, step_exponent};
 use crate::library::optim::{state_tables, StateBits, OPTIM_BLOCKSIZE};
 use crate::library::BlockwiseMap;
 use crate::ops::CmpOp;
@@ -157,13 +158,8 @@ impl AdemamixHyper {
     /// [`Error::Unsupported`] for step 0 or invalid hyperparameters.
     pub fn scalars(&self, step: u32) -> Result<AdemamixScalars> {
         self.check()?;
-        if step == 0 {
-            return Err(Error::Unsupported(
-                "optimizer step counts start at 1, got 0".into(),
-            ));
-        }
+        let t = step_exponent(step)?;
         let (alpha, beta3) = self.scheduled(step);
-        let t = step as i32;
         let v = [
             self.beta1,
             1.0 - self.beta1,
@@ -178,7 +174,10 @@ impl AdemamixHyper {
             1.0 - self.lr * self.weight_decay,
             -self.lr,
         ];
-        Ok(AdemamixScalars(v.map(|x| x as f32)))
+        let s = v.map(|x| x as f32);
+        let named: Vec<(&str, f32)> = SCALAR_NAMES.iter().copied().zip(s).collect();
+        check_f32_scalars(&named, &["eps"])?;
+        Ok(AdemamixScalars(s))
     }
 }
 

@@ -54,6 +54,7 @@ use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, ParamId, Value};
 use crate::library::check_float_dtype;
 use crate::library::emit::{block_range, range_len};
+use crate::library::optim::{check_f32_scalars, step_exponent};
 use crate::library::optim::{AdamHyper, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
 use crate::ops::{CmpOp, ReduceOrder};
 use crate::types::{DType, Scalar, ScalarType};
@@ -187,16 +188,6 @@ fn check_max_unorm(rule: NormRule, max_unorm: f64) -> Result<()> {
     }
 }
 
-fn check_step(step: u32) -> Result<()> {
-    if step == 0 {
-        Err(Error::Unsupported(
-            "optimizer step counts start at 1, got 0".into(),
-        ))
-    } else {
-        Ok(())
-    }
-}
-
 impl LambHyper {
     /// The AdamW hyperparameters of the update.
     pub fn adam(&self) -> AdamHyper {
@@ -226,15 +217,14 @@ impl LambHyper {
     /// [`Error::Unsupported`] for step 0 or invalid hyperparameters.
     pub fn scalars(&self, step: u32) -> Result<LambScalars> {
         self.check()?;
-        check_step(step)?;
+        let t = step_exponent(step)?;
         let spec = OptimSpec {
             algo: OptimAlgo::AdamW,
             state: StateBits::Bits32,
             dtype: DType::F32,
         };
         let a = self.adam().scalars(&spec, step)?;
-        let t = step as i32;
-        Ok(LambScalars {
+        let s = LambScalars {
             beta1: a.beta1,
             one_minus_beta1: a.one_minus_beta1,
             beta2: a.beta2,
@@ -246,7 +236,16 @@ impl LambHyper {
             step_size: a.step_size,
             eps_c2: a.eps_c2,
             max_unorm: self.max_unorm as f32,
-        })
+        };
+        check_f32_scalars(
+            &[
+                ("inv_c1", s.inv_c1),
+                ("inv_c2", s.inv_c2),
+                ("max_unorm", s.max_unorm),
+            ],
+            &[],
+        )?;
+        Ok(s)
     }
 }
 
@@ -281,14 +280,23 @@ impl LarsHyper {
     /// [`Error::Unsupported`] for step 0 or invalid hyperparameters.
     pub fn scalars(&self, step: u32) -> Result<LarsScalars> {
         self.check()?;
-        check_step(step)?;
-        Ok(LarsScalars {
+        step_exponent(step)?;
+        let s = LarsScalars {
             first: u32::from(step == 1),
             momentum: self.momentum as f32,
             weight_decay: self.weight_decay as f32,
             neg_lr: (-self.lr) as f32,
             max_unorm: self.max_unorm as f32,
-        })
+        };
+        check_f32_scalars(
+            &[
+                ("weight_decay", s.weight_decay),
+                ("neg_lr", s.neg_lr),
+                ("max_unorm", s.max_unorm),
+            ],
+            &[],
+        )?;
+        Ok(s)
     }
 }
 

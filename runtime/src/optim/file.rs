@@ -37,7 +37,13 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .ok_or_else(|| io_err(path, "cannot write", "no file name"))?;
-    let tmp = dir.join(format!(".{file_name}.qforge-{}.tmp", std::process::id()));
+    // Unique per process and per call, so concurrent saves (threads) never share a temp file.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(
+        ".{file_name}.qforge-{}-{n}.tmp",
+        std::process::id()
+    ));
     let written = (|| {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;

@@ -167,9 +167,14 @@ impl Optimizer {
     ///
     /// # Errors
     /// [`Error::Invalid`] for a count that differs from the parameter count, an empty parameter
-    /// or one of a dtype the group's rule does not take (see [`OptimizerKind::param_dtypes`]), a gradient of another dtype or shape, a parameter whose shape changed
-    /// since its state was created, a step count at `u32::MAX`; any device error (parameters
-    /// before the failing one are then already updated).
+    /// or one of a dtype the group's rule does not take (see [`OptimizerKind::param_dtypes`]),
+    /// a gradient of another dtype or shape, a tensor whose bytes do not match its shape, a
+    /// parameter whose shape changed since its state was created, a step count at `u32::MAX`,
+    /// hyperparameters whose `f32` kernel values overflow (see
+    /// [`qforge_ir::library::AdamHyper::scalars`]); any
+    /// device error. After a device error the parameters before the failing one are already
+    /// updated, and the failing one and its state may be partly updated (a chunked step) while
+    /// its step count stays (a first step leaves no state): load a saved state to continue.
     pub fn step(
         &mut self,
         dev: &dyn Device,
@@ -244,16 +249,26 @@ impl Optimizer {
             let group = &self.groups[slot.group];
             let numel = p.numel();
             let m1 = slot.m1_scheme;
+            let fresh = slot.state.is_none();
             let state = slot.state.get_or_insert_with(|| {
                 Layout::choose(&group.kind, group.bits, numel, min8, m1).zeros(numel)
             });
-            slot.shape = Some(p.shape.clone());
             let rng = (seed, *i as u32);
             // Adam / AdamW / SGD with a group `max_unorm` run the LAMB / LARS kernels.
             let kind = group.effective_kind();
-            state
-                .update(dev, &kind, p, g, slot.step + 1, chunk, rng)
-                .map_err(|e| Error::Invalid(format!("optimizer step, '{}': {e}", slot.name)))?;
+            let updated = state.update(dev, &kind, p, g, slot.step + 1, chunk, rng);
+            if let Err(e) = updated {
+                // A parameter's first step that fails leaves no state behind (a state at
+                // step 0 could not be saved and loaded again).
+                if fresh {
+                    slot.state = None;
+                }
+                return Err(Error::Invalid(format!(
+                    "optimizer step, '{}': {e}",
+                    slot.name
+                )));
+            }
+            slot.shape = Some(p.shape.clone());
             slot.step += 1;
         }
         Ok(())
@@ -363,6 +378,18 @@ impl Optimizer {
                 "the gradient ({} {:?}) must have the parameter's dtype and shape ({} {:?})",
                 g.dtype, g.shape, p.dtype, p.shape
             ));
+        }
+        // `HostTensor`'s fields are public: its bytes must match its shape.
+        for (what, t) in [("parameter", p), ("gradient", g)] {
+            let want = t.numel() * t.dtype.size_bytes();
+            if t.data.len() != want {
+                return bad(format!(
+                    "the {what} holds {} bytes, but its shape {:?} of {} needs {want}",
+                    t.data.len(),
+                    t.shape,
+                    t.dtype
+                ));
+            }
         }
         if let Some(shape) = &slot.shape {
             if *shape != p.shape {
