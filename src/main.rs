@@ -224,7 +224,7 @@ fn check(json: bool, device: Option<&str>) -> Result<bool> {
         let compared: Vec<&CheckRow> = rows.iter().filter(|r| r.backend != "interpreter").collect();
         let exact = compared.iter().filter(|r| r.status == "exact").count();
         let skipped = compared.iter().filter(|r| r.status == "skipped").count();
-        out!("{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact, {failed} mismatching, {skipped} skipped (no device here to run them)", backends.len() - 1);
+        out!("{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact, {failed} mismatching, {skipped} skipped (not selected by --device, or no device here to run them)", backends.len() - 1);
     }
     Ok(failed == 0)
 }
