@@ -11,8 +11,7 @@
 //!   vector iteration adds its 4 lanes to the scalar `acc` in lane order, which is the order of
 //!   the scalar loop, so this one is exact by construction.
 //!
-//! Exactness of the maxima.
-//! Exactness. Every `a` has its sign bit clear, and two floats that compare equal differ in bits
+//! Exactness of the maxima: every `a` has its sign bit clear, and two floats that compare equal differ in bits
 //! only as `+0` / `-0`, so all the `a` equal to the largest non-NaN one have the same bits.
 //! * NaN skipped: the scalar fold gives `c` when `c` is NaN or no `a` exceeds `c`, otherwise the
 //!   largest non-NaN `a`. Each lane gives the same over its own elements, and so does the
@@ -34,18 +33,18 @@ use super::lower::{internal, Lowerer};
 use super::vectorize::{Body, VVal, LANES};
 use crate::error::Result;
 
-/// How a reduction treats a NaN `a`.
+/// The update of a running reduction.
 #[derive(Clone, Copy)]
-enum NanRule {
-    /// `max(acc, a)`: skipped.
-    Skip,
-    /// `select(a > acc || a != a, a, acc)`: a NaN wins.
-    Propagate,
-    /// `acc + x`: a sequential sum (not a maximum; the name covers all running updates).
+enum Rule {
+    /// `max(acc, a)`: a NaN `a` is skipped.
+    MaxSkipNan,
+    /// `select(a > acc || a != a, a, acc)`: a NaN `a` wins.
+    MaxPropagateNan,
+    /// `acc + x`: a sum in iteration order.
     Sum,
 }
 
-/// One running max-of-abs reduction of a loop body.
+/// One running reduction of a loop body.
 #[derive(Clone, Copy)]
 pub(super) struct Running {
     /// The variable.
@@ -54,9 +53,10 @@ pub(super) struct Running {
     read: IrValue,
     /// The assigned value.
     update: IrValue,
-    /// A sum's addend `x` (unused by the maxima).
+    /// The value added (a sum) or compared (a maximum) each iteration.
     addend: IrValue,
-    rule: NanRule,
+    /// Its update.
+    rule: Rule,
 }
 
 /// A reduction during lowering, with its `f32x4` lane variable (the scalar variable itself for
@@ -77,17 +77,17 @@ fn is_abs(kernel: &Kernel, a: IrValue) -> bool {
     matches!(op_of(kernel, a), Some(Op::Unary(UnaryOp::Abs, _)))
 }
 
-/// The reduction assigning `value` to a variable whose loop read is `cur`: its rule and the
-/// intermediate values that must have no other use.
-fn pattern(kernel: &Kernel, value: IrValue) -> Option<(IrValue, NanRule, Vec<IrValue>)> {
+/// The reduction assigning `value` to a variable: the variable's loop read `cur`, the rule,
+/// the added (or compared) value, and the intermediate values that must have no other use.
+fn pattern(kernel: &Kernel, value: IrValue) -> Option<(IrValue, Rule, IrValue, Vec<IrValue>)> {
     match *op_of(kernel, value)? {
-        Op::Binary(BinaryOp::Add, cur, _)
+        Op::Binary(BinaryOp::Add, cur, x)
             if kernel.values.try_get(value)?.ty == ScalarType::F32 =>
         {
-            Some((cur, NanRule::Sum, vec![]))
+            Some((cur, Rule::Sum, x, vec![]))
         }
         Op::Binary(BinaryOp::Max, cur, a) if is_abs(kernel, a) => {
-            Some((cur, NanRule::Skip, vec![]))
+            Some((cur, Rule::MaxSkipNan, a, vec![]))
         }
         Op::Select {
             cond,
@@ -101,13 +101,13 @@ fn pattern(kernel: &Kernel, value: IrValue) -> Option<(IrValue, NanRule, Vec<IrV
                 matches!(op_of(kernel, gt), Some(&Op::Cmp(CmpOp::Gt, x, y)) if x == a && y == cur);
             let nan_ok =
                 matches!(op_of(kernel, nan), Some(&Op::Cmp(CmpOp::Ne, x, y)) if x == a && y == a);
-            (gt_ok && nan_ok).then(|| (cur, NanRule::Propagate, vec![cond, gt, nan]))
+            (gt_ok && nan_ok).then(|| (cur, Rule::MaxPropagateNan, a, vec![cond, gt, nan]))
         }
         _ => None,
     }
 }
 
-/// The max-of-abs reductions of a straight-line loop body, or `None` when an assignment in it
+/// The running reductions of a straight-line loop body, or `None` when an assignment in it
 /// is anything else (the loop then is not vectorized). An empty list when it assigns nothing.
 pub(super) fn running_reductions(kernel: &Kernel, body: &[Stmt]) -> Option<Vec<Running>> {
     // Number of uses of each body value as an operand, a store index or value, or an assigned
@@ -144,13 +144,13 @@ pub(super) fn running_reductions(kernel: &Kernel, body: &[Stmt]) -> Option<Vec<R
         if kernel.vars.try_get(var)?.ty != ScalarType::F32 {
             return None;
         }
-        let (cur, rule, inner) = pattern(kernel, value)?;
+        let (cur, rule, addend, inner) = pattern(kernel, value)?;
         // `cur` must be the loop's only read of `var`, used only by the update (once by `max`,
         // twice by the NaN-propagating select and compare), and the update's values used only
         // inside it.
         let cur_uses = match rule {
-            NanRule::Skip | NanRule::Sum => 1,
-            NanRule::Propagate => 2,
+            Rule::MaxSkipNan | Rule::Sum => 1,
+            Rule::MaxPropagateNan => 2,
         };
         let only_read = reads.get(&var.index()).is_some_and(|r| r == &[cur]);
         if !only_read
@@ -161,10 +161,6 @@ pub(super) fn running_reductions(kernel: &Kernel, body: &[Stmt]) -> Option<Vec<R
         {
             return None;
         }
-        let addend = match *op_of(kernel, value)? {
-            Op::Binary(BinaryOp::Add, _, x) => x,
-            _ => value,
-        };
         found.push(Running {
             var,
             read: cur,
@@ -183,7 +179,7 @@ impl Lowerer<'_> {
         let mut out = Vec::with_capacity(reductions.len());
         for red in reductions {
             let scalar = self.var_of(red.var)?;
-            let lanes = if let NanRule::Sum = red.rule {
+            let lanes = if let Rule::Sum = red.rule {
                 scalar
             } else {
                 let c = self.b.use_var(scalar);
@@ -202,7 +198,7 @@ impl Lowerer<'_> {
     pub(super) fn read_running(&mut self, carried: &[Carried], local: &mut Body) {
         for c in carried {
             let v = self.b.use_var(c.lanes);
-            if let NanRule::Sum = c.red.rule {
+            if let Rule::Sum = c.red.rule {
                 local.insert(c.red.read, VVal::Uniform(v));
                 local.insert(c.red.update, VVal::Uniform(v));
                 local
@@ -248,7 +244,7 @@ impl Lowerer<'_> {
     /// to the variable.
     pub(super) fn finish_running(&mut self, carried: &[Carried]) -> Result<()> {
         for c in carried {
-            if let NanRule::Sum = c.red.rule {
+            if let Rule::Sum = c.red.rule {
                 continue;
             }
             let v = self.b.use_var(c.lanes);
@@ -264,11 +260,11 @@ impl Lowerer<'_> {
     }
 
     /// The scalar update of a reduction's rule: the next running value after `acc` and `x`.
-    fn max_update(&mut self, rule: NanRule, acc: Value, x: Value) -> Result<Value> {
+    fn max_update(&mut self, rule: Rule, acc: Value, x: Value) -> Result<Value> {
         match rule {
-            NanRule::Skip => self.binary(BinaryOp::Max, ScalarType::F32, acc, x),
-            NanRule::Sum => Err(internal("a sum has no lanes to combine")),
-            NanRule::Propagate => {
+            Rule::MaxSkipNan => self.binary(BinaryOp::Max, ScalarType::F32, acc, x),
+            Rule::Sum => Err(internal("a sum has no lanes to combine")),
+            Rule::MaxPropagateNan => {
                 let gt = self.compare(CmpOp::Gt, ScalarType::F32, x, acc)?;
                 let nan = self.compare(CmpOp::Ne, ScalarType::F32, x, x)?;
                 let take = self.b.ins().bor(gt, nan);

@@ -67,7 +67,7 @@ pub(super) struct Body {
     /// Loads proven in range for every iteration of the loop (see `accumulate_range.rs`):
     /// lowered without bounds checks.
     trusted: HashSet<usize>,
-    /// The `f32x4` lane variable of each running max-of-abs reduction, by IR variable index
+    /// The `f32x4` lane variable of each running maximum, by IR variable index
     /// (see `vector_running.rs`).
     pub(super) carried: HashMap<usize, Variable>,
     /// The scalar variable and the addend of each running sum, by IR variable index.
@@ -134,7 +134,7 @@ fn set_binary(op: BinaryOp, signed: bool, x: u32, y: u32) -> Option<u32> {
 }
 
 /// Whether the `for` loop with this body (loop index `index`) can run 4 iterations at a time:
-/// straight-line code whose only assignments are running max-of-abs reductions
+/// straight-line code whose only assignments are running reductions
 /// (`vector_running.rs`), no buffer stored by two statements, and no buffer both stored to and
 /// read unless every access to it is at `index` itself (each iteration then touches only its
 /// own element, as an in-place update `p[i] = f(p[i])` does, so running the iterations' loads
