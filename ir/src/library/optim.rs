@@ -363,11 +363,8 @@ fn read_scalars(b: &mut KernelBuilder, spec: &OptimSpec, ps: &[ParamId]) -> (Hyp
 /// The moment update of one element: `(finite, m, v)` where a non-finite `g` gives `+0.0` for
 /// both moments.
 fn moments(b: &mut KernelBuilder, h: &Hyper, g: Value, m_old: Value, v_old: Value) -> [Value; 3] {
-    let mb = b.mul(m_old, h.beta1);
-    let m = b.fma(g, h.one_minus_beta1, mb);
-    let gs = b.mul(h.one_minus_beta2, g);
-    let vb = b.mul(v_old, h.beta2);
-    let v = b.fma(gs, g, vb);
+    let betas = [h.beta1, h.one_minus_beta1, h.beta2, h.one_minus_beta2];
+    let [m, v] = moment_update(b, betas, g, m_old, v_old);
     let ag = b.abs(g);
     let inf = b.const_f32(f32::INFINITY);
     let finite = b.cmp(CmpOp::Lt, ag, inf);
@@ -375,6 +372,24 @@ fn moments(b: &mut KernelBuilder, h: &Hyper, g: Value, m_old: Value, v_old: Valu
     let m = b.select(finite, m, zero);
     let v = b.select(finite, v, zero);
     [finite, m, v]
+}
+
+/// The Adam moments of one element before the non-finite rule, from
+/// `[beta1, one_minus_beta1, beta2, one_minus_beta2]`: `m = fma(g, one_minus_beta1, m * beta1)`,
+/// `v = fma(one_minus_beta2 * g, g, v * beta2)` (also LAMB's, `optim_norm.rs`).
+pub(crate) fn moment_update(
+    b: &mut KernelBuilder,
+    [beta1, one_minus_beta1, beta2, one_minus_beta2]: [Value; 4],
+    g: Value,
+    m_old: Value,
+    v_old: Value,
+) -> [Value; 2] {
+    let mb = b.mul(m_old, beta1);
+    let m = b.fma(g, one_minus_beta1, mb);
+    let gs = b.mul(one_minus_beta2, g);
+    let vb = b.mul(v_old, beta2);
+    let v = b.fma(gs, g, vb);
+    [m, v]
 }
 
 /// `p * decay` for AdamW, `p` for Adam.

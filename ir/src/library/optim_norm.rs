@@ -54,8 +54,10 @@ use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, ParamId, Value};
 use crate::library::check_float_dtype;
 use crate::library::emit::{block_range, range_len};
-use crate::library::optim::{check_f32_scalars, step_exponent};
-use crate::library::optim::{AdamHyper, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
+use crate::library::optim::{
+    check_f32_scalars, moment_update, step_exponent, AdamHyper, OptimAlgo, OptimSpec, StateBits,
+    OPTIM_BLOCKSIZE,
+};
 use crate::ops::{CmpOp, ReduceOrder};
 use crate::types::{DType, Scalar, ScalarType};
 
@@ -452,23 +454,6 @@ fn is_finite(b: &mut KernelBuilder, g: Value) -> Value {
     b.cmp(CmpOp::Lt, ag, inf)
 }
 
-/// `(m, v)` of this step: `m = fma(g, omb1, m_old * b1)`, `v = fma(omb2 * g, g, v_old * b2)`
-/// (the formula of [`crate::library::optim`]).
-fn adam_moments(
-    b: &mut KernelBuilder,
-    s: &[Value],
-    g: Value,
-    m_old: Value,
-    v_old: Value,
-) -> [Value; 2] {
-    let mb = b.mul(m_old, s[0]);
-    let m = b.fma(g, s[1], mb);
-    let gs = b.mul(s[3], g);
-    let vb = b.mul(v_old, s[2]);
-    let v = b.fma(gs, g, vb);
-    [m, v]
-}
-
 /// `first ? g : fma(s_old, momentum, g)` (SGD's momentum).
 fn momentum(b: &mut KernelBuilder, first: Value, mom: Value, g: Value, s_old: Value) -> Value {
     let m = b.fma(s_old, mom, g);
@@ -554,7 +539,7 @@ fn build_lamb_partials(name: &str, dtype: DType) -> Kernel {
         let gv = b.load(g, e);
         let m_old = b.load(s1, e);
         let v_old = b.load(s2, e);
-        let [m, v] = adam_moments(b, &s, gv, m_old, v_old);
+        let [m, v] = moment_update(b, [s[0], s[1], s[2], s[3]], gv, m_old, v_old);
         let mh = b.mul(m, s[4]);
         let vh = b.mul(v, s[5]);
         let sv = b.sqrt(vh);
@@ -655,7 +640,7 @@ fn build_lamb_update(name: &str, dtype: DType) -> Kernel {
         let gv = b.load(g, e);
         let m_old = b.load(s1, e);
         let v_old = b.load(s2, e);
-        let [m, v] = adam_moments(b, &s, gv, m_old, v_old);
+        let [m, v] = moment_update(b, [s[0], s[1], s[2], s[3]], gv, m_old, v_old);
         let finite = is_finite(b, gv);
         let zero = b.const_f32(0.0);
         let m = b.select(finite, m, zero);

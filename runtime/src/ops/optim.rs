@@ -58,14 +58,9 @@ impl AdamState8 {
     }
 }
 
-/// Checks the parameter/gradient pair and the hyperparameters; returns `n` and the spec.
-fn prepare(
-    op: &str,
-    algo: OptimAlgo,
-    state: StateBits,
-    params: &HostTensor,
-    grads: &HostTensor,
-) -> Result<(u32, OptimSpec)> {
+/// Checks a parameter/gradient pair of an optimizer step (non-empty floats, the gradient of the
+/// parameter's dtype and shape, at most `2^31 - 1` elements); returns the element count.
+pub(super) fn param_grad_pair(op: &str, params: &HostTensor, grads: &HostTensor) -> Result<u32> {
     let n = float_input(op, params)?;
     float_input(op, grads)?;
     if grads.dtype != params.dtype || grads.shape != params.shape {
@@ -74,12 +69,24 @@ fn prepare(
             grads.dtype, grads.shape, params.dtype, params.shape
         )));
     }
+    count_u32(op, "the parameter", n as usize)
+}
+
+/// Checks the parameter/gradient pair; returns `n` and the spec.
+fn prepare(
+    op: &str,
+    algo: OptimAlgo,
+    state: StateBits,
+    params: &HostTensor,
+    grads: &HostTensor,
+) -> Result<(u32, OptimSpec)> {
+    let n = param_grad_pair(op, params, grads)?;
     let spec = OptimSpec {
         algo,
         state,
         dtype: params.dtype,
     };
-    Ok((count_u32(op, "the parameter", n as usize)?, spec))
+    Ok((n, spec))
 }
 
 /// `Ok` when a state buffer has the length the parameter needs.

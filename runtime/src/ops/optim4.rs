@@ -5,7 +5,7 @@
 use qforge_ir::library::{AdamHyper, MomentScheme, QAdamScalars, QAdamSpec};
 use qforge_ir::Arg;
 
-use super::{cached_kernel, count_u32, f32_le, float_input, le_f32};
+use super::{cached_kernel, f32_le, le_f32};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
@@ -136,15 +136,7 @@ pub fn qadamw_step(
     rng: QAdamRng,
 ) -> Result<()> {
     const OP: &str = "qadamw_step";
-    let n = float_input(OP, params)?;
-    float_input(OP, grads)?;
-    if grads.dtype != params.dtype || grads.shape != params.shape {
-        return Err(Error::Invalid(format!(
-            "{OP}: the gradient ({} {:?}) must have the parameter's dtype and shape ({} {:?})",
-            grads.dtype, grads.shape, params.dtype, params.shape
-        )));
-    }
-    let n = count_u32(OP, "the parameter", n as usize)?;
+    let n = super::optim::param_grad_pair(OP, params, grads)?;
     if !rng.offset.is_multiple_of(2) {
         return Err(Error::Invalid(format!(
             "{OP}: the random-bits offset {} must be even",

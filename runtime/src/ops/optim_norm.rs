@@ -10,8 +10,8 @@
 use qforge_ir::library::{LambHyper, LarsHyper, NormRule, OptimNormSpec, OPTIM_BLOCKSIZE};
 use qforge_ir::{Arg, DType, Scalar};
 
-use super::optim::expect;
-use super::{cached_kernel, count_u32, f32_le, float_input, le_f32, scalar_u32, AdamState32};
+use super::optim::{expect, param_grad_pair};
+use super::{cached_kernel, count_u32, f32_le, le_f32, scalar_u32, AdamState32};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
@@ -55,14 +55,7 @@ fn prepare(
     params: &HostTensor,
     grads: &HostTensor,
 ) -> Result<(u32, DType)> {
-    let n = float_input(op, params)?;
-    float_input(op, grads)?;
-    if grads.dtype != params.dtype || grads.shape != params.shape {
-        return Err(Error::Invalid(format!(
-            "{op}: the gradient ({} {:?}) must have the parameter's dtype and shape ({} {:?})",
-            grads.dtype, grads.shape, params.dtype, params.shape
-        )));
-    }
+    let n = param_grad_pair(op, params, grads)?;
     if !rule.param_dtypes().contains(&params.dtype) {
         return Err(Error::Invalid(format!(
             "{op}: {} takes f32 parameters only, got {}",
@@ -70,7 +63,7 @@ fn prepare(
             params.dtype
         )));
     }
-    Ok((count_u32(op, "the parameter", n as usize)?, params.dtype))
+    Ok((n, params.dtype))
 }
 
 /// Launches a partials kernel and returns the two per-block arrays.
