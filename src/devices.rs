@@ -4,22 +4,22 @@ use qforge_runtime::{CpuDevice, Device, InterpreterDevice};
 
 use crate::error::{Error, Result};
 
-/// Device names accepted by `--device`.
-#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-pub const DEVICE_NAMES: &[&str] = &["cpu", "interpreter"];
-/// Device names accepted by `--device` (`wgpu`: the first wgpu adapter, WGSL backend).
-#[cfg(all(feature = "wgpu", not(feature = "cuda")))]
-pub const DEVICE_NAMES: &[&str] = &["cpu", "interpreter", "wgpu"];
-/// Device names accepted by `--device` (`cuda`: GPU 0 through the CUDA driver, PTX backend).
-#[cfg(all(feature = "cuda", not(feature = "wgpu")))]
-pub const DEVICE_NAMES: &[&str] = &["cpu", "interpreter", "cuda"];
-/// Device names accepted by `--device` (`wgpu`: the first wgpu adapter, WGSL backend; `cuda`:
-/// GPU 0 through the CUDA driver, PTX backend).
-#[cfg(all(feature = "wgpu", feature = "cuda"))]
-pub const DEVICE_NAMES: &[&str] = &["cpu", "interpreter", "wgpu", "cuda"];
+/// Device names accepted by `--device` in this build: `cpu` (Cranelift), `interpreter`, and with
+/// their features `cpu-llvm` (LLVM), `wgpu` (the first wgpu adapter, WGSL backend) and `cuda`
+/// (GPU 0 through the CUDA driver, PTX backend).
+pub const DEVICE_NAMES: &[&str] = &[
+    "cpu",
+    "interpreter",
+    #[cfg(feature = "llvm")]
+    "cpu-llvm",
+    #[cfg(feature = "wgpu")]
+    "wgpu",
+    #[cfg(feature = "cuda")]
+    "cuda",
+];
 
 /// The device called `name` (`cpu`: Cranelift JIT on all cores; `interpreter`: the reference;
-/// `wgpu` and `cuda` with their features).
+/// `cpu-llvm`, `wgpu` and `cuda` with their features).
 ///
 /// # Errors
 /// [`Error::Usage`] for an unknown name, or the device's own start-up error.
@@ -27,13 +27,15 @@ pub fn device_by_name(name: &str) -> Result<Box<dyn Device>> {
     match name {
         "cpu" => Ok(Box::new(CpuDevice::new()?)),
         "interpreter" => Ok(Box::new(InterpreterDevice)),
+        #[cfg(feature = "llvm")]
+        "cpu-llvm" => Ok(Box::new(CpuDevice::llvm(Default::default())?)),
         #[cfg(feature = "wgpu")]
         "wgpu" => Ok(Box::new(qforge_runtime::WgpuDevice::new()?)),
         #[cfg(feature = "cuda")]
         "cuda" => Ok(Box::new(qforge_runtime::CudaDevice::new()?)),
         other => Err(Error::Usage(format!(
-            "unknown device '{other}' (available in this build: {}; wgpu and cuda need \
-             `--features wgpu` / `--features cuda`)",
+            "unknown device '{other}' (available in this build: {}; cpu-llvm, wgpu and cuda \
+             need `--features llvm` / `--features wgpu` / `--features cuda`)",
             DEVICE_NAMES.join(", ")
         ))),
     }
@@ -57,6 +59,14 @@ pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
         Ok(cpu) => devices.push(Box::new(cpu)),
         Err(e) => unavailable.push(Unavailable {
             backend: "cranelift",
+            reason: e.to_string(),
+        }),
+    }
+    #[cfg(feature = "llvm")]
+    match CpuDevice::llvm(Default::default()) {
+        Ok(cpu) => devices.push(Box::new(cpu)),
+        Err(e) => unavailable.push(Unavailable {
+            backend: qforge_codegen::llvm::BACKEND,
             reason: e.to_string(),
         }),
     }

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 
 use qforge::ir::library::{AdamHyper, OptimAlgo};
 use qforge::ir::DType;
-use qforge::runtime::ops::{adam_step_32bit, adam_step_8bit, AdamState32, AdamState8};
+use qforge::runtime::ops::{adam_step_32bit_opts, adam_step_8bit_opts, GradOptions};
+use qforge::runtime::ops::{adam_step_8bit, AdamState32, AdamState8};
 use qforge::runtime::optim::{
     Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits, STATE_METADATA_KEY,
 };
@@ -29,6 +30,14 @@ mod qadam;
 /// LAMB and LARS (the `max_unorm` trust ratio) through the API and the host ops.
 #[path = "optim_api/norm.rs"]
 mod norm;
+
+/// `skip_zeros` and percentile clipping through the API, against independent models.
+#[path = "optim_api/grad_opts.rs"]
+mod grad_opts;
+
+/// `max_unorm` on RMSprop and Adagrad through the API, against an independent model.
+#[path = "optim_api/unorm1.rs"]
+mod unorm1;
 
 /// splitmix64: deterministic pseudo-random numbers.
 struct Rng(u64);
@@ -72,11 +81,19 @@ fn init_params() -> Vec<HostTensor> {
         .collect()
 }
 
+/// Random gradients with an exact zero every 17th element (for `skip_zeros`) and a size that
+/// varies by step (for percentile clipping).
 fn grads(step: u32) -> Vec<HostTensor> {
     param_specs()
         .iter()
         .enumerate()
-        .map(|(i, (_, dt, shape))| random_tensor(*dt, shape, 1000 * step as u64 + i as u64, 0.5))
+        .map(|(i, (_, dt, shape))| {
+            let scale = [0.5, 0.2, 0.9, 0.4, 1.5][step as usize % 5];
+            let t = random_tensor(*dt, shape, 1000 * step as u64 + i as u64, scale);
+            let mut v = t.to_f32().expect("floats");
+            v.iter_mut().step_by(17).for_each(|x| *x = 0.0);
+            HostTensor::from_f32_as(*dt, shape.clone(), &v).expect("tensor")
+        })
         .collect()
 }
 
@@ -95,28 +112,37 @@ struct Case {
     name: &'static str,
     algo: OptimAlgo,
     bits: StateBits,
+    /// The group's `percentile_clipping` (100: off).
+    clip: u32,
+    /// The group's `skip_zeros`.
+    skip: bool,
 }
 
-const CASES: [Case; 4] = [
+const fn case(name: &'static str, algo: OptimAlgo, bits: StateBits) -> Case {
     Case {
-        name: "adam32",
-        algo: OptimAlgo::Adam,
-        bits: StateBits::Bits32,
+        name,
+        algo,
+        bits,
+        clip: 100,
+        skip: false,
+    }
+}
+
+const CASES: [Case; 6] = [
+    case("adam32", OptimAlgo::Adam, StateBits::Bits32),
+    case("adamw32", OptimAlgo::AdamW, StateBits::Bits32),
+    case("adam8bit", OptimAlgo::Adam, StateBits::Bits8),
+    case("adamw8bit", OptimAlgo::AdamW, StateBits::Bits8),
+    // Percentile clipping (its history is part of the state) and skip_zeros.
+    Case {
+        clip: 40,
+        skip: true,
+        ..case("adamw32_clip_skip", OptimAlgo::AdamW, StateBits::Bits32)
     },
     Case {
-        name: "adamw32",
-        algo: OptimAlgo::AdamW,
-        bits: StateBits::Bits32,
-    },
-    Case {
-        name: "adam8bit",
-        algo: OptimAlgo::Adam,
-        bits: StateBits::Bits8,
-    },
-    Case {
-        name: "adamw8bit",
-        algo: OptimAlgo::AdamW,
-        bits: StateBits::Bits8,
+        clip: 5,
+        skip: true,
+        ..case("adam8bit_clip_skip", OptimAlgo::Adam, StateBits::Bits8)
     },
 ];
 
@@ -129,11 +155,10 @@ fn kind(algo: OptimAlgo) -> OptimizerKind {
 
 fn optimizer(case: Case, options: OptimizerOptions) -> Optimizer {
     let names: Vec<&str> = param_specs().iter().map(|p| p.0).collect();
-    Optimizer::with_options(
-        vec![ParamGroup::new(names, kind(case.algo), case.bits)],
-        options,
-    )
-    .expect("optimizer")
+    let group = ParamGroup::new(names, kind(case.algo), case.bits)
+        .with_percentile_clipping(case.clip)
+        .with_skip_zeros(case.skip);
+    Optimizer::with_options(vec![group], options).expect("optimizer")
 }
 
 /// Small workspace so every parameter runs in several chunks (one with a partial block).
@@ -151,7 +176,8 @@ fn steps(opt: &mut Optimizer, dev: &dyn Device, params: &mut [HostTensor], from:
 }
 
 /// The independent reference: host ops on whole tensors, 32-bit state for `b` and `c`
-/// (under 4096 elements), step numbers 1..=steps.
+/// (under 4096 elements), step numbers 1..=steps; with clipping, the scale of each step from
+/// the model history of `grad_opts` (norms summed in the pinned order here).
 fn reference(case: Case, dev: &dyn Device, n_steps: u32) -> Vec<HostTensor> {
     let mut params = init_params();
     let k = kind(case.algo);
@@ -166,14 +192,24 @@ fn reference(case: Case, dev: &dyn Device, n_steps: u32) -> Vec<HostTensor> {
         .iter()
         .map(|p| AdamState8::zeros(p.numel()))
         .collect();
+    let mut history = vec![vec![0.0f32; 100]; params.len()];
     for t in 1..=n_steps {
         let g = grads(t);
         for i in 0..params.len() {
+            let mut opts = GradOptions {
+                gnorm_scale: 1.0,
+                skip_zeros: case.skip,
+            };
+            if case.clip < 100 {
+                let sq = grad_opts::model_sqnorm(&g[i].to_f32().expect("floats"));
+                opts.gnorm_scale = grad_opts::model_clip(&mut history[i], sq, t, case.clip);
+            }
             let eight = case.bits == StateBits::Bits8 && params[i].numel() >= 4096;
+            let (p, a) = (&mut params[i], case.algo);
             if eight {
-                adam_step_8bit(dev, case.algo, &mut params[i], &g[i], &mut s8[i], &h, t)
+                adam_step_8bit_opts(dev, a, p, &g[i], &mut s8[i], &h, t, &opts)
             } else {
-                adam_step_32bit(dev, case.algo, &mut params[i], &g[i], &mut s32[i], &h, t)
+                adam_step_32bit_opts(dev, a, p, &g[i], &mut s32[i], &h, t, &opts)
             }
             .expect("reference step");
         }

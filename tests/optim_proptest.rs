@@ -1,7 +1,7 @@
 //! Optimizer kernels over many consecutive steps with random hyperparameters: every optimizer
 //! kernel of the library catalog (Adam/AdamW 32-bit and 8-bit on each catalog parameter dtype;
 //! Lion, SGD, RMSprop, Adagrad 32/8-bit; AdEMAMix 32/8-bit; LAMB and LARS; the quantized-AdamW schemes, the
-//! stochastic-rounding ones with their Philox source) runs [`STEPS`] consecutive steps through
+//! stochastic-rounding ones with their Philox source; RMSprop and Adagrad with `max_unorm`) runs [`STEPS`] consecutive steps through
 //! the runtime's host ops on the reference interpreter and on each device this build can run.
 //! Each run feeds its own state forward; after every step the parameters and every state word
 //! (codes, absmax, moments) must be bitwise equal to the interpreter's (all NaNs are equal, as
@@ -14,6 +14,11 @@
 //! and one fresh gradient per step, normal values mixed with 0, -0, subnormals, huge values,
 //! ±inf and NaN. Devices that cannot start here are printed as skipped.
 //!
+//! The `_gs` variants (bitsandbytes' `gnorm_scale` and `skip_zeros`) run the same way: each
+//! step first takes the gradient's squared norm with the `grad_sqnorm` kernel (kept in the
+//! compared state), derives `gnorm_scale = min(1, clip / norm)` from it with a drawn `clip`,
+//! and runs the variant with that scale and a drawn `skip_zeros`.
+//!
 //! `the_checker_catches_a_perturbed_run` proves the comparison can fail: a device run with a
 //! learning rate one part in a thousand off, or one flipped state bit, is reported.
 
@@ -22,8 +27,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use qforge::devices::available_devices;
 use qforge::ir::library::{
     self, AdamHyper, AdemamixHyper, AdemamixSpec, KernelSpec, LambHyper, LarsHyper, MomentScheme,
-    NormRule, Optim1Hyper, Optim1Spec, OptimAlgo, OptimNormSpec, OptimSpec, QAdamSpec, StateBits,
-    OPTIM_BLOCKSIZE,
+    NormRule, Optim1Algo, Optim1Hyper, Optim1Spec, OptimAlgo, OptimExtSpec, OptimNormSpec,
+    OptimSpec, QAdamSpec, StateBits, OPTIM_BLOCKSIZE,
 };
 use qforge::ir::DType;
 use qforge::runtime::ops::{
@@ -50,6 +55,11 @@ enum Family {
     QAdam(QAdamSpec),
     /// LAMB or LARS (32-bit state): the norm, scale and update kernels of one step.
     Norm(NormRule, DType),
+    /// A `_gs` variant (Adam / AdamW or one-state): the gradient-norm kernel, then the update
+    /// with `gnorm_scale` and `skip_zeros`.
+    Ext(OptimExtSpec),
+    /// RMSprop or Adagrad with `max_unorm` (32-bit): the norm, scale and scaled update.
+    Unorm1(Optim1Algo),
 }
 
 /// The optimizer families of the catalog (every variant listed, so a new kernel family makes the
@@ -67,6 +77,12 @@ fn families() -> Vec<Family> {
             KernelSpec::OptimNorm(OptimNormSpec::Update { rule, dtype }) => {
                 Some(Family::Norm(rule, dtype))
             }
+            KernelSpec::OptimExt(e @ (OptimExtSpec::Adam(_) | OptimExtSpec::One(_))) => {
+                Some(Family::Ext(e))
+            }
+            // Run by every `_gs` family's step.
+            KernelSpec::OptimExt(OptimExtSpec::GradNorm(_)) => None,
+            KernelSpec::OptimExt(OptimExtSpec::Norm1(a)) => Some(Family::Unorm1(a)),
             KernelSpec::Quantize4 { .. }
             | KernelSpec::Dequantize4 { .. }
             | KernelSpec::Dequantize4Nested { .. }
@@ -84,162 +100,10 @@ fn families() -> Vec<Family> {
         .collect()
 }
 
-/// Random hyperparameters and launch settings of one case (each family uses the ones it has).
-#[derive(Clone, Copy, Debug)]
-struct Draw {
-    lr: f64,
-    beta1: f64,
-    beta2: f64,
-    beta3: f64,
-    alpha: f64,
-    eps: f64,
-    weight_decay: f64,
-    t_alpha: Option<u32>,
-    t_beta3: Option<u32>,
-    /// LAMB / LARS trust-ratio bound (small values clip most steps, large ones none).
-    max_unorm: f64,
-    /// The step number of the first of the [`STEPS`] steps (1-based).
-    first_step: u32,
-    seed: u64,
-    param_id: u32,
-    /// Even element offset of the Philox counter.
-    offset: u32,
-}
-
-fn log_uniform(lo: f64, hi: f64) -> impl Strategy<Value = f64> {
-    (lo.log10()..=hi.log10()).prop_map(|e| 10f64.powf(e))
-}
-
-fn draw() -> impl Strategy<Value = Draw> {
-    let betas = (
-        prop_oneof![1 => prop::sample::select(vec![0.0, 0.9, 0.99]), 3 => 0.0f64..=0.99],
-        prop_oneof![1 => prop::sample::select(vec![0.9, 0.999, 0.9999]), 3 => 0.9f64..=0.9999],
-        0.99f64..=0.9999,
-        0.0f64..=10.0,
-    );
-    let rates = (
-        log_uniform(1e-5, 1e-1),
-        log_uniform(1e-10, 1e-6),
-        prop_oneof![Just(0.0), 0.0f64..=0.1],
-    );
-    let schedule = (
-        prop::option::of(1u32..20),
-        prop::option::of(1u32..20),
-        prop_oneof![Just(1u32), 2u32..10_000],
-    );
-    let rng = (
-        any::<u64>(),
-        0u32..64,
-        (0u32..1000).prop_map(|k| 2 * k),
-        prop::sample::select(vec![0.001, 0.02, 1.0, 100.0]),
-    );
-    (betas, rates, schedule, rng).prop_map(
-        |((beta1, beta2, beta3, alpha), (lr, eps, wd), (ta, tb, first), (seed, id, off, mu))| {
-            Draw {
-                lr,
-                beta1,
-                beta2,
-                beta3,
-                alpha,
-                eps,
-                weight_decay: wd,
-                t_alpha: ta,
-                t_beta3: tb,
-                max_unorm: mu,
-                first_step: first,
-                seed,
-                param_id: id,
-                offset: off,
-            }
-        },
-    )
-}
-
-/// Edge values shared by parameters and gradients.
-fn edges() -> Vec<f32> {
-    vec![
-        0.0,
-        -0.0,
-        f32::from_bits(1),
-        -f32::MIN_POSITIVE / 3.0,
-        f32::MIN_POSITIVE,
-        1e-30,
-        -1e-20,
-        3.0e38,
-        -3.0e38,
-        1e18,
-        -65504.0,
-        1.0,
-        -1.0,
-    ]
-}
-
-/// A parameter: mostly normal-looking, sometimes an edge value (rarely non-finite). With
-/// `finite_norm`, only values whose squares sum to a finite norm (no ±inf, NaN or huge values),
-/// so that LAMB/LARS reach their trust-ratio clipping instead of the non-finite-norm rules.
-fn param(finite_norm: bool) -> impl Strategy<Value = f32> {
-    let small: Vec<f32> = edges().into_iter().filter(|p| p.abs() < 1e5).collect();
-    let mut rare = edges();
-    rare.extend([f32::INFINITY, f32::NAN]);
-    if finite_norm {
-        rare = small.clone();
-    }
-    prop_oneof![
-        12 => -2.0f32..2.0,
-        2 => prop::sample::select(if finite_norm { small } else { edges() }),
-        1 => prop::sample::select(rare),
-    ]
-}
-
-/// A gradient: normal values of two scales mixed with edge values (0, -0, subnormals, 1e18) and
-/// ±inf, NaN (which zero their element's state). `overflow` adds finite values whose square
-/// overflows (±3e38): they make a moment infinite, which turns a whole 8-bit or 4-bit block NaN
-/// from then on, so only some cases have them.
-fn grad(overflow: bool) -> impl Strategy<Value = f32> {
-    let mut bad: Vec<f32> = edges().into_iter().filter(|g| g.abs() < 1e19).collect();
-    bad.extend([f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
-    if overflow {
-        bad.extend([3.0e38, -3.0e38]);
-    }
-    prop_oneof![
-        6 => -1.0f32..1.0,
-        3 => -1e-3f32..1e-3,
-        1 => prop::sample::select(bad),
-    ]
-}
-
-/// One case: the hyperparameters, the parameters and one gradient per step.
-#[derive(Clone, Debug)]
-struct Case {
-    draw: Draw,
-    params: Vec<f32>,
-    grads: Vec<Vec<f32>>,
-}
-
-/// Sizes: 1, a non-multiple of `block`, one block, and a few blocks (`3 * block`).
-fn size(block: usize) -> impl Strategy<Value = usize> {
-    prop_oneof![
-        1 => Just(1usize),
-        2 => (2..3 * block).prop_map(move |k| if k.is_multiple_of(block) { k + 1 } else { k }),
-        1 => Just(block),
-        2 => Just(3 * block),
-    ]
-}
-
-fn case(block: usize, finite_norm: bool) -> impl Strategy<Value = Case> {
-    let overflow = prop::bool::weighted(if finite_norm { 0.0 } else { 0.2 });
-    (size(block), draw(), overflow).prop_flat_map(move |(n, draw, overflow)| {
-        (
-            prop::collection::vec(param(finite_norm), n),
-            prop::collection::vec(prop::collection::vec(grad(overflow), n), STEPS),
-        )
-            .prop_map(move |(params, grads)| Case {
-                draw,
-                params,
-                grads,
-            })
-    })
-}
+/// The drawn hyperparameters and data of a case.
+#[path = "optim_proptest/draw.rs"]
+mod draw;
+use draw::{case, Case, Draw};
 
 /// The state one run carries from step to step.
 #[derive(Clone, Debug)]
@@ -251,6 +115,8 @@ enum State {
     Ema32(AdemamixState32),
     Ema8(AdemamixState8),
     QAdam(QAdamState),
+    /// A `_gs` family: the update's state and the squared gradient norm of every step so far.
+    Ext(Box<State>, Vec<f32>),
 }
 
 /// A state word's values: floats compare by bits with all NaNs equal, bytes exactly.
@@ -271,6 +137,23 @@ impl Family {
                 dtype: *dtype,
             }
             .name(),
+            Family::Ext(e) => e.name(),
+            Family::Unorm1(a) => OptimExtSpec::Norm1(*a).name(),
+        }
+    }
+
+    /// The plain family a `_gs` variant extends.
+    fn base(&self) -> Option<Family> {
+        match self {
+            Family::Ext(OptimExtSpec::Adam(s)) => Some(Family::Adam(*s)),
+            Family::Ext(OptimExtSpec::One(s)) => Some(Family::One(*s)),
+            Family::Ext(OptimExtSpec::GradNorm(_) | OptimExtSpec::Norm1(_))
+            | Family::Unorm1(_)
+            | Family::Adam(_)
+            | Family::One(_)
+            | Family::Ademamix(_)
+            | Family::QAdam(_)
+            | Family::Norm(..) => None,
         }
     }
 
@@ -281,15 +164,20 @@ impl Family {
             Family::Ademamix(s) => s.dtype,
             Family::QAdam(s) => s.dtype,
             Family::Norm(_, dtype) => *dtype,
+            Family::Ext(e) => e.dtype(),
+            Family::Unorm1(_) => DType::F32,
         }
     }
 
     /// The block the sizes are drawn around (8-bit state block; a quantized-AdamW work item).
     fn block(&self) -> usize {
         match self {
-            Family::Adam(_) | Family::One(_) | Family::Ademamix(_) | Family::Norm(..) => {
-                OPTIM_BLOCKSIZE as usize
-            }
+            Family::Adam(_)
+            | Family::One(_)
+            | Family::Ademamix(_)
+            | Family::Norm(..)
+            | Family::Ext(_)
+            | Family::Unorm1(_) => OPTIM_BLOCKSIZE as usize,
             Family::QAdam(s) => s.item_size() as usize,
         }
     }
@@ -311,8 +199,12 @@ impl Family {
                 StateBits::Bits32 => State::Ema32(AdemamixState32::zeros(n)),
                 StateBits::Bits8 => State::Ema8(AdemamixState8::zeros(n)),
             },
+            Family::Ext(_) => match self.base() {
+                Some(base) => State::Ext(Box::new(base.initial(n)), Vec::new()),
+                None => State::One32(Vec::new()),
+            },
             Family::Norm(NormRule::Lamb, _) => State::Adam32(AdamState32::zeros(n)),
-            Family::Norm(NormRule::Lars, _) => State::One32(vec![0.0; n]),
+            Family::Norm(NormRule::Lars, _) | Family::Unorm1(_) => State::One32(vec![0.0; n]),
             Family::QAdam(s) => {
                 let moment = |scheme: MomentScheme| {
                     let block = scheme.block() as usize;
@@ -407,6 +299,63 @@ impl Family {
                 };
                 ops::lamb_step_32bit(dev, params, grads, st, &h, t).map(|_| ())
             }
+            (Family::Ext(_), State::Ext(inner, norms)) => {
+                let sq = ops::grad_sqnorm_partials(dev, grads).map(|p| ops::sum_partials(&p));
+                let sq = sq.map_err(|e| format!("grad_sqnorm on {}: {e}", dev.backend()))?;
+                norms.push(sq);
+                let gnorm_scale = if sq.is_finite() && sq > 0.0 {
+                    (d.clip / sq.sqrt()).min(1.0)
+                } else {
+                    1.0
+                };
+                let opts = ops::GradOptions {
+                    gnorm_scale,
+                    skip_zeros: d.skip_zeros,
+                };
+                let (t, st) = (t, inner.as_mut());
+                match (self.base(), st) {
+                    (Some(Family::Adam(s)), State::Adam32(st)) => ops::adam_step_32bit_opts(
+                        dev,
+                        s.algo,
+                        params,
+                        grads,
+                        st,
+                        &adam(s.algo),
+                        t,
+                        &opts,
+                    ),
+                    (Some(Family::Adam(s)), State::Adam8(st)) => ops::adam_step_8bit_opts(
+                        dev,
+                        s.algo,
+                        params,
+                        grads,
+                        st,
+                        &adam(s.algo),
+                        t,
+                        &opts,
+                    ),
+                    (Some(Family::One(s)), State::One32(st)) => {
+                        ops::optim1_step_32bit_opts(dev, s.algo, params, grads, st, &one, t, &opts)
+                    }
+                    (Some(Family::One(s)), State::One8(st)) => {
+                        ops::optim1_step_8bit_opts(dev, s.algo, params, grads, st, &one, t, &opts)
+                    }
+                    (base, state) => {
+                        return Err(format!("{base:?} cannot step a {state:?} state"));
+                    }
+                }
+            }
+            (Family::Unorm1(algo), State::One32(st)) => ops::optim1_step_32bit_max_unorm(
+                dev,
+                *algo,
+                params,
+                grads,
+                st,
+                &one,
+                t,
+                d.max_unorm,
+            )
+            .map(|_| ()),
             (Family::Norm(NormRule::Lars, _), State::One32(st)) => {
                 // LARS needs a momentum in (0, 1).
                 let h = LarsHyper {
@@ -465,6 +414,11 @@ fn words(state: &State) -> Vec<(&'static str, Word)> {
             ("m2 codes", moment(&s.m2)),
             ("m2 absmax", floats(&s.m2.absmax)),
         ],
+        State::Ext(inner, norms) => {
+            let mut out = words(inner);
+            out.push(("squared gradient norms", floats(norms)));
+            out
+        }
     }
 }
 
@@ -635,7 +589,7 @@ fn check_families(test: &str, select: impl Fn(&Family) -> bool) {
             ..Config::default()
         });
         // LAMB/LARS: mostly parameters with a finite norm (the clipping path).
-        let finite = matches!(family, Family::Norm(..));
+        let finite = matches!(family, Family::Norm(..) | Family::Unorm1(_));
         let cases = prop_oneof![
             3 => case(family.block(), finite),
             1 => case(family.block(), false),
@@ -690,6 +644,18 @@ fn lamb_and_lars_match_the_interpreter_over_many_steps() {
     check_families("lamb/lars", |f| matches!(f, Family::Norm(..)));
 }
 
+#[test]
+fn gnorm_scale_and_skip_zeros_variants_match_the_interpreter_over_many_steps() {
+    check_families("gs", |f| matches!(f, Family::Ext(_)));
+}
+
+#[test]
+fn rmsprop_and_adagrad_max_unorm_match_the_interpreter_over_many_steps() {
+    check_families("rmsprop/adagrad max_unorm", |f| {
+        matches!(f, Family::Unorm1(_))
+    });
+}
+
 /// The comparison can fail: on the first device, a run with the learning rate one part in a
 /// thousand off is reported for an 8-bit and a 4-bit family, and so is a state with one flipped
 /// bit.
@@ -706,7 +672,11 @@ fn the_checker_catches_a_perturbed_run() {
             s.algo == OptimAlgo::AdamW && s.state == StateBits::Bits8 && s.dtype == DType::F32
         }
         Family::QAdam(s) => s.m2 == MomentScheme::Dyn4Sr && s.dtype == DType::F32,
-        Family::One(_) | Family::Ademamix(_) | Family::Norm(..) => false,
+        Family::One(_)
+        | Family::Ademamix(_)
+        | Family::Norm(..)
+        | Family::Ext(_)
+        | Family::Unorm1(_) => false,
     });
     let mut checked = 0;
     for family in picks {
@@ -726,6 +696,8 @@ fn the_checker_catches_a_perturbed_run() {
             seed: 7,
             param_id: 1,
             offset: 0,
+            clip: 1.0,
+            skip_zeros: false,
         };
         let n = 2 * block;
         // A deterministic sawtooth: multiples of `s` in [-6s, 6s], shifted by `k`.

@@ -5,7 +5,9 @@
 mod backend;
 pub mod cranelift;
 mod error;
+pub mod llvm;
 pub mod ptx;
+mod running;
 pub mod wgsl;
 
 pub use backend::Backend;

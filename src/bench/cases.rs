@@ -190,6 +190,7 @@ pub fn spec_dtype(spec: KernelSpec) -> DType {
             OptimNormSpec::Partials { dtype, .. } | OptimNormSpec::Update { dtype, .. } => dtype,
             OptimNormSpec::Scale => DType::F32,
         },
+        KernelSpec::OptimExt(s) => s.dtype(),
         KernelSpec::AbsmaxMean | KernelSpec::QuantizeNested | KernelSpec::DequantizeNested => {
             DType::F32
         }
@@ -246,6 +247,19 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
             };
             2 * n * s.dtype.size_bytes() + state
         }
+        // The `_gs` variants move what their plain kernels move; the gradient norm reads the
+        // gradient and writes one f32 per block.
+        KernelSpec::OptimExt(e) => match e {
+            qforge_ir::library::OptimExtSpec::Adam(s) => bytes_moved(KernelSpec::Optim(s), n)?,
+            qforge_ir::library::OptimExtSpec::One(s) => bytes_moved(KernelSpec::Optim1(s), n)?,
+            qforge_ir::library::OptimExtSpec::GradNorm(d) => {
+                n * d.size_bytes() + 4 * blocks(OPTIM_BLOCKSIZE)
+            }
+            // Reads the parameter, the gradient and the state; writes two f32 per block.
+            qforge_ir::library::OptimExtSpec::Norm1(_) => {
+                3 * 4 * n + 2 * 4 * blocks(OPTIM_BLOCKSIZE)
+            }
+        },
         // As Optim with three states (m1, nu, m2).
         KernelSpec::Ademamix(s) => {
             let state = match s.state {

@@ -517,7 +517,10 @@ fn max_unorm_on_adam_adamw_sgd_runs_the_lamb_lars_kernels() {
     assert_has(&e, &["max_unorm", "lamb's hyperparameters"]);
     let lion = OptimizerKind::Lion(Optim1Hyper::defaults(qforge::ir::library::Optim1Algo::Lion));
     let e = err(ParamGroup::new(["x"], lion, StateBits::Bits32).with_max_unorm(1.0));
-    assert_has(&e, &["max_unorm", "adam, adamw and sgd", "lion"]);
+    assert_has(
+        &e,
+        &["max_unorm", "adam, adamw, sgd, rmsprop, adagrad", "lion"],
+    );
     let e = err(ParamGroup::new(["x"], adamw, StateBits::Bits32).with_max_unorm(-1.0));
     assert_has(&e, &["max_unorm = -1"]);
     let sgd0 = OptimizerKind::Sgd(Optim1Hyper {

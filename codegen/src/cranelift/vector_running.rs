@@ -22,42 +22,17 @@
 //!   numeric contract (DESIGN.md, rule 1) leaves NaN payloads free, and the checker compares
 //!   NaNs as equal.
 
-use std::collections::HashMap;
-
 use cranelift_codegen::ir::types::F32X4;
 use cranelift_codegen::ir::{InstBuilder, Value};
 use cranelift_frontend::Variable;
-use qforge_ir::{BinaryOp, CmpOp, Kernel, Op, ScalarType, Stmt, UnaryOp, Value as IrValue, VarId};
+use qforge_ir::{BinaryOp, CmpOp, ScalarType, Value as IrValue, VarId};
+
+pub(super) use crate::running::running_reductions;
+use crate::running::{Rule, Running};
 
 use super::lower::{internal, Lowerer};
 use super::vectorize::{Body, VVal, LANES};
 use crate::error::Result;
-
-/// The update of a running reduction.
-#[derive(Clone, Copy)]
-enum Rule {
-    /// `max(acc, a)`: a NaN `a` is skipped.
-    MaxSkipNan,
-    /// `select(a > acc || a != a, a, acc)`: a NaN `a` wins.
-    MaxPropagateNan,
-    /// `acc + x`: a sum in iteration order.
-    Sum,
-}
-
-/// One running reduction of a loop body.
-#[derive(Clone, Copy)]
-pub(super) struct Running {
-    /// The variable.
-    var: VarId,
-    /// The body's one `read_var(acc)`.
-    read: IrValue,
-    /// The assigned value.
-    update: IrValue,
-    /// The value added (a sum) or compared (a maximum) each iteration.
-    addend: IrValue,
-    /// Its update.
-    rule: Rule,
-}
 
 /// A reduction during lowering, with its `f32x4` lane variable (the scalar variable itself for
 /// a sum).
@@ -65,111 +40,6 @@ pub(super) struct Running {
 pub(super) struct Carried {
     red: Running,
     lanes: Variable,
-}
-
-/// The op of body value `v`.
-fn op_of(kernel: &Kernel, v: IrValue) -> Option<&Op> {
-    kernel.values.try_get(v).map(|d| &d.op)
-}
-
-/// Whether `a` is `abs(_)`.
-fn is_abs(kernel: &Kernel, a: IrValue) -> bool {
-    matches!(op_of(kernel, a), Some(Op::Unary(UnaryOp::Abs, _)))
-}
-
-/// The reduction assigning `value` to a variable: the variable's loop read `cur`, the rule,
-/// the added (or compared) value, and the intermediate values that must have no other use.
-fn pattern(kernel: &Kernel, value: IrValue) -> Option<(IrValue, Rule, IrValue, Vec<IrValue>)> {
-    match *op_of(kernel, value)? {
-        Op::Binary(BinaryOp::Add, cur, x)
-            if kernel.values.try_get(value)?.ty == ScalarType::F32 =>
-        {
-            Some((cur, Rule::Sum, x, vec![]))
-        }
-        Op::Binary(BinaryOp::Max, cur, a) if is_abs(kernel, a) => {
-            Some((cur, Rule::MaxSkipNan, a, vec![]))
-        }
-        Op::Select {
-            cond,
-            if_true: a,
-            if_false: cur,
-        } if is_abs(kernel, a) => {
-            let Op::Binary(BinaryOp::Or, gt, nan) = *op_of(kernel, cond)? else {
-                return None;
-            };
-            let gt_ok =
-                matches!(op_of(kernel, gt), Some(&Op::Cmp(CmpOp::Gt, x, y)) if x == a && y == cur);
-            let nan_ok =
-                matches!(op_of(kernel, nan), Some(&Op::Cmp(CmpOp::Ne, x, y)) if x == a && y == a);
-            (gt_ok && nan_ok).then(|| (cur, Rule::MaxPropagateNan, a, vec![cond, gt, nan]))
-        }
-        _ => None,
-    }
-}
-
-/// The running reductions of a straight-line loop body, or `None` when an assignment in it
-/// is anything else (the loop then is not vectorized). An empty list when it assigns nothing.
-pub(super) fn running_reductions(kernel: &Kernel, body: &[Stmt]) -> Option<Vec<Running>> {
-    // Number of uses of each body value as an operand, a store index or value, or an assigned
-    // value.
-    let mut uses: HashMap<usize, usize> = HashMap::new();
-    let mut reads: HashMap<usize, Vec<IrValue>> = HashMap::new();
-    let mut assigned = Vec::new();
-    for stmt in body {
-        match stmt {
-            Stmt::Let(v) => {
-                let op = op_of(kernel, *v)?;
-                for o in op.operands() {
-                    *uses.entry(o.index()).or_default() += 1;
-                }
-                if let Op::ReadVar(var) = op {
-                    reads.entry(var.index()).or_default().push(*v);
-                }
-            }
-            Stmt::Store { index, value, .. } => {
-                for o in [index, value] {
-                    *uses.entry(o.index()).or_default() += 1;
-                }
-            }
-            Stmt::Assign { var, value } => {
-                *uses.entry(value.index()).or_default() += 1;
-                assigned.push((*var, *value));
-            }
-            Stmt::If { .. } | Stmt::For { .. } | Stmt::Accumulate { .. } => return None,
-        }
-    }
-    let used = |v: IrValue| uses.get(&v.index()).copied().unwrap_or(0);
-    let mut found: Vec<Running> = Vec::new();
-    for (var, value) in assigned {
-        if kernel.vars.try_get(var)?.ty != ScalarType::F32 {
-            return None;
-        }
-        let (cur, rule, addend, inner) = pattern(kernel, value)?;
-        // `cur` must be the loop's only read of `var`, used only by the update (once by `max`,
-        // twice by the NaN-propagating select and compare), and the update's values used only
-        // inside it.
-        let cur_uses = match rule {
-            Rule::MaxSkipNan | Rule::Sum => 1,
-            Rule::MaxPropagateNan => 2,
-        };
-        let only_read = reads.get(&var.index()).is_some_and(|r| r == &[cur]);
-        if !only_read
-            || used(cur) != cur_uses
-            || used(value) != 1
-            || inner.iter().any(|&v| used(v) != 1)
-            || found.iter().any(|r| r.var == var)
-        {
-            return None;
-        }
-        found.push(Running {
-            var,
-            read: cur,
-            update: value,
-            addend,
-            rule,
-        });
-    }
-    Some(found)
 }
 
 impl Lowerer<'_> {

@@ -14,6 +14,7 @@ use crate::library::optim::{self, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSI
 use crate::library::optim1::{self, Optim1Algo, Optim1Spec};
 use crate::library::optim4::{self, MomentScheme, QAdamSpec};
 use crate::library::optim_ademamix::{self, AdemamixSpec};
+use crate::library::optim_ext::{self, OptimExtSpec};
 use crate::library::optim_norm::{self, NormRule, OptimNormSpec};
 use crate::library::{
     blockwise8, doublequant, quant4, BlockwiseMap, QuantType, BLOCKSIZES_4BIT, BLOCKSIZES_8BIT,
@@ -98,6 +99,9 @@ pub enum KernelSpec {
     /// [`OptimNormSpec::build`]: a kernel of 32-bit LAMB / LARS (norm partials, trust-ratio
     /// scale, scaled update).
     OptimNorm(OptimNormSpec),
+    /// [`OptimExtSpec::build`]: an optimizer update with bitsandbytes' `gnorm_scale` /
+    /// `skip_zeros` (`_gs` variants), or percentile clipping's gradient-norm kernel.
+    OptimExt(OptimExtSpec),
 }
 
 /// The matmul directions, each in the catalog.
@@ -238,6 +242,30 @@ pub fn catalog() -> Vec<KernelSpec> {
     out.extend(ActSpec::all().into_iter().map(KernelSpec::Activation));
     out.extend(qadam_catalog().into_iter().map(KernelSpec::QAdam));
     out.extend(optim_norm_catalog().into_iter().map(KernelSpec::OptimNorm));
+    out.extend(optim_ext_catalog().into_iter().map(KernelSpec::OptimExt));
+    out
+}
+
+/// The `_gs` optimizer variants of the catalog (32-bit and 8-bit Adam / AdamW on f32 and bf16,
+/// every one-state rule with both widths), the gradient-norm kernel on every float dtype, and
+/// the `max_unorm` norm kernels of RMSprop and Adagrad.
+fn optim_ext_catalog() -> Vec<OptimExtSpec> {
+    let mut out = Vec::new();
+    for (algo, dtype) in [
+        (OptimAlgo::AdamW, DType::F32),
+        (OptimAlgo::Adam, DType::BF16),
+    ] {
+        for state in [StateBits::Bits32, StateBits::Bits8] {
+            out.push(OptimExtSpec::Adam(OptimSpec { algo, state, dtype }));
+        }
+    }
+    out.extend(optim1_catalog().into_iter().map(OptimExtSpec::One));
+    out.extend(FLOAT_DTYPES.iter().map(|&d| OptimExtSpec::GradNorm(d)));
+    out.extend(
+        crate::library::optim_norm1::NORM1_ALGOS
+            .iter()
+            .map(|&a| OptimExtSpec::Norm1(a)),
+    );
     out
 }
 
@@ -408,6 +436,7 @@ impl KernelSpec {
             KernelSpec::Activation(s) => s.name(),
             KernelSpec::QAdam(s) => s.name(),
             KernelSpec::OptimNorm(s) => s.name(),
+            KernelSpec::OptimExt(s) => s.name(),
         }
     }
 
@@ -428,7 +457,8 @@ impl KernelSpec {
             KernelSpec::Optim(_)
             | KernelSpec::Optim1(_)
             | KernelSpec::Ademamix(_)
-            | KernelSpec::OptimNorm(_) => OPTIM_BLOCKSIZE as usize,
+            | KernelSpec::OptimNorm(_)
+            | KernelSpec::OptimExt(_) => OPTIM_BLOCKSIZE as usize,
             KernelSpec::Activation(_) => ACT_BLOCKSIZE as usize,
             KernelSpec::Gemm(_) => 64,
             KernelSpec::QAdam(s) => s.item_size() as usize,
@@ -484,6 +514,7 @@ impl KernelSpec {
             KernelSpec::Activation(s) => s.build(),
             KernelSpec::QAdam(s) => s.build(),
             KernelSpec::OptimNorm(s) => s.build(),
+            KernelSpec::OptimExt(s) => s.build(),
         }
     }
 
@@ -523,6 +554,7 @@ impl KernelSpec {
             KernelSpec::Activation(s) => s.example_args(values, float_bytes),
             KernelSpec::QAdam(s) => optim4::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::OptimNorm(s) => optim_norm::example_args(&s, values, float_bytes)?,
+            KernelSpec::OptimExt(s) => optim_ext::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::Matmul4(m) => matmul_example_args(&m, values, first_finite),
             KernelSpec::Gemm(g) => g.example_args(values, float_bytes),
             KernelSpec::Quantize4 {
@@ -735,6 +767,11 @@ mod tests {
                 + 24
                 + 5
                 + 7
+                // `_gs` variants (4 Adam / AdamW, 8 one-state), gradient norms, RMSprop /
+                // Adagrad max_unorm norms.
+                + 12
+                + 3
+                + 2
         );
         let mut names = std::collections::HashSet::new();
         let values = [
@@ -765,6 +802,8 @@ mod tests {
         assert!(names.contains("int8_mixed_scaled_mm_bf16_bias_t4x1"));
         assert!(names.contains("adamw8bit_f16") && names.contains("adam32_bf16"));
         assert!(names.contains("lamb_norm_bf16") && names.contains("optim_norm_scale"));
+        assert!(names.contains("adamw32_f32_gs") && names.contains("lion8bit_f32_gs"));
+        assert!(names.contains("grad_sqnorm_f16") && names.contains("adagrad_norm_f32"));
         assert!(KernelSpec::from_name("quantize_4bit_nf4_bs48_f32").is_none());
         assert!(cat[0].example_args(&[]).is_err());
     }

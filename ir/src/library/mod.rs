@@ -14,6 +14,9 @@
 //! * [`optim`]: 32-bit and 8-bit blockwise Adam / AdamW update kernels (bitsandbytes).
 //! * [`optim1`]: 32-bit and 8-bit blockwise Lion, SGD with momentum, RMSprop, Adagrad.
 //! * [`optim_ademamix`]: 32-bit and 8-bit blockwise AdEMAMix.
+//! * [`optim_ext`]: `_gs` variants of the optimizer updates (bitsandbytes' `gnorm_scale`,
+//!   `skip_zeros`) and percentile clipping's gradient-norm kernel.
+//! * [`optim_norm1`]: `max_unorm` update-norm kernels of 32-bit RMSprop and Adagrad.
 //! * [`optim_norm`]: 32-bit LAMB and LARS (bitsandbytes' `max_unorm` trust ratio): per-block
 //!   norm partials, the scale, and the scaled update.
 //! * [`optim4`]: 4-bit AdamW (adamw4bit: NF4 / Dyn4 / ZE-EDEN / ZIP-SR / 8-bit linear state),
@@ -69,7 +72,13 @@ mod optim4_tests;
 pub mod optim_ademamix;
 #[cfg(test)]
 mod optim_ademamix_tests;
+pub mod optim_ext;
+#[cfg(test)]
+mod optim_ext_tests;
 pub mod optim_norm;
+pub mod optim_norm1;
+#[cfg(test)]
+mod optim_norm1_tests;
 #[cfg(test)]
 mod optim_norm_tests;
 #[cfg(test)]
@@ -91,6 +100,7 @@ pub use optim::{AdamHyper, AdamScalars, OptimAlgo, OptimSpec, StateBits, OPTIM_B
 pub use optim1::{Optim1Algo, Optim1Hyper, Optim1Scalars, Optim1Spec};
 pub use optim4::{MomentScheme, QAdamScalars, QAdamSizes, QAdamSpec, UniformSource};
 pub use optim_ademamix::{AdemamixHyper, AdemamixScalars, AdemamixSpec};
+pub use optim_ext::OptimExtSpec;
 pub use optim_norm::{LambHyper, LambScalars, LarsHyper, LarsScalars, NormRule, OptimNormSpec};
 
 /// Blocksizes supported by the 4-bit kernels.

@@ -28,6 +28,10 @@
 //! [`crate::library::blockwise8`] does (`x * (1 / max(absmax, 1e-38))`, exact nearest code in
 //! O(1) by [`crate::library::nearest`], ties to the lower code).
 //!
+//! The `_gs` variants ([`crate::library::optim_ext`]) add `gnorm_scale` (and, for 32-bit state,
+//! `skip_zeros`) scalars after the others: `g` is multiplied by `gnorm_scale` first, and a skipped
+//! element keeps its parameter and moments (selected, so the loops stay straight-line).
+//!
 //! Parameter order (`[decay]` only for AdamW):
 //! * 32-bit `adam{,w}32_{dtype}`: `(n: u32, n_blocks: u32, beta1, one_minus_beta1, beta2,
 //!   one_minus_beta2, [decay], step_size, eps_c2: f32, p: dtype[n] readwrite, g: dtype[n] read,
@@ -310,10 +314,66 @@ impl OptimSpec {
     pub fn build(&self) -> Result<Kernel> {
         check_float_dtype(self.dtype)?;
         match self.state {
-            StateBits::Bits32 => build32(self),
-            StateBits::Bits8 => build8(self),
+            StateBits::Bits32 => build32(self, None),
+            StateBits::Bits8 => build8(self, None),
         }
     }
+
+    /// Builds the `_gs` variant named `name` ([`crate::library::optim_ext`]): the same kernel
+    /// with the scalars `gnorm_scale: f32` (and, for 32-bit state, `skip_zeros: u32`) after the
+    /// others.
+    ///
+    /// # Errors
+    /// As [`OptimSpec::build`].
+    pub(crate) fn build_ext(&self, name: &str) -> Result<Kernel> {
+        check_float_dtype(self.dtype)?;
+        match self.state {
+            StateBits::Bits32 => build32(self, Some(name)),
+            StateBits::Bits8 => build8(self, Some(name)),
+        }
+    }
+}
+
+/// The gradient options of a `_gs` kernel variant, as values: `g` is multiplied by
+/// `gnorm_scale` first; `skip` is the `skip_zeros != 0` flag (`None` where the kernel ignores
+/// `skip_zeros`).
+#[derive(Clone, Copy)]
+pub(crate) struct GradOpts {
+    /// `gnorm_scale`.
+    pub(crate) scale: Value,
+    /// `skip_zeros != 0`.
+    pub(crate) skip: Option<Value>,
+}
+
+/// Declares the `_gs` scalars (`gnorm_scale: f32`, then `skip_zeros: u32` when `with_skip`).
+pub(crate) fn declare_grad_opts(
+    b: &mut KernelBuilder,
+    with_skip: bool,
+) -> (ParamId, Option<ParamId>) {
+    let scale = b.scalar_param("gnorm_scale", ScalarType::F32);
+    let skip = with_skip.then(|| b.scalar_param("skip_zeros", ScalarType::U32));
+    (scale, skip)
+}
+
+/// Reads the `_gs` scalars declared by [`declare_grad_opts`].
+pub(crate) fn read_grad_opts(
+    b: &mut KernelBuilder,
+    (scale, skip): (ParamId, Option<ParamId>),
+) -> GradOpts {
+    let scale = b.param(scale);
+    let skip = skip.map(|s| {
+        let v = b.param(s);
+        let zero = b.const_u32(0);
+        b.cmp(CmpOp::Ne, v, zero)
+    });
+    GradOpts { scale, skip }
+}
+
+/// `skip && x == 0` (`x` is `+0` or `-0`): the element is skipped.
+pub(crate) fn skipped(b: &mut KernelBuilder, skip: Value, x: Value) -> Value {
+    let zero = b.const_f32(0.0);
+    let is_zero = b.cmp(CmpOp::Eq, x, zero);
+    b.and(skip, is_zero)
 }
 
 /// The scalar parameters shared by both state widths, as values.
@@ -400,9 +460,10 @@ fn decayed(b: &mut KernelBuilder, h: &Hyper, p: Value) -> Value {
     }
 }
 
-fn build32(spec: &OptimSpec) -> Result<Kernel> {
-    let mut b = KernelBuilder::new(&spec.name());
+fn build32(spec: &OptimSpec, ext: Option<&str>) -> Result<Kernel> {
+    let mut b = KernelBuilder::new(&ext.map_or_else(|| spec.name(), str::to_string));
     let (n, n_blocks, ps) = declare_scalars(&mut b, spec, &["step_size", "eps_c2"]);
+    let opts = ext.map(|_| declare_grad_opts(&mut b, true));
     let shape = [Dim::Param(n)];
     let p = b.buffer_param("p", spec.dtype, &shape, Access::ReadWrite);
     let g = b.buffer_param("g", spec.dtype, &shape, Access::Read);
@@ -410,15 +471,28 @@ fn build32(spec: &OptimSpec) -> Result<Kernel> {
     let s2 = b.buffer_param("state2", DType::F32, &shape, Access::ReadWrite);
     b.set_grid(Dim::Param(n_blocks));
     let (h, rest) = read_scalars(&mut b, spec, &ps);
+    let opts = opts.map(|o| read_grad_opts(&mut b, o));
     let (step_size, eps_c2) = (rest[0], rest[1]);
     let block = b.work_item();
     let nv = b.param(n);
     let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);
     b.for_range(start, end, 1, |b, e| {
-        let gv = b.load(g, e);
+        let mut gv = b.load(g, e);
         let m_old = b.load(s1, e);
         let v_old = b.load(s2, e);
-        let [finite, m, v] = moments(b, &h, gv, m_old, v_old);
+        if let Some(o) = opts {
+            gv = b.mul(gv, o.scale);
+        }
+        let [mut finite, mut m, mut v] = moments(b, &h, gv, m_old, v_old);
+        // `_gs`: a skipped element (scaled gradient exactly zero) keeps its moments and its
+        // parameter (no weight decay either).
+        if let Some(skip) = opts.and_then(|o| o.skip) {
+            let sk = skipped(b, skip, gv);
+            m = b.select(sk, m_old, m);
+            v = b.select(sk, v_old, v);
+            let keep = b.not(sk);
+            finite = b.and(finite, keep);
+        }
         b.store(s1, e, m);
         b.store(s2, e, v);
         // Straight-line (no branch, so a vectorizing backend takes the loop whole): a
@@ -456,9 +530,11 @@ pub(crate) fn state_tables(
     })
 }
 
-fn build8(spec: &OptimSpec) -> Result<Kernel> {
-    let mut b = KernelBuilder::new(&spec.name());
+fn build8(spec: &OptimSpec, ext: Option<&str>) -> Result<Kernel> {
+    let mut b = KernelBuilder::new(&ext.map_or_else(|| spec.name(), str::to_string));
     let (n, n_blocks, ps) = declare_scalars(&mut b, spec, &["step_size", "c2", "eps"]);
+    // bitsandbytes' 8-bit two-state kernel ignores `skip_zeros`: only `gnorm_scale`.
+    let opts = ext.map(|_| declare_grad_opts(&mut b, false));
     let shape = [Dim::Param(n)];
     let blocks = [Dim::Param(n_blocks)];
     let p = b.buffer_param("p", spec.dtype, &shape, Access::ReadWrite);
@@ -471,6 +547,7 @@ fn build8(spec: &OptimSpec) -> Result<Kernel> {
     let t1 = state_tables(&mut b, BlockwiseMap::Dynamic, "1")?;
     let t2 = state_tables(&mut b, BlockwiseMap::DynamicUnsigned, "2")?;
     let (h, rest) = read_scalars(&mut b, spec, &ps);
+    let opts = opts.map(|o| read_grad_opts(&mut b, o));
     let (step_size, c2, eps) = (rest[0], rest[1], rest[2]);
     let block = b.work_item();
     let nv = b.param(n);
@@ -479,7 +556,10 @@ fn build8(spec: &OptimSpec) -> Result<Kernel> {
     let old_a2 = b.load(a2, block);
     // The updated moments of element `e`, from the (unchanged) old codes.
     let update = |b: &mut KernelBuilder, e: Value| -> [Value; 3] {
-        let gv = b.load(g, e);
+        let mut gv = b.load(g, e);
+        if let Some(o) = opts {
+            gv = b.mul(gv, o.scale);
+        }
         let q1 = b.load(s1, e);
         let c1 = b.lookup(t1.code, q1);
         let m_old = b.mul(c1, old_a1);

@@ -27,6 +27,10 @@
 //! codes and parameter, updates the parameter and requantizes (exact nearest code, as
 //! [`crate::library::optim`]).
 //!
+//! The `_gs` variants ([`crate::library::optim_ext`]) add `gnorm_scale: f32, skip_zeros: u32`
+//! after the `f32` scalars (gradient scaled first; zero gradients skipped, 32-bit: after coupled
+//! weight decay, 8-bit: the raw gradient).
+//!
 //! Parameters: `(n: u32, n_blocks: u32, first: u32, beta1, one_minus_beta1, beta2,
 //! one_minus_beta2, weight_decay, decay, eps, lr, neg_lr: f32, p: f32[n] readwrite,
 //! g: f32[n] read, state1: f32[n] readwrite)` for 32-bit; 8-bit replaces `state1` with
@@ -38,6 +42,7 @@ use crate::kernel::{Access, Dim, Kernel, Value};
 use crate::library::emit::{block_range, inv_absmax};
 use crate::library::nearest;
 use crate::library::optim::{check_f32_scalars, step_exponent};
+use crate::library::optim::{declare_grad_opts, read_grad_opts, skipped};
 use crate::library::optim::{state_tables, StateBits, OPTIM_BLOCKSIZE};
 use crate::library::BlockwiseMap;
 use crate::ops::CmpOp;
@@ -290,7 +295,17 @@ impl Optim1Spec {
                 self.dtype
             )));
         }
-        build(self)
+        build(self, None)
+    }
+
+    /// Builds the `_gs` variant named `name` ([`crate::library::optim_ext`]): the same kernel
+    /// with the scalars `gnorm_scale: f32, skip_zeros: u32` after the others.
+    ///
+    /// # Errors
+    /// As [`Optim1Spec::build`].
+    pub(crate) fn build_ext(&self, name: &str) -> Result<Kernel> {
+        self.build()?;
+        build(self, Some(name))
     }
 }
 
@@ -395,8 +410,8 @@ fn new_param(
     }
 }
 
-fn build(spec: &Optim1Spec) -> Result<Kernel> {
-    let mut b = KernelBuilder::new(&spec.name());
+fn build(spec: &Optim1Spec, ext: Option<&str>) -> Result<Kernel> {
+    let mut b = KernelBuilder::new(&ext.map_or_else(|| spec.name(), str::to_string));
     let n = b.scalar_param("n", ScalarType::U32);
     let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
     let first = b.scalar_param("first", ScalarType::U32);
@@ -404,6 +419,7 @@ fn build(spec: &Optim1Spec) -> Result<Kernel> {
         .iter()
         .map(|s| b.scalar_param(s, ScalarType::F32))
         .collect();
+    let opts = ext.map(|_| declare_grad_opts(&mut b, true));
     let shape = [Dim::Param(n)];
     let p = b.buffer_param("p", spec.dtype, &shape, Access::ReadWrite);
     let g = b.buffer_param("g", spec.dtype, &shape, Access::Read);
@@ -436,16 +452,32 @@ fn build(spec: &Optim1Spec) -> Result<Kernel> {
         lr: v[7],
         neg_lr: v[8],
     };
+    let opts = opts.map(|o| read_grad_opts(&mut b, o));
+    // `_gs`: `g * gnorm_scale` (the raw `g` without the variant).
+    let scaled = |b: &mut KernelBuilder, g: Value| match opts {
+        Some(o) => b.mul(g, o.scale),
+        None => g,
+    };
+    let skip = opts.and_then(|o| o.skip);
     let algo = spec.algo;
     let block = b.work_item();
     let nv = b.param(n);
     let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);
     let Some(a1) = a1 else {
         b.for_range(start, end, 1, |b, e| {
-            let gv = b.load(g, e);
+            let graw = b.load(g, e);
+            let gv = scaled(b, graw);
             let pv = b.load(p, e);
             let s_old = b.load(s1, e);
-            let [finite, gw, s] = new_state(b, algo, false, &h, gv, pv, s_old);
+            let [mut finite, gw, mut s] = new_state(b, algo, false, &h, gv, pv, s_old);
+            // `_gs` (bitsandbytes' 32-bit kernel): skipped when the gradient after scaling
+            // and coupled weight decay is zero; state and parameter stay.
+            if let Some(skip) = skip {
+                let sk = skipped(b, skip, gw);
+                s = b.select(sk, s_old, s);
+                let keep = b.not(sk);
+                finite = b.and(finite, keep);
+            }
             b.store(s1, e, s);
             // Straight-line: a non-finite gradient keeps the old parameter.
             let stepped = new_param(b, algo, &h, gv, pv, s_old, s, gw);
@@ -457,19 +489,31 @@ fn build(spec: &Optim1Spec) -> Result<Kernel> {
     let t1 = state_tables(&mut b, BlockwiseMap::Dynamic, "1")?;
     let old_a1 = b.load(a1, block);
     // `(g, p, s_old, finite, s)` of element `e`, from the unchanged codes and parameter.
-    let update = |b: &mut KernelBuilder, e: Value| -> [Value; 5] {
-        let gv = b.load(g, e);
+    // `(graw, gs, pv, s_old, apply, s)`: `gs` is the scaled gradient; `apply` is false for a
+    // non-finite or (`_gs`) skipped element.
+    let update = |b: &mut KernelBuilder, e: Value| -> [Value; 6] {
+        let graw = b.load(g, e);
+        let gv = scaled(b, graw);
         let pv = b.load(p, e);
         let q = b.load(s1, e);
         let c = b.lookup(t1.code, q);
         let s_old = b.mul(c, old_a1);
-        let [finite, _, s] = new_state(b, algo, true, &h, gv, pv, s_old);
-        [gv, pv, s_old, finite, s]
+        let [mut finite, _, mut s] = new_state(b, algo, true, &h, gv, pv, s_old);
+        // `_gs` (bitsandbytes' 8-bit kernel): skipped when the raw gradient is zero; the
+        // state keeps its dequantized value, which then takes part in the block's new absmax
+        // and is requantized with it like every other element.
+        if let Some(skip) = skip {
+            let sk = skipped(b, skip, graw);
+            s = b.select(sk, s_old, s);
+            let keep = b.not(sk);
+            finite = b.and(finite, keep);
+        }
+        [graw, gv, pv, s_old, finite, s]
     };
     let acc = b.var("absmax1_acc", ScalarType::F32);
     // Pass 1: the new absmax (NaN-ignoring max |s|).
     b.for_range(start, end, 1, |b, e| {
-        let [_, _, _, _, s] = update(b, e);
+        let [_, _, _, _, _, s] = update(b, e);
         let a = b.abs(s);
         let cur = b.read_var(acc);
         let mx = b.max(cur, a);
@@ -481,8 +525,10 @@ fn build(spec: &Optim1Spec) -> Result<Kernel> {
     // Pass 2 (straight-line): the same state again, the parameter (unchanged where the
     // gradient is not finite), and the requantized state.
     b.for_range(start, end, 1, |b, e| {
-        let [gv, pv, s_old, finite, s] = update(b, e);
-        let stepped = new_param(b, algo, &h, gv, pv, s_old, s, gv);
+        let [graw, gv, pv, s_old, finite, s] = update(b, e);
+        // RMSprop / Adagrad's numerator is the raw, unscaled gradient (bitsandbytes' 8-bit
+        // kernel reloads `g_vals[j]`); Lion's sign uses the scaled one.
+        let stepped = new_param(b, algo, &h, gv, pv, s_old, s, graw);
         let out = b.select(finite, stepped, pv);
         b.store(p, e, out);
         let sc = b.mul(s, inv);

@@ -448,7 +448,7 @@ impl OptimNormSpec {
 }
 
 /// `|g| < inf`: false for NaN and ±inf.
-fn is_finite(b: &mut KernelBuilder, g: Value) -> Value {
+pub(crate) fn is_finite(b: &mut KernelBuilder, g: Value) -> Value {
     let ag = b.abs(g);
     let inf = b.const_f32(f32::INFINITY);
     b.cmp(CmpOp::Lt, ag, inf)
@@ -463,7 +463,7 @@ fn momentum(b: &mut KernelBuilder, first: Value, mom: Value, g: Value, s_old: Va
 }
 
 /// Declares `n`, `n_blocks`, the `u32` scalars `ints` and the `f32` scalars `floats`.
-fn declare(
+pub(crate) fn declare(
     b: &mut KernelBuilder,
     ints: &[&str],
     floats: &[&str],
@@ -479,7 +479,7 @@ fn declare(
 }
 
 /// The two per-block outputs of a partials kernel.
-fn partial_outputs(b: &mut KernelBuilder, n_blocks: ParamId) -> [ParamId; 2] {
+pub(crate) fn partial_outputs(b: &mut KernelBuilder, n_blocks: ParamId) -> [ParamId; 2] {
     let blocks = [Dim::Param(n_blocks)];
     [
         b.buffer_param("unorm_part", DType::F32, &blocks, Access::Write),
@@ -489,7 +489,7 @@ fn partial_outputs(b: &mut KernelBuilder, n_blocks: ParamId) -> [ParamId; 2] {
 
 /// The block loop of a partials kernel: `update(b, e, p)` gives element `e`'s update value
 /// (already `+0.0` for a non-finite gradient); stores both sums of squares.
-fn emit_partials(
+pub(crate) fn emit_partials(
     b: &mut KernelBuilder,
     n: ParamId,
     p: ParamId,

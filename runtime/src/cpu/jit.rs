@@ -23,6 +23,36 @@ type KernelFn = unsafe extern "C" fn(args: *const u64, begin: u32, end: u32);
 #[derive(Clone, Copy)]
 pub(super) struct Entry(KernelFn);
 
+impl Entry {
+    /// The entry at `address`.
+    ///
+    /// # Safety
+    /// `address` must be the executable entry of a function with the kernel ABI
+    /// (`extern "C" fn(*const u64, u32, u32)`) whose code outlives every use of the `Entry`.
+    #[cfg(feature = "llvm")]
+    pub(super) unsafe fn from_address(address: usize) -> Self {
+        // SAFETY: the caller's contract.
+        Entry(unsafe { std::mem::transmute::<usize, KernelFn>(address) })
+    }
+
+    /// Runs work items `begin..end` of a compiled kernel.
+    ///
+    /// # Safety
+    /// The code must still be mapped (its JIT alive), and `args` must follow the `ArgLayout`
+    /// the kernel was lowered with, built from live arguments that passed `qforge_ir::bind`:
+    /// every buffer pointer valid for its whole byte length, writable buffers not accessed by
+    /// anything else during the call (other threads running other work items of the same
+    /// launch excepted: work items write disjoint elements by the IR's contract), the status
+    /// word (bounds checks on) valid and private to this call. Without bounds checks, the
+    /// kernel must also index every buffer in range.
+    pub(super) unsafe fn run(self, args: &[u64], begin: u32, end: u32) {
+        // SAFETY: the caller's contract. The code has no other side effects: it cannot trap
+        // (integer division is guarded, loads are non-trapping by the contract) and calls
+        // only pure math routines.
+        unsafe { (self.0)(args.as_ptr(), begin, end) }
+    }
+}
+
 /// The JIT module of one device.
 pub(super) struct Jit {
     /// `None` only while dropping.
@@ -187,23 +217,6 @@ impl Jit {
         Ok(Entry(unsafe {
             std::mem::transmute::<*const u8, KernelFn>(code)
         }))
-    }
-
-    /// Runs work items `begin..end` of a compiled kernel.
-    ///
-    /// # Safety
-    /// `args` must follow the `ArgLayout` the kernel was lowered with, built from live
-    /// arguments that passed `qforge_ir::bind`: every buffer pointer valid for its whole byte
-    /// length, writable buffers not accessed by anything else during the call (other threads
-    /// running other work items of the same launch excepted: work items write disjoint
-    /// elements by the IR's contract), the status word (bounds checks on) valid and private to
-    /// this call. Without bounds checks, the kernel must also index every buffer in range.
-    pub(super) unsafe fn run(&self, entry: Entry, args: &[u64], begin: u32, end: u32) {
-        // SAFETY: the code stays mapped while `self` lives (memory is freed only in `drop`);
-        // the caller guarantees the argument contract above. The code itself has no other
-        // side effects: it cannot trap (integer division is guarded, loads are non-trapping by
-        // the contract) and makes no calls except to the pure libm replacements above.
-        unsafe { (entry.0)(args.as_ptr(), begin, end) }
     }
 }
 

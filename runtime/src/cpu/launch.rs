@@ -3,14 +3,12 @@
 
 use qforge_ir::{bind, Arg, Binding};
 
-use super::jit::Jit;
 use super::{Compiled, CpuOptions};
 use crate::error::{Error, Result};
 
 /// Checks `args` against the kernel and runs every work item, on the calling thread or on
 /// several threads (contiguous chunks of the grid) when the launch is large.
 pub(super) fn launch(
-    jit: &Jit,
     compiled: &Compiled,
     options: &CpuOptions,
     args: &mut [Arg<'_>],
@@ -36,12 +34,13 @@ pub(super) fn launch(
         if let Some(s) = status_slot {
             slots[s] = &mut status as *mut u32 as u64;
         }
-        // SAFETY: `slots` follows the compiled layout and points into `args`, which passed
+        // SAFETY: the device that owns the code outlives the launch; `slots` follows the
+        // compiled layout and points into `args`, which passed
         // `bind` and stays borrowed (untouched) for the whole launch; chunks run disjoint work
         // items, which write disjoint elements by the IR's contract; `status` is private to
         // this chunk; a device without bounds checks was created through the unsafe
         // `CpuDevice::new_unchecked`, whose caller vouches for in-range indices.
-        unsafe { jit.run(compiled.entry, &slots, begin, end) };
+        unsafe { compiled.entry.run(&slots, begin, end) };
         status
     };
     let statuses: Vec<u32> = if threads <= 1 {

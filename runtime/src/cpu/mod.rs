@@ -1,8 +1,11 @@
-//! The CPU device: kernels lowered by `qforge_codegen::cranelift`, JIT-compiled for the host
-//! CPU, cached by [`Kernel::content_hash`], and launched on all cores when the work is large.
+//! The CPU device: kernels lowered by `qforge_codegen::cranelift` (or, with the `llvm`
+//! feature and [`CpuDevice::llvm`], by `qforge_codegen::llvm`), JIT-compiled for the host CPU,
+//! cached by [`Kernel::content_hash`], and launched on all cores when the work is large.
 
 mod jit;
 mod launch;
+#[cfg(feature = "llvm")]
+mod llvm_jit;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -48,6 +51,13 @@ impl Default for CpuOptions {
     }
 }
 
+/// The JIT a device compiles with.
+enum Compiler {
+    Cranelift(Box<Jit>),
+    #[cfg(feature = "llvm")]
+    Llvm(llvm_jit::LlvmJit),
+}
+
 /// A compiled kernel in the cache.
 struct Compiled {
     /// The kernel it was compiled from (guards against hash collisions).
@@ -58,8 +68,8 @@ struct Compiled {
     tables: Vec<Vec<u32>>,
 }
 
-/// Runs kernels as native code on the host CPU (Cranelift JIT), compiled once per distinct
-/// kernel and cached by [`Kernel::content_hash`]; thread-safe.
+/// Runs kernels as native code on the host CPU (Cranelift JIT, or LLVM with the `llvm` feature),
+/// compiled once per distinct kernel and cached by [`Kernel::content_hash`]; thread-safe.
 ///
 /// ```
 /// use qforge_ir::{Access, Arg, DType, Dim, KernelBuilder, Scalar, ScalarType};
@@ -80,7 +90,7 @@ struct Compiled {
 /// assert_eq!(&data[4..8], &5.0f32.to_le_bytes());
 /// ```
 pub struct CpuDevice {
-    jit: Jit,
+    compiler: Compiler,
     cache: Mutex<HashMap<u64, Arc<Compiled>>>,
     options: CpuOptions,
     bounds_checks: bool,
@@ -112,7 +122,23 @@ impl CpuDevice {
     /// As [`CpuDevice::new`].
     pub fn with_options(options: CpuOptions) -> Result<Self> {
         Ok(CpuDevice {
-            jit: Jit::new(options.native_features)?,
+            compiler: Compiler::Cranelift(Box::new(Jit::new(options.native_features)?)),
+            cache: Mutex::new(HashMap::new()),
+            options,
+            bounds_checks: true,
+        })
+    }
+
+    /// A bounds-checked CPU device that compiles with LLVM (`qforge_codegen::llvm`: the same
+    /// bits as the Cranelift device, with the host's widest vectors, e.g. AVX-512). Its name is
+    /// `cpu-llvm` and its backend `llvm`. `options.simd = false` gives scalar code.
+    ///
+    /// # Errors
+    /// [`Error::Device`] when LLVM has no target machine for the host.
+    #[cfg(feature = "llvm")]
+    pub fn llvm(options: CpuOptions) -> Result<Self> {
+        Ok(CpuDevice {
+            compiler: Compiler::Llvm(llvm_jit::LlvmJit::new(options.native_features)?),
             cache: Mutex::new(HashMap::new()),
             options,
             bounds_checks: true,
@@ -130,7 +156,7 @@ impl CpuDevice {
     /// behaviour. Check new kernels on [`crate::InterpreterDevice`] or a checked device first.
     pub unsafe fn new_unchecked(options: CpuOptions) -> Result<Self> {
         Ok(CpuDevice {
-            jit: Jit::new(options.native_features)?,
+            compiler: Compiler::Cranelift(Box::new(Jit::new(options.native_features)?)),
             cache: Mutex::new(HashMap::new()),
             options,
             bounds_checks: false,
@@ -160,18 +186,33 @@ impl CpuDevice {
                 return Ok(Arc::clone(c));
             }
         }
-        let options = LowerOptions {
-            call_conv: self.jit.call_conv(),
-            bounds_checks: self.bounds_checks,
-            simd: self.options.simd && cfg!(any(target_arch = "x86_64", target_arch = "aarch64")),
-            x86_pshufb: self.options.native_features && host_has_ssse3(),
+        let (entry, layout) = match &self.compiler {
+            Compiler::Cranelift(jit) => {
+                let options = LowerOptions {
+                    call_conv: jit.call_conv(),
+                    bounds_checks: self.bounds_checks,
+                    simd: self.options.simd
+                        && cfg!(any(target_arch = "x86_64", target_arch = "aarch64")),
+                    x86_pshufb: self.options.native_features && host_has_ssse3(),
+                };
+                let lowered = lower(kernel, &options)?;
+                (jit.compile(&kernel.name, lowered.function)?, lowered.layout)
+            }
+            #[cfg(feature = "llvm")]
+            Compiler::Llvm(jit) => {
+                let options = qforge_codegen::llvm::LlvmOptions {
+                    bounds_checks: self.bounds_checks,
+                    lanes: if self.options.simd { jit.lanes() } else { 0 },
+                };
+                let text = qforge_codegen::llvm::lower(kernel, &options)?;
+                let entry = jit.compile(&kernel.name, &text)?;
+                (entry, ArgLayout::new(kernel, self.bounds_checks))
+            }
         };
-        let lowered = lower(kernel, &options)?;
-        let entry = self.jit.compile(&kernel.name, lowered.function)?;
         let compiled = Arc::new(Compiled {
             kernel: kernel.clone(),
             entry,
-            layout: lowered.layout,
+            layout,
             tables: kernel.tables.iter().map(|(_, t)| t.data.clone()).collect(),
         });
         self.cache
@@ -184,11 +225,19 @@ impl CpuDevice {
 
 impl Device for CpuDevice {
     fn name(&self) -> &str {
-        "cpu"
+        match self.compiler {
+            Compiler::Cranelift(_) => "cpu",
+            #[cfg(feature = "llvm")]
+            Compiler::Llvm(_) => "cpu-llvm",
+        }
     }
 
     fn backend(&self) -> &'static str {
-        qforge_codegen::cranelift::BACKEND
+        match self.compiler {
+            Compiler::Cranelift(_) => qforge_codegen::cranelift::BACKEND,
+            #[cfg(feature = "llvm")]
+            Compiler::Llvm(_) => qforge_codegen::llvm::BACKEND,
+        }
     }
 
     fn compile(&self, kernel: &Kernel) -> Result<()> {
@@ -197,7 +246,7 @@ impl Device for CpuDevice {
 
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
         let compiled = self.compiled(kernel)?;
-        launch::launch(&self.jit, &compiled, &self.options, args)
+        launch::launch(&compiled, &self.options, args)
     }
 }
 

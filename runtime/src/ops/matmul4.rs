@@ -16,7 +16,7 @@ use crate::tensor::HostTensor;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceCaps {
     /// A CPU: work items are spread over `threads` threads and vectorized `lanes` wide (4 for
-    /// the Cranelift backend's 128-bit vectors).
+    /// the Cranelift backend's 128-bit vectors, up to 16 for the LLVM backend).
     Cpu {
         /// Worker threads.
         threads: u32,
@@ -33,13 +33,18 @@ pub enum DeviceCaps {
 
 impl DeviceCaps {
     /// The capabilities of `dev`, from its backend: `cranelift` is a CPU with the machine's
-    /// threads and 4 lanes; `ptx` and `wgsl` are GPUs (assumed 64 Ki resident threads);
+    /// threads and 4 lanes, `llvm` the same with 16 (AVX-512; the tile rule does not depend on
+    /// the lanes); `ptx` and `wgsl` are GPUs (assumed 64 Ki resident threads);
     /// anything else (the interpreter) a one-thread CPU.
     pub fn of(dev: &dyn Device) -> DeviceCaps {
         match dev.backend() {
             "cranelift" => DeviceCaps::Cpu {
                 threads: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
                 lanes: 4,
+            },
+            "llvm" => DeviceCaps::Cpu {
+                threads: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+                lanes: 16,
             },
             "ptx" | "wgsl" => DeviceCaps::Gpu {
                 parallel_threads: 65536,

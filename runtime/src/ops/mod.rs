@@ -37,7 +37,9 @@ mod optim;
 mod optim1;
 mod optim4;
 mod optim_ademamix;
+mod optim_clip;
 mod optim_norm;
+mod optim_norm1;
 mod quant4;
 
 pub use activation::{act_beta, act_beta_backward};
@@ -56,14 +58,21 @@ pub use matmul4::{
     matmul_4bit, matmul_4bit_backward_input, suggest_tile_sizes, DeviceCaps, Linear4bit,
 };
 pub use optim::{adam_step_32bit, adam_step_8bit, AdamState32, AdamState8, OPTIM_PARAM_DTYPES};
+pub use optim::{adam_step_32bit_opts, adam_step_8bit_opts, GradOptions};
 pub use optim1::{optim1_step_32bit, optim1_step_8bit, Optim1State8};
+pub use optim1::{optim1_step_32bit_opts, optim1_step_8bit_opts};
 pub use optim4::{qadamw_step, MomentState, QAdamRng, QAdamState};
 pub use optim_ademamix::{
     ademamix_step_32bit, ademamix_step_8bit, AdemamixState32, AdemamixState8,
 };
+pub use optim_clip::{grad_sqnorm_partials, sum_partials};
 pub use optim_norm::{
     lamb_norm_partials, lamb_step_32bit, lamb_update_32bit, lars_norm_partials, lars_step_32bit,
-    lars_update_32bit, norm_scale, NormPartials,
+    lars_update_32bit, norm_scale, norm_scale_eps, NormPartials,
+};
+pub use optim_norm1::{
+    optim1_norm_partials, optim1_norm_scale, optim1_step_32bit_max_unorm,
+    optim1_update_scaled_32bit,
 };
 pub use qforge_ir::library::Layout;
 pub use qforge_ir::library::TileConfig;

@@ -2,8 +2,10 @@
 //! `AdamW`, `Adam8bit`, `AdamW8bit`), over any [`Device`]. The formulas are in
 //! [`qforge_ir::library::optim`] and `docs/optimizers.md`.
 
-use qforge_ir::library::{AdamHyper, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
-use qforge_ir::{Arg, DType};
+use qforge_ir::library::{
+    AdamHyper, OptimAlgo, OptimExtSpec, OptimSpec, StateBits, OPTIM_BLOCKSIZE,
+};
+use qforge_ir::{Arg, DType, Kernel};
 
 use super::{cached_kernel, count_u32, f32_le, float_input, le_f32, scalar_u32};
 use crate::device::Device;
@@ -100,6 +102,66 @@ pub(super) fn expect(op: &str, what: &str, got: usize, want: usize) -> Result<()
     }
 }
 
+/// bitsandbytes' per-step gradient options of an update ([`qforge_ir::library::optim_ext`]):
+/// the gradient is multiplied by `gnorm_scale` first (percentile clipping), and with
+/// `skip_zeros` elements whose gradient is zero keep their parameter and state (where
+/// bitsandbytes honours it: not the 8-bit Adam / AdamW kernels). The default (`1.0`, off) runs
+/// the plain kernels.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GradOptions {
+    /// Factor applied to the gradient (`1.0`: none).
+    pub gnorm_scale: f32,
+    /// Skip elements whose gradient is exactly zero.
+    pub skip_zeros: bool,
+}
+
+impl Default for GradOptions {
+    fn default() -> Self {
+        GradOptions {
+            gnorm_scale: 1.0,
+            skip_zeros: false,
+        }
+    }
+}
+
+impl GradOptions {
+    /// Whether these are the defaults (the plain kernels run).
+    pub fn is_default(&self) -> bool {
+        *self == GradOptions::default()
+    }
+
+    /// `Ok` for a finite `gnorm_scale` in `[0, 1]` (percentile clipping only scales down).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming the value.
+    pub(super) fn check(&self, op: &str) -> Result<()> {
+        let s = self.gnorm_scale;
+        if (0.0..=1.0).contains(&s) {
+            Ok(())
+        } else {
+            Err(Error::Invalid(format!(
+                "{op}: gnorm_scale = {s} is invalid: it must be in [0, 1]"
+            )))
+        }
+    }
+}
+
+/// The kernel of `plain` (with its name) or, for non-default options, of its `_gs` variant;
+/// and the extra scalars the variant takes.
+pub(super) fn kernel_for(
+    op: &str,
+    plain: (String, &dyn Fn() -> qforge_ir::Result<Kernel>),
+    ext: OptimExtSpec,
+    opts: &GradOptions,
+) -> Result<(std::sync::Arc<Kernel>, Vec<qforge_ir::Scalar>)> {
+    opts.check(op)?;
+    if opts.is_default() {
+        return Ok((cached_kernel(&plain.0, plain.1)?, Vec::new()));
+    }
+    let extra = ext.ext_args(opts.gnorm_scale, opts.skip_zeros);
+    Ok((cached_kernel(&ext.name(), || ext.build())?, extra))
+}
+
 /// One Adam (`algo = Adam`) or AdamW step with 32-bit state, in place: `params` and `state` are
 /// updated for step number `step` (1-based; bias corrections use it). Gradient elements that are
 /// NaN or ±inf zero their state and leave their parameter unchanged.
@@ -118,16 +180,51 @@ pub fn adam_step_32bit(
     hyper: &AdamHyper,
     step: u32,
 ) -> Result<()> {
+    adam_step_32bit_opts(
+        dev,
+        algo,
+        params,
+        grads,
+        state,
+        hyper,
+        step,
+        &GradOptions::default(),
+    )
+}
+
+/// [`adam_step_32bit`] with bitsandbytes' gradient options ([`GradOptions`]): the gradient is
+/// scaled by `gnorm_scale`, and with `skip_zeros` an element whose scaled gradient is `±0`
+/// keeps its parameter and both moments.
+///
+/// # Errors
+/// As [`adam_step_32bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+#[allow(clippy::too_many_arguments)]
+pub fn adam_step_32bit_opts(
+    dev: &dyn Device,
+    algo: OptimAlgo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState32,
+    hyper: &AdamHyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<()> {
     const OP: &str = "adam_step_32bit";
     let (n, spec) = prepare(OP, algo, StateBits::Bits32, params, grads)?;
     expect(OP, "state1", state.state1.len(), n as usize)?;
     expect(OP, "state2", state.state2.len(), n as usize)?;
     let scalars = hyper.scalars(&spec, step)?;
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (kernel, extra) = kernel_for(
+        OP,
+        (spec.name(), &|| spec.build()),
+        OptimExtSpec::Adam(spec),
+        opts,
+    )?;
     let mut s1 = f32_le(&state.state1);
     let mut s2 = f32_le(&state.state2);
     let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
     args.extend(scalars.kernel_args(&spec).into_iter().map(Arg::Scalar));
+    args.extend(extra.into_iter().map(Arg::Scalar));
     args.extend([
         Arg::Write(&mut params.data),
         Arg::Read(&grads.data),
@@ -156,6 +253,34 @@ pub fn adam_step_8bit(
     hyper: &AdamHyper,
     step: u32,
 ) -> Result<()> {
+    adam_step_8bit_opts(
+        dev,
+        algo,
+        params,
+        grads,
+        state,
+        hyper,
+        step,
+        &GradOptions::default(),
+    )
+}
+
+/// [`adam_step_8bit`] with bitsandbytes' gradient options: the gradient is scaled by
+/// `gnorm_scale`; `skip_zeros` is ignored, as bitsandbytes' blockwise 8-bit Adam kernel does.
+///
+/// # Errors
+/// As [`adam_step_8bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+#[allow(clippy::too_many_arguments)]
+pub fn adam_step_8bit_opts(
+    dev: &dyn Device,
+    algo: OptimAlgo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState8,
+    hyper: &AdamHyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<()> {
     const OP: &str = "adam_step_8bit";
     let (n, spec) = prepare(OP, algo, StateBits::Bits8, params, grads)?;
     let blocks = n.div_ceil(OPTIM_BLOCKSIZE);
@@ -164,11 +289,22 @@ pub fn adam_step_8bit(
     expect(OP, "absmax1", state.absmax1.len(), blocks as usize)?;
     expect(OP, "absmax2", state.absmax2.len(), blocks as usize)?;
     let scalars = hyper.scalars(&spec, step)?;
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    // Without a scale there is nothing for the variant to do.
+    let opts = GradOptions {
+        skip_zeros: false,
+        ..*opts
+    };
+    let (kernel, extra) = kernel_for(
+        OP,
+        (spec.name(), &|| spec.build()),
+        OptimExtSpec::Adam(spec),
+        &opts,
+    )?;
     let mut a1 = f32_le(&state.absmax1);
     let mut a2 = f32_le(&state.absmax2);
     let mut args = vec![scalar_u32(n), scalar_u32(blocks)];
     args.extend(scalars.kernel_args(&spec).into_iter().map(Arg::Scalar));
+    args.extend(extra.into_iter().map(Arg::Scalar));
     args.extend([
         Arg::Write(&mut params.data),
         Arg::Read(&grads.data),

@@ -2,11 +2,13 @@
 //! and their `8bit` variants) with 32-bit or 8-bit blockwise state, over any [`Device`]. The
 //! formulas are in [`qforge_ir::library::optim1`] and `docs/optimizers.md`.
 
-use qforge_ir::library::{Optim1Algo, Optim1Hyper, Optim1Spec, StateBits, OPTIM_BLOCKSIZE};
+use qforge_ir::library::{
+    Optim1Algo, Optim1Hyper, Optim1Scalars, Optim1Spec, OptimExtSpec, StateBits, OPTIM_BLOCKSIZE,
+};
 use qforge_ir::{Arg, DType};
 
-use super::optim::expect;
-use super::{cached_kernel, count_u32, f32_le, float_input, le_f32, scalar_u32};
+use super::optim::{expect, kernel_for, GradOptions};
+use super::{count_u32, f32_le, float_input, le_f32, scalar_u32};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
@@ -32,7 +34,7 @@ impl Optim1State8 {
 }
 
 /// Checks the parameter/gradient pair (f32 only, same shape); returns `n` and the spec.
-fn prepare(
+pub(super) fn prepare(
     op: &str,
     algo: Optim1Algo,
     state: StateBits,
@@ -74,14 +76,60 @@ pub fn optim1_step_32bit(
     hyper: &Optim1Hyper,
     step: u32,
 ) -> Result<()> {
+    let opts = GradOptions::default();
+    optim1_step_32bit_opts(dev, algo, params, grads, state1, hyper, step, &opts)
+}
+
+/// [`optim1_step_32bit`] with bitsandbytes' gradient options ([`GradOptions`]): the gradient
+/// is scaled by `gnorm_scale`; with `skip_zeros`, an element whose scaled gradient after
+/// coupled weight decay (`g * gnorm_scale + p * weight_decay`; Lion: without it) is `±0` keeps
+/// its parameter and state.
+///
+/// # Errors
+/// As [`optim1_step_32bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+#[allow(clippy::too_many_arguments)]
+pub fn optim1_step_32bit_opts(
+    dev: &dyn Device,
+    algo: Optim1Algo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state1: &mut [f32],
+    hyper: &Optim1Hyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<()> {
     const OP: &str = "optim1_step_32bit";
-    let (n, spec) = prepare(OP, algo, StateBits::Bits32, params, grads)?;
+    // The tensors first, then the hyperparameters (the errors' order of the plain op).
+    let (n, _) = prepare(OP, algo, StateBits::Bits32, params, grads)?;
     expect(OP, "state1", state1.len(), n as usize)?;
     let scalars = hyper.scalars(algo, step)?;
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    launch32(OP, dev, algo, params, grads, state1, &scalars, opts)
+}
+
+/// Launches the 32-bit kernel of `algo` (or its `_gs` variant) with the given scalars.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn launch32(
+    op: &str,
+    dev: &dyn Device,
+    algo: Optim1Algo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state1: &mut [f32],
+    scalars: &Optim1Scalars,
+    opts: &GradOptions,
+) -> Result<()> {
+    let (n, spec) = prepare(op, algo, StateBits::Bits32, params, grads)?;
+    expect(op, "state1", state1.len(), n as usize)?;
+    let (kernel, extra) = kernel_for(
+        op,
+        (spec.name(), &|| spec.build()),
+        OptimExtSpec::One(spec),
+        opts,
+    )?;
     let mut s1 = f32_le(state1);
     let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
     args.extend(scalars.kernel_args().into_iter().map(Arg::Scalar));
+    args.extend(extra.into_iter().map(Arg::Scalar));
     args.extend([
         Arg::Write(&mut params.data),
         Arg::Read(&grads.data),
@@ -109,16 +157,45 @@ pub fn optim1_step_8bit(
     hyper: &Optim1Hyper,
     step: u32,
 ) -> Result<()> {
+    let opts = GradOptions::default();
+    optim1_step_8bit_opts(dev, algo, params, grads, state, hyper, step, &opts)
+}
+
+/// [`optim1_step_8bit`] with bitsandbytes' gradient options ([`GradOptions`]): the gradient is
+/// scaled by `gnorm_scale` (RMSprop's and Adagrad's update numerator stays the raw gradient,
+/// as in bitsandbytes); with `skip_zeros`, an element whose raw gradient is `±0` keeps its
+/// parameter, and its state keeps its dequantized value (requantized with the block's new
+/// absmax).
+///
+/// # Errors
+/// As [`optim1_step_8bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+#[allow(clippy::too_many_arguments)]
+pub fn optim1_step_8bit_opts(
+    dev: &dyn Device,
+    algo: Optim1Algo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut Optim1State8,
+    hyper: &Optim1Hyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<()> {
     const OP: &str = "optim1_step_8bit";
     let (n, spec) = prepare(OP, algo, StateBits::Bits8, params, grads)?;
     let blocks = n.div_ceil(OPTIM_BLOCKSIZE);
     expect(OP, "state1", state.state1.len(), n as usize)?;
     expect(OP, "absmax1", state.absmax1.len(), blocks as usize)?;
     let scalars = hyper.scalars(algo, step)?;
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (kernel, extra) = kernel_for(
+        OP,
+        (spec.name(), &|| spec.build()),
+        OptimExtSpec::One(spec),
+        opts,
+    )?;
     let mut a1 = f32_le(&state.absmax1);
     let mut args = vec![scalar_u32(n), scalar_u32(blocks)];
     args.extend(scalars.kernel_args().into_iter().map(Arg::Scalar));
+    args.extend(extra.into_iter().map(Arg::Scalar));
     args.extend([
         Arg::Write(&mut params.data),
         Arg::Read(&grads.data),

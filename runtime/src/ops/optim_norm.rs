@@ -38,7 +38,7 @@ impl NormPartials {
 }
 
 /// Checks a scale from [`norm_scale`]: finite and `>= 0` (the kernel yields values in `[0, 1]`).
-fn check_scale(op: &str, scale: f32) -> Result<()> {
+pub(super) fn check_scale(op: &str, scale: f32) -> Result<()> {
     if scale.is_finite() && scale >= 0.0 {
         Ok(())
     } else {
@@ -74,15 +74,26 @@ fn partials(
     scalars: Vec<Scalar>,
     inputs: &[&[u8]],
 ) -> Result<NormPartials> {
-    let blocks = n.div_ceil(OPTIM_BLOCKSIZE);
     let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    partials_with(dev, &kernel, n, scalars, inputs)
+}
+
+/// Launches a built partials kernel (the layout of [`partials`]).
+pub(super) fn partials_with(
+    dev: &dyn Device,
+    kernel: &qforge_ir::Kernel,
+    n: u32,
+    scalars: Vec<Scalar>,
+    inputs: &[&[u8]],
+) -> Result<NormPartials> {
+    let blocks = n.div_ceil(OPTIM_BLOCKSIZE);
     let mut up = vec![0u8; 4 * blocks as usize];
     let mut pp = vec![0u8; 4 * blocks as usize];
     let mut args = vec![scalar_u32(n), scalar_u32(blocks)];
     args.extend(scalars.into_iter().map(Arg::Scalar));
     args.extend(inputs.iter().map(|b| Arg::Read(b)));
     args.extend([Arg::Write(&mut up), Arg::Write(&mut pp)]);
-    dev.launch(&kernel, &mut args)?;
+    dev.launch(kernel, &mut args)?;
     Ok(NormPartials {
         unorm: le_f32(&up),
         pnorm: le_f32(&pp),
@@ -152,7 +163,26 @@ pub fn lars_norm_partials(
 /// [`Error::Invalid`] for empty partials, arrays of different lengths, more than `2^31 - 1`
 /// blocks, or a `max_unorm` that is not finite and `>= 0`; any device error.
 pub fn norm_scale(dev: &dyn Device, partials: &NormPartials, max_unorm: f64) -> Result<f32> {
+    norm_scale_eps(dev, partials, max_unorm, 0.0)
+}
+
+/// [`norm_scale`] with a threshold epsilon: `thr = max_unorm * pnorm + eps` (bitsandbytes'
+/// one-state kernels add the optimizer's `eps`; LARS passes 0).
+///
+/// # Errors
+/// As [`norm_scale`]; [`Error::Invalid`] for an `eps` that is not finite and `>= 0`.
+pub fn norm_scale_eps(
+    dev: &dyn Device,
+    partials: &NormPartials,
+    max_unorm: f64,
+    eps: f32,
+) -> Result<f32> {
     const OP: &str = "norm_scale";
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(Error::Invalid(format!(
+            "{OP}: eps = {eps} is invalid: it must be finite and >= 0"
+        )));
+    }
     let blocks = partials.unorm.len();
     if blocks == 0 || partials.pnorm.len() != blocks {
         return Err(Error::Invalid(format!(
@@ -174,7 +204,7 @@ pub fn norm_scale(dev: &dyn Device, partials: &NormPartials, max_unorm: f64) -> 
     let mut args = vec![
         scalar_u32(nb),
         Arg::Scalar(Scalar::f32(max_unorm as f32)),
-        Arg::Scalar(Scalar::f32(0.0)),
+        Arg::Scalar(Scalar::f32(eps)),
         Arg::Read(&up),
         Arg::Read(&pp),
         Arg::Write(&mut out),

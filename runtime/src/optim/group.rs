@@ -321,12 +321,24 @@ pub struct ParamGroup {
     /// State width. With [`StateBits::Bits8`], parameters with fewer than the optimizer's
     /// `min_8bit_size` elements keep 32-bit state (as bitsandbytes does).
     pub bits: StateBits,
-    /// bitsandbytes' `max_unorm` for Adam, AdamW and SGD groups with 32-bit state: `0` (the
-    /// default) is off; `> 0` scales each parameter's step by the trust ratio
-    /// `max_unorm * |p| / |u|` when the update norm `|u|` exceeds `max_unorm * |p|`, through the
-    /// LAMB / LARS kernels ([`ParamGroup::effective_kind`]). LAMB and LARS take it in their
-    /// hyperparameters instead, so it must stay 0 for them (and for every other rule).
+    /// bitsandbytes' `max_unorm` for Adam, AdamW, SGD, RMSprop and Adagrad groups with 32-bit
+    /// state: `0` (the default) is off; `> 0` scales each parameter's step by the trust ratio
+    /// `thr / |u|` when the update norm `|u|` exceeds `thr = max_unorm * |p|` (RMSprop and
+    /// Adagrad: `+ eps`), through the LAMB / LARS kernels ([`ParamGroup::effective_kind`]) or
+    /// RMSprop's / Adagrad's norm kernels. LAMB and LARS take it in their hyperparameters
+    /// instead, so it must stay 0 for them (and for Lion, AdEMAMix and quantized AdamW).
     pub max_unorm: f64,
+    /// bitsandbytes' `skip_zeros`: `true` leaves each element whose gradient is exactly zero
+    /// (its parameter and its state) untouched, where bitsandbytes honours it (32-bit state of
+    /// every rule but AdEMAMix; 8-bit state of Lion, SGD, RMSprop, Adagrad). bitsandbytes
+    /// ignores it for 8-bit Adam / AdamW and for AdEMAMix, and so does qforge; quantized AdamW,
+    /// LAMB, LARS and `max_unorm` groups refuse it. Default `false`.
+    pub skip_zeros: bool,
+    /// bitsandbytes' `percentile_clipping` (1..=100, default 100 = off): each parameter keeps
+    /// the squared norms of its last 100 gradients, and a gradient whose norm exceeds the
+    /// given percentile of that history is scaled down to it (`gnorm_scale`, see
+    /// `docs/optimizers.md`). Adam, AdamW, Lion, SGD, RMSprop, Adagrad (both widths).
+    pub percentile_clipping: u32,
 }
 
 impl ParamGroup {
@@ -341,7 +353,27 @@ impl ParamGroup {
             kind,
             bits,
             max_unorm: 0.0,
+            skip_zeros: false,
+            percentile_clipping: 100,
         }
+    }
+
+    /// The same group with `skip_zeros` set (see [`ParamGroup::skip_zeros`]).
+    pub fn with_skip_zeros(mut self, skip_zeros: bool) -> ParamGroup {
+        self.skip_zeros = skip_zeros;
+        self
+    }
+
+    /// The same group with `percentile_clipping` set (see
+    /// [`ParamGroup::percentile_clipping`]).
+    pub fn with_percentile_clipping(mut self, percentile: u32) -> ParamGroup {
+        self.percentile_clipping = percentile;
+        self
+    }
+
+    /// Whether the group clips gradients by percentile (`percentile_clipping < 100`).
+    pub fn clips(&self) -> bool {
+        self.percentile_clipping < 100
     }
 
     /// The same group with `max_unorm` set (see [`ParamGroup::max_unorm`]).
@@ -390,7 +422,54 @@ impl ParamGroup {
         if self.max_unorm != 0.0 {
             out.push(("max_unorm", self.max_unorm));
         }
+        if self.skip_zeros {
+            out.push(("skip_zeros", 1.0));
+        }
+        if self.clips() {
+            out.push(("percentile_clipping", f64::from(self.percentile_clipping)));
+        }
         out
+    }
+
+    /// Checks `skip_zeros` and `percentile_clipping` (see their docs).
+    fn check_grad_options(&self) -> std::result::Result<(), String> {
+        let p = self.percentile_clipping;
+        if !(1..=100).contains(&p) {
+            return Err(format!(
+                "percentile_clipping = {p} is invalid: it must be in 1..=100 (100: off)"
+            ));
+        }
+        let kind = self.kind.name();
+        let supported = match self.kind {
+            OptimizerKind::Adam(_)
+            | OptimizerKind::AdamW(_)
+            | OptimizerKind::Lion(_)
+            | OptimizerKind::Sgd(_)
+            | OptimizerKind::Rmsprop(_)
+            | OptimizerKind::Adagrad(_) => self.max_unorm == 0.0,
+            // bitsandbytes' AdEMAMix kernels ignore skip_zeros; percentile clipping is not
+            // implemented for it.
+            OptimizerKind::Ademamix(_) => !self.clips(),
+            OptimizerKind::QAdamW(_) | OptimizerKind::Lamb(_) | OptimizerKind::Lars(_) => false,
+        };
+        if supported || !(self.skip_zeros || self.clips()) {
+            return Ok(());
+        }
+        let what = if self.skip_zeros && !matches!(self.kind, OptimizerKind::Ademamix(_)) {
+            "skip_zeros = true".to_string()
+        } else {
+            format!("percentile_clipping = {p}")
+        };
+        let with = if self.max_unorm != 0.0 {
+            " with max_unorm"
+        } else {
+            ""
+        };
+        Err(format!(
+            "{what} is not supported for {kind}{with} (supported: adam, adamw, lion, sgd, \
+             rmsprop, adagrad without max_unorm; skip_zeros is also accepted, and ignored as \
+             bitsandbytes does, for ademamix)"
+        ))
     }
 
     /// Checks `max_unorm` (see [`ParamGroup::max_unorm`]).
@@ -404,31 +483,40 @@ impl ParamGroup {
                 "max_unorm = {m} is invalid: it must be finite and >= 0"
             ));
         }
-        match self.kind {
-            OptimizerKind::Adam(_) | OptimizerKind::AdamW(_) | OptimizerKind::Sgd(_) => {}
+        let why_not = match self.kind {
+            OptimizerKind::Adam(_)
+            | OptimizerKind::AdamW(_)
+            | OptimizerKind::Sgd(_)
+            | OptimizerKind::Rmsprop(_)
+            | OptimizerKind::Adagrad(_) => None,
             OptimizerKind::Lamb(_) | OptimizerKind::Lars(_) => {
                 return Err(format!(
-                    "max_unorm is set in {}'s hyperparameters, not on the group",
+                    "max_unorm = {m} is set on the group, but it belongs in {}'s \
+                     hyperparameters",
                     self.kind.name()
                 ))
             }
-            OptimizerKind::Lion(_)
-            | OptimizerKind::Rmsprop(_)
-            | OptimizerKind::Adagrad(_)
-            | OptimizerKind::Ademamix(_)
-            | OptimizerKind::QAdamW(_) => {
-                return Err(format!(
-                    "max_unorm is supported for adam, adamw and sgd groups, not {}",
-                    self.kind.name()
-                ))
+            OptimizerKind::Lion(_) => Some(
+                "bitsandbytes' Lion path sums the unsquared next-step interpolation after the \
+                 update and applies it one step late, which is not an update norm",
+            ),
+            OptimizerKind::Ademamix(_) => {
+                Some("bitsandbytes' AdEMAMix kernels compute no update norm and apply no scale")
             }
+            OptimizerKind::QAdamW(_) => Some("quantized AdamW is not a bitsandbytes optimizer"),
+        };
+        if let Some(why) = why_not {
+            return Err(format!(
+                "max_unorm = {m} is not supported for {} ({why}); supported: adam, adamw, sgd, \
+                 rmsprop, adagrad",
+                self.kind.name()
+            ));
         }
         if self.bits == StateBits::Bits8 {
-            return Err(
-                "max_unorm with 8-bit state is not supported: bitsandbytes' blockwise 8-bit \
-                 update has no update-norm clipping; use 32-bit state"
-                    .into(),
-            );
+            return Err(format!(
+                "max_unorm = {m} with 8-bit state is not supported: bitsandbytes' blockwise \
+                 8-bit update has no update-norm clipping; use 32-bit state"
+            ));
         }
         self.effective_kind().check().map_err(|e| {
             format!(
@@ -452,6 +540,7 @@ impl ParamGroup {
             )));
         }
         self.check_max_unorm()
+            .and_then(|()| self.check_grad_options())
             .map_err(|e| Error::Invalid(format!("optimizer: parameter group {index}: {e}")))
     }
 }

@@ -12,6 +12,7 @@
 //! gradients and packed state, a step holds at most one chunk's copy of the parameter, gradient
 //! and state (about `workspace_elems * (2 * param bytes + 2 * 8)` bytes for 32-bit state).
 
+mod clip;
 mod file;
 mod group;
 mod serial;
@@ -21,11 +22,13 @@ use std::collections::HashMap;
 
 use qforge_ir::library::{MomentScheme, OPTIM_BLOCKSIZE};
 
+pub use clip::GNORM_HISTORY;
 pub use group::{OptimizerKind, ParamGroup, QAdamWConfig, StateBits};
 pub use serial::{STATE_FORMAT_VERSION, STATE_METADATA_KEY};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::ops::GradOptions;
 use crate::tensor::HostTensor;
 use state::{Layout, ParamState};
 
@@ -67,6 +70,9 @@ struct Slot {
     /// Quantized AdamW: this parameter's first-moment scheme, replacing the group's
     /// ([`Optimizer::set_m1_quant_scheme_for_parameters`]).
     m1_scheme: Option<MomentScheme>,
+    /// Percentile clipping: the squared norms of the last [`GNORM_HISTORY`] gradients
+    /// (bitsandbytes' `gnorm_vec`), created with the state.
+    gnorm_vec: Option<Vec<f32>>,
 }
 
 /// A stateful optimizer over named parameters in groups.
@@ -120,6 +126,7 @@ impl Optimizer {
                     shape: None,
                     state: None,
                     m1_scheme: None,
+                    gnorm_vec: None,
                 });
             }
         }
@@ -256,7 +263,34 @@ impl Optimizer {
             let rng = (seed, *i as u32);
             // Adam / AdamW / SGD with a group `max_unorm` run the LAMB / LARS kernels.
             let kind = group.effective_kind();
-            let updated = state.update(dev, &kind, p, g, slot.step + 1, chunk, rng);
+            let step = slot.step + 1;
+            // Percentile clipping: the history is updated on a copy, kept only on success.
+            let mut history = None;
+            let mut opts = GradOptions {
+                gnorm_scale: 1.0,
+                skip_zeros: group.skip_zeros,
+            };
+            let clipped = if group.clips() {
+                clip::grad_sqnorm(dev, g, chunk).map(|sq| {
+                    let mut h = slot
+                        .gnorm_vec
+                        .clone()
+                        .unwrap_or_else(|| vec![0.0; GNORM_HISTORY]);
+                    opts.gnorm_scale =
+                        clip::record_and_scale(&mut h, sq, step, group.percentile_clipping);
+                    history = Some(h);
+                })
+            } else {
+                Ok(())
+            };
+            // RMSprop / Adagrad with a group `max_unorm` (Adam / AdamW / SGD carry theirs in
+            // the LAMB / LARS kind).
+            let unorm = match kind {
+                OptimizerKind::Rmsprop(_) | OptimizerKind::Adagrad(_) => group.max_unorm,
+                _ => 0.0,
+            };
+            let updated = clipped
+                .and_then(|()| state.update(dev, &kind, p, g, step, chunk, rng, &opts, unorm));
             if let Err(e) = updated {
                 // A parameter's first step that fails leaves no state behind (a state at
                 // step 0 could not be saved and loaded again).
@@ -270,6 +304,9 @@ impl Optimizer {
             }
             slot.shape = Some(p.shape.clone());
             slot.step += 1;
+            if history.is_some() {
+                slot.gnorm_vec = history;
+            }
         }
         Ok(())
     }

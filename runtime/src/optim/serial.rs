@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use qforge_ir::library::MomentScheme;
 
+use super::clip::GNORM_HISTORY;
 use super::group::{bits_number, ParamGroup};
 use super::state::{Layout, StateTensor};
 use super::Optimizer;
@@ -23,6 +24,17 @@ pub const STATE_METADATA_KEY: &str = "qforge.optimizer";
 pub const STATE_FORMAT_VERSION: u64 = 1;
 
 const FORMAT: &str = "qforge-optimizer";
+
+/// Suffix of a parameter's percentile-clipping history tensor (`<param>.gnorm_vec`, `f32[100]`).
+const GNORM_SUFFIX: &str = "gnorm_vec";
+
+/// A parameter's step count, shape, state and first-moment scheme read from a file.
+type LoadedParam = (
+    u32,
+    Option<Vec<usize>>,
+    Option<super::state::ParamState>,
+    Option<MomentScheme>,
+);
 
 fn err(msg: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("optimizer state: {msg}"))
@@ -125,6 +137,15 @@ impl Optimizer {
                     tensors.push((format!("{}.{}", slot.name, t.suffix), t));
                 }
             }
+            if let Some(h) = &slot.gnorm_vec {
+                let t = StateTensor {
+                    suffix: GNORM_SUFFIX,
+                    dtype: Dtype::F32,
+                    shape: vec![h.len()],
+                    data: crate::tensor::f32_bytes(h),
+                };
+                tensors.push((format!("{}.{GNORM_SUFFIX}", slot.name), t));
+            }
         }
         let meta = json!({
             "format": FORMAT,
@@ -182,11 +203,12 @@ impl Optimizer {
             .as_u64()
             .ok_or_else(|| err("metadata has no valid 'seed'"))?;
         let loaded = self.read_params(&meta, &st)?;
-        for (slot, (step, shape, state, m1)) in self.slots.iter_mut().zip(loaded) {
+        for (slot, ((step, shape, state, m1), gnorm)) in self.slots.iter_mut().zip(loaded) {
             slot.step = step;
             slot.shape = shape;
             slot.state = state;
             slot.m1_scheme = m1;
+            slot.gnorm_vec = gnorm;
         }
         self.options.seed = seed;
         Ok(())
@@ -258,13 +280,19 @@ impl Optimizer {
                     );
                 }
             }
-            // A group `max_unorm` recorded in the file but off here.
-            if !hyper.iter().any(|(n, _)| *n == "max_unorm") && !f["hyper"]["max_unorm"].is_null() {
-                return differ(
-                    "hyperparameter max_unorm",
-                    &f["hyper"]["max_unorm"],
-                    "0 (off)".into(),
-                );
+            // A group option recorded in the file but off here.
+            for (name, off) in [
+                ("max_unorm", "0 (off)"),
+                ("skip_zeros", "false"),
+                ("percentile_clipping", "100 (off)"),
+            ] {
+                if !hyper.iter().any(|(n, _)| *n == name) && !f["hyper"][name].is_null() {
+                    return differ(
+                        &format!("hyperparameter {name}"),
+                        &f["hyper"][name],
+                        off.into(),
+                    );
+                }
             }
         }
         if meta["min_8bit_size"].as_u64() != Some(self.options.min_8bit_size as u64) {
@@ -277,19 +305,11 @@ impl Optimizer {
     }
 
     /// Reads every parameter's step count, shape and state, checking every tensor.
-    #[allow(clippy::type_complexity)]
     fn read_params(
         &self,
         meta: &Value,
         st: &SafeTensors<'_>,
-    ) -> Result<
-        Vec<(
-            u32,
-            Option<Vec<usize>>,
-            Option<super::state::ParamState>,
-            Option<MomentScheme>,
-        )>,
-    > {
+    ) -> Result<Vec<(LoadedParam, Option<Vec<f32>>)>> {
         let entries = meta["params"]
             .as_array()
             .ok_or_else(|| err("metadata has no 'params' list"))?;
@@ -329,7 +349,7 @@ impl Optimizer {
                 if !e["state"].is_null() {
                     return Err(err(format!("parameter '{name}': state recorded at step 0")));
                 }
-                out.push((0, None, None, m1));
+                out.push(((0, None, None, m1), None));
                 continue;
             }
             let shape: Vec<usize> = e["shape"]
@@ -385,7 +405,27 @@ impl Optimizer {
                     )));
                 }
             }
-            out.push((step, Some(shape), Some(want.state_from(&datas)), m1));
+            // Percentile clipping's norm history (groups that clip, from step 1 on).
+            let gnorm = if group.clips() {
+                let tname = format!("{name}.{GNORM_SUFFIX}");
+                let view = st
+                    .tensor(&tname)
+                    .map_err(|_| err(format!("missing tensor '{tname}'")))?;
+                if view.dtype() != Dtype::F32 || view.shape() != [GNORM_HISTORY] {
+                    return Err(err(format!(
+                        "tensor '{tname}' has dtype {} and shape {:?}, expected F32 \
+                         [{GNORM_HISTORY}]",
+                        dtype_name(view.dtype()),
+                        view.shape()
+                    )));
+                }
+                expected.insert(tname);
+                Some(crate::tensor::bytes_f32(view.data()))
+            } else {
+                None
+            };
+            let loaded = (step, Some(shape), Some(want.state_from(&datas)), m1);
+            out.push((loaded, gnorm));
         }
         if let Some(extra) = st
             .names()

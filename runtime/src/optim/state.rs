@@ -12,10 +12,11 @@ use super::group::{Family, OptimizerKind, StateBits};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::{
-    adam_step_32bit, adam_step_8bit, ademamix_step_32bit, ademamix_step_8bit, lamb_norm_partials,
-    lamb_update_32bit, lars_norm_partials, lars_update_32bit, norm_scale, optim1_step_32bit,
-    optim1_step_8bit, qadamw_step, AdamState32, AdamState8, AdemamixState32, AdemamixState8,
-    MomentState, NormPartials, Optim1State8, QAdamRng, QAdamState,
+    adam_step_32bit_opts, adam_step_8bit_opts, ademamix_step_32bit, ademamix_step_8bit,
+    lamb_norm_partials, lamb_update_32bit, lars_norm_partials, lars_update_32bit, norm_scale,
+    optim1_norm_partials, optim1_norm_scale, optim1_step_32bit_opts, optim1_step_8bit_opts,
+    optim1_update_scaled_32bit, qadamw_step, AdamState32, AdamState8, AdemamixState32,
+    AdemamixState8, GradOptions, MomentState, NormPartials, Optim1State8, QAdamRng, QAdamState,
 };
 use crate::tensor::{bytes_f32, f32_bytes, HostTensor};
 
@@ -367,6 +368,8 @@ impl ParamState {
         step: u32,
         chunk: usize,
         rng: (u64, u32),
+        opts: &GradOptions,
+        max_unorm: f64,
     ) -> Result<()> {
         let layout = self.layout();
         let mismatch = || {
@@ -417,6 +420,22 @@ impl ParamState {
                     lars_update_32bit(dev, p, g, &mut s[r], h, step, scale)
                 })
             }
+            // RMSprop / Adagrad with `max_unorm`: partials of every chunk, one scale, then the
+            // scaled update chunk by chunk (as LAMB / LARS).
+            ParamState::One32(s) if max_unorm > 0.0 => {
+                let (algo, h) = kind.one_state().ok_or_else(mismatch)?;
+                let mut parts = NormPartials::zeros(params.numel());
+                for_chunks(params, grads, chunk, |p, g, r, b| {
+                    let part = optim1_norm_partials(dev, algo, p, g, &s[r], h, step)?;
+                    parts.unorm[b.clone()].copy_from_slice(&part.unorm);
+                    parts.pnorm[b].copy_from_slice(&part.pnorm);
+                    Ok(())
+                })?;
+                let scale = optim1_norm_scale(dev, &parts, h, max_unorm)?;
+                for_chunks(params, grads, chunk, |p, g, r, _| {
+                    optim1_update_scaled_32bit(dev, algo, p, g, &mut s[r], h, step, scale)
+                })
+            }
             ParamState::Adam32(s) => {
                 let (algo, h) = kind.adam().ok_or_else(mismatch)?;
                 for_chunks(params, grads, chunk, |p, g, r, _| {
@@ -424,7 +443,7 @@ impl ParamState {
                         state1: s.state1[r.clone()].to_vec(),
                         state2: s.state2[r.clone()].to_vec(),
                     };
-                    adam_step_32bit(dev, algo, p, g, &mut c, h, step)?;
+                    adam_step_32bit_opts(dev, algo, p, g, &mut c, h, step, opts)?;
                     s.state1[r.clone()].copy_from_slice(&c.state1);
                     s.state2[r].copy_from_slice(&c.state2);
                     Ok(())
@@ -439,7 +458,7 @@ impl ParamState {
                         state2: s.state2[r.clone()].to_vec(),
                         absmax2: s.absmax2[b.clone()].to_vec(),
                     };
-                    adam_step_8bit(dev, algo, p, g, &mut c, h, step)?;
+                    adam_step_8bit_opts(dev, algo, p, g, &mut c, h, step, opts)?;
                     s.state1[r.clone()].copy_from_slice(&c.state1);
                     s.absmax1[b.clone()].copy_from_slice(&c.absmax1);
                     s.state2[r].copy_from_slice(&c.state2);
@@ -450,7 +469,7 @@ impl ParamState {
             ParamState::One32(s) => {
                 let (algo, h) = kind.one_state().ok_or_else(mismatch)?;
                 for_chunks(params, grads, chunk, |p, g, r, _| {
-                    optim1_step_32bit(dev, algo, p, g, &mut s[r], h, step)
+                    optim1_step_32bit_opts(dev, algo, p, g, &mut s[r], h, step, opts)
                 })
             }
             ParamState::One8(s) => {
@@ -460,7 +479,7 @@ impl ParamState {
                         state1: s.state1[r.clone()].to_vec(),
                         absmax1: s.absmax1[b.clone()].to_vec(),
                     };
-                    optim1_step_8bit(dev, algo, p, g, &mut c, h, step)?;
+                    optim1_step_8bit_opts(dev, algo, p, g, &mut c, h, step, opts)?;
                     s.state1[r].copy_from_slice(&c.state1);
                     s.absmax1[b].copy_from_slice(&c.absmax1);
                     Ok(())

@@ -1,0 +1,202 @@
+//! `Stmt::Accumulate`: summation loops whose order is pinned by the IR.
+//!
+//! Each accumulator has `w` partials (`w` = the ways of the order, 1 for `Sequential`) in an
+//! array of the entry block, all starting at `-0.0`; element `i` does
+//! `partial[i % w] = fma(a, b, partial[i % w])` (`llvm.fma`, one rounding), and after the loop
+//! the halving tree combines them (`w' = w; while w' > 1 { w' /= 2; p[j] += p[j + w'] }`).
+//!
+//! With vector lanes on (`LlvmOptions::lanes`), a `Strided(w)` order and a body that can run in
+//! lanes (`lanes.rs`), the elements `0 .. len - len % g` first run in groups of
+//! `g = max(lanes, w)` consecutive elements: the body computes all `g` lanes at once, and the
+//! group's products are fused into a `<w x float>` vector of partials in chunks of `w` lanes,
+//! in order (lane `j` of chunk `c` is element `g0 + c*w + j`, whose partial is `j` because `w`
+//! divides `g0`). That is the scalar order for each partial, so the bits are the scalar bits.
+//! The partials vector is then stored into the array and the last `len % g` elements run the
+//! scalar body.
+
+use qforge_ir::{Accum, BinaryOp, CmpOp, ReduceOrder, ScalarType, Stmt, Value};
+
+use super::lanes::Carried;
+use crate::running::Rule;
+
+use super::emit::{internal, Emitter};
+use super::reduce::NEG_ZERO;
+use crate::error::Result;
+
+impl Emitter<'_> {
+    /// Lowers `Stmt::Accumulate` (see the module docs).
+    pub(super) fn accumulate(
+        &mut self,
+        index: Value,
+        len: Value,
+        order: ReduceOrder,
+        body: &[Stmt],
+        accs: &[Accum],
+    ) -> Result<()> {
+        let ways = match order {
+            ReduceOrder::Sequential => 1,
+            ReduceOrder::Strided(w) if (2..=64).contains(&w) && w.is_power_of_two() => w,
+            ReduceOrder::Strided(w) => {
+                return Err(internal(format!("strided accumulate with {w} ways")))
+            }
+        };
+        if accs.is_empty() {
+            return Err(internal("accumulate without accumulators"));
+        }
+        let len = self.val(len)?;
+        let arr_t = format!("[{ways} x float]");
+        let arrays: Vec<String> = accs.iter().map(|_| self.alloca(&arr_t)).collect();
+        for arr in &arrays {
+            let neg: Vec<String> = (0..ways).map(|_| format!("float {NEG_ZERO}")).collect();
+            self.line(format!(
+                "store {arr_t} [{}], {arr_t}* {arr}",
+                neg.join(", ")
+            ));
+        }
+        let lanes = self.opts.lanes;
+        let vector = lanes != 0 && ways > 1 && super::lanes::eligible(self.k, index, body, false);
+        let tail_start = if vector {
+            self.accumulate_groups(index, &len, ways, lanes.max(ways), body, accs, &arrays)?
+        } else {
+            "0".to_string()
+        };
+        self.counted_loop("i32", &tail_start, &len, 1, |e, i| {
+            e.set(index, i.to_string(), 1);
+            e.block(body)?;
+            let j = e.ins(format!("and i32 {i}, {}", ways - 1));
+            for (acc, arr) in accs.iter().zip(&arrays) {
+                let (a, b) = (e.val(acc.a)?, e.val(acc.b)?);
+                let p = e.ins(format!(
+                    "getelementptr {arr_t}, {arr_t}* {arr}, i64 0, i32 {j}"
+                ));
+                let old = e.ins(format!("load float, float* {p}"));
+                let new = e.fma(1, &a, &b, &old);
+                e.line(format!("store float {new}, float* {p}"));
+            }
+            Ok(())
+        })?;
+        for (acc, arr) in accs.iter().zip(&arrays) {
+            let total = self.tree_from_array(arr, ways);
+            self.assign_var(acc.var, &total)?;
+        }
+        Ok(())
+    }
+
+    /// The vector loop over groups of `g` elements (see the module docs); returns the first
+    /// element it leaves to the scalar loop (`len` rounded down to a multiple of `g`).
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate_groups(
+        &mut self,
+        index: Value,
+        len: &str,
+        ways: u32,
+        g: u32,
+        body: &[Stmt],
+        accs: &[Accum],
+        arrays: &[String],
+    ) -> Result<String> {
+        let vt = format!("<{ways} x float>");
+        let vecs: Vec<String> = accs.iter().map(|_| self.alloca(&vt)).collect();
+        let neg: Vec<String> = (0..ways).map(|_| format!("float {NEG_ZERO}")).collect();
+        for v in &vecs {
+            self.line(format!("store {vt} <{}>, {vt}* {v}", neg.join(", ")));
+        }
+        let end = self.ins(format!("and i32 {len}, {}", !(g - 1) as i32));
+        self.counted_loop("i32", "0", &end, g, |e, i0| {
+            e.lanes_body(index, i0, g, body, &[])?;
+            for (acc, v) in accs.iter().zip(&vecs) {
+                let (a, b) = (e.get(acc.a, g)?, e.get(acc.b, g)?);
+                let mut p = e.ins(format!("load {vt}, {vt}* {v}"));
+                for c in 0..g / ways {
+                    let (ac, bc) = if g == ways {
+                        (a.clone(), b.clone())
+                    } else {
+                        let ids: Vec<String> =
+                            (0..ways).map(|j| format!("i32 {}", c * ways + j)).collect();
+                        let mask = format!("<{ways} x i32> <{}>", ids.join(", "));
+                        let gt = format!("<{g} x float>");
+                        (
+                            e.ins(format!("shufflevector {gt} {a}, {gt} undef, {mask}")),
+                            e.ins(format!("shufflevector {gt} {b}, {gt} undef, {mask}")),
+                        )
+                    };
+                    p = e.fma(ways, &ac, &bc, &p);
+                }
+                e.line(format!("store {vt} {p}, {vt}* {v}"));
+            }
+            Ok(())
+        })?;
+        for (v, arr) in vecs.iter().zip(arrays) {
+            let p = self.ins(format!("load {vt}, {vt}* {v}"));
+            let as_vec = self.ins(format!("bitcast [{ways} x float]* {arr} to {vt}*"));
+            self.line(format!("store {vt} {p}, {vt}* {as_vec}, align 4"));
+        }
+        Ok(end)
+    }
+}
+
+impl Emitter<'_> {
+    /// `for index in start..end` (step 1) over a body that [`super::lanes::eligible`]
+    /// accepted with stores: groups of `lanes` iterations in vectors (`lanes.rs`), then the
+    /// remaining iterations as scalar code.
+    pub(super) fn vector_for(
+        &mut self,
+        index: Value,
+        start: &str,
+        end: &str,
+        lanes: u32,
+        body: &[Stmt],
+    ) -> Result<()> {
+        let some = self.ins(format!("icmp ult i32 {start}, {end}"));
+        let diff = self.ins(format!("sub i32 {end}, {start}"));
+        let n = self.ins(format!("select i1 {some}, i32 {diff}, i32 0"));
+        let whole = self.ins(format!("and i32 {n}, {}", !(lanes - 1) as i32));
+        let vend = self.ins(format!("add i32 {start}, {whole}"));
+        let reductions = crate::running::running_reductions(self.k, body)
+            .ok_or_else(|| internal("vector loop with an assignment that is not a reduction"))?;
+        let vt = format!("<{lanes} x float>");
+        let mut running = Vec::new();
+        for red in reductions {
+            // Maxima: every lane starts from the variable's value before the loop.
+            let acc = match red.rule {
+                Rule::Sum => None,
+                Rule::MaxSkipNan | Rule::MaxPropagateNan => {
+                    let acc = self.alloca(&vt);
+                    let c = self.op(&qforge_ir::Op::ReadVar(red.var), ScalarType::F32)?;
+                    let splat = self.splat(&c, "float", lanes);
+                    self.line(format!("store {vt} {splat}, {vt}* {acc}"));
+                    Some(acc)
+                }
+            };
+            running.push(Carried { red, lanes: acc });
+        }
+        self.counted_loop("i32", start, &vend, lanes, |e, i0| {
+            e.lanes_body(index, i0, lanes, body, &running)
+        })?;
+        // The lanes of each maximum combined in lane order with the scalar update.
+        for c in &running {
+            let Some(acc) = &c.lanes else { continue };
+            let v = self.ins(format!("load {vt}, {vt}* {acc}"));
+            let mut total = self.ins(format!("extractelement {vt} {v}, i32 0"));
+            for l in 1..lanes {
+                let x = self.ins(format!("extractelement {vt} {v}, i32 {l}"));
+                total = match c.red.rule {
+                    Rule::MaxPropagateNan => {
+                        let gt = self.compare(CmpOp::Gt, ScalarType::F32, 1, &x, &total);
+                        let nan = self.compare(CmpOp::Ne, ScalarType::F32, 1, &x, &x);
+                        let take = self.ins(format!("or i1 {gt}, {nan}"));
+                        self.select(&take, ScalarType::F32, 1, &x, &total)
+                    }
+                    Rule::MaxSkipNan | Rule::Sum => {
+                        self.binary(BinaryOp::Max, ScalarType::F32, 1, &total, &x)?
+                    }
+                };
+            }
+            self.assign_var(c.red.var, &total)?;
+        }
+        self.counted_loop("i32", &vend, end, 1, |e, i| {
+            e.set(index, i.to_string(), 1);
+            e.block(body)
+        })
+    }
+}

@@ -1,0 +1,107 @@
+//! The LLVM CPU backend: lowers a verified [`Kernel`] to the text of one LLVM IR module (LLVM 14
+//! syntax, typed pointers) holding one function. The text is device-free and deterministic; the
+//! runtime's `llvm` feature parses it, optimizes it for the host CPU (all its vector extensions,
+//! e.g. AVX-512) and JIT-compiles it.
+//!
+//! # ABI of the lowered function
+//!
+//! `void @qforge_kernel(i64* %args, i32 %begin, i32 %end)`: the same ABI, argument slots and
+//! bounds-check reporting as the Cranelift backend ([`crate::cranelift`], [`ArgLayout`]), so
+//! one CPU launcher runs either.
+//!
+//! # Semantics
+//!
+//! Every op follows the doc comments of [`qforge_ir::Op`] to the bit. LLVM keeps IEEE semantics
+//! when no fast-math flag is given, and none is ever emitted: `fadd`/`fmul`/`fdiv` round to
+//! nearest even and never contract, `fma` only for [`qforge_ir::Op::Fma`] (`llvm.fma`),
+//! `sqrt` is `llvm.sqrt` (correctly rounded), min/max are compare + select, `fneg`/`fabs` are
+//! sign-bit operations. What LLVM leaves undefined is made defined before it reaches LLVM:
+//! shift amounts are masked to `& 31`, integer division guards its divisor (a zero divisor and
+//! `i32::MIN / -1` as the IR says), float-to-int conversions use the saturating intrinsics
+//! (`llvm.fptoui.sat`, NaN to 0) after rounding with `llvm.roundeven`/`floor`/`ceil`, and
+//! buffer accesses are `align 1` (buffers need not be aligned). Reductions and `accumulate`
+//! statements follow their stated order: see `reduce.rs` and `accumulate.rs`.
+
+mod accumulate;
+mod arith;
+mod emit;
+mod lanes;
+mod memory;
+mod reduce;
+
+use qforge_ir::Kernel;
+
+pub use crate::cranelift::ArgLayout;
+use crate::error::Result;
+
+/// The backend name used in errors and in `qforge check`.
+pub const BACKEND: &str = "llvm";
+
+/// The name of the emitted function.
+pub const ENTRY: &str = "qforge_kernel";
+
+/// Choices that change the emitted module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LlvmOptions {
+    /// Check every buffer access against the buffer's element count (as
+    /// [`crate::cranelift::LowerOptions::bounds_checks`]).
+    pub bounds_checks: bool,
+    /// Lanes of the explicit vector code for `Strided` `accumulate` statements (see
+    /// `accumulate.rs`): a power of two from 4 to 64, or 0 for scalar code only. 16 suits
+    /// AVX-512, 8 AVX2.
+    pub lanes: u32,
+}
+
+impl Default for LlvmOptions {
+    /// Bounds checks on, 16 lanes.
+    fn default() -> Self {
+        LlvmOptions {
+            bounds_checks: true,
+            lanes: 16,
+        }
+    }
+}
+
+/// The LLVM backend with its options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LlvmBackend {
+    /// How to lower.
+    pub options: LlvmOptions,
+}
+
+impl crate::Backend for LlvmBackend {
+    type Artifact = String;
+
+    fn name(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn lower(&self, kernel: &Kernel) -> Result<String> {
+        lower(kernel, &self.options)
+    }
+
+    fn emit_text(&self, kernel: &Kernel) -> Result<String> {
+        lower(kernel, &self.options)
+    }
+}
+
+/// Verifies `kernel` and lowers it to the text of an LLVM IR module defining [`ENTRY`] with the
+/// ABI of the module docs.
+///
+/// # Errors
+/// [`crate::Error::Ir`] when the kernel does not verify, [`crate::Error::Unsupported`] for an
+/// f16/bf16 store rounding other than `rne` or an unsupported lane count.
+pub fn lower(kernel: &Kernel, options: &LlvmOptions) -> Result<String> {
+    qforge_ir::verify(kernel)?;
+    let lanes = options.lanes;
+    if lanes != 0 && (!(4..=64).contains(&lanes) || !lanes.is_power_of_two()) {
+        return Err(crate::Error::Unsupported {
+            backend: BACKEND,
+            op: format!(
+                "{} vector lanes (use 0 or a power of two from 4 to 64)",
+                options.lanes
+            ),
+        });
+    }
+    emit::module(kernel, options)
+}

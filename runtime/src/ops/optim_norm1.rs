@@ -1,0 +1,132 @@
+//! `max_unorm` steps of 32-bit RMSprop and Adagrad (bitsandbytes' `max_unorm` of
+//! `Optimizer1State`), over any [`Device`]: the update-norm partials
+//! ([`qforge_ir::library::optim_norm1`]), LAMB/LARS's scale kernel with the optimizer's `eps`
+//! as the threshold epsilon, and the plain update kernel with `lr` and `neg_lr` multiplied by
+//! the scale. As with LAMB/LARS the pieces are public, so a chunked caller gathers the partials
+//! of every chunk, takes one scale, then updates chunk by chunk. Formulas:
+//! `docs/optimizers.md`, section "max_unorm for RMSprop and Adagrad".
+
+use qforge_ir::library::optim_norm1::partials_args;
+use qforge_ir::library::{Optim1Algo, Optim1Hyper, OptimExtSpec, StateBits};
+use qforge_ir::DType;
+
+use super::optim::{expect, GradOptions};
+use super::optim1::{launch32, prepare};
+use super::optim_norm::{check_scale, norm_scale_eps, partials_with, NormPartials};
+use super::{cached_kernel, count_u32, f32_le, float_input};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::tensor::HostTensor;
+
+/// Checks the rule: RMSprop and Adagrad only.
+fn check_algo(op: &str, algo: Optim1Algo) -> Result<()> {
+    match algo {
+        Optim1Algo::Rmsprop | Optim1Algo::Adagrad => Ok(()),
+        Optim1Algo::Lion | Optim1Algo::Sgd => Err(Error::Invalid(format!(
+            "{op}: max_unorm here is for rmsprop and adagrad, not {} (SGD: the LARS ops)",
+            algo.name()
+        ))),
+    }
+}
+
+/// The update-norm partials of step `step` (1-based) of RMSprop / Adagrad for an `f32`
+/// parameter, its gradient and its state before the step; nothing is modified.
+///
+/// # Errors
+/// [`Error::Invalid`] for another rule, an empty or non-f32 parameter, a gradient of another
+/// dtype or shape, state of the wrong length, more than `2^31 - 1` elements; [`Error::Ir`] for
+/// invalid hyperparameters or step 0; any device error.
+pub fn optim1_norm_partials(
+    dev: &dyn Device,
+    algo: Optim1Algo,
+    params: &HostTensor,
+    grads: &HostTensor,
+    state1: &[f32],
+    hyper: &Optim1Hyper,
+    step: u32,
+) -> Result<NormPartials> {
+    const OP: &str = "optim1_norm_partials";
+    check_algo(OP, algo)?;
+    let n = float_input(OP, params)?;
+    float_input(OP, grads)?;
+    if params.dtype != DType::F32 || grads.dtype != DType::F32 || grads.shape != params.shape {
+        return Err(Error::Invalid(format!(
+            "{OP}: the parameter and the gradient must both be f32 of one shape, got {} {:?} and \
+             {} {:?}",
+            params.dtype, params.shape, grads.dtype, grads.shape
+        )));
+    }
+    let n = count_u32(OP, "the parameter", n as usize)?;
+    expect(OP, "state1", state1.len(), n as usize)?;
+    let s = hyper.scalars(algo, step)?;
+    let s1 = f32_le(state1);
+    let inputs: [&[u8]; 3] = [&params.data, &grads.data, &s1];
+    let spec = OptimExtSpec::Norm1(algo);
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    partials_with(dev, &kernel, n, partials_args(&s), &inputs)
+}
+
+/// The scale of a whole tensor from its partials: `norm_scale` with the threshold epsilon
+/// `f32(hyper.eps)`.
+///
+/// # Errors
+/// As [`norm_scale_eps`].
+pub fn optim1_norm_scale(
+    dev: &dyn Device,
+    partials: &NormPartials,
+    hyper: &Optim1Hyper,
+    max_unorm: f64,
+) -> Result<f32> {
+    norm_scale_eps(dev, partials, max_unorm, hyper.eps as f32)
+}
+
+/// The RMSprop / Adagrad update of step `step` with the step multiplied by `scale`, in place:
+/// the plain 32-bit kernel with `lr * scale` and `-lr * scale` (`f32` products).
+///
+/// # Errors
+/// As [`optim1_norm_partials`]; [`Error::Invalid`] for a `scale` that is not finite and
+/// `>= 0`.
+#[allow(clippy::too_many_arguments)]
+pub fn optim1_update_scaled_32bit(
+    dev: &dyn Device,
+    algo: Optim1Algo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state1: &mut [f32],
+    hyper: &Optim1Hyper,
+    step: u32,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "optim1_update_scaled_32bit";
+    check_algo(OP, algo)?;
+    check_scale(OP, scale)?;
+    let (n, _) = prepare(OP, algo, StateBits::Bits32, params, grads)?;
+    expect(OP, "state1", state1.len(), n as usize)?;
+    let mut s = hyper.scalars(algo, step)?;
+    s.lr *= scale;
+    s.neg_lr *= scale;
+    let opts = GradOptions::default();
+    launch32(OP, dev, algo, params, grads, state1, &s, &opts)
+}
+
+/// One whole-tensor RMSprop / Adagrad step with `max_unorm` (partials, scale, scaled update);
+/// returns the scale.
+///
+/// # Errors
+/// As the pieces.
+#[allow(clippy::too_many_arguments)]
+pub fn optim1_step_32bit_max_unorm(
+    dev: &dyn Device,
+    algo: Optim1Algo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state1: &mut [f32],
+    hyper: &Optim1Hyper,
+    step: u32,
+    max_unorm: f64,
+) -> Result<f32> {
+    let parts = optim1_norm_partials(dev, algo, params, grads, state1, hyper, step)?;
+    let scale = optim1_norm_scale(dev, &parts, hyper, max_unorm)?;
+    optim1_update_scaled_32bit(dev, algo, params, grads, state1, hyper, step, scale)?;
+    Ok(scale)
+}
