@@ -1,4 +1,4 @@
-//! One optimizer step on 16 Mi `f32` parameters on the CPU device, all in the same run: fp32
+//! One optimizer step on 16 Mi `f32` parameters on a CPU device, all in the same run: fp32
 //! AdamW (`adamw32`), 8-bit blockwise AdamW (`adamw8bit`) and the 4-bit AdamW recipes ZIP-SR
 //! (`adamw4bit_zip_sr`) and ZE-EDEN (`adamw4bit_ze_eden`), each next to a memcpy of the bytes
 //! its step touches (parameters read and written, gradients, codes, scales). The cases are
@@ -8,7 +8,8 @@
 //! kernel time against `adamw32` and against the memcpy (above 1: the step is faster).
 //!
 //! Run: `cargo bench --bench optim` (`-- --quick` for a short run; `QFORGE_BENCH_ELEMENTS`
-//! overrides the 16 Mi parameter count, `QFORGE_BENCH_FILTER=8bit` keeps matching cases only).
+//! overrides the 16 Mi parameter count, `QFORGE_BENCH_FILTER=8bit` keeps matching cases only,
+//! `QFORGE_BENCH_DEVICE=cpu-llvm` with `--features llvm` times the LLVM CPU device).
 
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use qforge::bench::baselines::MEMCPY;
 use qforge::bench::cases::CaseSize;
 use qforge::bench::optim_cases::{optim_cases, ADAMW32};
 use qforge::bench::{time_median, Runner, Timing};
-use qforge::runtime::CpuDevice;
+use qforge::runtime::Device;
 
 /// The timing behind the summary's ratios: the median of 3 runs after a warm-up (a 4-bit step
 /// takes seconds on 2 cores).
@@ -35,7 +36,7 @@ fn size() -> CaseSize {
 }
 
 /// Times one runner for the summary.
-fn median(run: &mut Runner, dev: &CpuDevice) -> Duration {
+fn median(run: &mut Runner, dev: &dyn Device) -> Duration {
     time_median(run, dev, &SUMMARY).expect("times")
 }
 
@@ -48,7 +49,10 @@ struct Row {
 }
 
 fn bench(c: &mut Criterion) {
-    let dev = CpuDevice::new().expect("cpu device");
+    // `QFORGE_BENCH_DEVICE=cpu-llvm` (with `--features llvm`) times the LLVM CPU device.
+    let name = std::env::var("QFORGE_BENCH_DEVICE").unwrap_or_else(|_| "cpu".into());
+    let dev = qforge::devices::device_by_name(&name).expect("the bench device");
+    let dev = dev.as_ref();
     let filter = std::env::var("QFORGE_BENCH_FILTER").unwrap_or_default();
     let n = size().elements();
     let mut cases = optim_cases(size());
@@ -68,16 +72,16 @@ fn bench(c: &mut Criterion) {
         if !(case.kernel == ADAMW32 || case.kernel.contains(&filter)) {
             continue;
         }
-        (case.run)(&dev).expect("warm-up");
-        group.bench_function(&case.kernel, |b| b.iter(|| (case.run)(&dev).expect("runs")));
-        let step = median(&mut case.run, &dev);
+        (case.run)(dev).expect("warm-up");
+        group.bench_function(&case.kernel, |b| b.iter(|| (case.run)(dev).expect("runs")));
+        let step = median(&mut case.run, dev);
         let Some(memcpy) = case.baselines.iter_mut().find(|b| b.name == MEMCPY) else {
             panic!("{} has no memcpy baseline", case.kernel);
         };
-        (memcpy.run)(&dev).expect("warm-up");
+        (memcpy.run)(dev).expect("warm-up");
         let id = format!("{MEMCPY}_{}_bytes", case.kernel);
-        group.bench_function(id, |b| b.iter(|| (memcpy.run)(&dev).expect("runs")));
-        let memcpy = median(&mut memcpy.run, &dev);
+        group.bench_function(id, |b| b.iter(|| (memcpy.run)(dev).expect("runs")));
+        let memcpy = median(&mut memcpy.run, dev);
         rows.push(Row {
             kernel: case.kernel.clone(),
             bytes: case.bytes,

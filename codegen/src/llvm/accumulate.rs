@@ -102,8 +102,7 @@ impl Emitter<'_> {
             self.line(format!("store {vt} <{}>, {vt}* {v}", neg.join(", ")));
         }
         let end = self.ins(format!("and i32 {len}, {}", !(g - 1) as i32));
-        self.counted_loop("i32", "0", &end, g, |e, i0| {
-            e.lanes_body(index, i0, g, body, &[])?;
+        let mut fuse = |e: &mut Self| -> Result<()> {
             for (acc, v) in accs.iter().zip(&vecs) {
                 let (a, b) = (e.get(acc.a, g)?, e.get(acc.b, g)?);
                 let mut p = e.ins(format!("load {vt}, {vt}* {v}"));
@@ -125,7 +124,8 @@ impl Emitter<'_> {
                 e.line(format!("store {vt} {p}, {vt}* {v}"));
             }
             Ok(())
-        })?;
+        };
+        self.group_loop(index, "0", &end, g, body, &[], &mut fuse)?;
         for (v, arr) in vecs.iter().zip(arrays) {
             let p = self.ins(format!("load {vt}, {vt}* {v}"));
             let as_vec = self.ins(format!("bitcast [{ways} x float]* {arr} to {vt}*"));
@@ -170,9 +170,7 @@ impl Emitter<'_> {
             };
             running.push(Carried { red, lanes: acc });
         }
-        self.counted_loop("i32", start, &vend, lanes, |e, i0| {
-            e.lanes_body(index, i0, lanes, body, &running)
-        })?;
+        self.group_loop(index, start, &vend, lanes, body, &running, &mut |_| Ok(()))?;
         // The lanes of each maximum combined in lane order with the scalar update.
         for c in &running {
             let Some(acc) = &c.lanes else { continue };

@@ -1,19 +1,30 @@
-//! Vector lowering of a straight-line body (`let`s only) for `lanes` consecutive values of a
-//! loop index: lane `l` computes what the scalar body computes for index `i0 + l`.
+//! Vector lowering of a straight-line body for `lanes` consecutive values of a loop index
+//! (a "group"): lane `l` computes what the scalar body computes for index `i0 + l`.
 //!
-//! Values that do not depend on the index are lowered once as scalars (uniform; a vector op
-//! splats them). Index-dependent values are vectors of `lanes` lanes, computed by the same
-//! lane-wise instructions as the scalar code (so every lane has the scalar bits), except for
+//! Values that do not depend on the index are lowered once per group as scalars (uniform; a
+//! vector op splats them). Index-dependent values are vectors of `lanes` lanes, computed by the
+//! same lane-wise instructions as the scalar code (so every lane has the scalar bits), except for
 //! memory, where the lowering uses what it knows of the index:
 //! - Index forms are tracked through the body: `(f + l) >> s` for lane `l`, with `f` a scalar
 //!   (the index itself is `s = 0`, `f = i0`; adding or subtracting a uniform keeps `s = 0`; a
 //!   right shift by a constant adds to `s`).
-//! - A load at `(f + l) >> s` is one contiguous vector load of `lanes >> s` elements, each
-//!   repeated `2^s` times, when `f` is a multiple of `2^s` and the run lies in the buffer
-//!   (without wrapping around 2^32); one scalar load, splatted, when `2^s >= lanes` and all
-//!   lanes name the same element; otherwise, and at any other varying index, a masked gather:
-//!   out-of-range lanes read nothing, yield 0 and report the work item, exactly as the scalar
-//!   bounds check does per element. The choice is made at run time, per group.
+//! - Each group first evaluates its uniform values and, for every access at such an index, the
+//!   condition of its fast form; when all hold, the group runs the fast body, otherwise the
+//!   checked body (both end in the same continuation, e.g. the `fma`s of an `accumulate`):
+//!   - fast: a load at `(f + l) >> s` is one contiguous vector load of `lanes >> s` elements,
+//!     each repeated `2^s` times (`f` a multiple of `2^s`, the run inside the buffer and not
+//!     wrapping around 2^32), or, when `2^s >= lanes` and every lane names the same element,
+//!     one scalar load splatted; a store at `f + l` is one vector store (the run inside the
+//!     buffer);
+//!   - checked: every varying load is a masked gather whose out-of-range lanes read nothing,
+//!     yield 0 and report the work item, and every varying store runs lane by lane (in lane
+//!     order) with the scalar store and its check, exactly as the scalar iterations would.
+//!
+//!   Loads and stores at indices without a form use those checked forms in both bodies.
+//! - A loop of groups ([`Emitter::group_loop`]) first checks the conditions for all its groups
+//!   at once (ranges at the last group, alignment and no wrap-around at the first, since the
+//!   index grows by `lanes` per group); when they hold, every group runs the fast body with no
+//!   check, otherwise each group decides as above.
 //! - A varying table lookup clamps the index lanes; a table of at most 16 entries is a vector
 //!   constant indexed lane by lane (a variable permute, e.g. `vpermps`), a larger one is
 //!   gathered from memory.
@@ -98,34 +109,292 @@ pub(super) struct Carried {
     pub(super) lanes: Option<String>,
 }
 
+/// What the first pass over a group's body found.
+struct Plan {
+    /// The varying values (and running reads), by arena index.
+    varying: std::collections::HashSet<usize>,
+    forms: HashMap<usize, Form>,
+    /// The conjunction of the fast forms' conditions (`None`: no condition, always fast).
+    fast: Option<String>,
+}
+
+/// Which conditions the first pass emits (see [`Emitter::group_loop`]).
+#[derive(Clone, PartialEq, Eq)]
+enum Check {
+    /// Every fast form's condition for this group.
+    Group,
+    /// None (the loop-level check holds).
+    Nothing,
+    /// For the first group of a loop: the alignment that every later group keeps, and that
+    /// the index does not wrap around 2^32 over the loop's span (`i32` operand).
+    LoopFirst(String),
+    /// For the last group of a loop: the ranges (which grow with the group).
+    LoopLast,
+}
+
+/// How a group's body lowers its accesses at a form (see the module docs).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Fast,
+    Checked,
+}
+
 impl Emitter<'_> {
-    /// Lowers `body` for the `lanes` index values `i0 .. i0 + lanes` (`i0`: `i32`), setting the
-    /// operand of every value it defines (see the module docs).
-    pub(super) fn lanes_body(
+    /// Lowers one group of `body` for the `lanes` index values `i0 .. i0 + lanes` (`i0`:
+    /// `i32`), then `tail` (which reads the body's values): the plan, then the fast body or the
+    /// checked body (see the module docs).
+    pub(super) fn lanes_group(
         &mut self,
         index: Value,
         i0: &str,
         lanes: u32,
         body: &[Stmt],
         running: &[Carried],
+        tail: &mut dyn FnMut(&mut Self) -> Result<()>,
     ) -> Result<()> {
-        let mut forms: HashMap<usize, Form> = HashMap::new();
+        let plan = self.lanes_plan(index, i0, lanes, body, running, Check::Group)?;
+        let Some(fast) = plan.fast.clone() else {
+            self.lanes_body(index, i0, lanes, body, running, &plan, Mode::Fast)?;
+            return tail(self);
+        };
+        let (fast_l, checked_l, join) = (
+            self.label("fast"),
+            self.label("checked"),
+            self.label("group"),
+        );
+        self.cond_br(&fast, &fast_l, &checked_l);
+        self.start(&fast_l);
+        self.lanes_body(index, i0, lanes, body, running, &plan, Mode::Fast)?;
+        tail(self)?;
+        self.br(&join);
+        self.start(&checked_l);
+        self.lanes_body(index, i0, lanes, body, running, &plan, Mode::Checked)?;
+        tail(self)?;
+        self.br(&join);
+        self.start(&join);
+        Ok(())
+    }
+
+    /// The first pass: lowers the uniform `let`s, finds the varying values and the index forms,
+    /// and emits the fast forms' conditions.
+    fn lanes_plan(
+        &mut self,
+        index: Value,
+        i0: &str,
+        lanes: u32,
+        body: &[Stmt],
+        running: &[Carried],
+        check: Check,
+    ) -> Result<Plan> {
+        let mut plan = Plan {
+            varying: std::collections::HashSet::from([index.index()]),
+            forms: HashMap::from([(
+                index.index(),
+                Form {
+                    first: i0.to_string(),
+                    shift: 0,
+                },
+            )]),
+            fast: None,
+        };
+        let mut conds = Vec::new();
+        for stmt in body {
+            match stmt {
+                Stmt::Let(v) => {
+                    let def = self
+                        .k
+                        .values
+                        .try_get(*v)
+                        .ok_or_else(|| internal("let of a missing value"))?
+                        .clone();
+                    let is_read = running.iter().any(|c| c.red.read == *v);
+                    let dep = def
+                        .op
+                        .operands()
+                        .iter()
+                        .any(|o| plan.varying.contains(&o.index()));
+                    if !dep && !is_read {
+                        self.let_scalar(*v)?;
+                        continue;
+                    }
+                    plan.varying.insert(v.index());
+                    if let Some(form) = self.form_of(&def.op, &plan) {
+                        plan.forms.insert(v.index(), form);
+                    }
+                    if let Op::Load { buf, index } = &def.op {
+                        if let Some(form) = plan.forms.get(&index.index()).cloned() {
+                            if let Some(c) = self.load_condition(*buf, &form, lanes, &check)? {
+                                conds.push(c);
+                            }
+                        }
+                    }
+                }
+                Stmt::Store { buf, index, .. } => {
+                    if let Some(form) = plan.forms.get(&index.index()).filter(|f| f.shift == 0) {
+                        let first = form.first.clone();
+                        match &check {
+                            Check::Group | Check::LoopLast => {
+                                conds.push(self.run_condition(*buf, &first, lanes)?)
+                            }
+                            Check::LoopFirst(span) => conds.push(self.no_wrap(&first, span)),
+                            Check::Nothing => {}
+                        }
+                    }
+                }
+                Stmt::Assign { .. } => {}
+                _ => {
+                    return Err(internal(
+                        "a vector body holds only lets, stores and reductions",
+                    ))
+                }
+            }
+        }
+        let mut all: Option<String> = None;
+        for c in conds {
+            all = Some(match all {
+                None => c,
+                Some(a) => self.ins(format!("and i1 {a}, {c}")),
+            });
+        }
+        plan.fast = all;
+        Ok(plan)
+    }
+
+    /// Whether `buf[first .. first + n]` lies in the buffer and does not wrap around 2^32.
+    fn run_condition(&mut self, buf: qforge_ir::ParamId, first: &str, n: u32) -> Result<String> {
+        let (_, count, _, _) = self.buffer(buf)?;
+        let f64x = self.ins(format!("zext i32 {first} to i64"));
+        let end = self.ins(format!("add i64 {f64x}, {n}"));
+        let mut ok = self.ins(format!("icmp ule i64 {end}, 4294967296"));
+        if let Some(c) = count {
+            let inside = self.ins(format!("icmp ule i64 {end}, {c}"));
+            ok = self.ins(format!("and i1 {ok}, {inside}"));
+        }
+        Ok(ok)
+    }
+
+    /// The condition of the fast form of a load at `form` (see the module docs) that `check`
+    /// asks for. Across the groups of a loop `first` grows by `lanes` per group, so the ranges
+    /// only need checking at the last group and the alignment at the first: a repeated run
+    /// stays aligned to `2^s` (which divides `lanes`), and a group aligned to `lanes` never
+    /// straddles a block of `2^s >= lanes` elements.
+    fn load_condition(
+        &mut self,
+        buf: qforge_ir::ParamId,
+        form: &Form,
+        lanes: u32,
+        check: &Check,
+    ) -> Result<Option<String>> {
+        let (s, first) = (form.shift, form.first.as_str());
+        let mask = ((1u64 << s) - 1) as u32;
+        let uniform = (1u64 << s) >= u64::from(lanes);
+        let at = self.ins(format!("lshr i32 {first}, {s}"));
+        let range = |e: &mut Self| e.run_condition(buf, &at, if uniform { 1 } else { lanes >> s });
+        Ok(Some(match check {
+            Check::Nothing => return Ok(None),
+            Check::LoopLast => range(self)?,
+            Check::LoopFirst(span) => {
+                let align = if uniform { lanes - 1 } else { mask };
+                let low = self.ins(format!("and i32 {first}, {align}"));
+                let aligned = self.ins(format!("icmp eq i32 {low}, 0"));
+                let no_wrap = self.no_wrap(first, span);
+                self.ins(format!("and i1 {aligned}, {no_wrap}"))
+            }
+            Check::Group => {
+                let low = self.ins(format!("and i32 {first}, {mask}"));
+                let aligned = if uniform {
+                    // Every lane names element `first >> s`.
+                    let top = self.ins(format!("add i32 {low}, {}", lanes - 1));
+                    self.ins(format!("icmp ule i32 {top}, {mask}"))
+                } else {
+                    self.ins(format!("icmp eq i32 {low}, 0"))
+                };
+                let inside = range(self)?;
+                self.ins(format!("and i1 {aligned}, {inside}"))
+            }
+        }))
+    }
+
+    /// Whether `first + span` (both `i32`, unsigned) stays at or below 2^32.
+    fn no_wrap(&mut self, first: &str, span: &str) -> String {
+        let f = self.ins(format!("zext i32 {first} to i64"));
+        let n = self.ins(format!("zext i32 {span} to i64"));
+        let end = self.ins(format!("add i64 {f}, {n}"));
+        self.ins(format!("icmp ule i64 {end}, 4294967296"))
+    }
+
+    /// The loop over the groups `start .. end` (`end - start` a multiple of `lanes`), each
+    /// followed by `tail`. When the fast forms hold for every group (checked once: the
+    /// alignment at the first group, the ranges at the last, see
+    /// [`Emitter::load_condition`]), every group runs the fast body with no per-group check;
+    /// otherwise each group chooses (see [`Emitter::lanes_group`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn group_loop(
+        &mut self,
+        index: Value,
+        start: &str,
+        end: &str,
+        lanes: u32,
+        body: &[Stmt],
+        running: &[Carried],
+        tail: &mut dyn FnMut(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        let (check_l, fast_l, slow_l, done) = (
+            self.label("proof"),
+            self.label("fastloop"),
+            self.label("slowloop"),
+            self.label("groups"),
+        );
+        let some = self.ins(format!("icmp ult i32 {start}, {end}"));
+        self.cond_br(&some, &check_l, &done);
+        self.start(&check_l);
+        let span = self.ins(format!("sub i32 {end}, {start}"));
+        let first = self.lanes_plan(index, start, lanes, body, running, Check::LoopFirst(span))?;
+        let last_i0 = self.ins(format!("sub i32 {end}, {lanes}"));
+        let last = self.lanes_plan(index, &last_i0, lanes, body, running, Check::LoopLast)?;
+        let ok = match (first.fast, last.fast) {
+            (Some(a), Some(b)) => self.ins(format!("and i1 {a}, {b}")),
+            (Some(a), None) | (None, Some(a)) => a,
+            (None, None) => "true".to_string(),
+        };
+        self.cond_br(&ok, &fast_l, &slow_l);
+        self.start(&fast_l);
+        self.counted_loop("i32", start, end, lanes, |e, i0| {
+            let plan = e.lanes_plan(index, i0, lanes, body, running, Check::Nothing)?;
+            e.lanes_body(index, i0, lanes, body, running, &plan, Mode::Fast)?;
+            tail(e)
+        })?;
+        self.br(&done);
+        self.start(&slow_l);
+        self.counted_loop("i32", start, end, lanes, |e, i0| {
+            e.lanes_group(index, i0, lanes, body, running, tail)
+        })?;
+        self.br(&done);
+        self.start(&done);
+        Ok(())
+    }
+
+    /// The second pass: lowers the varying values and the stores of one group in `mode`.
+    #[allow(clippy::too_many_arguments)]
+    fn lanes_body(
+        &mut self,
+        index: Value,
+        i0: &str,
+        lanes: u32,
+        body: &[Stmt],
+        running: &[Carried],
+        plan: &Plan,
+        mode: Mode,
+    ) -> Result<()> {
         let it = vec_of("i32", lanes);
         let steps: Vec<String> = (0..lanes).map(|l| format!("i32 {l}")).collect();
         let base = self.splat(i0, "i32", lanes);
         let iv = self.ins(format!("add {it} {base}, <{}>", steps.join(", ")));
         self.set(index, iv, lanes);
-        forms.insert(
-            index.index(),
-            Form {
-                first: i0.to_string(),
-                shift: 0,
-            },
-        );
         for stmt in body {
             let v = match stmt {
                 Stmt::Let(v) => {
-                    if self.running_let(*v, lanes, running)? {
+                    if !plan.varying.contains(&v.index()) || self.running_let(*v, lanes, running)? {
                         continue;
                     }
                     v
@@ -140,14 +409,19 @@ impl Emitter<'_> {
                     value,
                     rounding,
                 } => {
-                    let first = forms
+                    let run = plan
+                        .forms
                         .get(&index.index())
-                        .filter(|f| f.shift == 0)
+                        .filter(|f| f.shift == 0 && mode == Mode::Fast)
                         .map(|f| f.first.clone());
-                    self.store_lanes(*buf, *index, first, *value, *rounding, lanes)?;
+                    self.store_lanes(*buf, *index, run, *value, *rounding, lanes)?;
                     continue;
                 }
-                _ => return Err(internal("a vector body holds only lets and stores")),
+                _ => {
+                    return Err(internal(
+                        "a vector body holds only lets, stores and reductions",
+                    ))
+                }
             };
             let def = self
                 .k
@@ -155,19 +429,10 @@ impl Emitter<'_> {
                 .try_get(*v)
                 .ok_or_else(|| internal("let of a missing value"))?
                 .clone();
-            let varying = def
-                .op
-                .operands()
-                .iter()
-                .any(|o| self.vals[o.index()].as_ref().is_some_and(|x| x.lanes != 1));
-            if !varying {
-                self.let_scalar(*v)?;
-                continue;
-            }
             let out = match &def.op {
-                Op::Load { buf, index } => match forms.get(&index.index()).cloned() {
-                    Some(form) => self.load_form(*buf, &form, *index, lanes)?,
-                    None => {
+                Op::Load { buf, index } => match plan.forms.get(&index.index()) {
+                    Some(form) if mode == Mode::Fast => self.load_fast(*buf, form, lanes)?,
+                    _ => {
                         let idx = self.get(*index, lanes)?;
                         self.load_gather(*buf, &idx, lanes)?
                     }
@@ -184,9 +449,6 @@ impl Emitter<'_> {
                 | Op::ReadVar(_) => return Err(internal("not a varying op")),
                 op => self.pure(op, def.ty, lanes)?,
             };
-            if let Some(form) = self.form_of(&def.op, &forms) {
-                forms.insert(v.index(), form);
-            }
             self.set(*v, out, lanes);
         }
         Ok(())
@@ -244,7 +506,8 @@ impl Emitter<'_> {
     }
 
     /// The index form of a varying integer op whose operands' forms are in `forms`.
-    fn form_of(&mut self, op: &Op, forms: &HashMap<usize, Form>) -> Option<Form> {
+    fn form_of(&mut self, op: &Op, plan: &Plan) -> Option<Form> {
+        let forms = &plan.forms;
         let Op::Binary(b, x, y) = op else {
             return None;
         };
@@ -252,9 +515,10 @@ impl Emitter<'_> {
             return None;
         }
         let uniform = |e: &Self, w: &Value| {
-            e.vals[w.index()]
-                .as_ref()
-                .and_then(|o| (o.lanes == 1).then(|| o.text.clone()))
+            if plan.varying.contains(&w.index()) {
+                return None;
+            }
+            e.vals[w.index()].as_ref().map(|o| o.text.clone())
         };
         let constant = |e: &Self, w: &Value| match e.k.values.try_get(*w).map(|d| &d.op) {
             Some(Op::Const(c)) => Some(c.bits()),
@@ -284,91 +548,44 @@ impl Emitter<'_> {
         Some(Form { first, shift: 0 })
     }
 
-    /// `buf[(first + l) >> shift]` for every lane, widened (see the module docs).
-    fn load_form(
-        &mut self,
-        buf: qforge_ir::ParamId,
-        form: &Form,
-        index: Value,
-        lanes: u32,
-    ) -> Result<String> {
-        let (base, count, dtype, _) = self.buffer(buf)?;
+    /// `buf[(first + l) >> shift]` for every lane, widened, in the fast form whose condition
+    /// holds (no bounds check: the condition covers it).
+    fn load_fast(&mut self, buf: qforge_ir::ParamId, form: &Form, lanes: u32) -> Result<String> {
+        let (base, _, dtype, _) = self.buffer(buf)?;
         let s = form.shift;
-        let first = &form.first;
-        let block = 1u64 << s;
-        let mask = (block - 1) as u32;
-        let (fast_l, slow_l, join) = (
-            self.label("run"),
-            self.label("gather"),
-            self.label("loaded"),
-        );
-        let vt = ty(dtype.value_type(), lanes);
-        let fast;
-        if block >= u64::from(lanes) {
-            // All lanes name element `first >> s` when `(first & mask) + lanes - 1 <= mask`.
-            let low = self.ins(format!("and i32 {first}, {mask}"));
-            let top = self.ins(format!("add i32 {low}, {}", lanes - 1));
-            let same = self.ins(format!("icmp ule i32 {top}, {mask}"));
-            self.cond_br(&same, &fast_l, &slow_l);
-            self.start(&fast_l);
-            let at = self.ins(format!("lshr i32 {first}, {s}"));
-            let one = self.load(buf, &at)?;
+        let at = self.ins(format!("lshr i32 {}, {s}", form.first));
+        let at64 = self.ins(format!("zext i32 {at} to i64"));
+        if (1u64 << s) >= u64::from(lanes) {
+            let et = elem_ty(dtype);
+            let p = self.element_ptr(&base, &at64, dtype, et);
+            let raw = self.ins(format!("load {et}, {et}* {p}, align 1"));
+            let one = self.widen(dtype, &raw, 1);
             let elem = super::emit::scalar_ty(dtype.value_type());
-            fast = self.splat(&one, elem, lanes);
-        } else {
-            // `lanes >> s` elements from `first >> s`, each repeated `2^s` times, when `first`
-            // is a multiple of `2^s` and the run lies in the buffer.
-            let n = lanes >> s;
-            let low = self.ins(format!("and i32 {first}, {mask}"));
-            let aligned = self.ins(format!("icmp eq i32 {low}, 0"));
-            let at = self.ins(format!("lshr i32 {first}, {s}"));
-            let at64 = self.ins(format!("zext i32 {at} to i64"));
-            let end = self.ins(format!("add i64 {at64}, {n}"));
-            let mut ok = aligned;
-            if s == 0 {
-                let nowrap = self.ins(format!("icmp ule i64 {end}, 4294967296"));
-                ok = self.ins(format!("and i1 {ok}, {nowrap}"));
-            }
-            if let Some(c) = &count {
-                let inside = self.ins(format!("icmp ule i64 {end}, {c}"));
-                ok = self.ins(format!("and i1 {ok}, {inside}"));
-            }
-            self.cond_br(&ok, &fast_l, &slow_l);
-            self.start(&fast_l);
-            let rt = vec_of(elem_ty(dtype), n);
-            let p = self.element_ptr(&base, &at64, dtype, &rt);
-            let mut raw = self.ins(format!("load {rt}, {rt}* {p}, align 1"));
-            if s > 0 {
-                let ids: Vec<String> = (0..lanes).map(|l| format!("i32 {}", l >> s)).collect();
-                raw = self.ins(format!(
-                    "shufflevector {rt} {raw}, {rt} undef, <{lanes} x i32> <{}>",
-                    ids.join(", ")
-                ));
-            }
-            fast = self.widen(dtype, &raw, lanes);
+            return Ok(self.splat(&one, elem, lanes));
         }
-        let fast_end = self.current.clone();
-        self.br(&join);
-        self.start(&slow_l);
-        let idx = self.get(index, lanes)?;
-        let slow = self.load_gather(buf, &idx, lanes)?;
-        let slow_end = self.current.clone();
-        self.br(&join);
-        self.start(&join);
-        Ok(self.ins(format!(
-            "phi {vt} [ {fast}, %{fast_end} ], [ {slow}, %{slow_end} ]"
-        )))
+        let n = lanes >> s;
+        let rt = vec_of(elem_ty(dtype), n);
+        let p = self.element_ptr(&base, &at64, dtype, &rt);
+        let mut raw = self.ins(format!("load {rt}, {rt}* {p}, align 1"));
+        if s > 0 {
+            let ids: Vec<String> = (0..lanes).map(|l| format!("i32 {}", l >> s)).collect();
+            raw = self.ins(format!(
+                "shufflevector {rt} {raw}, {rt} undef, <{lanes} x i32> <{}>",
+                ids.join(", ")
+            ));
+        }
+        Ok(self.widen(dtype, &raw, lanes))
     }
 
-    /// Stores `lanes` values at `index` (lane order): one vector store when the index is
-    /// `first + l` and the run lies in the buffer (and does not wrap), else lane by lane with
-    /// the scalar store and its bounds check. A uniform store at a uniform index runs once (the
-    /// scalar iterations would store the same value at the same place).
+    /// Stores `lanes` values at `index`: with `run = Some(first)` (the fast body, whose
+    /// condition says `first .. first + lanes` lies in the buffer) one vector store, otherwise
+    /// lane by lane in lane order with the scalar store and its bounds check. A uniform value
+    /// at a uniform index is stored once (the scalar iterations would store it at the same place).
     fn store_lanes(
         &mut self,
         buf: qforge_ir::ParamId,
         index: Value,
-        first: Option<String>,
+        run: Option<String>,
         value: Value,
         rounding: Option<qforge_ir::Rounding>,
         lanes: u32,
@@ -378,30 +595,16 @@ impl Emitter<'_> {
             let (i, v) = (self.val(index)?, self.val(value)?);
             return self.store(buf, &i, &v, rounding);
         }
-        let (base, count, dtype, _) = self.buffer(buf)?;
+        let (base, _, dtype, _) = self.buffer(buf)?;
         let vt = self.k.values[value].ty;
         let vals = self.get(value, lanes)?;
-        let (fast_l, slow_l, join) = (
-            self.label("put"),
-            self.label("scatter"),
-            self.label("stored"),
-        );
-        if let Some(first) = first {
+        if let Some(first) = run {
             let f64x = self.ins(format!("zext i32 {first} to i64"));
-            let end = self.ins(format!("add i64 {f64x}, {lanes}"));
-            let mut ok = self.ins(format!("icmp ule i64 {end}, 4294967296"));
-            if let Some(c) = &count {
-                let inside = self.ins(format!("icmp ule i64 {end}, {c}"));
-                ok = self.ins(format!("and i1 {ok}, {inside}"));
-            }
-            self.cond_br(&ok, &fast_l, &slow_l);
-            self.start(&fast_l);
             let bits = self.narrow(dtype, rounding, &vals, lanes)?;
             let rt = vec_of(elem_ty(dtype), lanes);
             let p = self.element_ptr(&base, &f64x, dtype, &rt);
             self.line(format!("store {rt} {bits}, {rt}* {p}, align 1"));
-            self.br(&join);
-            self.start(&slow_l);
+            return Ok(());
         }
         let idx = self.get(index, lanes)?;
         let (it, t) = (vec_of("i32", lanes), ty(vt, lanes));
@@ -410,8 +613,6 @@ impl Emitter<'_> {
             let v = self.ins(format!("extractelement {t} {vals}, i32 {l}"));
             self.store(buf, &i, &v, rounding)?;
         }
-        self.br(&join);
-        self.start(&join);
         Ok(())
     }
 

@@ -95,6 +95,11 @@ impl LlvmJit {
         } else {
             4
         };
+        // A tuning override (an invalid count is refused when a kernel is lowered).
+        let lanes = std::env::var("QFORGE_LLVM_LANES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(lanes);
         let context = Box::into_raw(Box::new(Context::create()));
         Ok(LlvmJit {
             inner: Mutex::new(Inner {
