@@ -29,7 +29,7 @@ enum Command {
         /// Print JSON lines instead of a table.
         #[arg(long)]
         json: bool,
-        /// Run only on this device (cpu, interpreter, wgpu or cuda with their features); a
+        /// Run only on this device (cpu, interpreter, cpu-llvm, wgpu or cuda with their features); a
         /// device that cannot start is an error (exit code 2). Default: every device that can.
         #[arg(long)]
         device: Option<String>,
@@ -60,7 +60,7 @@ enum Command {
         /// Quantize weights that contain NaN or inf instead of refusing.
         #[arg(long)]
         allow_nonfinite: bool,
-        /// Device: cpu, interpreter, wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        /// Device: cpu, interpreter, cpu-llvm (`llvm` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -74,7 +74,7 @@ enum Command {
         /// Output dtype f32, f16 or bf16 (default: each weight's original dtype).
         #[arg(long)]
         dtype: Option<String>,
-        /// Device: cpu, interpreter, wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        /// Device: cpu, interpreter, cpu-llvm (`llvm` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -87,7 +87,8 @@ enum Command {
         /// Keep only the cases whose kernel name contains this string.
         #[arg(long)]
         filter: Option<String>,
-        /// Device: cpu, interpreter (cases scaled down), wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        /// Device: cpu, interpreter (cases scaled down), cpu-llvm (`llvm` feature), wgpu (`wgpu`
+        /// feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -120,7 +121,7 @@ enum Command {
         /// Print the summary as one JSON line (the last line printed).
         #[arg(long)]
         json: bool,
-        /// Device: cpu, interpreter, wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        /// Device: cpu, interpreter, cpu-llvm (`llvm` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
     },

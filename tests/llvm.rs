@@ -200,6 +200,37 @@ mod device {
         }
     }
 
+    /// A load at `(i + off) >> 3` whose unshifted index wraps around 2^32 inside a group of
+    /// lanes: the wrapped lanes read element 0, not element 2^29 (found by a fresh-user pass).
+    #[test]
+    fn shifted_index_wrapping_around_2_pow_32_matches_the_interpreter() {
+        let mut b = KernelBuilder::new("llvm_shift_wrap");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let off = b.scalar_param("off", ScalarType::U32);
+        let nx = b.scalar_param("nx", ScalarType::U32);
+        let x = b.buffer_param("x", DType::U8, &[Dim::Param(nx)], Access::Read);
+        let y = b.buffer_param("y", DType::U32, &[Dim::Param(n)], Access::Write);
+        b.set_grid(Dim::Const(1));
+        let (o, nv, zero) = (b.param(off), b.param(n), b.const_u32(0));
+        b.for_range(zero, nv, 1, |b, i| {
+            let e = b.add(i, o);
+            let three = b.const_u32(3);
+            let k = b.shr(e, three);
+            let v = b.load(x, k);
+            b.store(y, i, v);
+        });
+        let kernel = b.finish();
+        let len = (1usize << 29) + 64;
+        // Zeroed pages are not touched: only a few bytes are written.
+        let mut xs = vec![0u8; len];
+        xs[0] = 0x11;
+        xs[1] = 0x12;
+        xs[1 << 29] = 0xee;
+        xs[(1 << 29) + 1] = 0xef;
+        xs[(1 << 29) - 1] = 0x77;
+        same_everywhere(&kernel, &[48, 0xffff_fff8, len as u32], &[xs], &[4 * 48]);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
 

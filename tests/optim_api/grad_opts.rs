@@ -361,7 +361,7 @@ fn clipping_history_resumes_and_mismatches_are_errors() {
     let mut off = make(ParamGroup::new(["a"], kind, StateBits::Bits8));
     assert_has(
         &load_err(&mut off, &bytes),
-        &["percentile_clipping", "100 (off)"],
+        &["percentile_clipping is 10 in the file, 100 (off) here"],
     );
     let mut other =
         make(ParamGroup::new(["a"], kind, StateBits::Bits8).with_percentile_clipping(20));
@@ -391,7 +391,15 @@ fn clipping_history_resumes_and_mismatches_are_errors() {
     });
     assert_has(
         &load_err(&mut make(group()), &skip),
-        &["skip_zeros", "false"],
+        &["skip_zeros is true in the file, false here"],
+    );
+    // A step count past i32::MAX is refused when loading, not at the next step.
+    let late = rewrite(&bytes, |_, meta| {
+        meta["params"][0]["step"] = serde_json::json!(2_147_483_648u64);
+    });
+    assert_has(
+        &load_err(&mut make(group()), &late),
+        &["invalid step 2147483648", "0..=2147483647"],
     );
 }
 
@@ -429,6 +437,16 @@ fn bad_gradient_options_are_errors_naming_value_and_group() {
         &e,
         &["group 1", "skip_zeros = true", "adamw with max_unorm"],
     );
+    // max_unorm must be finite and non-zero in f32 (the kernels' type), named in scientific form.
+    for (m, shown) in [
+        (1e-46, "1e-46"),
+        (1e39, "1e39"),
+        (1e300, "1e300"),
+        (-1.0, "-1.0"),
+    ] {
+        let e = err(ParamGroup::new(["a"], sgd, StateBits::Bits32).with_max_unorm(m));
+        assert_has(&e, &["group 1", &format!("max_unorm = {shown}"), "f32"]);
+    }
     // 100 is "off" and valid; 1 is valid.
     for p in [1, 100] {
         Optimizer::new(vec![

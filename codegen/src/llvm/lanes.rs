@@ -307,7 +307,11 @@ impl Emitter<'_> {
                     let top = self.ins(format!("add i32 {low}, {}", lanes - 1));
                     self.ins(format!("icmp ule i32 {top}, {mask}"))
                 } else {
-                    self.ins(format!("icmp eq i32 {low}, 0"))
+                    // Aligned, and the unshifted run `first .. first + lanes` must not wrap
+                    // around 2^32 either (a wrapped lane shifts to a small element).
+                    let aligned = self.ins(format!("icmp eq i32 {low}, 0"));
+                    let no_wrap = self.no_wrap(first, &lanes.to_string());
+                    self.ins(format!("and i1 {aligned}, {no_wrap}"))
                 };
                 let inside = range(self)?;
                 self.ins(format!("and i1 {aligned}, {inside}"))
@@ -315,7 +319,7 @@ impl Emitter<'_> {
         }))
     }
 
-    /// Whether `first + span` (both `i32`, unsigned) stays at or below 2^32.
+    /// Whether `first + span` (`i32` operands, unsigned) stays at or below 2^32.
     fn no_wrap(&mut self, first: &str, span: &str) -> String {
         let f = self.ins(format!("zext i32 {first} to i64"));
         let n = self.ins(format!("zext i32 {span} to i64"));

@@ -46,9 +46,9 @@ pub struct LlvmOptions {
     /// Check every buffer access against the buffer's element count (as
     /// [`crate::cranelift::LowerOptions::bounds_checks`]).
     pub bounds_checks: bool,
-    /// Lanes of the explicit vector code for `Strided` `accumulate` statements (see
-    /// `accumulate.rs`): a power of two from 4 to 64, or 0 for scalar code only. 16 suits
-    /// AVX-512, 8 AVX2.
+    /// Lanes of the explicit vector code of `for` loops with step 1 and `Strided`
+    /// `accumulate` statements (see `lanes.rs` and `accumulate.rs`): a power of two from 4 to
+    /// 64, or 0 for scalar code only. 16 suits AVX-512, 8 AVX2.
     pub lanes: u32,
 }
 

@@ -478,9 +478,12 @@ impl ParamGroup {
         if m == 0.0 {
             return Ok(());
         }
-        if !(m.is_finite() && m > 0.0) {
+        // The kernels take max_unorm as f32: it must round to a finite, non-zero value.
+        let m32 = m as f32;
+        if !(m.is_finite() && m > 0.0 && m32.is_finite()) || m32 == 0.0 {
             return Err(format!(
-                "max_unorm = {m} is invalid: it must be finite and >= 0"
+                "max_unorm = {m:?} is invalid: it must be 0 (off) or a positive value that \
+                 is finite and non-zero in f32 (about 1.2e-38 to 3.4e38)"
             ));
         }
         let why_not = match self.kind {
@@ -491,7 +494,7 @@ impl ParamGroup {
             | OptimizerKind::Adagrad(_) => None,
             OptimizerKind::Lamb(_) | OptimizerKind::Lars(_) => {
                 return Err(format!(
-                    "max_unorm = {m} is set on the group, but it belongs in {}'s \
+                    "max_unorm = {m:?} is set on the group, but it belongs in {}'s \
                      hyperparameters",
                     self.kind.name()
                 ))
@@ -507,14 +510,14 @@ impl ParamGroup {
         };
         if let Some(why) = why_not {
             return Err(format!(
-                "max_unorm = {m} is not supported for {} ({why}); supported: adam, adamw, sgd, \
+                "max_unorm = {m:?} is not supported for {} ({why}); supported: adam, adamw, sgd, \
                  rmsprop, adagrad",
                 self.kind.name()
             ));
         }
         if self.bits == StateBits::Bits8 {
             return Err(format!(
-                "max_unorm = {m} with 8-bit state is not supported: bitsandbytes' blockwise \
+                "max_unorm = {m:?} with 8-bit state is not supported: bitsandbytes' blockwise \
                  8-bit update has no update-norm clipping; use 32-bit state"
             ));
         }

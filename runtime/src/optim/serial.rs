@@ -270,28 +270,23 @@ impl Optimizer {
                 }
             }
             let hyper = g.hyperparameters();
+            let option_differs = |name: &str, file: Option<f64>, here: Option<f64>| {
+                Err(err(format!(
+                    "settings differ: group {i} hyperparameter {name} is {} in the file, {} here",
+                    describe_hyper(name, file),
+                    describe_hyper(name, here)
+                )))
+            };
             for (name, v) in &hyper {
                 let bits = format!("{:016x}", v.to_bits());
                 if f["hyper_bits"][*name] != bits.as_str() {
-                    return differ(
-                        &format!("hyperparameter {name}"),
-                        &f["hyper"][*name],
-                        v.to_string(),
-                    );
+                    return option_differs(name, f["hyper"][*name].as_f64(), Some(*v));
                 }
             }
             // A group option recorded in the file but off here.
-            for (name, off) in [
-                ("max_unorm", "0 (off)"),
-                ("skip_zeros", "false"),
-                ("percentile_clipping", "100 (off)"),
-            ] {
+            for name in ["max_unorm", "skip_zeros", "percentile_clipping"] {
                 if !hyper.iter().any(|(n, _)| *n == name) && !f["hyper"][name].is_null() {
-                    return differ(
-                        &format!("hyperparameter {name}"),
-                        &f["hyper"][name],
-                        off.into(),
-                    );
+                    return option_differs(name, f["hyper"][name].as_f64(), None);
                 }
             }
         }
@@ -331,8 +326,14 @@ impl Optimizer {
                 .ok_or_else(|| err(format!("parameter '{name}' has no entry in 'params'")))?;
             let step = e["step"]
                 .as_u64()
-                .and_then(|s| u32::try_from(s).ok())
-                .ok_or_else(|| err(format!("parameter '{name}': invalid step {}", e["step"])))?;
+                .filter(|&s| s <= i32::MAX as u64)
+                .map(|s| s as u32)
+                .ok_or_else(|| {
+                    err(format!(
+                        "parameter '{name}': invalid step {} (a step count is 0..=2147483647)",
+                        e["step"]
+                    ))
+                })?;
             let m1 = match &e["m1_scheme"] {
                 Value::Null => None,
                 Value::String(s) => Some(
@@ -435,5 +436,19 @@ impl Optimizer {
             return Err(err(format!("unexpected tensor '{extra}'")));
         }
         Ok(out)
+    }
+}
+
+/// A hyperparameter's value for a "settings differ" message (`None`: not recorded, i.e. the
+/// option is off or the rule has no such hyperparameter).
+fn describe_hyper(name: &str, value: Option<f64>) -> String {
+    match (name, value) {
+        ("max_unorm", None) => "0 (off)".into(),
+        ("max_unorm", Some(v)) => format!("{v:?}"),
+        ("skip_zeros", v) => (v.unwrap_or(0.0) != 0.0).to_string(),
+        ("percentile_clipping", None) => "100 (off)".into(),
+        ("percentile_clipping", Some(v)) => format!("{v}"),
+        (_, None) => "absent".into(),
+        (_, Some(v)) => format!("{v}"),
     }
 }
