@@ -14,10 +14,7 @@
 //! The partials vector is then stored into the array and the last `len % g` elements run the
 //! scalar body.
 
-use qforge_ir::{Accum, BinaryOp, CmpOp, ReduceOrder, ScalarType, Stmt, Value};
-
-use super::lanes::Carried;
-use crate::running::Rule;
+use qforge_ir::{Accum, ReduceOrder, Stmt, Value};
 
 use super::emit::{internal, Emitter};
 use super::reduce::NEG_ZERO;
@@ -132,69 +129,5 @@ impl Emitter<'_> {
             self.line(format!("store {vt} {p}, {vt}* {as_vec}, align 4"));
         }
         Ok(end)
-    }
-}
-
-impl Emitter<'_> {
-    /// `for index in start..end` (step 1) over a body that [`super::lanes::eligible`]
-    /// accepted with stores: groups of `lanes` iterations in vectors (`lanes.rs`), then the
-    /// remaining iterations as scalar code.
-    pub(super) fn vector_for(
-        &mut self,
-        index: Value,
-        start: &str,
-        end: &str,
-        lanes: u32,
-        body: &[Stmt],
-    ) -> Result<()> {
-        let some = self.ins(format!("icmp ult i32 {start}, {end}"));
-        let diff = self.ins(format!("sub i32 {end}, {start}"));
-        let n = self.ins(format!("select i1 {some}, i32 {diff}, i32 0"));
-        let whole = self.ins(format!("and i32 {n}, {}", !(lanes - 1) as i32));
-        let vend = self.ins(format!("add i32 {start}, {whole}"));
-        let reductions = crate::running::running_reductions(self.k, body)
-            .ok_or_else(|| internal("vector loop with an assignment that is not a reduction"))?;
-        let vt = format!("<{lanes} x float>");
-        let mut running = Vec::new();
-        for red in reductions {
-            // Maxima: every lane starts from the variable's value before the loop.
-            let acc = match red.rule {
-                Rule::Sum => None,
-                Rule::MaxSkipNan | Rule::MaxPropagateNan => {
-                    let acc = self.alloca(&vt);
-                    let c = self.op(&qforge_ir::Op::ReadVar(red.var), ScalarType::F32)?;
-                    let splat = self.splat(&c, "float", lanes);
-                    self.line(format!("store {vt} {splat}, {vt}* {acc}"));
-                    Some(acc)
-                }
-            };
-            running.push(Carried { red, lanes: acc });
-        }
-        self.group_loop(index, start, &vend, lanes, body, &running, &mut |_| Ok(()))?;
-        // The lanes of each maximum combined in lane order with the scalar update.
-        for c in &running {
-            let Some(acc) = &c.lanes else { continue };
-            let v = self.ins(format!("load {vt}, {vt}* {acc}"));
-            let mut total = self.ins(format!("extractelement {vt} {v}, i32 0"));
-            for l in 1..lanes {
-                let x = self.ins(format!("extractelement {vt} {v}, i32 {l}"));
-                total = match c.red.rule {
-                    Rule::MaxPropagateNan => {
-                        let gt = self.compare(CmpOp::Gt, ScalarType::F32, 1, &x, &total);
-                        let nan = self.compare(CmpOp::Ne, ScalarType::F32, 1, &x, &x);
-                        let take = self.ins(format!("or i1 {gt}, {nan}"));
-                        self.select(&take, ScalarType::F32, 1, &x, &total)
-                    }
-                    Rule::MaxSkipNan | Rule::Sum => {
-                        self.binary(BinaryOp::Max, ScalarType::F32, 1, &total, &x)?
-                    }
-                };
-            }
-            self.assign_var(c.red.var, &total)?;
-        }
-        self.counted_loop("i32", &vend, end, 1, |e, i| {
-            e.set(index, i.to_string(), 1);
-            e.block(body)
-        })
     }
 }

@@ -56,8 +56,6 @@ pub(super) struct Emitter<'a> {
     work_item: Option<String>,
     /// The label of the block being emitted.
     pub(super) current: String,
-    /// Set while lowering accesses proven in range: no bounds check is emitted.
-    pub(super) unchecked: bool,
 }
 
 /// An internal error: something the verifier should have excluded.
@@ -145,7 +143,6 @@ pub(super) fn module(kernel: &Kernel, opts: &LlvmOptions) -> Result<String> {
         vars: Vec::new(),
         work_item: None,
         current: "entry".into(),
-        unchecked: false,
     };
     e.function_body()?;
     let mut text = String::new();
@@ -272,7 +269,7 @@ impl Emitter<'_> {
         self.vals[v.index()] = Some(Opnd { text, lanes });
     }
 
-    /// The buffer behind parameter `p` (no element count while [`Emitter::unchecked`]).
+    /// The buffer behind parameter `p` (its element count only with bounds checks).
     pub(super) fn buffer(
         &self,
         p: qforge_ir::ParamId,
@@ -283,12 +280,7 @@ impl Emitter<'_> {
                 count,
                 dtype,
                 access,
-            }) => Ok((
-                base.clone(),
-                count.clone().filter(|_| !self.unchecked),
-                *dtype,
-                *access,
-            )),
+            }) => Ok((base.clone(), count.clone(), *dtype, *access)),
             _ => Err(internal(format!(
                 "parameter #{} is not a buffer",
                 p.index()

@@ -199,14 +199,13 @@ impl Emitter<'_> {
                 .map(|j| format!("i32 {}", t.data[j.min(t.data.len() - 1)] as i32))
                 .collect();
             let table_v = format!("<{SMALL_TABLE} x i32> <{}>", entries.join(", "));
-            let mut acc = format!("{} undef", vec_of("i32", lanes));
+            let mut acc = "undef".to_string();
             for l in 0..lanes {
                 let at = self.ins(format!("extractelement {it} {clamped}, i32 {l}"));
                 let x = self.ins(format!("extractelement {table_v}, i32 {at}"));
-                let next = self.ins(format!("insertelement {acc}, i32 {x}, i32 {l}"));
-                acc = format!("{it} {next}");
+                acc = self.ins(format!("insertelement {it} {acc}, i32 {x}, i32 {l}"));
             }
-            acc.trim_start_matches(&format!("{it} ")).to_string()
+            acc
         } else {
             self.gather("i32", &base, &clamped, lanes, None)
         };

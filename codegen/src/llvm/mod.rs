@@ -28,6 +28,7 @@ mod emit;
 mod lanes;
 mod memory;
 mod reduce;
+mod vector_for;
 
 use qforge_ir::Kernel;
 
