@@ -210,6 +210,17 @@ pub enum ReduceOrder {
     Strided(u32),
 }
 
+impl ReduceOrder {
+    /// The number of partial sums: 1 for `Sequential`, `w` for `Strided(w)` (the verifier keeps
+    /// `w` a power of two in 2..=64).
+    pub const fn ways(self) -> u32 {
+        match self {
+            ReduceOrder::Sequential => 1,
+            ReduceOrder::Strided(w) => w,
+        }
+    }
+}
+
 impl UnaryOp {
     /// All unary ops.
     pub const ALL: [UnaryOp; 4] = [UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Sqrt, UnaryOp::Not];

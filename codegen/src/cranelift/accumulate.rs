@@ -85,13 +85,8 @@ impl Lowerer<'_> {
         body: &[Stmt],
         accs: &[Accum],
     ) -> Result<()> {
-        let ways = match order {
-            ReduceOrder::Sequential => 1,
-            ReduceOrder::Strided(w) if (2..=64).contains(&w) && w.is_power_of_two() => w,
-            ReduceOrder::Strided(w) => {
-                return Err(internal(format!("strided accumulate with {w} ways")))
-            }
-        };
+        // A power of two in 1..=64 for a verified kernel.
+        let ways = order.ways();
         if accs.is_empty() {
             return Err(internal("accumulate without accumulators"));
         }

@@ -41,15 +41,6 @@ use qforge_ir::{Accum, ReduceOrder, Stmt, Value};
 use super::emit::Emitter;
 use crate::error::Result;
 
-/// The number of partial sums per accumulator for `order` (1 for `Sequential`; the verifier
-/// keeps `Strided(w)` a power of two in 2..=64, the clamp only keeps this total).
-pub(super) fn ways(order: ReduceOrder) -> u32 {
-    match order {
-        ReduceOrder::Sequential => 1,
-        ReduceOrder::Strided(w) => w.clamp(1, 64),
-    }
-}
-
 impl Emitter<'_> {
     /// Emits one [`Stmt::Accumulate`] (see the module docs for the scheme).
     pub(super) fn accumulate(
@@ -60,7 +51,7 @@ impl Emitter<'_> {
         body: &[Stmt],
         accs: &[Accum],
     ) -> Result<()> {
-        let w = ways(order);
+        let w = order.ways();
         let (idx, n) = (self.reg(index), self.reg(len));
         let (base, left, stop) = (self.tr(), self.tr(), self.tp());
         let main = self.label("acc_main");

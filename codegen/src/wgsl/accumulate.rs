@@ -50,10 +50,7 @@ impl Emitter<'_> {
         body: &[Stmt],
         accs: &[Accum],
     ) -> Result<()> {
-        let ways = match order {
-            ReduceOrder::Sequential => 1u32,
-            ReduceOrder::Strided(w) => w,
-        };
+        let ways = order.ways();
         let n = index.index();
         let i = self.v(index);
         let l = self.v(len);
