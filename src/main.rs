@@ -190,14 +190,7 @@ fn check(json: bool, device: Option<&str>) -> Result<bool> {
             for b in &backends {
                 let cell = match rows.iter().find(|r| r.kernel == k && r.backend == *b) {
                     Some(r) if r.status == "exact" => "bit-exact".to_string(),
-                    Some(r)
-                        if r.status == "skipped"
-                            && r.reason
-                                .as_deref()
-                                .is_some_and(|m| m.starts_with("code generated")) =>
-                    {
-                        "generated".to_string()
-                    }
+                    Some(r) if generated_only(r) => "generated".to_string(),
                     Some(r) if r.status == "skipped" => "not runnable".to_string(),
                     Some(r) if r.reason.is_some() => "error".to_string(),
                     Some(r) => format!("{} mismatches", r.mismatches),
@@ -224,10 +217,19 @@ fn check(json: bool, device: Option<&str>) -> Result<bool> {
         let kernels = rows.iter().filter(|r| r.backend == "interpreter").count();
         let compared: Vec<&CheckRow> = rows.iter().filter(|r| r.backend != "interpreter").collect();
         let exact = compared.iter().filter(|r| r.status == "exact").count();
-        let skipped = compared.iter().filter(|r| r.status == "skipped").count();
-        out!("{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact, {failed} mismatching, {skipped} skipped (not selected by --device, or no device here to run them)", backends.len() - 1);
+        let generated = compared.iter().filter(|r| generated_only(r)).count();
+        let skipped = compared.iter().filter(|r| r.status == "skipped").count() - generated;
+        out!("{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact, {failed} mismatching, {generated} code generated only (no device here to run it), {skipped} not runnable", backends.len() - 1);
     }
     Ok(failed == 0)
+}
+
+/// A row whose code generated (and, for WGSL, validated) but had no device here to run on.
+fn generated_only(r: &CheckRow) -> bool {
+    r.status == "skipped"
+        && r.reason
+            .as_deref()
+            .is_some_and(|m| m.starts_with("code generated"))
 }
 
 #[allow(clippy::too_many_arguments)]

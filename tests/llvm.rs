@@ -23,12 +23,22 @@ const FAST_MATH: [&str; 9] = [
 #[test]
 fn llvm_text_is_deterministic_and_exact_for_every_library_kernel() {
     let mut checked = 0;
+    let mut fused = Vec::new();
     for entry in library::catalog() {
         let kernel = entry.build().expect("library kernels build");
-        for lanes in [0, 8, 16] {
+        let combos = [
+            (0, false, false),
+            (8, false, false),
+            (16, false, false),
+            (16, true, false),
+            (16, true, true),
+        ];
+        for (lanes, x86_avx512, x86_avx512_vbmi) in combos {
             let options = LlvmOptions {
                 bounds_checks: true,
                 lanes,
+                x86_avx512,
+                x86_avx512_vbmi,
             };
             let text = lower(&kernel, &options).expect("lowers");
             assert_eq!(text, lower(&kernel, &options).unwrap(), "{}", kernel.name);
@@ -44,10 +54,23 @@ fn llvm_text_is_deterministic_and_exact_for_every_library_kernel() {
                     kernel.name
                 );
             }
+            if x86_avx512_vbmi {
+                fused.extend(
+                    text.contains("@llvm.x86.avx512.pmultishift.qb.512")
+                        .then(|| kernel.name.clone()),
+                );
+            }
             checked += 1;
         }
     }
-    assert!(checked >= 3 * 400, "only {checked} kernels lowered");
+    assert!(checked >= 5 * 400, "only {checked} kernels lowered");
+    // The fused 4-bit decode must reach the kernels it exists for.
+    for name in [
+        "matmul_4bit_fp4_nested_bs64_bf16_t4x1",
+        "matmul_4bit_nf4_bs64_f32_t1x4",
+    ] {
+        assert!(fused.iter().any(|f| f == name), "no fused decode in {name}");
+    }
 }
 
 #[test]
@@ -59,6 +82,8 @@ fn llvm_rejects_unsupported_lane_counts() {
             &LlvmOptions {
                 bounds_checks: true,
                 lanes,
+                x86_avx512: false,
+                x86_avx512_vbmi: false,
             },
         )
         .unwrap_err();
@@ -73,8 +98,8 @@ fn llvm_rejects_unsupported_lane_counts() {
 mod device {
     use proptest::prelude::*;
     use qforge::ir::{
-        count_mismatches, Access, DType, Dim, Kernel, KernelBuilder, OwnedArg, ReduceOrder, Scalar,
-        ScalarType,
+        count_mismatches, Access, BinaryOp, DType, Dim, Kernel, KernelBuilder, OwnedArg,
+        ReduceOrder, Scalar, ScalarType,
     };
     use qforge::runtime::{CpuDevice, CpuOptions, Device, InterpreterDevice};
 
@@ -209,7 +234,7 @@ mod device {
         let xs: Vec<f32> = (0..nx)
             .map(|i| {
                 let v = ((i ^ seed) as f32 * 0.37).sin() * 3.0;
-                if (i + seed) % 17 == 0 {
+                if i.wrapping_add(seed).is_multiple_of(17) {
                     f32::NAN
                 } else {
                     v
@@ -264,12 +289,106 @@ mod device {
         same_everywhere(&kernel, &[48, 0xffff_fff8, len as u32], &[xs], &[4 * 48]);
     }
 
+    /// `y[i] = table[min(x[i], len - 1)]` for `i < n` (`for` loop, one work item): a lookup in
+    /// a `len`-entry `u32` table, which AVX-512 hosts select with permutes up to 512 entries.
+    fn lookup_kernel(len: usize, salt: u32) -> Kernel {
+        let mut b = KernelBuilder::new("llvm_table_lookup");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let x = b.buffer_param("x", DType::U32, &[Dim::Param(n)], Access::Read);
+        let y = b.buffer_param("y", DType::U32, &[Dim::Param(n)], Access::Write);
+        b.set_grid(Dim::Const(1));
+        let data: Vec<u32> = (0..len as u32)
+            .map(|j| j.wrapping_mul(0x9e37_79b9) ^ salt)
+            .collect();
+        let table = b.table_u32("t", &data);
+        let (zero, nv) = (b.const_u32(0), b.param(n));
+        b.for_range(zero, nv, 1, |b, i| {
+            let v = b.load(x, i);
+            let e = b.lookup(table, v);
+            b.store(y, i, e);
+        });
+        b.finish()
+    }
+
+    /// `y[i] = table[(p[(i + off) >> 1] >> s(i + off)) & 15]` for `i < n` (`for` loop, one work
+    /// item): packed 4-bit codes. The shift `s(e)` is one of: NF4's `((e & 1) ^ 1) << 2`, the
+    /// constants 0 and 4, `e & 3` (all fused with VBMI: at most 4), and `e & 7` or the constant
+    /// 5 (not fused: a nibble may leave its byte).
+    fn nibble_kernel(shift: u32, len: usize) -> Kernel {
+        let mut b = KernelBuilder::new("llvm_nibble_lookup");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let off = b.scalar_param("off", ScalarType::U32);
+        let np = b.scalar_param("np", ScalarType::U32);
+        let p = b.buffer_param("p", DType::U8, &[Dim::Param(np)], Access::Read);
+        let y = b.buffer_param("y", DType::F32, &[Dim::Param(n)], Access::Write);
+        b.set_grid(Dim::Const(1));
+        let code: Vec<f32> = (0..len).map(|c| (c as f32 - 7.25) / 3.0).collect();
+        let table = b.table_f32("code", &code);
+        let (zero, nv) = (b.const_u32(0), b.param(n));
+        b.for_range(zero, nv, 1, |b, i| {
+            let o = b.param(off);
+            let e = b.add(i, o);
+            let one = b.const_u32(1);
+            let at = b.shr(e, one);
+            let byte = b.load(p, at);
+            let s = match shift {
+                0 => {
+                    let odd = b.and(e, one);
+                    let even = b.binary(BinaryOp::Xor, odd, one);
+                    let two = b.const_u32(2);
+                    b.shl(even, two)
+                }
+                1 => b.const_u32(0),
+                2 => b.const_u32(4),
+                3 => {
+                    let three = b.const_u32(3);
+                    b.and(e, three)
+                }
+                4 => {
+                    let seven = b.const_u32(7);
+                    b.and(e, seven)
+                }
+                _ => b.const_u32(5),
+            };
+            let shifted = b.shr(byte, s);
+            let fifteen = b.const_u32(15);
+            let nib = b.and(fifteen, shifted);
+            let c = b.lookup(table, nib);
+            b.store(y, i, c);
+        });
+        b.finish()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
 
         #[test]
         fn loop_paths_match_the_interpreter(n in 0u32..80, off in 0u32..40, slack in 0u32..8, seed in any::<u32>()) {
             loop_case(n, off, slack, seed);
+        }
+
+        #[test]
+        fn table_lookups_match_the_interpreter(len_pick in 0usize..10, n in 0u32..70, salt in any::<u32>(), wide in any::<bool>()) {
+            // Around every chunk and tree boundary of the permute path, and past its limit.
+            let len = [1, 16, 17, 32, 33, 100, 256, 257, 512, 513][len_pick];
+            let xs: Vec<u32> = (0..n)
+                .map(|i| {
+                    let r = i.wrapping_mul(0x85eb_ca6b) ^ salt;
+                    if wide { r } else { r % (len as u32 + 3) }
+                })
+                .collect();
+            let bytes: Vec<u8> = xs.iter().flat_map(|v| v.to_le_bytes()).collect();
+            same_everywhere(&lookup_kernel(len, salt), &[n], &[bytes], &[4 * n as usize]);
+        }
+
+        #[test]
+        fn nibble_lookups_match_the_interpreter(len in 1usize..17, n in 0u32..70, off in 0u32..40, slack in 0u32..3, seed in any::<u32>()) {
+            // Some cases read past `p` (then every device reports the same work item).
+            let np = ((n + off).div_ceil(2)).saturating_sub(slack).max(1);
+            let ps: Vec<u8> = (0..np).map(|i| (i.wrapping_mul(0x9e37_79b9) ^ seed) as u8).collect();
+            for shift in 0..6 {
+                same_everywhere(&nibble_kernel(shift, len), &[n, off, np], std::slice::from_ref(&ps), &[4 * n as usize]);
+            }
         }
 
         #[test]

@@ -31,6 +31,10 @@ mod qadam;
 #[path = "optim_api/norm.rs"]
 mod norm;
 
+/// Blockwise 8-bit LAMB and LARS (and `max_unorm` with 8-bit state) through the API.
+#[path = "optim_api/norm8.rs"]
+mod norm8;
+
 /// `skip_zeros` and percentile clipping through the API, against independent models.
 #[path = "optim_api/grad_opts.rs"]
 mod grad_opts;

@@ -1,6 +1,6 @@
 //! Optimizer kernels over many consecutive steps with random hyperparameters: every optimizer
 //! kernel of the library catalog (Adam/AdamW 32-bit and 8-bit on each catalog parameter dtype;
-//! Lion, SGD, RMSprop, Adagrad 32/8-bit; AdEMAMix 32/8-bit; LAMB and LARS; the quantized-AdamW schemes, the
+//! Lion, SGD, RMSprop, Adagrad 32/8-bit; AdEMAMix 32/8-bit; LAMB and LARS 32/8-bit; the quantized-AdamW schemes, the
 //! stochastic-rounding ones with their Philox source; RMSprop and Adagrad with `max_unorm`) runs [`STEPS`] consecutive steps through
 //! the runtime's host ops on the reference interpreter and on each device this build can run.
 //! Each run feeds its own state forward; after every step the parameters and every state word
@@ -27,8 +27,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use qforge::devices::available_devices;
 use qforge::ir::library::{
     self, AdamHyper, AdemamixHyper, AdemamixSpec, KernelSpec, LambHyper, LarsHyper, MomentScheme,
-    NormRule, Optim1Algo, Optim1Hyper, Optim1Spec, OptimAlgo, OptimExtSpec, OptimNormSpec,
-    OptimSpec, QAdamSpec, StateBits, OPTIM_BLOCKSIZE,
+    NormRule, Optim1Algo, Optim1Hyper, Optim1Spec, OptimAlgo, OptimExtSpec, OptimNorm8Spec,
+    OptimNormSpec, OptimSpec, QAdamSpec, StateBits, OPTIM_BLOCKSIZE,
 };
 use qforge::ir::DType;
 use qforge::runtime::ops::{
@@ -55,6 +55,8 @@ enum Family {
     QAdam(QAdamSpec),
     /// LAMB or LARS (32-bit state): the norm, scale and update kernels of one step.
     Norm(NormRule, DType),
+    /// LAMB or LARS with blockwise 8-bit state: the 8-bit norm, scale and 8-bit update.
+    Norm8(NormRule, DType),
     /// A `_gs` variant (Adam / AdamW or one-state): the gradient-norm kernel, then the update
     /// with `gnorm_scale` and `skip_zeros`.
     Ext(OptimExtSpec),
@@ -77,6 +79,10 @@ fn families() -> Vec<Family> {
             KernelSpec::OptimNorm(OptimNormSpec::Update { rule, dtype }) => {
                 Some(Family::Norm(rule, dtype))
             }
+            KernelSpec::OptimNorm8(OptimNorm8Spec::Update { rule, dtype }) => {
+                Some(Family::Norm8(rule, dtype))
+            }
+            KernelSpec::OptimNorm8(OptimNorm8Spec::Partials { .. }) => None,
             KernelSpec::OptimExt(e @ (OptimExtSpec::Adam(_) | OptimExtSpec::One(_))) => {
                 Some(Family::Ext(e))
             }
@@ -137,6 +143,11 @@ impl Family {
                 dtype: *dtype,
             }
             .name(),
+            Family::Norm8(rule, dtype) => OptimNorm8Spec::Update {
+                rule: *rule,
+                dtype: *dtype,
+            }
+            .name(),
             Family::Ext(e) => e.name(),
             Family::Unorm1(a) => OptimExtSpec::Norm1(*a).name(),
         }
@@ -153,7 +164,8 @@ impl Family {
             | Family::One(_)
             | Family::Ademamix(_)
             | Family::QAdam(_)
-            | Family::Norm(..) => None,
+            | Family::Norm(..)
+            | Family::Norm8(..) => None,
         }
     }
 
@@ -163,7 +175,7 @@ impl Family {
             Family::One(s) => s.dtype,
             Family::Ademamix(s) => s.dtype,
             Family::QAdam(s) => s.dtype,
-            Family::Norm(_, dtype) => *dtype,
+            Family::Norm(_, dtype) | Family::Norm8(_, dtype) => *dtype,
             Family::Ext(e) => e.dtype(),
             Family::Unorm1(_) => DType::F32,
         }
@@ -176,6 +188,7 @@ impl Family {
             | Family::One(_)
             | Family::Ademamix(_)
             | Family::Norm(..)
+            | Family::Norm8(..)
             | Family::Ext(_)
             | Family::Unorm1(_) => OPTIM_BLOCKSIZE as usize,
             Family::QAdam(s) => s.item_size() as usize,
@@ -205,6 +218,8 @@ impl Family {
             },
             Family::Norm(NormRule::Lamb, _) => State::Adam32(AdamState32::zeros(n)),
             Family::Norm(NormRule::Lars, _) | Family::Unorm1(_) => State::One32(vec![0.0; n]),
+            Family::Norm8(NormRule::Lamb, _) => State::Adam8(AdamState8::zeros(n)),
+            Family::Norm8(NormRule::Lars, _) => State::One8(Optim1State8::zeros(n)),
             Family::QAdam(s) => {
                 let moment = |scheme: MomentScheme| {
                     let block = scheme.block() as usize;
@@ -260,6 +275,21 @@ impl Family {
             t_alpha: d.t_alpha,
             t_beta3: d.t_beta3,
         };
+        let lamb = LambHyper {
+            lr: d.lr,
+            beta1: d.beta1,
+            beta2: d.beta2,
+            eps: d.eps,
+            weight_decay: d.weight_decay,
+            max_unorm: d.max_unorm,
+        };
+        // LARS needs a momentum in (0, 1).
+        let lars = LarsHyper {
+            lr: d.lr,
+            momentum: d.beta1.max(0.01),
+            weight_decay: d.weight_decay,
+            max_unorm: d.max_unorm,
+        };
         let rng = QAdamRng {
             seed: d.seed,
             param_id: d.param_id,
@@ -289,15 +319,13 @@ impl Family {
                 ops::qadamw_step(dev, params, grads, st, &h, t, rng)
             }
             (Family::Norm(NormRule::Lamb, _), State::Adam32(st)) => {
-                let h = LambHyper {
-                    lr: d.lr,
-                    beta1: d.beta1,
-                    beta2: d.beta2,
-                    eps: d.eps,
-                    weight_decay: d.weight_decay,
-                    max_unorm: d.max_unorm,
-                };
-                ops::lamb_step_32bit(dev, params, grads, st, &h, t).map(|_| ())
+                ops::lamb_step_32bit(dev, params, grads, st, &lamb, t).map(|_| ())
+            }
+            (Family::Norm8(NormRule::Lamb, _), State::Adam8(st)) => {
+                ops::lamb_step_8bit(dev, params, grads, st, &lamb, t).map(|_| ())
+            }
+            (Family::Norm8(NormRule::Lars, _), State::One8(st)) => {
+                ops::lars_step_8bit(dev, params, grads, st, &lars, t).map(|_| ())
             }
             (Family::Ext(_), State::Ext(inner, norms)) => {
                 let sq = ops::grad_sqnorm_partials(dev, grads).map(|p| ops::sum_partials(&p));
@@ -357,14 +385,7 @@ impl Family {
             )
             .map(|_| ()),
             (Family::Norm(NormRule::Lars, _), State::One32(st)) => {
-                // LARS needs a momentum in (0, 1).
-                let h = LarsHyper {
-                    lr: d.lr,
-                    momentum: d.beta1.max(0.01),
-                    weight_decay: d.weight_decay,
-                    max_unorm: d.max_unorm,
-                };
-                ops::lars_step_32bit(dev, params, grads, st, &h, t).map(|_| ())
+                ops::lars_step_32bit(dev, params, grads, st, &lars, t).map(|_| ())
             }
             (family, state) => {
                 return Err(format!("{family:?} cannot step a {state:?} state"));
@@ -589,7 +610,10 @@ fn check_families(test: &str, select: impl Fn(&Family) -> bool) {
             ..Config::default()
         });
         // LAMB/LARS: mostly parameters with a finite norm (the clipping path).
-        let finite = matches!(family, Family::Norm(..) | Family::Unorm1(_));
+        let finite = matches!(
+            family,
+            Family::Norm(..) | Family::Norm8(..) | Family::Unorm1(_)
+        );
         let cases = prop_oneof![
             3 => case(family.block(), finite),
             1 => case(family.block(), false),
@@ -645,6 +669,11 @@ fn lamb_and_lars_match_the_interpreter_over_many_steps() {
 }
 
 #[test]
+fn lamb8_and_lars8_match_the_interpreter_over_many_steps() {
+    check_families("lamb8/lars8", |f| matches!(f, Family::Norm8(..)));
+}
+
+#[test]
 fn gnorm_scale_and_skip_zeros_variants_match_the_interpreter_over_many_steps() {
     check_families("gs", |f| matches!(f, Family::Ext(_)));
 }
@@ -675,6 +704,7 @@ fn the_checker_catches_a_perturbed_run() {
         Family::One(_)
         | Family::Ademamix(_)
         | Family::Norm(..)
+        | Family::Norm8(..)
         | Family::Ext(_)
         | Family::Unorm1(_) => false,
     });

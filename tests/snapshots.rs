@@ -34,3 +34,35 @@ fn ir_text_and_clif_of_every_library_kernel() {
         }
     });
 }
+
+/// LLVM IR text (16 lanes, AVX-512 permutes and VBMI 4-bit decodes) of a few representative
+/// kernels: a 4-bit dequantize (one byte, two codes per iteration), an 8-bit dequantize (a
+/// 256-entry permute lookup) and the NF4 GEMV tile (strided accumulate, fused 4-bit decodes). The text of every kernel is long
+/// (vector constants are spelled lane by lane), so only these are kept; `tests/llvm.rs` checks
+/// every kernel's text for determinism and fast-math flags.
+#[test]
+fn llvm_text_of_representative_kernels() {
+    use qforge::codegen::llvm::{lower, LlvmOptions};
+    let options = LlvmOptions {
+        bounds_checks: true,
+        lanes: 16,
+        x86_avx512: true,
+        x86_avx512_vbmi: true,
+    };
+    let names = [
+        "dequantize_4bit_nf4_bs64_f32",
+        "dequantize_blockwise_dynamic_bs256_f32",
+        "matmul_4bit_nf4_bs64_f32_t1x4",
+    ];
+    settings().bind(|| {
+        for name in names {
+            let entry = library::catalog()
+                .into_iter()
+                .find(|e| e.name() == name)
+                .unwrap_or_else(|| panic!("{name} is in the catalog"));
+            let kernel = entry.build().expect("library kernels build");
+            let text = lower(&kernel, &options).expect("lowers to LLVM IR");
+            insta::assert_snapshot!(format!("{name}.llvm"), text);
+        }
+    });
+}

@@ -191,6 +191,7 @@ pub fn spec_dtype(spec: KernelSpec) -> DType {
             OptimNormSpec::Scale => DType::F32,
         },
         KernelSpec::OptimExt(s) => s.dtype(),
+        KernelSpec::OptimNorm8(s) => s.rule_dtype().1,
         KernelSpec::AbsmaxMean | KernelSpec::QuantizeNested | KernelSpec::DequantizeNested => {
             DType::F32
         }
@@ -313,6 +314,23 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
                     2 * n * dtype.size_bytes() + states(rule) * 4 * n + 4
                 }
                 OptimNormSpec::Scale => 2 * 4 * n + 4,
+            }
+        }
+        // 8-bit LAMB / LARS: as LAMB / LARS with codes plus one absmax per block per state.
+        KernelSpec::OptimNorm8(s) => {
+            let (rule, dtype) = s.rule_dtype();
+            let states = match rule {
+                NormRule::Lamb => 2,
+                NormRule::Lars => 1,
+            };
+            let state = states * (n + 4 * blocks(OPTIM_BLOCKSIZE));
+            match s {
+                qforge_ir::library::OptimNorm8Spec::Partials { .. } => {
+                    2 * n * dtype.size_bytes() + state + 2 * 4 * blocks(OPTIM_BLOCKSIZE)
+                }
+                qforge_ir::library::OptimNorm8Spec::Update { .. } => {
+                    2 * n * dtype.size_bytes() + state + 4
+                }
             }
         }
         KernelSpec::Matmul4(_) | KernelSpec::Int8(_) | KernelSpec::Gemm(_) => return None,

@@ -3,8 +3,9 @@
 //! (parameters and state bit for bit, chunked and unchunked), and equal direct whole-tensor
 //! `lamb_step_32bit` / `lars_step_32bit` calls; the Cranelift CPU device equals an independent
 //! `f32` model written here (the partial sums in their pinned order) bit for bit, with clipped
-//! and unclipped parameters, non-finite gradient elements and a zero parameter; 8-bit state,
-//! 16-bit LARS parameters, bad hyperparameters and foreign state files are clear errors.
+//! and unclipped parameters, non-finite gradient elements and a zero parameter; 16-bit LARS
+//! parameters, bad hyperparameters and foreign state files are clear errors (8-bit state:
+//! `norm8.rs`).
 #![allow(clippy::needless_range_loop)] // element-wise models index several arrays
 
 use qforge::ir::library::{LambHyper, LarsHyper};
@@ -321,15 +322,9 @@ fn cpu_device_matches_an_independent_f32_model() {
 #[test]
 fn lamb_lars_errors_are_clear() {
     let dev = cpu();
-    // 8-bit state: not supported, with the reason.
+    // 8-bit state is supported (blockwise, `optim_api/norm8.rs`).
     for kind in [lamb(), lars()] {
-        let e = Optimizer::new(vec![ParamGroup::new(["x"], kind, StateBits::Bits8)])
-            .unwrap_err()
-            .to_string();
-        assert_has(
-            &e,
-            &[kind.name(), "8-bit", "not supported", "non-blockwise"],
-        );
+        Optimizer::new(vec![ParamGroup::new(["x"], kind, StateBits::Bits8)]).expect("8-bit");
     }
     // Bad hyperparameters.
     let bad = OptimizerKind::Lars(LarsHyper {
@@ -509,10 +504,9 @@ fn max_unorm_on_adam_adamw_sgd_runs_the_lamb_lars_kernels() {
         );
         assert_has(&e, &["hyperparameter max_unorm"]);
     }
-    // Errors: 8-bit state, other rules, a negative value, SGD without momentum.
+    // Errors: other rules, a negative value, SGD without momentum (8-bit state:
+    // `optim_api/norm8.rs`).
     let err = |g: ParamGroup| Optimizer::new(vec![g]).unwrap_err().to_string();
-    let e = err(ParamGroup::new(["x"], adamw, StateBits::Bits8).with_max_unorm(1.0));
-    assert_has(&e, &["max_unorm", "8-bit", "not supported"]);
     let e = err(ParamGroup::new(["x"], lamb(), StateBits::Bits32).with_max_unorm(1.0));
     assert_has(&e, &["max_unorm", "lamb's hyperparameters"]);
     let lion = OptimizerKind::Lion(Optim1Hyper::defaults(qforge::ir::library::Optim1Algo::Lion));

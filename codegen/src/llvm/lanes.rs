@@ -27,7 +27,8 @@
 //!   check, otherwise each group decides as above.
 //! - A varying table lookup clamps the index lanes; a table of at most 16 entries is a vector
 //!   constant indexed lane by lane (a variable permute, e.g. `vpermps`), a larger one is
-//!   gathered from memory.
+//!   gathered from memory or, on AVX-512, selected by permutes (`memory.rs`). In the fast body,
+//!   the lookup of a packed 4-bit code may be fused with its byte's load (`nibble.rs`).
 
 use std::collections::HashMap;
 
@@ -97,9 +98,9 @@ pub(super) fn eligible(k: &qforge_ir::Kernel, index: Value, body: &[Stmt], store
 
 /// The form `(first + l) >> shift` of a varying `u32`/`i32` index value.
 #[derive(Clone)]
-struct Form {
-    first: String,
-    shift: u32,
+pub(super) struct Form {
+    pub(super) first: String,
+    pub(super) shift: u32,
 }
 
 /// A running reduction (`crate::running`) of a vectorized loop: the `<lanes x float>` alloca of
@@ -442,8 +443,17 @@ impl Emitter<'_> {
                     }
                 },
                 Op::Lookup { table, index } => {
-                    let idx = self.get(*index, lanes)?;
-                    self.lookup(*table, &idx, lanes)?
+                    let fused = match mode {
+                        Mode::Fast => self.nibble_lookup(*table, *index, &plan.forms, lanes)?,
+                        Mode::Checked => None,
+                    };
+                    match fused {
+                        Some(v) => v,
+                        None => {
+                            let idx = self.get(*index, lanes)?;
+                            self.lookup(*table, &idx, lanes)?
+                        }
+                    }
                 }
                 Op::Reduce { .. }
                 | Op::WorkItem

@@ -206,10 +206,56 @@ impl Emitter<'_> {
                 acc = self.ins(format!("insertelement {it} {acc}, i32 {x}, i32 {l}"));
             }
             acc
+        } else if self.opts.x86_avx512 && lanes == 16 && t.data.len() <= super::PERMUTE_TABLE {
+            let data = t.data.clone();
+            self.permute_lookup(&data, &clamped)
         } else {
             self.gather("i32", &base, &clamped, lanes, None)
         };
         self.bitcast(&bits, ScalarType::U32, out, lanes)
+    }
+
+    /// `data[index]` on 16 lanes (`index`: `i32` lanes, already clamped to the table): each
+    /// 32-entry chunk `c` of the table (two vector constants, the tail padded with the last
+    /// entry) gives `chunk_c[index & 31]` with one two-source permute (`vpermi2d` ignores the
+    /// index bits above 4), and a tree of selects on index bits 5, 6, ... picks chunk
+    /// `index >> 5`. An unpaired chunk at the end of a tree level moves up unchanged: every
+    /// index that reaches it has that level's bit clear.
+    fn permute_lookup(&mut self, data: &[u32], index: &str) -> String {
+        const CHUNK: usize = 32;
+        let vt = "<16 x i32>";
+        let entry = |j: usize| data[j.min(data.len() - 1)] as i32;
+        let half = |from: usize| {
+            let e: Vec<String> = (from..from + 16)
+                .map(|j| format!("i32 {}", entry(j)))
+                .collect();
+            format!("<{}>", e.join(", "))
+        };
+        let mut level: Vec<String> = (0..data.len().div_ceil(CHUNK))
+            .map(|c| {
+                let (lo, hi) = (half(c * CHUNK), half(c * CHUNK + 16));
+                self.call(
+                    "llvm.x86.avx512.vpermi2var.d.512",
+                    vt,
+                    &[(vt, &lo), (vt, index), (vt, &hi)],
+                )
+            })
+            .collect();
+        let mut bit = CHUNK as u32;
+        while level.len() > 1 {
+            let m = literal(ScalarType::U32, 16, bit);
+            let masked = self.ins(format!("and {vt} {index}, {m}"));
+            let set = self.ins(format!("icmp ne {vt} {masked}, zeroinitializer"));
+            let mut pairs = std::mem::take(&mut level).into_iter();
+            while let Some(clear) = pairs.next() {
+                level.push(match pairs.next() {
+                    Some(with_bit) => self.select(&set, ScalarType::U32, 16, &with_bit, &clear),
+                    None => clear,
+                });
+            }
+            bit <<= 1;
+        }
+        level.pop().unwrap_or_else(|| "zeroinitializer".into())
     }
 
     /// A gather of `lanes` elements of LLVM type `elem` at `base` (`elem*`) + `index` (`i32`

@@ -27,6 +27,7 @@ mod arith;
 mod emit;
 mod lanes;
 mod memory;
+mod nibble;
 mod reduce;
 mod vector_for;
 
@@ -51,14 +52,32 @@ pub struct LlvmOptions {
     /// `accumulate` statements (see `lanes.rs` and `accumulate.rs`): a power of two from 4 to
     /// 64, or 0 for scalar code only. 16 suits AVX-512, 8 AVX2.
     pub lanes: u32,
+    /// The target is x86-64 with AVX-512F: with 16 lanes, a lookup in a 32-bit table of 17 to
+    /// [`PERMUTE_TABLE`] entries selects from the table held in vector constants with two-source
+    /// variable permutes (`vpermi2d`, 32 entries each) and a select tree on the index bits,
+    /// instead of a gather (a 16-lane gather costs about twice a 256-entry permute lookup on
+    /// the CPUs measured; `docs/backends/llvm.md`). Must be `false` for any other target: the
+    /// permute is an x86 intrinsic.
+    pub x86_avx512: bool,
+    /// The target is x86-64 with AVX-512 VBMI (and AVX-512F): with 16 lanes, the lookup of a
+    /// packed 4-bit code (`table[(byte >> s) & 15]`, two lanes per byte) in a vectorized loop's
+    /// fast body decodes with `vpmultishiftqb` + `vpermd` (`nibble.rs`). Must be `false` for any
+    /// other target.
+    pub x86_avx512_vbmi: bool,
 }
 
+/// Largest table (entries) that [`LlvmOptions::x86_avx512`] looks up with permutes; larger
+/// tables are gathered.
+pub const PERMUTE_TABLE: usize = 512;
+
 impl Default for LlvmOptions {
-    /// Bounds checks on, 16 lanes.
+    /// Bounds checks on, 16 lanes, no x86-specific code.
     fn default() -> Self {
         LlvmOptions {
             bounds_checks: true,
             lanes: 16,
+            x86_avx512: false,
+            x86_avx512_vbmi: false,
         }
     }
 }

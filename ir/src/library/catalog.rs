@@ -16,6 +16,7 @@ use crate::library::optim4::{self, MomentScheme, QAdamSpec};
 use crate::library::optim_ademamix::{self, AdemamixSpec};
 use crate::library::optim_ext::{self, OptimExtSpec};
 use crate::library::optim_norm::{self, NormRule, OptimNormSpec};
+use crate::library::optim_norm8::{self, OptimNorm8Spec};
 use crate::library::{
     blockwise8, doublequant, quant4, BlockwiseMap, QuantType, BLOCKSIZES_4BIT, BLOCKSIZES_8BIT,
     FLOAT_DTYPES, NESTED_BLOCKSIZE,
@@ -99,6 +100,9 @@ pub enum KernelSpec {
     /// [`OptimNormSpec::build`]: a kernel of 32-bit LAMB / LARS (norm partials, trust-ratio
     /// scale, scaled update).
     OptimNorm(OptimNormSpec),
+    /// [`OptimNorm8Spec::build`]: a kernel of blockwise 8-bit LAMB / LARS (norm partials from
+    /// 8-bit state, scaled 8-bit update).
+    OptimNorm8(OptimNorm8Spec),
     /// [`OptimExtSpec::build`]: an optimizer update with bitsandbytes' `gnorm_scale` /
     /// `skip_zeros` (`_gs` variants), or percentile clipping's gradient-norm kernel.
     OptimExt(OptimExtSpec),
@@ -242,6 +246,11 @@ pub fn catalog() -> Vec<KernelSpec> {
     out.extend(ActSpec::all().into_iter().map(KernelSpec::Activation));
     out.extend(qadam_catalog().into_iter().map(KernelSpec::QAdam));
     out.extend(optim_norm_catalog().into_iter().map(KernelSpec::OptimNorm));
+    out.extend(
+        optim_norm8::catalog()
+            .into_iter()
+            .map(KernelSpec::OptimNorm8),
+    );
     out.extend(optim_ext_catalog().into_iter().map(KernelSpec::OptimExt));
     out
 }
@@ -436,6 +445,7 @@ impl KernelSpec {
             KernelSpec::Activation(s) => s.name(),
             KernelSpec::QAdam(s) => s.name(),
             KernelSpec::OptimNorm(s) => s.name(),
+            KernelSpec::OptimNorm8(s) => s.name(),
             KernelSpec::OptimExt(s) => s.name(),
         }
     }
@@ -458,6 +468,7 @@ impl KernelSpec {
             | KernelSpec::Optim1(_)
             | KernelSpec::Ademamix(_)
             | KernelSpec::OptimNorm(_)
+            | KernelSpec::OptimNorm8(_)
             | KernelSpec::OptimExt(_) => OPTIM_BLOCKSIZE as usize,
             KernelSpec::Activation(_) => ACT_BLOCKSIZE as usize,
             KernelSpec::Gemm(_) => 64,
@@ -514,6 +525,7 @@ impl KernelSpec {
             KernelSpec::Activation(s) => s.build(),
             KernelSpec::QAdam(s) => s.build(),
             KernelSpec::OptimNorm(s) => s.build(),
+            KernelSpec::OptimNorm8(s) => s.build(),
             KernelSpec::OptimExt(s) => s.build(),
         }
     }
@@ -554,6 +566,7 @@ impl KernelSpec {
             KernelSpec::Activation(s) => s.example_args(values, float_bytes),
             KernelSpec::QAdam(s) => optim4::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::OptimNorm(s) => optim_norm::example_args(&s, values, float_bytes)?,
+            KernelSpec::OptimNorm8(s) => optim_norm8::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::OptimExt(s) => optim_ext::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::Matmul4(m) => matmul_example_args(&m, values, first_finite),
             KernelSpec::Gemm(g) => g.example_args(values, float_bytes),
@@ -767,6 +780,8 @@ mod tests {
                 + 24
                 + 5
                 + 7
+                // 8-bit LAMB (3 dtypes) and LARS: partials and update.
+                + 8
                 // `_gs` variants (4 Adam / AdamW, 8 one-state), gradient norms, RMSprop /
                 // Adagrad max_unorm norms.
                 + 12
@@ -802,6 +817,7 @@ mod tests {
         assert!(names.contains("int8_mixed_scaled_mm_bf16_bias_t4x1"));
         assert!(names.contains("adamw8bit_f16") && names.contains("adam32_bf16"));
         assert!(names.contains("lamb_norm_bf16") && names.contains("optim_norm_scale"));
+        assert!(names.contains("lamb8_norm_f16") && names.contains("lars8bit_f32"));
         assert!(names.contains("adamw32_f32_gs") && names.contains("lion8bit_f32_gs"));
         assert!(names.contains("grad_sqnorm_f16") && names.contains("adagrad_norm_f32"));
         assert!(KernelSpec::from_name("quantize_4bit_nf4_bs48_f32").is_none());

@@ -19,6 +19,8 @@
 //! * [`optim_norm1`]: `max_unorm` update-norm kernels of 32-bit RMSprop and Adagrad.
 //! * [`optim_norm`]: 32-bit LAMB and LARS (bitsandbytes' `max_unorm` trust ratio): per-block
 //!   norm partials, the scale, and the scaled update.
+//! * [`optim_norm8`]: blockwise 8-bit LAMB and LARS (the 8-bit AdamW / SGD state with the
+//!   trust ratio).
 //! * [`optim4`]: 4-bit AdamW (adamw4bit: NF4 / Dyn4 / ZE-EDEN / ZIP-SR / 8-bit linear state),
 //!   with its quantizers in [`optim4_quant`].
 //! * [`math`]: `exp`, `erf`, `tanh` and `sigmoid` as IR routines with fixed coefficients.
@@ -79,6 +81,9 @@ pub mod optim_norm;
 pub mod optim_norm1;
 #[cfg(test)]
 mod optim_norm1_tests;
+pub mod optim_norm8;
+#[cfg(test)]
+mod optim_norm8_tests;
 #[cfg(test)]
 mod optim_norm_tests;
 #[cfg(test)]
@@ -102,6 +107,7 @@ pub use optim4::{MomentScheme, QAdamScalars, QAdamSizes, QAdamSpec, UniformSourc
 pub use optim_ademamix::{AdemamixHyper, AdemamixScalars, AdemamixSpec};
 pub use optim_ext::OptimExtSpec;
 pub use optim_norm::{LambHyper, LambScalars, LarsHyper, LarsScalars, NormRule, OptimNormSpec};
+pub use optim_norm8::OptimNorm8Spec;
 
 /// Blocksizes supported by the 4-bit kernels.
 pub const BLOCKSIZES_4BIT: [u32; 8] = [32, 64, 128, 256, 512, 1024, 2048, 4096];

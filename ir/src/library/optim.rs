@@ -315,7 +315,7 @@ impl OptimSpec {
         check_float_dtype(self.dtype)?;
         match self.state {
             StateBits::Bits32 => build32(self, None),
-            StateBits::Bits8 => build8(self, None),
+            StateBits::Bits8 => build8(self, &self.name(), false, false),
         }
     }
 
@@ -329,7 +329,25 @@ impl OptimSpec {
         check_float_dtype(self.dtype)?;
         match self.state {
             StateBits::Bits32 => build32(self, Some(name)),
-            StateBits::Bits8 => build8(self, Some(name)),
+            StateBits::Bits8 => build8(self, name, true, false),
+        }
+    }
+
+    /// Builds the 8-bit kernel named `name` whose step is multiplied by a trust-ratio scale: one
+    /// more buffer `scale: f32[1] read` after the others, and `step_size` replaced by
+    /// `scale[0] * step_size` (one rounding, once per work item), as `lamb32_{dtype}` does
+    /// ([`crate::library::optim_norm8`]). With `scale = 1` it equals the plain kernel bit for
+    /// bit.
+    ///
+    /// # Errors
+    /// As [`OptimSpec::build`]; [`Error::Unsupported`] for 32-bit state.
+    pub(crate) fn build_scaled(&self, name: &str) -> Result<Kernel> {
+        check_float_dtype(self.dtype)?;
+        match self.state {
+            StateBits::Bits8 => build8(self, name, false, true),
+            StateBits::Bits32 => Err(Error::Unsupported(format!(
+                "{name}: the scaled Adam kernel needs 8-bit state (32-bit: optim_norm)"
+            ))),
         }
     }
 }
@@ -530,11 +548,13 @@ pub(crate) fn state_tables(
     })
 }
 
-fn build8(spec: &OptimSpec, ext: Option<&str>) -> Result<Kernel> {
-    let mut b = KernelBuilder::new(&ext.map_or_else(|| spec.name(), str::to_string));
+/// The 8-bit kernel named `name`; `grad_opts`: the `_gs` scalar `gnorm_scale`; `scaled`: the
+/// trust-ratio buffer `scale: f32[1]` last ([`OptimSpec::build_scaled`]).
+fn build8(spec: &OptimSpec, name: &str, grad_opts: bool, scaled: bool) -> Result<Kernel> {
+    let mut b = KernelBuilder::new(name);
     let (n, n_blocks, ps) = declare_scalars(&mut b, spec, &["step_size", "c2", "eps"]);
     // bitsandbytes' 8-bit two-state kernel ignores `skip_zeros`: only `gnorm_scale`.
-    let opts = ext.map(|_| declare_grad_opts(&mut b, false));
+    let opts = grad_opts.then(|| declare_grad_opts(&mut b, false));
     let shape = [Dim::Param(n)];
     let blocks = [Dim::Param(n_blocks)];
     let p = b.buffer_param("p", spec.dtype, &shape, Access::ReadWrite);
@@ -543,12 +563,19 @@ fn build8(spec: &OptimSpec, ext: Option<&str>) -> Result<Kernel> {
     let a1 = b.buffer_param("absmax1", DType::F32, &blocks, Access::ReadWrite);
     let s2 = b.buffer_param("state2", DType::U8, &shape, Access::ReadWrite);
     let a2 = b.buffer_param("absmax2", DType::F32, &blocks, Access::ReadWrite);
+    let scale = scaled.then(|| b.buffer_param("scale", DType::F32, &[Dim::Const(1)], Access::Read));
     b.set_grid(Dim::Param(n_blocks));
     let t1 = state_tables(&mut b, BlockwiseMap::Dynamic, "1")?;
     let t2 = state_tables(&mut b, BlockwiseMap::DynamicUnsigned, "2")?;
     let (h, rest) = read_scalars(&mut b, spec, &ps);
     let opts = opts.map(|o| read_grad_opts(&mut b, o));
-    let (step_size, c2, eps) = (rest[0], rest[1], rest[2]);
+    let (mut step_size, c2, eps) = (rest[0], rest[1], rest[2]);
+    // 8-bit LAMB: `ss = scale[0] * step_size`, where `lamb32` multiplies it.
+    if let Some(scale) = scale {
+        let zero = b.const_u32(0);
+        let sc = b.load(scale, zero);
+        step_size = b.mul(sc, step_size);
+    }
     let block = b.work_item();
     let nv = b.param(n);
     let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);

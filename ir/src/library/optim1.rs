@@ -295,7 +295,7 @@ impl Optim1Spec {
                 self.dtype
             )));
         }
-        build(self, None)
+        build(self, &self.name(), false, false)
     }
 
     /// Builds the `_gs` variant named `name` ([`crate::library::optim_ext`]): the same kernel
@@ -305,7 +305,29 @@ impl Optim1Spec {
     /// As [`Optim1Spec::build`].
     pub(crate) fn build_ext(&self, name: &str) -> Result<Kernel> {
         self.build()?;
-        build(self, Some(name))
+        build(self, name, true, false)
+    }
+
+    /// Builds the SGD kernel named `name` whose step is multiplied by a trust-ratio scale: one
+    /// more buffer `scale: f32[1] read` after the others, and `neg_lr` replaced by
+    /// `neg_lr * scale[0]` (one rounding, once per work item), as `lars32_f32` does
+    /// ([`crate::library::optim_norm8`]). With `scale = 1` it equals the plain kernel bit for
+    /// bit.
+    ///
+    /// # Errors
+    /// As [`Optim1Spec::build`]; [`Error::Unsupported`] for a rule other than SGD (the others
+    /// use the learning rate in more than one place).
+    pub(crate) fn build_scaled(&self, name: &str) -> Result<Kernel> {
+        self.build()?;
+        match self.algo {
+            Optim1Algo::Sgd => build(self, name, false, true),
+            Optim1Algo::Lion | Optim1Algo::Rmsprop | Optim1Algo::Adagrad => {
+                Err(Error::Unsupported(format!(
+                    "{name}: only SGD has a trust-ratio scaled kernel, not {}",
+                    self.algo.name()
+                )))
+            }
+        }
     }
 }
 
@@ -410,8 +432,10 @@ fn new_param(
     }
 }
 
-fn build(spec: &Optim1Spec, ext: Option<&str>) -> Result<Kernel> {
-    let mut b = KernelBuilder::new(&ext.map_or_else(|| spec.name(), str::to_string));
+/// The kernel named `name`; `grad_opts`: the `_gs` scalars; `scaled`: the trust-ratio buffer
+/// `scale: f32[1]` last ([`Optim1Spec::build_scaled`]).
+fn build(spec: &Optim1Spec, name: &str, grad_opts: bool, scaled: bool) -> Result<Kernel> {
+    let mut b = KernelBuilder::new(name);
     let n = b.scalar_param("n", ScalarType::U32);
     let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
     let first = b.scalar_param("first", ScalarType::U32);
@@ -419,7 +443,7 @@ fn build(spec: &Optim1Spec, ext: Option<&str>) -> Result<Kernel> {
         .iter()
         .map(|s| b.scalar_param(s, ScalarType::F32))
         .collect();
-    let opts = ext.map(|_| declare_grad_opts(&mut b, true));
+    let opts = grad_opts.then(|| declare_grad_opts(&mut b, true));
     let shape = [Dim::Param(n)];
     let p = b.buffer_param("p", spec.dtype, &shape, Access::ReadWrite);
     let g = b.buffer_param("g", spec.dtype, &shape, Access::Read);
@@ -438,8 +462,18 @@ fn build(spec: &Optim1Spec, ext: Option<&str>) -> Result<Kernel> {
             )),
         ),
     };
+    let scale = scaled.then(|| b.buffer_param("scale", DType::F32, &[Dim::Const(1)], Access::Read));
     b.set_grid(Dim::Param(n_blocks));
     let v: Vec<Value> = ps.iter().map(|p| b.param(*p)).collect();
+    // LARS: `nls = neg_lr * scale[0]`, where `lars32` multiplies it.
+    let neg_lr = match scale {
+        Some(scale) => {
+            let zero = b.const_u32(0);
+            let sc = b.load(scale, zero);
+            b.mul(v[8], sc)
+        }
+        None => v[8],
+    };
     let h = Hyper {
         first: b.param(first),
         beta1: v[0],
@@ -450,7 +484,7 @@ fn build(spec: &Optim1Spec, ext: Option<&str>) -> Result<Kernel> {
         decay: v[5],
         eps: v[6],
         lr: v[7],
-        neg_lr: v[8],
+        neg_lr,
     };
     let opts = opts.map(|o| read_grad_opts(&mut b, o));
     // `_gs`: `g * gnorm_scale` (the raw `g` without the variant).

@@ -514,7 +514,8 @@ pub(crate) fn emit_partials(
     b.store(outs[1], block, sp);
 }
 
-const LAMB_NORM_SCALARS: [&str; 7] = [
+/// The `f32` scalar names of `lamb_norm_*` (and `lamb8_norm_*`), in parameter order.
+pub(crate) const LAMB_NORM_SCALARS: [&str; 7] = [
     "beta1",
     "one_minus_beta1",
     "beta2",
@@ -539,17 +540,46 @@ fn build_lamb_partials(name: &str, dtype: DType) -> Kernel {
         let gv = b.load(g, e);
         let m_old = b.load(s1, e);
         let v_old = b.load(s2, e);
-        let [m, v] = moment_update(b, [s[0], s[1], s[2], s[3]], gv, m_old, v_old);
-        let mh = b.mul(m, s[4]);
-        let vh = b.mul(v, s[5]);
-        let sv = b.sqrt(vh);
-        let den = b.add(sv, s[6]);
-        let u = b.div(mh, den);
-        let finite = is_finite(b, gv);
-        let zero = b.const_f32(0.0);
-        b.select(finite, u, zero)
+        lamb_norm_update(b, &s, gv, m_old, v_old)
     });
     b.finish()
+}
+
+/// LAMB's update value of one element for the norm, from the values of [`LAMB_NORM_SCALARS`]
+/// (in that order), the widened gradient and the old moments:
+/// `(m * inv_c1) / (sqrt(v * inv_c2) + eps)` with this step's moments, `+0.0` for a
+/// non-finite gradient (also 8-bit LAMB's, [`crate::library::optim_norm8`]).
+pub(crate) fn lamb_norm_update(
+    b: &mut KernelBuilder,
+    s: &[Value],
+    gv: Value,
+    m_old: Value,
+    v_old: Value,
+) -> Value {
+    let [m, v] = moment_update(b, [s[0], s[1], s[2], s[3]], gv, m_old, v_old);
+    let mh = b.mul(m, s[4]);
+    let vh = b.mul(v, s[5]);
+    let sv = b.sqrt(vh);
+    let den = b.add(sv, s[6]);
+    let u = b.div(mh, den);
+    let finite = is_finite(b, gv);
+    let zero = b.const_f32(0.0);
+    b.select(finite, u, zero)
+}
+
+/// LARS's update value of one element for the norm: `first ? g : fma(s_old, momentum, g)`,
+/// `+0.0` for a non-finite gradient (also 8-bit LARS's, [`crate::library::optim_norm8`]).
+pub(crate) fn lars_norm_update(
+    b: &mut KernelBuilder,
+    first: Value,
+    mom: Value,
+    gv: Value,
+    s_old: Value,
+) -> Value {
+    let u = momentum(b, first, mom, gv, s_old);
+    let finite = is_finite(b, gv);
+    let zero = b.const_f32(0.0);
+    b.select(finite, u, zero)
 }
 
 fn build_lars_partials(name: &str) -> Kernel {
@@ -566,10 +596,7 @@ fn build_lars_partials(name: &str) -> Kernel {
     emit_partials(&mut b, n, p, outs, |b, e| {
         let gv = b.load(g, e);
         let s_old = b.load(s1, e);
-        let u = momentum(b, first, mom, gv, s_old);
-        let finite = is_finite(b, gv);
-        let zero = b.const_f32(0.0);
-        b.select(finite, u, zero)
+        lars_norm_update(b, first, mom, gv, s_old)
     });
     b.finish()
 }
@@ -697,10 +724,10 @@ fn build_lars_update(name: &str) -> Kernel {
 }
 
 /// The step of the catalog's example arguments (not 1, so the momentum path runs).
-const EXAMPLE_STEP: u32 = 3;
+pub(crate) const EXAMPLE_STEP: u32 = 3;
 
 /// The scale the catalog's update kernels read.
-const EXAMPLE_SCALE: f32 = 0.375;
+pub(crate) const EXAMPLE_SCALE: f32 = 0.375;
 
 /// [`crate::library::KernelSpec::example_args`] of an update-norm kernel on `values`
 /// (`n >= 1`): parameter `values`, gradient `values` rotated by one with NaN at the last element

@@ -49,6 +49,10 @@ pub(super) struct LlvmJit {
     inner: Mutex<Inner>,
     /// Lanes of the vector code to emit for this host.
     lanes: u32,
+    /// The target has AVX-512F (x86-64): permute lookups (`LlvmOptions::x86_avx512`).
+    avx512: bool,
+    /// The target also has AVX-512 VBMI: fused 4-bit decodes (`LlvmOptions::x86_avx512_vbmi`).
+    vbmi: bool,
 }
 
 static INIT: Once = Once::new();
@@ -88,6 +92,8 @@ impl LlvmJit {
             )
             .ok_or_else(|| device_error(format!("no LLVM target machine for {triple}")))?;
         let has = |f: &str| features.split(',').any(|x| x == format!("+{f}"));
+        let avx512 = cfg!(target_arch = "x86_64") && has("avx512f");
+        let vbmi = avx512 && has("avx512vbmi");
         let lanes = if has("avx512f") {
             16
         } else if has("avx2") {
@@ -111,12 +117,24 @@ impl LlvmJit {
                 context,
             }),
             lanes,
+            avx512,
+            vbmi,
         })
     }
 
     /// The vector lanes to lower kernels with on this host.
     pub(super) fn lanes(&self) -> u32 {
         self.lanes
+    }
+
+    /// Whether kernels may use AVX-512F intrinsics on this host.
+    pub(super) fn avx512(&self) -> bool {
+        self.avx512
+    }
+
+    /// Whether kernels may use AVX-512 VBMI intrinsics on this host.
+    pub(super) fn vbmi(&self) -> bool {
+        self.vbmi
     }
 
     /// Optimizes and compiles the module text of one kernel into executable memory.

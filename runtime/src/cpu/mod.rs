@@ -203,6 +203,8 @@ impl CpuDevice {
                 let options = qforge_codegen::llvm::LlvmOptions {
                     bounds_checks: self.bounds_checks,
                     lanes: if self.options.simd { jit.lanes() } else { 0 },
+                    x86_avx512: jit.avx512(),
+                    x86_avx512_vbmi: jit.vbmi(),
                 };
                 let text = qforge_codegen::llvm::lower(kernel, &options)?;
                 let entry = jit.compile(&kernel.name, &text)?;

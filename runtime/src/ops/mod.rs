@@ -13,7 +13,8 @@
 //!   state ([`AdamState32`], [`AdamState8`]).
 //! * [`lamb_step_32bit`] / [`lars_step_32bit`]: LAMB and LARS (bitsandbytes' `max_unorm` trust
 //!   ratio), also as their three pieces ([`lamb_norm_partials`], [`norm_scale`],
-//!   [`lamb_update_32bit`], ...) for chunked callers.
+//!   [`lamb_update_32bit`], ...) for chunked callers; [`lamb_step_8bit`] / [`lars_step_8bit`]:
+//!   the same with blockwise 8-bit state ([`lamb8_norm_partials`], [`lamb_update_8bit`], ...).
 //! * [`absmax_mean`], [`compress_absmax`], [`compress_absmax_with_offset`],
 //!   [`decompress_absmax`]: the double-quantization steps on their own.
 //!
@@ -40,6 +41,7 @@ mod optim_ademamix;
 mod optim_clip;
 mod optim_norm;
 mod optim_norm1;
+mod optim_norm8;
 mod quant4;
 
 pub use activation::{act_beta, act_beta_backward};
@@ -73,6 +75,10 @@ pub use optim_norm::{
 pub use optim_norm1::{
     optim1_norm_partials, optim1_norm_scale, optim1_step_32bit_max_unorm,
     optim1_update_scaled_32bit,
+};
+pub use optim_norm8::{
+    lamb8_norm_partials, lamb_step_8bit, lamb_update_8bit, lars8_norm_partials, lars_step_8bit,
+    lars_update_8bit,
 };
 pub use qforge_ir::library::Layout;
 pub use qforge_ir::library::TileConfig;

@@ -49,7 +49,7 @@ pub(super) fn check_scale(op: &str, scale: f32) -> Result<()> {
 }
 
 /// Checks the pair for `rule`; returns `n` and the parameter dtype.
-fn prepare(
+pub(super) fn prepare(
     op: &str,
     rule: NormRule,
     params: &HostTensor,

@@ -36,11 +36,13 @@ pub enum OptimizerKind {
     /// moments are `f32`.
     QAdamW(QAdamWConfig),
     /// LAMB (bitsandbytes `LAMB` / `LAMB32bit`): AdamW whose step is scaled by the trust ratio
-    /// `max_unorm * |p| / |u|` when the update norm exceeds `max_unorm * |p|`; 32-bit state
-    /// only (`state1`, `state2` as Adam); `f32`, `f16`, `bf16` parameters.
+    /// `max_unorm * |p| / |u|` when the update norm exceeds `max_unorm * |p|`; `state1`,
+    /// `state2` as Adam, 32-bit or blockwise 8-bit (the 8-bit AdamW state, not bitsandbytes'
+    /// non-blockwise `LAMB8bit` state); `f32`, `f16`, `bf16` parameters.
     Lamb(LambHyper),
     /// LARS (bitsandbytes `LARS` / `LARS32bit`): SGD with momentum and the same trust-ratio
-    /// scaling (`max_unorm` 0.02); 32-bit state only (`state1`); `f32` parameters only.
+    /// scaling (`max_unorm` 0.02); `state1` as SGD, 32-bit or blockwise 8-bit (the 8-bit SGD
+    /// state, not bitsandbytes' non-blockwise `LARS8bit` state); `f32` parameters only.
     Lars(LarsHyper),
 }
 
@@ -273,24 +275,6 @@ impl OptimizerKind {
         Ok(())
     }
 
-    /// State bit widths this rule has kernels for: 32 and 8 for every rule but LAMB and LARS,
-    /// which have 32-bit state only ([`OptimizerKind::unsupported_reason`]).
-    pub fn supports(&self, bits: StateBits) -> bool {
-        self.unsupported_reason(bits).is_none()
-    }
-
-    /// Why the rule has no kernels for `bits`, or `None` when it has.
-    pub fn unsupported_reason(&self, bits: StateBits) -> Option<&'static str> {
-        match (self, bits) {
-            (OptimizerKind::Lamb(_) | OptimizerKind::Lars(_), StateBits::Bits8) => Some(
-                "not supported: bitsandbytes' LAMB8bit / LARS8bit use its non-blockwise 8-bit \
-                 path (one absmax per tensor, LAMB8bit without update-norm clipping), which \
-                 qforge does not implement; use 32-bit state",
-            ),
-            (_, StateBits::Bits32 | StateBits::Bits8) => None,
-        }
-    }
-
     /// Parameter dtypes this rule's kernels take: `f32`, `f16`, `bf16` for Adam / AdamW, LAMB
     /// and quantized AdamW, `f32` only for the others.
     pub fn param_dtypes(&self) -> &'static [DType] {
@@ -321,12 +305,14 @@ pub struct ParamGroup {
     /// State width. With [`StateBits::Bits8`], parameters with fewer than the optimizer's
     /// `min_8bit_size` elements keep 32-bit state (as bitsandbytes does).
     pub bits: StateBits,
-    /// bitsandbytes' `max_unorm` for Adam, AdamW, SGD, RMSprop and Adagrad groups with 32-bit
-    /// state: `0` (the default) is off; `> 0` scales each parameter's step by the trust ratio
-    /// `thr / |u|` when the update norm `|u|` exceeds `thr = max_unorm * |p|` (RMSprop and
-    /// Adagrad: `+ eps`), through the LAMB / LARS kernels ([`ParamGroup::effective_kind`]) or
-    /// RMSprop's / Adagrad's norm kernels. LAMB and LARS take it in their hyperparameters
-    /// instead, so it must stay 0 for them (and for Lion, AdEMAMix and quantized AdamW).
+    /// bitsandbytes' `max_unorm` for Adam, AdamW and SGD groups (32-bit or 8-bit state) and
+    /// RMSprop and Adagrad groups with 32-bit state: `0` (the default) is off; `> 0` scales each
+    /// parameter's step by the trust ratio `thr / |u|` when the update norm `|u|` exceeds
+    /// `thr = max_unorm * |p|` (RMSprop and Adagrad: `+ eps`), through the LAMB / LARS kernels
+    /// of the state's width ([`ParamGroup::effective_kind`]) or RMSprop's / Adagrad's norm
+    /// kernels. With 8-bit state this goes beyond bitsandbytes, whose blockwise 8-bit update
+    /// has no update norm. LAMB and LARS take it in their hyperparameters instead, so it must
+    /// stay 0 for them (and for Lion, AdEMAMix and quantized AdamW).
     pub max_unorm: f64,
     /// bitsandbytes' `skip_zeros`: `true` leaves each element whose gradient is exactly zero
     /// (its parameter and its state) untouched, where bitsandbytes honours it (32-bit state of
@@ -515,10 +501,16 @@ impl ParamGroup {
                 self.kind.name()
             ));
         }
-        if self.bits == StateBits::Bits8 {
+        let norm8 = matches!(
+            self.effective_kind(),
+            OptimizerKind::Lamb(_) | OptimizerKind::Lars(_)
+        );
+        if self.bits == StateBits::Bits8 && !norm8 {
             return Err(format!(
-                "max_unorm = {m:?} with 8-bit state is not supported: bitsandbytes' blockwise \
-                 8-bit update has no update-norm clipping; use 32-bit state"
+                "max_unorm = {m:?} with 8-bit state is not supported for {}: its update-norm \
+                 kernels take 32-bit state (8-bit state: adam, adamw and sgd, through the 8-bit \
+                 LAMB / LARS kernels); use 32-bit state",
+                self.kind.name()
             ));
         }
         self.effective_kind().check().map_err(|e| {
@@ -530,18 +522,11 @@ impl ParamGroup {
         })
     }
 
-    /// Checks the hyperparameters and that the rule supports the width.
+    /// Checks the hyperparameters and the options against the rule and the width.
     pub(crate) fn check(&self, index: usize) -> Result<()> {
         self.kind
             .check()
             .map_err(|e| Error::Invalid(format!("optimizer: parameter group {index}: {e}")))?;
-        if let Some(why) = self.kind.unsupported_reason(self.bits) {
-            return Err(Error::Invalid(format!(
-                "optimizer: parameter group {index}: {} has no {}-bit state: {why}",
-                self.kind.name(),
-                bits_number(self.bits)
-            )));
-        }
         self.check_max_unorm()
             .and_then(|()| self.check_grad_options())
             .map_err(|e| Error::Invalid(format!("optimizer: parameter group {index}: {e}")))

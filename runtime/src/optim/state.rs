@@ -13,7 +13,8 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::{
     adam_step_32bit_opts, adam_step_8bit_opts, ademamix_step_32bit, ademamix_step_8bit,
-    lamb_norm_partials, lamb_update_32bit, lars_norm_partials, lars_update_32bit, norm_scale,
+    lamb8_norm_partials, lamb_norm_partials, lamb_update_32bit, lamb_update_8bit,
+    lars8_norm_partials, lars_norm_partials, lars_update_32bit, lars_update_8bit, norm_scale,
     optim1_norm_partials, optim1_norm_scale, optim1_step_32bit_opts, optim1_step_8bit_opts,
     optim1_update_scaled_32bit, qadamw_step, AdamState32, AdamState8, AdemamixState32,
     AdemamixState8, GradOptions, MomentState, NormPartials, Optim1State8, QAdamRng, QAdamState,
@@ -420,6 +421,45 @@ impl ParamState {
                     lars_update_32bit(dev, p, g, &mut s[r], h, step, scale)
                 })
             }
+            // 8-bit LAMB / LARS: as with 32-bit state, on the 8-bit state of each chunk (whole
+            // blocks, so each chunk's absmax are its own blocks').
+            ParamState::Adam8(s) if kind.lamb().is_some() => {
+                let h = kind.lamb().ok_or_else(mismatch)?;
+                let mut parts = NormPartials::zeros(params.numel());
+                for_chunks(params, grads, chunk, |p, g, r, b| {
+                    let c = adam8_chunk(s, &r, &b);
+                    let part = lamb8_norm_partials(dev, p, g, &c, h, step)?;
+                    parts.unorm[b.clone()].copy_from_slice(&part.unorm);
+                    parts.pnorm[b].copy_from_slice(&part.pnorm);
+                    Ok(())
+                })?;
+                let scale = norm_scale(dev, &parts, h.max_unorm)?;
+                for_chunks(params, grads, chunk, |p, g, r, b| {
+                    let mut c = adam8_chunk(s, &r, &b);
+                    lamb_update_8bit(dev, p, g, &mut c, h, step, scale)?;
+                    put_adam8_chunk(s, &c, &r, &b);
+                    Ok(())
+                })
+            }
+            ParamState::One8(s) if kind.lars().is_some() => {
+                let h = kind.lars().ok_or_else(mismatch)?;
+                let mut parts = NormPartials::zeros(params.numel());
+                for_chunks(params, grads, chunk, |p, g, r, b| {
+                    let c = one8_chunk(s, &r, &b);
+                    let part = lars8_norm_partials(dev, p, g, &c, h, step)?;
+                    parts.unorm[b.clone()].copy_from_slice(&part.unorm);
+                    parts.pnorm[b].copy_from_slice(&part.pnorm);
+                    Ok(())
+                })?;
+                let scale = norm_scale(dev, &parts, h.max_unorm)?;
+                for_chunks(params, grads, chunk, |p, g, r, b| {
+                    let mut c = one8_chunk(s, &r, &b);
+                    lars_update_8bit(dev, p, g, &mut c, h, step, scale)?;
+                    s.state1[r].copy_from_slice(&c.state1);
+                    s.absmax1[b].copy_from_slice(&c.absmax1);
+                    Ok(())
+                })
+            }
             // RMSprop / Adagrad with `max_unorm`: partials of every chunk, one scale, then the
             // scaled update chunk by chunk (as LAMB / LARS).
             ParamState::One32(s) if max_unorm > 0.0 => {
@@ -452,17 +492,9 @@ impl ParamState {
             ParamState::Adam8(s) => {
                 let (algo, h) = kind.adam().ok_or_else(mismatch)?;
                 for_chunks(params, grads, chunk, |p, g, r, b| {
-                    let mut c = AdamState8 {
-                        state1: s.state1[r.clone()].to_vec(),
-                        absmax1: s.absmax1[b.clone()].to_vec(),
-                        state2: s.state2[r.clone()].to_vec(),
-                        absmax2: s.absmax2[b.clone()].to_vec(),
-                    };
+                    let mut c = adam8_chunk(s, &r, &b);
                     adam_step_8bit_opts(dev, algo, p, g, &mut c, h, step, opts)?;
-                    s.state1[r.clone()].copy_from_slice(&c.state1);
-                    s.absmax1[b.clone()].copy_from_slice(&c.absmax1);
-                    s.state2[r].copy_from_slice(&c.state2);
-                    s.absmax2[b].copy_from_slice(&c.absmax2);
+                    put_adam8_chunk(s, &c, &r, &b);
                     Ok(())
                 })
             }
@@ -475,10 +507,7 @@ impl ParamState {
             ParamState::One8(s) => {
                 let (algo, h) = kind.one_state().ok_or_else(mismatch)?;
                 for_chunks(params, grads, chunk, |p, g, r, b| {
-                    let mut c = Optim1State8 {
-                        state1: s.state1[r.clone()].to_vec(),
-                        absmax1: s.absmax1[b.clone()].to_vec(),
-                    };
+                    let mut c = one8_chunk(s, &r, &b);
                     optim1_step_8bit_opts(dev, algo, p, g, &mut c, h, step, opts)?;
                     s.state1[r].copy_from_slice(&c.state1);
                     s.absmax1[b].copy_from_slice(&c.absmax1);
@@ -536,6 +565,32 @@ impl ParamState {
                 })
             }
         }
+    }
+}
+
+/// The part of an 8-bit Adam state covering elements `r` (blocks `b`).
+fn adam8_chunk(s: &AdamState8, r: &Range<usize>, b: &Range<usize>) -> AdamState8 {
+    AdamState8 {
+        state1: s.state1[r.clone()].to_vec(),
+        absmax1: s.absmax1[b.clone()].to_vec(),
+        state2: s.state2[r.clone()].to_vec(),
+        absmax2: s.absmax2[b.clone()].to_vec(),
+    }
+}
+
+/// Writes an updated part of an 8-bit Adam state back.
+fn put_adam8_chunk(s: &mut AdamState8, c: &AdamState8, r: &Range<usize>, b: &Range<usize>) {
+    s.state1[r.clone()].copy_from_slice(&c.state1);
+    s.absmax1[b.clone()].copy_from_slice(&c.absmax1);
+    s.state2[r.clone()].copy_from_slice(&c.state2);
+    s.absmax2[b.clone()].copy_from_slice(&c.absmax2);
+}
+
+/// The part of an 8-bit one-state state covering elements `r` (blocks `b`).
+fn one8_chunk(s: &Optim1State8, r: &Range<usize>, b: &Range<usize>) -> Optim1State8 {
+    Optim1State8 {
+        state1: s.state1[r.clone()].to_vec(),
+        absmax1: s.absmax1[b.clone()].to_vec(),
     }
 }
 

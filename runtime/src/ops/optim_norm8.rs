@@ -1,0 +1,245 @@
+//! LAMB and LARS steps with blockwise 8-bit state (qforge's 8-bit optimizer state: blocks of
+//! 256 elements, the 8-bit AdamW / SGD-momentum layout), over any [`Device`]. A step is three
+//! kernel launches ([`qforge_ir::library::optim_norm8`]): per-block norm partials from the
+//! 8-bit state, the trust-ratio scale ([`norm_scale`], shared with 32-bit state), and the
+//! scaled 8-bit update. As for 32-bit state the pieces are public, so a caller that processes a
+//! tensor in chunks of whole blocks (the optimizer API) gathers the partials of every chunk,
+//! takes one scale and updates chunk by chunk, bit-identically to one whole-tensor
+//! [`lamb_step_8bit`] / [`lars_step_8bit`]. Formulas: `docs/optimizers.md`, section "8-bit LAMB
+//! and LARS". The state is not bitsandbytes' `LAMB8bit` / `LARS8bit` state (non-blockwise
+//! there).
+
+use qforge_ir::library::{LambHyper, LarsHyper, NormRule, OptimNorm8Spec, OPTIM_BLOCKSIZE};
+use qforge_ir::{Arg, DType};
+
+use super::optim::expect;
+use super::optim_norm::{check_scale, partials_with, prepare};
+use super::{cached_kernel, f32_le, le_f32, scalar_u32};
+use super::{norm_scale, AdamState8, NormPartials, Optim1State8};
+use crate::device::Device;
+use crate::error::Result;
+use crate::tensor::HostTensor;
+
+/// Checks the lengths of an 8-bit state for `n` elements: codes per element, absmax per block.
+fn expect_state8(
+    op: &str,
+    n: u32,
+    codes: &[(&str, usize)],
+    absmax: &[(&str, usize)],
+) -> Result<()> {
+    for (what, len) in codes {
+        expect(op, what, *len, n as usize)?;
+    }
+    let blocks = n.div_ceil(OPTIM_BLOCKSIZE) as usize;
+    for (what, len) in absmax {
+        expect(op, what, *len, blocks)?;
+    }
+    Ok(())
+}
+
+fn check_adam8(op: &str, n: u32, s: &AdamState8) -> Result<()> {
+    expect_state8(
+        op,
+        n,
+        &[("state1", s.state1.len()), ("state2", s.state2.len())],
+        &[("absmax1", s.absmax1.len()), ("absmax2", s.absmax2.len())],
+    )
+}
+
+fn check_one8(op: &str, n: u32, s: &Optim1State8) -> Result<()> {
+    expect_state8(
+        op,
+        n,
+        &[("state1", s.state1.len())],
+        &[("absmax1", s.absmax1.len())],
+    )
+}
+
+/// The 8-bit LAMB norm partials of step `step` (1-based) for a parameter, its gradient and its
+/// 8-bit state before the step; nothing is modified.
+///
+/// # Errors
+/// [`crate::Error::Invalid`] for an empty or non-float parameter, a gradient of another dtype
+/// or shape, state of the wrong length (codes per element, absmax per 256-element block), more
+/// than `2^31 - 1` elements; [`crate::Error::Ir`] for invalid hyperparameters or step 0; any
+/// device error.
+pub fn lamb8_norm_partials(
+    dev: &dyn Device,
+    params: &HostTensor,
+    grads: &HostTensor,
+    state: &AdamState8,
+    hyper: &LambHyper,
+    step: u32,
+) -> Result<NormPartials> {
+    const OP: &str = "lamb8_norm_partials";
+    let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
+    check_adam8(OP, n, state)?;
+    let s = hyper.scalars(step)?;
+    let spec = OptimNorm8Spec::Partials {
+        rule: NormRule::Lamb,
+        dtype,
+    };
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (a1, a2) = (f32_le(&state.absmax1), f32_le(&state.absmax2));
+    let inputs: [&[u8]; 6] = [
+        &params.data,
+        &grads.data,
+        &state.state1,
+        &a1,
+        &state.state2,
+        &a2,
+    ];
+    partials_with(dev, &kernel, n, s.partials_args(), &inputs)
+}
+
+/// The 8-bit LARS norm partials of step `step` (1-based) for an `f32` parameter, its gradient
+/// and its 8-bit momentum before the step; nothing is modified.
+///
+/// # Errors
+/// As [`lamb8_norm_partials`]; the parameter must be `f32`.
+pub fn lars8_norm_partials(
+    dev: &dyn Device,
+    params: &HostTensor,
+    grads: &HostTensor,
+    state: &Optim1State8,
+    hyper: &LarsHyper,
+    step: u32,
+) -> Result<NormPartials> {
+    const OP: &str = "lars8_norm_partials";
+    let (n, _) = prepare(OP, NormRule::Lars, params, grads)?;
+    check_one8(OP, n, state)?;
+    let s = hyper.scalars(step)?;
+    let spec = OptimNorm8Spec::Partials {
+        rule: NormRule::Lars,
+        dtype: DType::F32,
+    };
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let a1 = f32_le(&state.absmax1);
+    let inputs: [&[u8]; 4] = [&params.data, &grads.data, &state.state1, &a1];
+    partials_with(dev, &kernel, n, s.partials_args(), &inputs)
+}
+
+/// The 8-bit LAMB update of step `step` with a given `scale` (from [`norm_scale`]), in place:
+/// the 8-bit AdamW step (decoupled weight decay before the update) with the step multiplied by
+/// `scale`, the moments requantized per block. Gradient elements that are NaN or ±inf zero
+/// their moments and leave their parameter unchanged.
+///
+/// # Errors
+/// As [`lamb8_norm_partials`]; [`crate::Error::Invalid`] for a `scale` that is not finite and
+/// `>= 0`.
+pub fn lamb_update_8bit(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState8,
+    hyper: &LambHyper,
+    step: u32,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "lamb_update_8bit";
+    check_scale(OP, scale)?;
+    let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
+    check_adam8(OP, n, state)?;
+    let scalars = hyper.update8_args(step)?;
+    let spec = OptimNorm8Spec::Update {
+        rule: NormRule::Lamb,
+        dtype,
+    };
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (mut a1, mut a2) = (f32_le(&state.absmax1), f32_le(&state.absmax2));
+    let sc = scale.to_le_bytes();
+    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
+    args.extend(scalars.into_iter().map(Arg::Scalar));
+    args.extend([
+        Arg::Write(&mut params.data),
+        Arg::Read(&grads.data),
+        Arg::Write(&mut state.state1),
+        Arg::Write(&mut a1),
+        Arg::Write(&mut state.state2),
+        Arg::Write(&mut a2),
+        Arg::Read(&sc),
+    ]);
+    dev.launch(&kernel, &mut args)?;
+    state.absmax1 = le_f32(&a1);
+    state.absmax2 = le_f32(&a2);
+    Ok(())
+}
+
+/// The 8-bit LARS update of step `step` with a given `scale`, in place: the 8-bit SGD-momentum
+/// step (coupled weight decay, the gradient itself as momentum on step 1) with the step
+/// multiplied by `scale`, the momentum requantized per block. Non-finite gradient elements zero
+/// their momentum and leave their parameter unchanged.
+///
+/// # Errors
+/// As [`lars8_norm_partials`]; [`crate::Error::Invalid`] for a `scale` that is not finite and
+/// `>= 0`.
+pub fn lars_update_8bit(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut Optim1State8,
+    hyper: &LarsHyper,
+    step: u32,
+    scale: f32,
+) -> Result<()> {
+    const OP: &str = "lars_update_8bit";
+    check_scale(OP, scale)?;
+    let (n, _) = prepare(OP, NormRule::Lars, params, grads)?;
+    check_one8(OP, n, state)?;
+    let scalars = hyper.update8_args(step)?;
+    let spec = OptimNorm8Spec::Update {
+        rule: NormRule::Lars,
+        dtype: DType::F32,
+    };
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let mut a1 = f32_le(&state.absmax1);
+    let sc = scale.to_le_bytes();
+    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
+    args.extend(scalars.into_iter().map(Arg::Scalar));
+    args.extend([
+        Arg::Write(&mut params.data),
+        Arg::Read(&grads.data),
+        Arg::Write(&mut state.state1),
+        Arg::Write(&mut a1),
+        Arg::Read(&sc),
+    ]);
+    dev.launch(&kernel, &mut args)?;
+    state.absmax1 = le_f32(&a1);
+    Ok(())
+}
+
+/// One whole-tensor 8-bit LAMB step (partials, scale, update); returns the scale it applied.
+///
+/// # Errors
+/// As [`lamb8_norm_partials`].
+pub fn lamb_step_8bit(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState8,
+    hyper: &LambHyper,
+    step: u32,
+) -> Result<f32> {
+    let parts = lamb8_norm_partials(dev, params, grads, state, hyper, step)?;
+    let scale = norm_scale(dev, &parts, hyper.max_unorm)?;
+    lamb_update_8bit(dev, params, grads, state, hyper, step, scale)?;
+    Ok(scale)
+}
+
+/// One whole-tensor 8-bit LARS step (partials, scale, update); returns the scale it applied.
+///
+/// # Errors
+/// As [`lars8_norm_partials`].
+pub fn lars_step_8bit(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut Optim1State8,
+    hyper: &LarsHyper,
+    step: u32,
+) -> Result<f32> {
+    let parts = lars8_norm_partials(dev, params, grads, state, hyper, step)?;
+    let scale = norm_scale(dev, &parts, hyper.max_unorm)?;
+    lars_update_8bit(dev, params, grads, state, hyper, step, scale)?;
+    Ok(scale)
+}
