@@ -188,7 +188,8 @@ mod device {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 
-    /// Runs `kernel` on the interpreter, the LLVM device with vectors and without: the same
+    /// Runs `kernel` on the interpreter, the LLVM device with vectors and without, and the
+    /// Cranelift device: the same
     /// outputs under the numeric contract (bit for bit, except that any two NaNs are equal, as
     /// `count_mismatches` and the conformance suite compare), or the same out-of-range work item.
     fn same_everywhere(kernel: &Kernel, scalars: &[u32], inputs: &[Vec<u8>], outputs: &[usize]) {
@@ -198,7 +199,8 @@ mod device {
             ..CpuOptions::default()
         })
         .unwrap();
-        let devices: [&dyn Device; 3] = [&InterpreterDevice, &vector, &scalar];
+        let cranelift = CpuDevice::new().unwrap();
+        let devices: [&dyn Device; 4] = [&InterpreterDevice, &vector, &scalar, &cranelift];
         let mut results = Vec::new();
         for dev in devices {
             let mut args: Vec<OwnedArg> = scalars
@@ -216,7 +218,11 @@ mod device {
             };
             results.push(r);
         }
-        for (r, name) in results[1..].iter().zip(["cpu-llvm", "cpu-llvm (scalar)"]) {
+        for (r, name) in
+            results[1..]
+                .iter()
+                .zip(["cpu-llvm", "cpu-llvm (scalar)", "cpu (Cranelift)"])
+        {
             match (&results[0], r) {
                 (Ok(want), Ok(got)) => {
                     let (bad, total) = count_mismatches(kernel, want, got);
@@ -359,6 +365,51 @@ mod device {
         b.finish()
     }
 
+    /// `s = start + sum over i < n of a[i + off] * b[i + off]` with `i8` inputs and an `i32`
+    /// running sum (`for` loop, one work item, as the int8 matmul's dot products), and a `u32`
+    /// running sum of `a`'s raw bytes, stored in `s[0]` and `s[1]`.
+    fn int_sum_kernel() -> Kernel {
+        let mut b = KernelBuilder::new("llvm_int_sums");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let off = b.scalar_param("off", ScalarType::U32);
+        let start = b.scalar_param("start", ScalarType::U32);
+        let nx = b.scalar_param("nx", ScalarType::U32);
+        let a = b.buffer_param("a", DType::I8, &[Dim::Param(nx)], Access::Read);
+        let w = b.buffer_param("w", DType::I8, &[Dim::Param(nx)], Access::Read);
+        let raw = b.buffer_param("raw", DType::U8, &[Dim::Param(nx)], Access::Read);
+        let s = b.buffer_param("s", DType::I32, &[Dim::Const(2)], Access::Write);
+        b.set_grid(Dim::Const(1));
+        let dot = b.var("dot", ScalarType::I32);
+        let bytes = b.var("bytes", ScalarType::U32);
+        let s0 = b.param(start);
+        let s0 = b.bitcast(s0, ScalarType::I32);
+        b.assign(dot, s0);
+        let big = b.const_u32(0xffff_ff00);
+        b.assign(bytes, big);
+        let (zero, nv) = (b.const_u32(0), b.param(n));
+        b.for_range(zero, nv, 1, |b, i| {
+            let o = b.param(off);
+            let e = b.add(i, o);
+            let x = b.load(a, e);
+            let y = b.load(w, e);
+            let p = b.mul(x, y);
+            let cur = b.read_var(dot);
+            let next = b.add(cur, p);
+            b.assign(dot, next);
+            let r = b.load(raw, e);
+            let cur = b.read_var(bytes);
+            let next = b.add(r, cur);
+            b.assign(bytes, next);
+        });
+        let (z, one) = (b.const_u32(0), b.const_u32(1));
+        let d = b.read_var(dot);
+        b.store(s, z, d);
+        let t = b.read_var(bytes);
+        let t = b.bitcast(t, ScalarType::I32);
+        b.store(s, one, t);
+        b.finish()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -382,13 +433,14 @@ mod device {
         }
 
         #[test]
-        fn nibble_lookups_match_the_interpreter(len in 1usize..17, n in 0u32..70, off in 0u32..40, slack in 0u32..3, seed in any::<u32>()) {
-            // Some cases read past `p` (then every device reports the same work item).
-            let np = ((n + off).div_ceil(2)).saturating_sub(slack).max(1);
-            let ps: Vec<u8> = (0..np).map(|i| (i.wrapping_mul(0x9e37_79b9) ^ seed) as u8).collect();
-            for shift in 0..6 {
-                same_everywhere(&nibble_kernel(shift, len), &[n, off, np], std::slice::from_ref(&ps), &[4 * n as usize]);
-            }
+        fn integer_running_sums_match_the_interpreter(n in 0u32..90, off in 0u32..9, slack in 0u32..3, start in any::<i32>(), seed in any::<u32>()) {
+            let nx = (n + off).saturating_sub(slack).max(1);
+            let bytes = |salt: u32| -> Vec<u8> {
+                (0..nx).map(|i| (i.wrapping_mul(0x9e37_79b9) ^ seed ^ salt) as u8).collect()
+            };
+            let scalars = [n, off, start as u32, nx];
+            let inputs = [bytes(1), bytes(2), bytes(3)];
+            same_everywhere(&int_sum_kernel(), &scalars, &inputs, &[8]);
         }
 
         #[test]
@@ -397,6 +449,21 @@ mod device {
             let xs: Vec<f32> = (0..nx).map(|i| ((i ^ seed) as f32 * 0.61).cos()).collect();
             let ps: Vec<u8> = (0..nx).map(|i| (i.wrapping_mul(seed | 1) >> 3) as u8).collect();
             same_everywhere(&accumulate_kernel(), &[n, off, stride, items, nx], &[bytes_f32(&xs), ps], &[4 * items as usize]);
+        }
+    }
+
+    proptest! {
+        // Each case compiles the kernel six times (one per shift expression) for three devices.
+        #![proptest_config(ProptestConfig { cases: 10, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn nibble_lookups_match_the_interpreter(len in 1usize..17, n in 0u32..70, off in 0u32..40, slack in 0u32..3, seed in any::<u32>()) {
+            // Some cases read past `p` (then every device reports the same work item).
+            let np = ((n + off).div_ceil(2)).saturating_sub(slack).max(1);
+            let ps: Vec<u8> = (0..np).map(|i| (i.wrapping_mul(0x9e37_79b9) ^ seed) as u8).collect();
+            for shift in 0..6 {
+                same_everywhere(&nibble_kernel(shift, len), &[n, off, np], std::slice::from_ref(&ps), &[4 * n as usize]);
+            }
         }
     }
 }

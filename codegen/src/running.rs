@@ -1,10 +1,12 @@
 //! Running reductions in a loop body: the analysis both CPU backends vectorize from (the
 //! lowering, and why it is exact, are in `cranelift/vector_running.rs` and `llvm/lanes.rs`).
-//! An `f32` variable `acc` updated once per iteration, the loop reading `acc` only in that
-//! update and using the update's intermediate values nowhere else, as
+//! A variable `acc` updated once per iteration, the loop reading `acc` only in that update and
+//! using the update's intermediate values nowhere else, as
 //! * `acc = max(acc, a)` (NaN skipped) or `acc = select(a > acc || a != a, a, acc)` (NaN
-//!   propagated), with `a = abs(x)`;
-//! * `acc = acc + x` (a sum in iteration order).
+//!   propagated), with `a = abs(x)` (`f32`);
+//! * `acc = acc + x` (`f32`: a sum in iteration order);
+//! * `acc = acc + x` (`u32`/`i32`: a wrapping sum, the same bits in any order, since wrapping
+//!   addition is associative and commutative).
 
 use std::collections::HashMap;
 
@@ -17,8 +19,10 @@ pub(crate) enum Rule {
     MaxSkipNan,
     /// `select(a > acc || a != a, a, acc)`: a NaN `a` wins.
     MaxPropagateNan,
-    /// `acc + x`: a sum in iteration order.
+    /// `acc + x` (`f32`): a sum in iteration order.
     Sum,
+    /// `acc + x` (`u32`/`i32`): a wrapping sum, whose bits do not depend on the order.
+    IntSum,
 }
 
 /// One running reduction of a loop body.
@@ -50,10 +54,18 @@ fn is_abs(kernel: &Kernel, a: IrValue) -> bool {
 /// the added (or compared) value, and the intermediate values that must have no other use.
 fn pattern(kernel: &Kernel, value: IrValue) -> Option<(IrValue, Rule, IrValue, Vec<IrValue>)> {
     match *op_of(kernel, value)? {
-        Op::Binary(BinaryOp::Add, cur, x)
-            if kernel.values.try_get(value)?.ty == ScalarType::F32 =>
-        {
-            Some((cur, Rule::Sum, x, vec![]))
+        // Addition commutes exactly (floats too, NaN payloads aside): the variable's read may
+        // be either operand.
+        Op::Binary(BinaryOp::Add, a, b) => {
+            let (cur, x) = match op_of(kernel, a) {
+                Some(Op::ReadVar(_)) => (a, b),
+                _ => (b, a),
+            };
+            match kernel.values.try_get(value)?.ty {
+                ScalarType::F32 => Some((cur, Rule::Sum, x, vec![])),
+                ScalarType::U32 | ScalarType::I32 => Some((cur, Rule::IntSum, x, vec![])),
+                ScalarType::Bool => None,
+            }
         }
         Op::Binary(BinaryOp::Max, cur, a) if is_abs(kernel, a) => {
             Some((cur, Rule::MaxSkipNan, a, vec![]))
@@ -110,15 +122,19 @@ pub(crate) fn running_reductions(kernel: &Kernel, body: &[Stmt]) -> Option<Vec<R
     let used = |v: IrValue| uses.get(&v.index()).copied().unwrap_or(0);
     let mut found: Vec<Running> = Vec::new();
     for (var, value) in assigned {
-        if kernel.vars.try_get(var)?.ty != ScalarType::F32 {
+        let (cur, rule, addend, inner) = pattern(kernel, value)?;
+        let int_var = matches!(
+            kernel.vars.try_get(var)?.ty,
+            ScalarType::U32 | ScalarType::I32
+        );
+        if int_var != matches!(rule, Rule::IntSum) {
             return None;
         }
-        let (cur, rule, addend, inner) = pattern(kernel, value)?;
         // `cur` must be the loop's only read of `var`, used only by the update (once by `max`,
         // twice by the NaN-propagating select and compare), and the update's values used only
         // inside it.
         let cur_uses = match rule {
-            Rule::MaxSkipNan | Rule::Sum => 1,
+            Rule::MaxSkipNan | Rule::Sum | Rule::IntSum => 1,
             Rule::MaxPropagateNan => 2,
         };
         let only_read = reads.get(&var.index()).is_some_and(|r| r == &[cur]);

@@ -9,7 +9,8 @@
 //!   same scalar update, and the scalar remainder loop continues from the result;
 //! * `acc = acc + x` (a sum in iteration order, as the EDEN sums of the 4-bit optimizers): each
 //!   vector iteration adds its 4 lanes to the scalar `acc` in lane order, which is the order of
-//!   the scalar loop, so this one is exact by construction.
+//!   the scalar loop, so this one is exact by construction. A `u32`/`i32` sum (the int8 dot
+//!   products) is lowered the same way with integer adds.
 //!
 //! Exactness of the maxima: every `a` has its sign bit clear, and two floats that compare equal differ in bits
 //! only as `+0` / `-0`, so all the `a` equal to the largest non-NaN one have the same bits.
@@ -49,7 +50,7 @@ impl Lowerer<'_> {
         let mut out = Vec::with_capacity(reductions.len());
         for red in reductions {
             let scalar = self.var_of(red.var)?;
-            let lanes = if let Rule::Sum = red.rule {
+            let lanes = if matches!(red.rule, Rule::Sum | Rule::IntSum) {
                 scalar
             } else {
                 let c = self.b.use_var(scalar);
@@ -68,7 +69,7 @@ impl Lowerer<'_> {
     pub(super) fn read_running(&mut self, carried: &[Carried], local: &mut Body) {
         for c in carried {
             let v = self.b.use_var(c.lanes);
-            if let Rule::Sum = c.red.rule {
+            if matches!(c.red.rule, Rule::Sum | Rule::IntSum) {
                 local.insert(c.red.read, VVal::Uniform(v));
                 local.insert(c.red.update, VVal::Uniform(v));
                 local
@@ -91,10 +92,19 @@ impl Lowerer<'_> {
     ) -> Result<()> {
         if let Some(&(scalar, addend)) = local.sums.get(&var.index()) {
             let x = self.vval(local, addend)?;
+            let ty = self
+                .k
+                .values
+                .try_get(addend)
+                .ok_or_else(|| internal("missing addend"))?
+                .ty;
             let mut acc = self.b.use_var(scalar);
             for j in 0..LANES {
-                let xj = self.lane(x, ScalarType::F32, j);
-                acc = self.b.ins().fadd(acc, xj);
+                let xj = self.lane(x, ty, j);
+                acc = match ty {
+                    ScalarType::F32 => self.b.ins().fadd(acc, xj),
+                    _ => self.b.ins().iadd(acc, xj),
+                };
             }
             self.b.def_var(scalar, acc);
             return Ok(());
@@ -114,7 +124,7 @@ impl Lowerer<'_> {
     /// to the variable.
     pub(super) fn finish_running(&mut self, carried: &[Carried]) -> Result<()> {
         for c in carried {
-            if let Rule::Sum = c.red.rule {
+            if matches!(c.red.rule, Rule::Sum | Rule::IntSum) {
                 continue;
             }
             let v = self.b.use_var(c.lanes);
@@ -133,7 +143,7 @@ impl Lowerer<'_> {
     fn max_update(&mut self, rule: Rule, acc: Value, x: Value) -> Result<Value> {
         match rule {
             Rule::MaxSkipNan => self.binary(BinaryOp::Max, ScalarType::F32, acc, x),
-            Rule::Sum => Err(internal("a sum has no lanes to combine")),
+            Rule::Sum | Rule::IntSum => Err(internal("a sum has no lanes to combine")),
             Rule::MaxPropagateNan => {
                 let gt = self.compare(CmpOp::Gt, ScalarType::F32, x, acc)?;
                 let nan = self.compare(CmpOp::Ne, ScalarType::F32, x, x)?;

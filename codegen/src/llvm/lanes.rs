@@ -110,6 +110,16 @@ pub(super) struct Carried {
     pub(super) lanes: Option<String>,
 }
 
+impl Carried {
+    /// The LLVM element type of a reduction's lane vector.
+    pub(super) fn elem(rule: Rule) -> &'static str {
+        match rule {
+            Rule::IntSum => "i32",
+            Rule::MaxSkipNan | Rule::MaxPropagateNan | Rule::Sum => "float",
+        }
+    }
+}
+
 /// What the first pass over a group's body found.
 struct Plan {
     /// The varying values (and running reads), by arena index.
@@ -476,7 +486,7 @@ impl Emitter<'_> {
             if c.red.read == v {
                 let out = match &c.lanes {
                     Some(acc) => {
-                        let vt = vec_of("float", lanes);
+                        let vt = vec_of(Carried::elem(c.red.rule), lanes);
                         (self.ins(format!("load {vt}, {vt}* {acc}")), lanes)
                     }
                     None => (self.op(&Op::ReadVar(c.red.var), ScalarType::F32)?, 1),
@@ -511,7 +521,7 @@ impl Emitter<'_> {
         let o = self.opnd(value)?;
         match &c.lanes {
             Some(acc) => {
-                let vt = vec_of("float", o.lanes);
+                let vt = vec_of(Carried::elem(c.red.rule), o.lanes);
                 self.line(format!("store {vt} {}, {vt}* {acc}", o.text));
             }
             None => self.assign_var(var, &o.text)?,

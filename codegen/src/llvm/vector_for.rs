@@ -3,12 +3,14 @@
 //! (`lanes.rs`), then the remaining iterations as scalar code. A running maximum keeps one
 //! value per lane, every lane starting from the variable's value before the loop, and the
 //! lanes are combined in lane order with the scalar update after the groups (exact: see
-//! `crate::running` and `cranelift/vector_running.rs`); a running sum adds each group's lanes
-//! to the variable in lane order, as the scalar loop does.
+//! `crate::running` and `cranelift/vector_running.rs`); a running `f32` sum adds each group's
+//! lanes to the variable in lane order, as the scalar loop does; a running integer sum keeps one
+//! wrapping partial sum per lane, from 0, added to the variable after the groups (wrapping
+//! addition gives the same bits in any order).
 
 use qforge_ir::{BinaryOp, CmpOp, ScalarType, Stmt, Value};
 
-use super::emit::{internal, Emitter};
+use super::emit::{internal, vec_of, Emitter};
 use super::lanes::Carried;
 use crate::error::Result;
 use crate::running::Rule;
@@ -32,10 +34,11 @@ impl Emitter<'_> {
         let vend = self.ins(format!("add i32 {start}, {whole}"));
         let reductions = crate::running::running_reductions(self.k, body)
             .ok_or_else(|| internal("vector loop with an assignment that is not a reduction"))?;
-        let vt = format!("<{lanes} x float>");
         let mut running = Vec::new();
         for red in reductions {
-            // Maxima: every lane starts from the variable's value before the loop.
+            let vt = vec_of(Carried::elem(red.rule), lanes);
+            // Maxima: every lane starts from the variable's value before the loop; integer
+            // sums from 0.
             let acc = match red.rule {
                 Rule::Sum => None,
                 Rule::MaxSkipNan | Rule::MaxPropagateNan => {
@@ -45,16 +48,33 @@ impl Emitter<'_> {
                     self.line(format!("store {vt} {splat}, {vt}* {acc}"));
                     Some(acc)
                 }
+                Rule::IntSum => {
+                    let acc = self.alloca(&vt);
+                    self.line(format!("store {vt} zeroinitializer, {vt}* {acc}"));
+                    Some(acc)
+                }
             };
             running.push(Carried { red, lanes: acc });
         }
         self.group_loop(index, start, &vend, lanes, body, &running, &mut |_| Ok(()))?;
-        // The lanes of each maximum combined in lane order with the scalar update.
+        // The lanes of each maximum combined in lane order with the scalar update; an integer
+        // sum's lanes added to the variable.
         for c in &running {
             let Some(acc) = &c.lanes else { continue };
+            let vt = vec_of(Carried::elem(c.red.rule), lanes);
             let v = self.ins(format!("load {vt}, {vt}* {acc}"));
-            let mut total = self.ins(format!("extractelement {vt} {v}, i32 0"));
-            for l in 1..lanes {
+            let mut total = match c.red.rule {
+                Rule::IntSum => {
+                    let ty = self.k.vars.try_get(c.red.var).map(|d| d.ty);
+                    self.op(
+                        &qforge_ir::Op::ReadVar(c.red.var),
+                        ty.ok_or_else(|| internal("missing variable"))?,
+                    )?
+                }
+                _ => self.ins(format!("extractelement {vt} {v}, i32 0")),
+            };
+            let first = u32::from(!matches!(c.red.rule, Rule::IntSum));
+            for l in first..lanes {
                 let x = self.ins(format!("extractelement {vt} {v}, i32 {l}"));
                 total = match c.red.rule {
                     Rule::MaxPropagateNan => {
@@ -66,6 +86,7 @@ impl Emitter<'_> {
                     Rule::MaxSkipNan | Rule::Sum => {
                         self.binary(BinaryOp::Max, ScalarType::F32, 1, &total, &x)?
                     }
+                    Rule::IntSum => self.ins(format!("add i32 {total}, {x}")),
                 };
             }
             self.assign_var(c.red.var, &total)?;
