@@ -33,11 +33,22 @@ pub fn device_by_name(name: &str) -> Result<Box<dyn Device>> {
         "wgpu" => Ok(Box::new(qforge_runtime::WgpuDevice::new()?)),
         #[cfg(feature = "cuda")]
         "cuda" => Ok(Box::new(qforge_runtime::CudaDevice::new()?)),
-        other => Err(Error::Usage(format!(
-            "unknown device '{other}' (available in this build: {}; cpu-llvm, wgpu and cuda \
-             need `--features llvm` / `--features wgpu` / `--features cuda`)",
-            DEVICE_NAMES.join(", ")
-        ))),
+        other => {
+            let missing: Vec<String> = [("cpu-llvm", "llvm"), ("wgpu", "wgpu"), ("cuda", "cuda")]
+                .iter()
+                .filter(|(d, _)| !DEVICE_NAMES.contains(d))
+                .map(|(d, f)| format!("{d} needs `--features {f}`"))
+                .collect();
+            let hint = if missing.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", missing.join(", "))
+            };
+            Err(Error::Usage(format!(
+                "unknown device '{other}' (available in this build: {}{hint})",
+                DEVICE_NAMES.join(", ")
+            )))
+        }
     }
 }
 

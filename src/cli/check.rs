@@ -135,6 +135,16 @@ fn codegen_only(
     rows
 }
 
+/// Whether this build has a device for `backend` (its `--device` name is compiled in).
+fn built_in(backend: &str) -> bool {
+    let device = match backend {
+        "ptx" => "cuda",
+        "wgsl" => "wgpu",
+        _ => return false,
+    };
+    crate::devices::DEVICE_NAMES.contains(&device)
+}
+
 /// Runs the check over the whole op library on `devices`.
 ///
 /// # Errors
@@ -230,6 +240,7 @@ pub fn run_check(
         for (backend, lowered) in generated {
             let why = match unavailable.iter().find(|u| u.backend == backend) {
                 Some(u) => format!("not runnable here: {}", u.reason),
+                None if built_in(backend) => "its device was not selected by --device".into(),
                 None => "no device for this backend in this build".into(),
             };
             match lowered {

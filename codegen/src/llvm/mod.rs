@@ -66,6 +66,12 @@ pub struct LlvmOptions {
     pub x86_avx512_vbmi: bool,
 }
 
+/// Whether `lanes` is a lane count [`LlvmOptions::lanes`] takes: 0 (scalar code only) or a
+/// power of two from 4 to 64.
+pub fn supported_lanes(lanes: u32) -> bool {
+    lanes == 0 || ((4..=64).contains(&lanes) && lanes.is_power_of_two())
+}
+
 /// Largest table (entries) that [`LlvmOptions::x86_avx512`] looks up with permutes; larger
 /// tables are gathered.
 pub const PERMUTE_TABLE: usize = 512;
@@ -113,8 +119,7 @@ impl crate::Backend for LlvmBackend {
 /// f16/bf16 store rounding other than `rne` or an unsupported lane count.
 pub fn lower(kernel: &Kernel, options: &LlvmOptions) -> Result<String> {
     qforge_ir::verify(kernel)?;
-    let lanes = options.lanes;
-    if lanes != 0 && (!(4..=64).contains(&lanes) || !lanes.is_power_of_two()) {
+    if !supported_lanes(options.lanes) {
         return Err(crate::Error::Unsupported {
             backend: BACKEND,
             op: format!(

@@ -101,11 +101,20 @@ impl LlvmJit {
         } else {
             4
         };
-        // A tuning override (an invalid count is refused when a kernel is lowered).
-        let lanes = std::env::var("QFORGE_LLVM_LANES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(lanes);
+        // A tuning override.
+        let lanes = match std::env::var_os("QFORGE_LLVM_LANES") {
+            None => lanes,
+            Some(v) => v
+                .to_str()
+                .and_then(|s| s.trim().parse().ok())
+                .filter(|l| qforge_codegen::llvm::supported_lanes(*l))
+                .ok_or_else(|| {
+                    device_error(format!(
+                        "QFORGE_LLVM_LANES={v:?}: expected 0 (scalar code) or a power of two \
+                         from 4 to 64"
+                    ))
+                })?,
+        };
         let context = Box::into_raw(Box::new(Context::create()));
         Ok(LlvmJit {
             inner: Mutex::new(Inner {
