@@ -138,12 +138,21 @@ fn a_filter_matching_nothing_is_a_clear_error() {
 fn a_bad_llvm_lane_override_names_the_variable() {
     for bad in ["3", "abc", "128"] {
         let out = Command::new(env!("CARGO_BIN_EXE_qforge"))
-            .args(["bench", "--device", "cpu-llvm", "--filter", "dequantize_4bit_nf4"])
+            .args([
+                "bench",
+                "--device",
+                "cpu-llvm",
+                "--filter",
+                "dequantize_4bit_nf4",
+            ])
             .env("QFORGE_LLVM_LANES", bad)
             .output()
             .expect("qforge runs");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "QFORGE_LLVM_LANES={bad} was accepted");
+        assert!(
+            !out.status.success(),
+            "QFORGE_LLVM_LANES={bad} was accepted"
+        );
         assert!(
             stderr.contains(&format!("QFORGE_LLVM_LANES=\"{bad}\"")),
             "{stderr}"

@@ -43,6 +43,10 @@ mod grad_opts;
 #[path = "optim_api/unorm1.rs"]
 mod unorm1;
 
+/// Percentile clipping and `skip_zeros` on LAMB / LARS and `max_unorm` groups.
+#[path = "optim_api/norm_clip.rs"]
+mod norm_clip;
+
 /// splitmix64: deterministic pseudo-random numbers.
 struct Rng(u64);
 

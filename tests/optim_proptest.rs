@@ -17,7 +17,9 @@
 //! The `_gs` variants (bitsandbytes' `gnorm_scale` and `skip_zeros`) run the same way: each
 //! step first takes the gradient's squared norm with the `grad_sqnorm` kernel (kept in the
 //! compared state), derives `gnorm_scale = min(1, clip / norm)` from it with a drawn `clip`,
-//! and runs the variant with that scale and a drawn `skip_zeros`.
+//! and runs the variant with that scale and a drawn `skip_zeros`; for LAMB / LARS (32-bit and
+//! 8-bit) and RMSprop / Adagrad with `max_unorm` the whole step (norm partials, scale, update)
+//! runs with those options.
 //!
 //! `the_checker_catches_a_perturbed_run` proves the comparison can fail: a device run with a
 //! learning rate one part in a thousand off, or one flipped state bit, is reported.
@@ -83,11 +85,19 @@ fn families() -> Vec<Family> {
                 Some(Family::Norm8(rule, dtype))
             }
             KernelSpec::OptimNorm8(OptimNorm8Spec::Partials { .. }) => None,
-            KernelSpec::OptimExt(e @ (OptimExtSpec::Adam(_) | OptimExtSpec::One(_))) => {
-                Some(Family::Ext(e))
-            }
-            // Run by every `_gs` family's step.
-            KernelSpec::OptimExt(OptimExtSpec::GradNorm(_)) => None,
+            KernelSpec::OptimExt(
+                e @ (OptimExtSpec::Adam(_)
+                | OptimExtSpec::One(_)
+                | OptimExtSpec::Norm(OptimNormSpec::Update { .. })
+                | OptimExtSpec::Norm8(OptimNorm8Spec::Update { .. })
+                | OptimExtSpec::Norm1Gs(_)),
+            ) => Some(Family::Ext(e)),
+            // Run by every `_gs` family's step (the norm partials by the update's family).
+            KernelSpec::OptimExt(
+                OptimExtSpec::GradNorm(_)
+                | OptimExtSpec::Norm(OptimNormSpec::Partials { .. } | OptimNormSpec::Scale)
+                | OptimExtSpec::Norm8(OptimNorm8Spec::Partials { .. }),
+            ) => None,
             KernelSpec::OptimExt(OptimExtSpec::Norm1(a)) => Some(Family::Unorm1(a)),
             KernelSpec::Quantize4 { .. }
             | KernelSpec::Dequantize4 { .. }
@@ -158,7 +168,20 @@ impl Family {
         match self {
             Family::Ext(OptimExtSpec::Adam(s)) => Some(Family::Adam(*s)),
             Family::Ext(OptimExtSpec::One(s)) => Some(Family::One(*s)),
-            Family::Ext(OptimExtSpec::GradNorm(_) | OptimExtSpec::Norm1(_))
+            // Percentile clipping on the update-norm rules: the whole step with the options.
+            Family::Ext(OptimExtSpec::Norm(OptimNormSpec::Update { rule, dtype })) => {
+                Some(Family::Norm(*rule, *dtype))
+            }
+            Family::Ext(OptimExtSpec::Norm8(OptimNorm8Spec::Update { rule, dtype })) => {
+                Some(Family::Norm8(*rule, *dtype))
+            }
+            Family::Ext(OptimExtSpec::Norm1Gs(a)) => Some(Family::Unorm1(*a)),
+            Family::Ext(
+                OptimExtSpec::GradNorm(_)
+                | OptimExtSpec::Norm1(_)
+                | OptimExtSpec::Norm(OptimNormSpec::Partials { .. } | OptimNormSpec::Scale)
+                | OptimExtSpec::Norm8(OptimNorm8Spec::Partials { .. }),
+            )
             | Family::Unorm1(_)
             | Family::Adam(_)
             | Family::One(_)
@@ -367,6 +390,29 @@ impl Family {
                     }
                     (Some(Family::One(s)), State::One8(st)) => {
                         ops::optim1_step_8bit_opts(dev, s.algo, params, grads, st, &one, t, &opts)
+                    }
+                    (Some(Family::Norm(NormRule::Lamb, _)), State::Adam32(st)) => {
+                        ops::lamb_step_32bit_opts(dev, params, grads, st, &lamb, t, &opts)
+                            .map(|_| ())
+                    }
+                    (Some(Family::Norm(NormRule::Lars, _)), State::One32(st)) => {
+                        ops::lars_step_32bit_opts(dev, params, grads, st, &lars, t, &opts)
+                            .map(|_| ())
+                    }
+                    (Some(Family::Norm8(NormRule::Lamb, _)), State::Adam8(st)) => {
+                        ops::lamb_step_8bit_opts(dev, params, grads, st, &lamb, t, &opts)
+                            .map(|_| ())
+                    }
+                    (Some(Family::Norm8(NormRule::Lars, _)), State::One8(st)) => {
+                        ops::lars_step_8bit_opts(dev, params, grads, st, &lars, t, &opts)
+                            .map(|_| ())
+                    }
+                    (Some(Family::Unorm1(a)), State::One32(st)) => {
+                        let m = d.max_unorm;
+                        ops::optim1_step_32bit_max_unorm_opts(
+                            dev, a, params, grads, st, &one, t, m, &opts,
+                        )
+                        .map(|_| ())
                     }
                     (base, state) => {
                         return Err(format!("{base:?} cannot step a {state:?} state"));

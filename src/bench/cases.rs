@@ -257,8 +257,13 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
                 n * d.size_bytes() + 4 * blocks(OPTIM_BLOCKSIZE)
             }
             // Reads the parameter, the gradient and the state; writes two f32 per block.
-            qforge_ir::library::OptimExtSpec::Norm1(_) => {
+            qforge_ir::library::OptimExtSpec::Norm1(_)
+            | qforge_ir::library::OptimExtSpec::Norm1Gs(_) => {
                 3 * 4 * n + 2 * 4 * blocks(OPTIM_BLOCKSIZE)
+            }
+            qforge_ir::library::OptimExtSpec::Norm(s) => bytes_moved(KernelSpec::OptimNorm(s), n)?,
+            qforge_ir::library::OptimExtSpec::Norm8(s) => {
+                bytes_moved(KernelSpec::OptimNorm8(s), n)?
             }
         },
         // As Optim with three states (m1, nu, m2).

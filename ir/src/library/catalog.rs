@@ -256,8 +256,9 @@ pub fn catalog() -> Vec<KernelSpec> {
 }
 
 /// The `_gs` optimizer variants of the catalog (32-bit and 8-bit Adam / AdamW on f32 and bf16,
-/// every one-state rule with both widths), the gradient-norm kernel on every float dtype, and
-/// the `max_unorm` norm kernels of RMSprop and Adagrad.
+/// every one-state rule with both widths), the gradient-norm kernel on every float dtype, the
+/// `max_unorm` norm kernels of RMSprop and Adagrad (plain and `_gs`), and the `_gs` LAMB / LARS
+/// kernels (32-bit LAMB on f32 and bf16, 32-bit LARS, 8-bit LAMB and LARS on f32).
 fn optim_ext_catalog() -> Vec<OptimExtSpec> {
     let mut out = Vec::new();
     for (algo, dtype) in [
@@ -270,11 +271,27 @@ fn optim_ext_catalog() -> Vec<OptimExtSpec> {
     }
     out.extend(optim1_catalog().into_iter().map(OptimExtSpec::One));
     out.extend(FLOAT_DTYPES.iter().map(|&d| OptimExtSpec::GradNorm(d)));
-    out.extend(
-        crate::library::optim_norm1::NORM1_ALGOS
-            .iter()
-            .map(|&a| OptimExtSpec::Norm1(a)),
-    );
+    for &a in crate::library::optim_norm1::NORM1_ALGOS.iter() {
+        out.extend([OptimExtSpec::Norm1(a), OptimExtSpec::Norm1Gs(a)]);
+    }
+    // The update-norm kernels with percentile clipping: 32-bit LAMB on f32 and bf16, LARS,
+    // 8-bit LAMB and LARS on f32.
+    for (rule, dtype) in [
+        (NormRule::Lamb, DType::F32),
+        (NormRule::Lamb, DType::BF16),
+        (NormRule::Lars, DType::F32),
+    ] {
+        out.push(OptimExtSpec::Norm(OptimNormSpec::Partials { rule, dtype }));
+        out.push(OptimExtSpec::Norm(OptimNormSpec::Update { rule, dtype }));
+    }
+    for rule in NormRule::ALL {
+        let dtype = DType::F32;
+        out.push(OptimExtSpec::Norm8(OptimNorm8Spec::Partials {
+            rule,
+            dtype,
+        }));
+        out.push(OptimExtSpec::Norm8(OptimNorm8Spec::Update { rule, dtype }));
+    }
     out
 }
 
@@ -787,6 +804,11 @@ mod tests {
                 + 12
                 + 3
                 + 2
+                // `_gs` update-norm kernels: RMSprop / Adagrad norms, 32-bit LAMB (f32, bf16)
+                // and LARS partials and updates, 8-bit LAMB and LARS (f32) partials and updates.
+                + 2
+                + 6
+                + 4
         );
         let mut names = std::collections::HashSet::new();
         let values = [

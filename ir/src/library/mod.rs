@@ -84,6 +84,7 @@ mod optim_norm1_tests;
 pub mod optim_norm8;
 #[cfg(test)]
 mod optim_norm8_tests;
+mod optim_norm_hyper;
 #[cfg(test)]
 mod optim_norm_tests;
 #[cfg(test)]

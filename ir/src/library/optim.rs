@@ -89,7 +89,7 @@ pub(crate) fn check_f32_scalars(values: &[(&str, f32)], positive: &[&str]) -> Re
             };
             return Err(Error::Unsupported(format!(
                 "optimizer hyperparameters give the f32 kernel value {name} = {v:e}, which must \
-                 be {want}: lr, weight_decay or eps is out of f32 range"
+                 be {want}: the hyperparameters it is computed from are out of f32 range"
             )));
         }
     }
@@ -337,14 +337,14 @@ impl OptimSpec {
     /// more buffer `scale: f32[1] read` after the others, and `step_size` replaced by
     /// `scale[0] * step_size` (one rounding, once per work item), as `lamb32_{dtype}` does
     /// ([`crate::library::optim_norm8`]). With `scale = 1` it equals the plain kernel bit for
-    /// bit.
+    /// bit. `gs`: also the `_gs` scalar `gnorm_scale` ([`OptimSpec::build_ext`]).
     ///
     /// # Errors
     /// As [`OptimSpec::build`]; [`Error::Unsupported`] for 32-bit state.
-    pub(crate) fn build_scaled(&self, name: &str) -> Result<Kernel> {
+    pub(crate) fn build_scaled(&self, name: &str, gs: bool) -> Result<Kernel> {
         check_float_dtype(self.dtype)?;
         match self.state {
-            StateBits::Bits8 => build8(self, name, false, true),
+            StateBits::Bits8 => build8(self, name, gs, true),
             StateBits::Bits32 => Err(Error::Unsupported(format!(
                 "{name}: the scaled Adam kernel needs 8-bit state (32-bit: optim_norm)"
             ))),

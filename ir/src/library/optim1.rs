@@ -312,15 +312,15 @@ impl Optim1Spec {
     /// more buffer `scale: f32[1] read` after the others, and `neg_lr` replaced by
     /// `neg_lr * scale[0]` (one rounding, once per work item), as `lars32_f32` does
     /// ([`crate::library::optim_norm8`]). With `scale = 1` it equals the plain kernel bit for
-    /// bit.
+    /// bit. `gs`: also the `_gs` scalars `gnorm_scale`, `skip_zeros` ([`Optim1Spec::build_ext`]).
     ///
     /// # Errors
     /// As [`Optim1Spec::build`]; [`Error::Unsupported`] for a rule other than SGD (the others
     /// use the learning rate in more than one place).
-    pub(crate) fn build_scaled(&self, name: &str) -> Result<Kernel> {
+    pub(crate) fn build_scaled(&self, name: &str, gs: bool) -> Result<Kernel> {
         self.build()?;
         match self.algo {
-            Optim1Algo::Sgd => build(self, name, false, true),
+            Optim1Algo::Sgd => build(self, name, gs, true),
             Optim1Algo::Lion | Optim1Algo::Rmsprop | Optim1Algo::Adagrad => {
                 Err(Error::Unsupported(format!(
                     "{name}: only SGD has a trust-ratio scaled kernel, not {}",

@@ -26,6 +26,12 @@
 //! RMSprop's and Adagrad's 8-bit update numerator is the raw gradient, unscaled, as in
 //! bitsandbytes' 8-bit kernel (which reloads `g_vals[j]` for it); their state uses `gs`.
 //!
+//! The update-norm kernels have `_gs` variants too ([`OptimExtSpec::Norm`],
+//! [`OptimExtSpec::Norm8`], [`OptimExtSpec::Norm1Gs`]; built by their own builders with a flag,
+//! see [`crate::library::optim_norm`], [`crate::library::optim_norm8`],
+//! [`crate::library::optim_norm1`]): `gnorm_scale` reaches the norm partials and the update
+//! alike, `skip_zeros` only the updates that take it ([`OptimExtSpec::takes_skip_zeros`]).
+//!
 //! `grad_sqnorm_{dtype}` `(n: u32, n_blocks: u32, g: dtype[n] read, gnorm_part: f32[n_blocks]
 //! write)`: one work item per block of [`OPTIM_BLOCKSIZE`] elements stores the block's
 //! `sum g^2` in LAMB's order ([`NORM_ORDER`]: element `i` into partial `i % 8` with
@@ -40,7 +46,8 @@ use crate::library::check_float_dtype;
 use crate::library::emit::{block_range, range_len};
 use crate::library::optim::{OptimSpec, StateBits, OPTIM_BLOCKSIZE};
 use crate::library::optim1::{Optim1Algo, Optim1Hyper, Optim1Spec};
-use crate::library::optim_norm::NORM_ORDER;
+use crate::library::optim_norm::{NormRule, OptimNormSpec, NORM_ORDER};
+use crate::library::optim_norm8::OptimNorm8Spec;
 use crate::types::{DType, Scalar, ScalarType};
 
 /// A `_gs` kernel variant or the gradient-norm kernel (see the module docs).
@@ -55,6 +62,15 @@ pub enum OptimExtSpec {
     /// `{algo}_norm_f32`: `max_unorm`'s update-norm partials of 32-bit RMSprop or Adagrad
     /// ([`crate::library::optim_norm1`]).
     Norm1(Optim1Algo),
+    /// `{algo}_norm_f32_gs`: [`OptimExtSpec::Norm1`] with `gnorm_scale`.
+    Norm1Gs(Optim1Algo),
+    /// `{kernel}_gs` of a 32-bit LAMB / LARS partials or update kernel
+    /// ([`crate::library::optim_norm`]): `gnorm_scale`, and `skip_zeros` for the update kernels.
+    /// Not for [`OptimNormSpec::Scale`] (it reads no gradient).
+    Norm(OptimNormSpec),
+    /// `{kernel}_gs` of an 8-bit LAMB / LARS partials or update kernel
+    /// ([`crate::library::optim_norm8`]): `gnorm_scale`, and `skip_zeros` for `lars8bit_f32`.
+    Norm8(OptimNorm8Spec),
 }
 
 impl OptimExtSpec {
@@ -65,6 +81,9 @@ impl OptimExtSpec {
             OptimExtSpec::One(s) => format!("{}_gs", s.name()),
             OptimExtSpec::GradNorm(d) => format!("grad_sqnorm_{d}"),
             OptimExtSpec::Norm1(a) => crate::library::optim_norm1::name(*a),
+            OptimExtSpec::Norm1Gs(a) => format!("{}_gs", crate::library::optim_norm1::name(*a)),
+            OptimExtSpec::Norm(s) => format!("{}_gs", s.name()),
+            OptimExtSpec::Norm8(s) => format!("{}_gs", s.name()),
         }
     }
 
@@ -74,23 +93,40 @@ impl OptimExtSpec {
             OptimExtSpec::Adam(s) => s.dtype,
             OptimExtSpec::One(s) => s.dtype,
             OptimExtSpec::GradNorm(d) => *d,
-            OptimExtSpec::Norm1(_) => DType::F32,
+            OptimExtSpec::Norm1(_) | OptimExtSpec::Norm1Gs(_) => DType::F32,
+            OptimExtSpec::Norm(s) => match *s {
+                OptimNormSpec::Partials { dtype, .. } | OptimNormSpec::Update { dtype, .. } => {
+                    dtype
+                }
+                OptimNormSpec::Scale => DType::F32,
+            },
+            OptimExtSpec::Norm8(s) => s.rule_dtype().1,
         }
     }
 
-    /// Whether the variant takes `skip_zeros` (all but the 8-bit Adam / AdamW ones and the
-    /// norm kernel).
+    /// Whether the variant takes `skip_zeros`: the 32-bit Adam / AdamW and every one-state
+    /// update, the 32-bit LAMB / LARS updates and the 8-bit LARS update; not the 8-bit Adam /
+    /// AdamW / LAMB updates (bitsandbytes' blockwise two-state kernel ignores it) and no norm
+    /// kernel (bitsandbytes' precondition kernels take none).
     pub fn takes_skip_zeros(&self) -> bool {
         match self {
             OptimExtSpec::Adam(s) => s.state == StateBits::Bits32,
             OptimExtSpec::One(_) => true,
-            OptimExtSpec::GradNorm(_) | OptimExtSpec::Norm1(_) => false,
+            OptimExtSpec::Norm(s) => matches!(s, OptimNormSpec::Update { .. }),
+            OptimExtSpec::Norm8(s) => matches!(
+                s,
+                OptimNorm8Spec::Update {
+                    rule: NormRule::Lars,
+                    ..
+                }
+            ),
+            OptimExtSpec::GradNorm(_) | OptimExtSpec::Norm1(_) | OptimExtSpec::Norm1Gs(_) => false,
         }
     }
 
     /// The extra scalar arguments of a `_gs` variant, in parameter order (after the plain
-    /// kernel's scalars): `gnorm_scale`, then `skip_zeros` (0 or 1) where taken. Empty for the
-    /// norm kernels.
+    /// kernel's scalars): `gnorm_scale`, then `skip_zeros` (0 or 1) where taken. Empty for
+    /// `grad_sqnorm_*` and `{algo}_norm_f32` (no `_gs` suffix).
     pub fn ext_args(&self, gnorm_scale: f32, skip_zeros: bool) -> Vec<Scalar> {
         if matches!(self, OptimExtSpec::GradNorm(_) | OptimExtSpec::Norm1(_)) {
             return Vec::new();
@@ -106,13 +142,17 @@ impl OptimExtSpec {
     ///
     /// # Errors
     /// [`crate::Error::Unsupported`] for a dtype the plain kernel does not take (f32, f16,
-    /// bf16 for Adam / AdamW and the norm; f32 for the one-state rules).
+    /// bf16 for Adam / AdamW / LAMB and the norm; f32 for the one-state rules and LARS), a
+    /// rule without a norm kernel (Lion, SGD for `Norm1*`), and `OptimNormSpec::Scale`.
     pub fn build(&self) -> Result<Kernel> {
         match self {
             OptimExtSpec::Adam(s) => s.build_ext(&self.name()),
             OptimExtSpec::One(s) => s.build_ext(&self.name()),
             OptimExtSpec::GradNorm(d) => build_grad_norm(&self.name(), *d),
-            OptimExtSpec::Norm1(a) => crate::library::optim_norm1::build(*a),
+            OptimExtSpec::Norm1(a) => crate::library::optim_norm1::build(*a, false),
+            OptimExtSpec::Norm1Gs(a) => crate::library::optim_norm1::build(*a, true),
+            OptimExtSpec::Norm(s) => s.build_gs(&self.name()),
+            OptimExtSpec::Norm8(s) => s.build_gs(&self.name()),
         }
     }
 }
@@ -172,6 +212,11 @@ pub(crate) fn example_args(
             ]);
         }
         OptimExtSpec::Norm1(a) => return norm1_example_args(*a, values, float_bytes),
+        OptimExtSpec::Norm1Gs(a) => norm1_example_args(*a, values, float_bytes)?,
+        OptimExtSpec::Norm(s) => crate::library::optim_norm::example_args(s, values, float_bytes)?,
+        OptimExtSpec::Norm8(s) => {
+            crate::library::optim_norm8::example_args(s, values, mix, float_bytes)?
+        }
     };
     let at = args
         .iter()

@@ -436,6 +436,9 @@ fn gs_variants_with_neutral_options_equal_the_plain_kernels() {
         let plain = match ext {
             OptimExtSpec::Adam(s) => KernelSpec::Optim(s),
             OptimExtSpec::One(s) => KernelSpec::Optim1(s),
+            OptimExtSpec::Norm1Gs(a) => KernelSpec::OptimExt(OptimExtSpec::Norm1(a)),
+            OptimExtSpec::Norm(s) => KernelSpec::OptimNorm(s),
+            OptimExtSpec::Norm8(s) => KernelSpec::OptimNorm8(s),
             OptimExtSpec::GradNorm(_) | OptimExtSpec::Norm1(_) => continue,
         };
         let mut a = plain.example_args(&values).unwrap();
@@ -459,7 +462,8 @@ fn gs_variants_with_neutral_options_equal_the_plain_kernels() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 12);
+    // 12 Adam / one-state updates, 2 `{algo}_norm_f32_gs`, 6 32-bit and 4 8-bit LAMB / LARS.
+    assert_eq!(checked, 24);
 }
 
 #[test]

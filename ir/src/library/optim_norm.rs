@@ -47,6 +47,16 @@
 //!   state1: f32[n] readwrite, state2: f32[n] readwrite, scale: f32[1] read)`.
 //! * `lars32_f32`: `(n: u32, n_blocks: u32, first: u32, momentum, weight_decay, neg_lr: f32,
 //!   p: f32[n] readwrite, g: f32[n] read, state1: f32[n] readwrite, scale: f32[1] read)`.
+//!
+//! Percentile clipping (bitsandbytes passes `gnorm_scale` to the precondition and the update
+//! kernel alike): the `_gs` variants ([`crate::library::OptimExtSpec::Norm`], built here with a
+//! flag) take `gnorm_scale: f32` after the other scalars and use `gs = g * gnorm_scale` (one
+//! rounding) for every `g`, the non-finite test included. The update variants also take
+//! `skip_zeros: u32`: LAMB skips an element whose `gs` is `±0` (as `adamw32_*_gs`), LARS one
+//! whose `gw` (after coupled weight decay) is `±0` (as `sgd32_f32_gs`); a skipped element keeps
+//! its parameter and state. The partials take no `skip_zeros` (bitsandbytes' precondition
+//! kernels have none), so skipped elements count in the norm. With `gnorm_scale = 1` and
+//! `skip_zeros = 0` each variant equals its plain kernel bit for bit.
 
 use crate::args::OwnedArg;
 use crate::builder::KernelBuilder;
@@ -55,11 +65,12 @@ use crate::kernel::{Access, Dim, Kernel, ParamId, Value};
 use crate::library::check_float_dtype;
 use crate::library::emit::{block_range, range_len};
 use crate::library::optim::{
-    check_f32_scalars, moment_update, step_exponent, AdamHyper, OptimAlgo, OptimSpec, StateBits,
-    OPTIM_BLOCKSIZE,
+    declare_grad_opts, moment_update, read_grad_opts, skipped, OPTIM_BLOCKSIZE,
 };
 use crate::ops::{CmpOp, ReduceOrder};
 use crate::types::{DType, Scalar, ScalarType};
+
+pub use crate::library::optim_norm_hyper::{LambHyper, LambScalars, LarsHyper, LarsScalars};
 
 /// The summation order of the per-block partial sums (8 partials, then the halving tree).
 pub const NORM_ORDER: ReduceOrder = ReduceOrder::Strided(8);
@@ -116,298 +127,6 @@ pub enum OptimNormSpec {
     },
 }
 
-/// LAMB hyperparameters (bitsandbytes' names), in `f64`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LambHyper {
-    /// Learning rate.
-    pub lr: f64,
-    /// First-moment decay.
-    pub beta1: f64,
-    /// Second-moment decay.
-    pub beta2: f64,
-    /// Denominator epsilon.
-    pub eps: f64,
-    /// Decoupled weight decay (applied before the update, as qforge's AdamW; not in the norm).
-    pub weight_decay: f64,
-    /// Trust-ratio bound: the update is scaled by `max_unorm * |p| / |u|` when
-    /// `|u| > max_unorm * |p|`; 0 turns the scaling off (plain AdamW).
-    pub max_unorm: f64,
-}
-
-impl Default for LambHyper {
-    /// bitsandbytes' `LAMB` defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0,
-    /// max_unorm 1.0.
-    fn default() -> Self {
-        LambHyper {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            max_unorm: 1.0,
-        }
-    }
-}
-
-/// LARS hyperparameters (bitsandbytes' names), in `f64`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LarsHyper {
-    /// Learning rate (bitsandbytes has no default).
-    pub lr: f64,
-    /// Momentum, in `(0, 1)` (bitsandbytes rejects LARS without momentum).
-    pub momentum: f64,
-    /// Coupled weight decay `g + wd * p` (in the update, not in the norm).
-    pub weight_decay: f64,
-    /// Trust-ratio bound (see [`LambHyper::max_unorm`]); 0 turns the scaling off (plain SGD).
-    pub max_unorm: f64,
-}
-
-impl Default for LarsHyper {
-    /// lr 1e-2 (PyTorch-LARS' default; bitsandbytes' `LARS` has none), momentum 0.9 (its
-    /// default 0 is rejected), weight decay 0, max_unorm 0.02 (bitsandbytes).
-    fn default() -> Self {
-        LarsHyper {
-            lr: 1e-2,
-            momentum: 0.9,
-            weight_decay: 0.0,
-            max_unorm: 0.02,
-        }
-    }
-}
-
-fn bad(rule: NormRule, what: &str, v: f64, need: &str) -> Error {
-    Error::Unsupported(format!(
-        "{} hyperparameter {what} = {v} is invalid: it must be {need}",
-        rule.name()
-    ))
-}
-
-fn check_max_unorm(rule: NormRule, max_unorm: f64) -> Result<()> {
-    if max_unorm.is_finite() && max_unorm >= 0.0 {
-        Ok(())
-    } else {
-        Err(bad(rule, "max_unorm", max_unorm, "finite and >= 0"))
-    }
-}
-
-impl LambHyper {
-    /// The AdamW hyperparameters of the update.
-    pub fn adam(&self) -> AdamHyper {
-        AdamHyper {
-            lr: self.lr,
-            beta1: self.beta1,
-            beta2: self.beta2,
-            eps: self.eps,
-            weight_decay: self.weight_decay,
-        }
-    }
-
-    /// Checks the values: as [`AdamHyper::check`] for AdamW, and `max_unorm` finite and `>= 0`.
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] naming the first bad value.
-    pub fn check(&self) -> Result<()> {
-        self.adam().check(OptimAlgo::AdamW)?;
-        check_max_unorm(NormRule::Lamb, self.max_unorm)
-    }
-
-    /// The kernel scalars of step `step` (1-based): the AdamW 32-bit scalars of
-    /// [`AdamHyper::scalars`] plus `inv_c1 = f32(1 / (1 - beta1^t))`,
-    /// `inv_c2 = f32(1 / (1 - beta2^t))` (f64, rounded once).
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] for step 0 or invalid hyperparameters.
-    pub fn scalars(&self, step: u32) -> Result<LambScalars> {
-        self.check()?;
-        let t = step_exponent(step)?;
-        let spec = OptimSpec {
-            algo: OptimAlgo::AdamW,
-            state: StateBits::Bits32,
-            dtype: DType::F32,
-        };
-        let a = self.adam().scalars(&spec, step)?;
-        let s = LambScalars {
-            beta1: a.beta1,
-            one_minus_beta1: a.one_minus_beta1,
-            beta2: a.beta2,
-            one_minus_beta2: a.one_minus_beta2,
-            inv_c1: (1.0 / (1.0 - self.beta1.powi(t))) as f32,
-            inv_c2: (1.0 / (1.0 - self.beta2.powi(t))) as f32,
-            eps: self.eps as f32,
-            decay: a.decay,
-            step_size: a.step_size,
-            eps_c2: a.eps_c2,
-            max_unorm: self.max_unorm as f32,
-        };
-        check_f32_scalars(
-            &[
-                ("inv_c1", s.inv_c1),
-                ("inv_c2", s.inv_c2),
-                ("max_unorm", s.max_unorm),
-            ],
-            &[],
-        )?;
-        Ok(s)
-    }
-}
-
-impl LarsHyper {
-    /// Checks the values: all finite, `lr >= 0`, momentum in `(0, 1)`, `weight_decay >= 0`,
-    /// `max_unorm >= 0`.
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] naming the first bad value.
-    pub fn check(&self) -> Result<()> {
-        let r = NormRule::Lars;
-        if !(self.lr.is_finite() && self.lr >= 0.0) {
-            return Err(bad(r, "lr", self.lr, "finite and >= 0"));
-        }
-        if !(self.momentum > 0.0 && self.momentum < 1.0) {
-            return Err(bad(
-                r,
-                "momentum",
-                self.momentum,
-                "in (0, 1) (LARS without momentum is not supported, as in bitsandbytes)",
-            ));
-        }
-        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return Err(bad(r, "weight_decay", self.weight_decay, "finite and >= 0"));
-        }
-        check_max_unorm(r, self.max_unorm)
-    }
-
-    /// The kernel scalars of step `step` (1-based), each `f32(x)` of the `f64` value.
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] for step 0 or invalid hyperparameters.
-    pub fn scalars(&self, step: u32) -> Result<LarsScalars> {
-        self.check()?;
-        step_exponent(step)?;
-        let s = LarsScalars {
-            first: u32::from(step == 1),
-            momentum: self.momentum as f32,
-            weight_decay: self.weight_decay as f32,
-            neg_lr: (-self.lr) as f32,
-            max_unorm: self.max_unorm as f32,
-        };
-        check_f32_scalars(
-            &[
-                ("weight_decay", s.weight_decay),
-                ("neg_lr", s.neg_lr),
-                ("max_unorm", s.max_unorm),
-            ],
-            &[],
-        )?;
-        Ok(s)
-    }
-}
-
-/// The `f32` scalars of one LAMB step.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LambScalars {
-    /// `f32(beta1)`.
-    pub beta1: f32,
-    /// `f32(1 - beta1)`.
-    pub one_minus_beta1: f32,
-    /// `f32(beta2)`.
-    pub beta2: f32,
-    /// `f32(1 - beta2)`.
-    pub one_minus_beta2: f32,
-    /// `f32(1 / (1 - beta1^t))` (norm only).
-    pub inv_c1: f32,
-    /// `f32(1 / (1 - beta2^t))` (norm only).
-    pub inv_c2: f32,
-    /// `f32(eps)` (norm only).
-    pub eps: f32,
-    /// `f32(1 - lr * weight_decay)`.
-    pub decay: f32,
-    /// `f32(-lr * sqrt(1 - beta2^t) / (1 - beta1^t))`.
-    pub step_size: f32,
-    /// `f32(eps * sqrt(1 - beta2^t))`.
-    pub eps_c2: f32,
-    /// `f32(max_unorm)` (scale kernel).
-    pub max_unorm: f32,
-}
-
-impl LambScalars {
-    /// The `f32` arguments of `lamb_norm_*` after `n`, `n_blocks`.
-    pub fn partials_args(&self) -> Vec<Scalar> {
-        [
-            self.beta1,
-            self.one_minus_beta1,
-            self.beta2,
-            self.one_minus_beta2,
-            self.inv_c1,
-            self.inv_c2,
-            self.eps,
-        ]
-        .into_iter()
-        .map(Scalar::f32)
-        .collect()
-    }
-
-    /// The `f32` arguments of `lamb32_*` after `n`, `n_blocks`.
-    pub fn update_args(&self) -> Vec<Scalar> {
-        [
-            self.beta1,
-            self.one_minus_beta1,
-            self.beta2,
-            self.one_minus_beta2,
-            self.decay,
-            self.step_size,
-            self.eps_c2,
-        ]
-        .into_iter()
-        .map(Scalar::f32)
-        .collect()
-    }
-
-    /// The `f32` arguments of `optim_norm_scale` after `n_blocks`: `max_unorm`, then the
-    /// threshold epsilon `+0.0` (bitsandbytes' two-state kernel adds none).
-    pub fn scale_args(&self) -> Vec<Scalar> {
-        vec![Scalar::f32(self.max_unorm), Scalar::f32(0.0)]
-    }
-}
-
-/// The scalars of one LARS step.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LarsScalars {
-    /// `1` on step 1 (the momentum is the gradient itself), else `0`.
-    pub first: u32,
-    /// `f32(momentum)`.
-    pub momentum: f32,
-    /// `f32(weight_decay)`.
-    pub weight_decay: f32,
-    /// `f32(-lr)`.
-    pub neg_lr: f32,
-    /// `f32(max_unorm)` (scale kernel).
-    pub max_unorm: f32,
-}
-
-impl LarsScalars {
-    /// The arguments of `lars_norm_f32` after `n`, `n_blocks`: `first`, `momentum`.
-    pub fn partials_args(&self) -> Vec<Scalar> {
-        vec![Scalar::U32(self.first), Scalar::f32(self.momentum)]
-    }
-
-    /// The arguments of `lars32_f32` after `n`, `n_blocks`.
-    pub fn update_args(&self) -> Vec<Scalar> {
-        vec![
-            Scalar::U32(self.first),
-            Scalar::f32(self.momentum),
-            Scalar::f32(self.weight_decay),
-            Scalar::f32(self.neg_lr),
-        ]
-    }
-
-    /// The `f32` arguments of `optim_norm_scale` after `n_blocks`: `max_unorm`, then the
-    /// threshold epsilon: bitsandbytes' one-state kernel adds the optimizer's `eps`, which
-    /// `LARS` passes as 0, so `+0.0`.
-    pub fn scale_args(&self) -> Vec<Scalar> {
-        vec![Scalar::f32(self.max_unorm), Scalar::f32(0.0)]
-    }
-}
-
 impl OptimNormSpec {
     /// The kernel name: `lamb_norm_f32`, `lars_norm_f32`, `optim_norm_scale`, `lamb32_bf16`,
     /// `lars32_f32`, ...
@@ -424,6 +143,26 @@ impl OptimNormSpec {
     /// # Errors
     /// [`Error::Unsupported`] for a dtype the rule does not take ([`NormRule::param_dtypes`]).
     pub fn build(&self) -> Result<Kernel> {
+        self.build_with(&self.name(), false)
+    }
+
+    /// Builds the `_gs` variant named `name` ([`crate::library::optim_ext`]): the same kernel
+    /// with `gnorm_scale: f32` (the update kernels also `skip_zeros: u32`) after the other
+    /// scalars; every use of `g` becomes `g * gnorm_scale`.
+    ///
+    /// # Errors
+    /// As [`OptimNormSpec::build`]; [`Error::Unsupported`] for the scale kernel (it reads no
+    /// gradient).
+    pub(crate) fn build_gs(&self, name: &str) -> Result<Kernel> {
+        if *self == OptimNormSpec::Scale {
+            return Err(Error::Unsupported(format!(
+                "{name}: optim_norm_scale reads no gradient, so it has no gnorm_scale variant"
+            )));
+        }
+        self.build_with(name, true)
+    }
+
+    fn build_with(&self, name: &str, gs: bool) -> Result<Kernel> {
         match *self {
             OptimNormSpec::Scale => Ok(build_scale()),
             OptimNormSpec::Partials { rule, dtype } | OptimNormSpec::Update { rule, dtype } => {
@@ -437,10 +176,10 @@ impl OptimNormSpec {
                 }
                 let partials = matches!(self, OptimNormSpec::Partials { .. });
                 Ok(match (rule, partials) {
-                    (NormRule::Lamb, true) => build_lamb_partials(&self.name(), dtype),
-                    (NormRule::Lamb, false) => build_lamb_update(&self.name(), dtype),
-                    (NormRule::Lars, true) => build_lars_partials(&self.name()),
-                    (NormRule::Lars, false) => build_lars_update(&self.name()),
+                    (NormRule::Lamb, true) => build_lamb_partials(name, dtype, gs),
+                    (NormRule::Lamb, false) => build_lamb_update(name, dtype, gs),
+                    (NormRule::Lars, true) => build_lars_partials(name, gs),
+                    (NormRule::Lars, false) => build_lars_update(name, gs),
                 })
             }
         }
@@ -476,6 +215,20 @@ pub(crate) fn declare(
         .collect();
     ps.extend(floats.iter().map(|s| b.scalar_param(s, ScalarType::F32)));
     (n, n_blocks, ps)
+}
+
+/// Declares the `_gs` scalar `gnorm_scale` of a partials kernel (after the other scalars) when
+/// `gs`; bitsandbytes' precondition kernels take no `skip_zeros`.
+pub(crate) fn declare_gs(b: &mut KernelBuilder, gs: bool) -> Option<ParamId> {
+    gs.then(|| declare_grad_opts(b, false).0)
+}
+
+/// `g * gnorm_scale` (one rounding) for a `_gs` kernel, else `g`.
+pub(crate) fn scaled_grad(b: &mut KernelBuilder, gnorm_scale: Option<Value>, g: Value) -> Value {
+    match gnorm_scale {
+        Some(s) => b.mul(g, s),
+        None => g,
+    }
 }
 
 /// The two per-block outputs of a partials kernel.
@@ -525,9 +278,10 @@ pub(crate) const LAMB_NORM_SCALARS: [&str; 7] = [
     "eps",
 ];
 
-fn build_lamb_partials(name: &str, dtype: DType) -> Kernel {
+fn build_lamb_partials(name: &str, dtype: DType, gs: bool) -> Kernel {
     let mut b = KernelBuilder::new(name);
     let (n, n_blocks, ps) = declare(&mut b, &[], &LAMB_NORM_SCALARS);
+    let gsp = declare_gs(&mut b, gs);
     let shape = [Dim::Param(n)];
     let p = b.buffer_param("p", dtype, &shape, Access::Read);
     let g = b.buffer_param("g", dtype, &shape, Access::Read);
@@ -536,8 +290,10 @@ fn build_lamb_partials(name: &str, dtype: DType) -> Kernel {
     let outs = partial_outputs(&mut b, n_blocks);
     b.set_grid(Dim::Param(n_blocks));
     let s: Vec<Value> = ps.iter().map(|q| b.param(*q)).collect();
+    let gsv = gsp.map(|q| b.param(q));
     emit_partials(&mut b, n, p, outs, |b, e| {
-        let gv = b.load(g, e);
+        let graw = b.load(g, e);
+        let gv = scaled_grad(b, gsv, graw);
         let m_old = b.load(s1, e);
         let v_old = b.load(s2, e);
         lamb_norm_update(b, &s, gv, m_old, v_old)
@@ -582,9 +338,10 @@ pub(crate) fn lars_norm_update(
     b.select(finite, u, zero)
 }
 
-fn build_lars_partials(name: &str) -> Kernel {
+fn build_lars_partials(name: &str, gs: bool) -> Kernel {
     let mut b = KernelBuilder::new(name);
     let (n, n_blocks, ps) = declare(&mut b, &["first"], &["momentum"]);
+    let gsp = declare_gs(&mut b, gs);
     let shape = [Dim::Param(n)];
     let p = b.buffer_param("p", DType::F32, &shape, Access::Read);
     let g = b.buffer_param("g", DType::F32, &shape, Access::Read);
@@ -593,8 +350,10 @@ fn build_lars_partials(name: &str) -> Kernel {
     b.set_grid(Dim::Param(n_blocks));
     let first = b.param(ps[0]);
     let mom = b.param(ps[1]);
+    let gsv = gsp.map(|q| b.param(q));
     emit_partials(&mut b, n, p, outs, |b, e| {
-        let gv = b.load(g, e);
+        let graw = b.load(g, e);
+        let gv = scaled_grad(b, gsv, graw);
         let s_old = b.load(s1, e);
         lars_norm_update(b, first, mom, gv, s_old)
     });
@@ -638,7 +397,7 @@ fn read_scale(b: &mut KernelBuilder, scale: ParamId) -> Value {
     b.load(scale, zero)
 }
 
-fn build_lamb_update(name: &str, dtype: DType) -> Kernel {
+fn build_lamb_update(name: &str, dtype: DType, gs: bool) -> Kernel {
     let mut b = KernelBuilder::new(name);
     let names = [
         "beta1",
@@ -650,6 +409,7 @@ fn build_lamb_update(name: &str, dtype: DType) -> Kernel {
         "eps_c2",
     ];
     let (n, n_blocks, ps) = declare(&mut b, &[], &names);
+    let opts = gs.then(|| declare_grad_opts(&mut b, true));
     let shape = [Dim::Param(n)];
     let p = b.buffer_param("p", dtype, &shape, Access::ReadWrite);
     let g = b.buffer_param("g", dtype, &shape, Access::Read);
@@ -658,20 +418,31 @@ fn build_lamb_update(name: &str, dtype: DType) -> Kernel {
     let scale = b.buffer_param("scale", DType::F32, &[Dim::Const(1)], Access::Read);
     b.set_grid(Dim::Param(n_blocks));
     let s: Vec<Value> = ps.iter().map(|q| b.param(*q)).collect();
+    let opts = opts.map(|o| read_grad_opts(&mut b, o));
     let sc = read_scale(&mut b, scale);
     let ss = b.mul(sc, s[5]);
     let block = b.work_item();
     let nv = b.param(n);
     let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);
     b.for_range(start, end, 1, |b, e| {
-        let gv = b.load(g, e);
+        let graw = b.load(g, e);
+        let gv = scaled_grad(b, opts.map(|o| o.scale), graw);
         let m_old = b.load(s1, e);
         let v_old = b.load(s2, e);
         let [m, v] = moment_update(b, [s[0], s[1], s[2], s[3]], gv, m_old, v_old);
-        let finite = is_finite(b, gv);
+        let mut finite = is_finite(b, gv);
         let zero = b.const_f32(0.0);
-        let m = b.select(finite, m, zero);
-        let v = b.select(finite, v, zero);
+        let mut m = b.select(finite, m, zero);
+        let mut v = b.select(finite, v, zero);
+        // `_gs` (as `adamw32_*_gs`): a skipped element (scaled gradient `±0`) keeps its
+        // moments and its parameter.
+        if let Some(skip) = opts.and_then(|o| o.skip) {
+            let sk = skipped(b, skip, gv);
+            m = b.select(sk, m_old, m);
+            v = b.select(sk, v_old, v);
+            let keep = b.not(sk);
+            finite = b.and(finite, keep);
+        }
         b.store(s1, e, m);
         b.store(s2, e, v);
         // Straight-line (as `adamw32`): a non-finite gradient keeps the old parameter.
@@ -687,9 +458,10 @@ fn build_lamb_update(name: &str, dtype: DType) -> Kernel {
     b.finish()
 }
 
-fn build_lars_update(name: &str) -> Kernel {
+fn build_lars_update(name: &str, gs: bool) -> Kernel {
     let mut b = KernelBuilder::new(name);
     let (n, n_blocks, ps) = declare(&mut b, &["first"], &["momentum", "weight_decay", "neg_lr"]);
+    let opts = gs.then(|| declare_grad_opts(&mut b, true));
     let shape = [Dim::Param(n)];
     let p = b.buffer_param("p", DType::F32, &shape, Access::ReadWrite);
     let g = b.buffer_param("g", DType::F32, &shape, Access::Read);
@@ -698,13 +470,15 @@ fn build_lars_update(name: &str) -> Kernel {
     b.set_grid(Dim::Param(n_blocks));
     let v: Vec<Value> = ps.iter().map(|q| b.param(*q)).collect();
     let (first, mom, wd, neg_lr) = (v[0], v[1], v[2], v[3]);
+    let opts = opts.map(|o| read_grad_opts(&mut b, o));
     let sc = read_scale(&mut b, scale);
     let nls = b.mul(neg_lr, sc);
     let block = b.work_item();
     let nv = b.param(n);
     let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);
     b.for_range(start, end, 1, |b, e| {
-        let gv = b.load(g, e);
+        let graw = b.load(g, e);
+        let gv = scaled_grad(b, opts.map(|o| o.scale), graw);
         let pv = b.load(p, e);
         let s_old = b.load(s1, e);
         let fzero = b.const_f32(0.0);
@@ -712,8 +486,16 @@ fn build_lars_update(name: &str) -> Kernel {
         let wg = b.fma(pv, wd, gv);
         let gw = b.select(on, wg, gv);
         let st = momentum(b, first, mom, gw, s_old);
-        let finite = is_finite(b, gv);
-        let st = b.select(finite, st, fzero);
+        let mut finite = is_finite(b, gv);
+        let mut st = b.select(finite, st, fzero);
+        // `_gs` (as `sgd32_f32_gs`): skipped when the scaled gradient after coupled weight
+        // decay is `±0`; momentum and parameter stay.
+        if let Some(skip) = opts.and_then(|o| o.skip) {
+            let sk = skipped(b, skip, gw);
+            st = b.select(sk, s_old, st);
+            let keep = b.not(sk);
+            finite = b.and(finite, keep);
+        }
         b.store(s1, e, st);
         // Straight-line (as `sgd32`): a non-finite gradient keeps the old parameter.
         let stepped = b.fma(nls, st, pv);

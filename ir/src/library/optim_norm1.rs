@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, Value};
 use crate::library::optim1::{Optim1Algo, Optim1Scalars};
 use crate::library::optim_norm::{declare, emit_partials, is_finite, partial_outputs};
+use crate::library::optim_norm::{declare_gs, scaled_grad};
 use crate::types::{DType, Scalar};
 
 /// The rules with a `max_unorm` norm kernel here.
@@ -43,12 +44,14 @@ pub fn partials_args(s: &Optim1Scalars) -> Vec<Scalar> {
         .collect()
 }
 
-/// Builds `{algo}_norm_f32` (see the module docs).
+/// Builds `{algo}_norm_f32` (see the module docs); with `gs` its `_gs` variant
+/// `{algo}_norm_f32_gs`, which takes `gnorm_scale: f32` after `eps` and uses `g * gnorm_scale`
+/// for every `g` (bitsandbytes' precondition kernel scales the gradient first).
 ///
 /// # Errors
 /// [`Error::Unsupported`] for Lion and SGD (SGD's is LARS's `lars_norm_f32`; Lion has none,
 /// see `docs/optimizers.md`).
-pub(crate) fn build(algo: Optim1Algo) -> Result<Kernel> {
+pub(crate) fn build(algo: Optim1Algo, gs: bool) -> Result<Kernel> {
     let rms = match algo {
         Optim1Algo::Rmsprop => true,
         Optim1Algo::Adagrad => false,
@@ -60,8 +63,14 @@ pub(crate) fn build(algo: Optim1Algo) -> Result<Kernel> {
             )))
         }
     };
-    let mut b = KernelBuilder::new(&name(algo));
+    let kname = if gs {
+        format!("{}_gs", name(algo))
+    } else {
+        name(algo)
+    };
+    let mut b = KernelBuilder::new(&kname);
     let (n, n_blocks, ps) = declare(&mut b, &[], &["beta1", "one_minus_beta1", "eps"]);
+    let gsp = declare_gs(&mut b, gs);
     let shape = [Dim::Param(n)];
     let p = b.buffer_param("p", DType::F32, &shape, Access::Read);
     let g = b.buffer_param("g", DType::F32, &shape, Access::Read);
@@ -70,8 +79,10 @@ pub(crate) fn build(algo: Optim1Algo) -> Result<Kernel> {
     b.set_grid(Dim::Param(n_blocks));
     let v: Vec<Value> = ps.iter().map(|q| b.param(*q)).collect();
     let (beta1, one_minus_beta1, eps) = (v[0], v[1], v[2]);
+    let gsv = gsp.map(|q| b.param(q));
     emit_partials(&mut b, n, p, outs, |b, e| {
-        let gv = b.load(g, e);
+        let graw = b.load(g, e);
+        let gv = scaled_grad(b, gsv, graw);
         let s_old = b.load(s1, e);
         let s = if rms {
             let t = b.mul(one_minus_beta1, gv);

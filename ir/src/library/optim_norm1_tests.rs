@@ -26,8 +26,16 @@ fn strided(xs: &[f32]) -> f32 {
 
 #[test]
 fn norm1_partials_match_the_precondition_model() {
-    for algo in NORM1_ALGOS {
-        let k = OptimExtSpec::Norm1(algo).build().unwrap();
+    // Plain and `_gs` (the model sees `g * gnorm_scale`, one f32 product).
+    let cases = NORM1_ALGOS
+        .iter()
+        .flat_map(|a| [(*a, None), (*a, Some(0.375f32))]);
+    for (algo, gsc) in cases {
+        let spec = match gsc {
+            None => OptimExtSpec::Norm1(algo),
+            Some(_) => OptimExtSpec::Norm1Gs(algo),
+        };
+        let k = spec.build().unwrap();
         crate::verify(&k).unwrap();
         let h = Optim1Hyper {
             lr: 0.01,
@@ -39,7 +47,7 @@ fn norm1_partials_match_the_precondition_model() {
         let s = h.scalars(algo, 4).unwrap();
         for n in [1usize, 300, 512] {
             let p: Vec<f32> = (0..n).map(|i| (i as f32 - 100.0) * 0.01).collect();
-            let g: Vec<f32> = (0..n)
+            let graw: Vec<f32> = (0..n)
                 .map(|i| match i % 29 {
                     3 => f32::NAN,
                     7 => f32::NEG_INFINITY,
@@ -54,9 +62,12 @@ fn norm1_partials_match_the_precondition_model() {
                 OwnedArg::Scalar(Scalar::U32(nb as u32)),
             ];
             args.extend(partials_args(&s).into_iter().map(OwnedArg::Scalar));
+            let extra = spec.ext_args(gsc.unwrap_or(1.0), false);
+            assert_eq!(extra.len(), usize::from(gsc.is_some()));
+            args.extend(extra.into_iter().map(OwnedArg::Scalar));
             args.extend([
                 OwnedArg::Read(bytes(DType::F32, &p)),
-                OwnedArg::Read(bytes(DType::F32, &g)),
+                OwnedArg::Read(bytes(DType::F32, &graw)),
                 OwnedArg::Read(bytes(DType::F32, &st)),
                 OwnedArg::Write(vec![0; 4 * nb]),
                 OwnedArg::Write(vec![0; 4 * nb]),
@@ -64,6 +75,7 @@ fn norm1_partials_match_the_precondition_model() {
             run(&k, &mut args);
             let up = floats(DType::F32, out(&args, args.len() - 2));
             let pp = floats(DType::F32, out(&args, args.len() - 1));
+            let g: Vec<f32> = graw.iter().map(|x| gsc.map_or(*x, |c| x * c)).collect();
             let (b1, c1, eps) = (0.9f32, (1.0f64 - 0.9) as f32, 1e-3f32);
             let u: Vec<f32> = (0..n)
                 .map(|i| {
@@ -92,6 +104,8 @@ fn norm1_partials_match_the_precondition_model() {
     // Lion and SGD have no such kernel here.
     for algo in [Optim1Algo::Lion, Optim1Algo::Sgd] {
         let e = OptimExtSpec::Norm1(algo).build().unwrap_err().to_string();
+        assert!(e.contains(algo.name()), "{e}");
+        let e = OptimExtSpec::Norm1Gs(algo).build().unwrap_err().to_string();
         assert!(e.contains(algo.name()), "{e}");
     }
 }

@@ -39,6 +39,11 @@
 //! * `lars8bit_f32`: `sgd8bit_f32`'s parameters (`n, n_blocks, first, beta1, one_minus_beta1,
 //!   beta2, one_minus_beta2, weight_decay, decay, eps, lr, neg_lr, p, g, state1, absmax1`), then
 //!   `scale: f32[1] read`; scalars [`LarsHyper::update8_args`].
+//!
+//! Percentile clipping: the `_gs` variants ([`crate::library::OptimExtSpec::Norm8`], built here
+//! with a flag) take `gnorm_scale: f32` after the other scalars and use `g * gnorm_scale` for
+//! every `g`; `lars8bit_f32_gs` also takes `skip_zeros: u32` with `sgd8bit_f32_gs`'s semantics
+//! (raw `g == 0`), `lamb8bit_*_gs` none (as `adamw8bit_*_gs`), the partials none.
 
 use crate::args::OwnedArg;
 use crate::builder::KernelBuilder;
@@ -48,6 +53,7 @@ use crate::library::optim::{example_absmax, example_grad};
 use crate::library::optim::{AdamScalars, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
 use crate::library::optim1::{Optim1Algo, Optim1Hyper, Optim1Spec};
 use crate::library::optim_norm::{declare, emit_partials, partial_outputs, LAMB_NORM_SCALARS};
+use crate::library::optim_norm::{declare_gs, scaled_grad};
 use crate::library::optim_norm::{lamb_norm_update, lars_norm_update, EXAMPLE_SCALE};
 use crate::library::optim_norm::{LambHyper, LarsHyper, NormRule, EXAMPLE_STEP};
 use crate::library::{check_float_dtype, BlockwiseMap};
@@ -97,6 +103,20 @@ impl OptimNorm8Spec {
     /// # Errors
     /// [`Error::Unsupported`] for a dtype the rule does not take ([`NormRule::param_dtypes`]).
     pub fn build(&self) -> Result<Kernel> {
+        self.build_with(&self.name(), false)
+    }
+
+    /// Builds the `_gs` variant named `name` ([`crate::library::optim_ext`]): the same kernel
+    /// with `gnorm_scale: f32` after the other scalars (`lars8bit_f32_gs` also `skip_zeros: u32`,
+    /// as `sgd8bit_f32_gs`); every use of `g` becomes `g * gnorm_scale`.
+    ///
+    /// # Errors
+    /// As [`OptimNorm8Spec::build`].
+    pub(crate) fn build_gs(&self, name: &str) -> Result<Kernel> {
+        self.build_with(name, true)
+    }
+
+    fn build_with(&self, name: &str, gs: bool) -> Result<Kernel> {
         let (rule, dtype) = self.rule_dtype();
         check_float_dtype(dtype)?;
         if !rule.param_dtypes().contains(&dtype) {
@@ -106,16 +126,15 @@ impl OptimNorm8Spec {
                 rule.name()
             )));
         }
-        let name = self.name();
         match (*self, rule) {
             (OptimNorm8Spec::Partials { .. }, NormRule::Lamb) => {
-                Ok(build_lamb8_partials(&name, dtype))
+                Ok(build_lamb8_partials(name, dtype, gs))
             }
-            (OptimNorm8Spec::Partials { .. }, NormRule::Lars) => Ok(build_lars8_partials(&name)),
+            (OptimNorm8Spec::Partials { .. }, NormRule::Lars) => Ok(build_lars8_partials(name, gs)),
             (OptimNorm8Spec::Update { .. }, NormRule::Lamb) => {
-                adamw8_spec(dtype).build_scaled(&name)
+                adamw8_spec(dtype).build_scaled(name, gs)
             }
-            (OptimNorm8Spec::Update { .. }, NormRule::Lars) => sgd8_spec().build_scaled(&name),
+            (OptimNorm8Spec::Update { .. }, NormRule::Lars) => sgd8_spec().build_scaled(name, gs),
         }
     }
 }
@@ -189,9 +208,10 @@ fn decode(
     b.mul(c, absmax)
 }
 
-fn build_lamb8_partials(name: &str, dtype: DType) -> Kernel {
+fn build_lamb8_partials(name: &str, dtype: DType, gs: bool) -> Kernel {
     let mut b = KernelBuilder::new(name);
     let (n, n_blocks, ps) = declare(&mut b, &[], &LAMB_NORM_SCALARS);
+    let gsp = declare_gs(&mut b, gs);
     let shape = [Dim::Param(n)];
     let blocks = [Dim::Param(n_blocks)];
     let p = b.buffer_param("p", dtype, &shape, Access::Read);
@@ -205,11 +225,13 @@ fn build_lamb8_partials(name: &str, dtype: DType) -> Kernel {
     let code1 = b.table_f32("code1", &BlockwiseMap::Dynamic.code());
     let code2 = b.table_f32("code2", &BlockwiseMap::DynamicUnsigned.code());
     let s: Vec<Value> = ps.iter().map(|q| b.param(*q)).collect();
+    let gsv = gsp.map(|q| b.param(q));
     let block = b.work_item();
     let old_a1 = b.load(a1, block);
     let old_a2 = b.load(a2, block);
     emit_partials(&mut b, n, p, outs, |b, e| {
-        let gv = b.load(g, e);
+        let graw = b.load(g, e);
+        let gv = scaled_grad(b, gsv, graw);
         let m_old = decode(b, code1, s1, old_a1, e);
         let v_old = decode(b, code2, s2, old_a2, e);
         lamb_norm_update(b, &s, gv, m_old, v_old)
@@ -217,9 +239,10 @@ fn build_lamb8_partials(name: &str, dtype: DType) -> Kernel {
     b.finish()
 }
 
-fn build_lars8_partials(name: &str) -> Kernel {
+fn build_lars8_partials(name: &str, gs: bool) -> Kernel {
     let mut b = KernelBuilder::new(name);
     let (n, n_blocks, ps) = declare(&mut b, &["first"], &["momentum"]);
+    let gsp = declare_gs(&mut b, gs);
     let shape = [Dim::Param(n)];
     let p = b.buffer_param("p", DType::F32, &shape, Access::Read);
     let g = b.buffer_param("g", DType::F32, &shape, Access::Read);
@@ -230,10 +253,12 @@ fn build_lars8_partials(name: &str) -> Kernel {
     let code1 = b.table_f32("code1", &BlockwiseMap::Dynamic.code());
     let first = b.param(ps[0]);
     let mom = b.param(ps[1]);
+    let gsv = gsp.map(|q| b.param(q));
     let block = b.work_item();
     let old_a1 = b.load(a1, block);
     emit_partials(&mut b, n, p, outs, |b, e| {
-        let gv = b.load(g, e);
+        let graw = b.load(g, e);
+        let gv = scaled_grad(b, gsv, graw);
         let s_old = decode(b, code1, s1, old_a1, e);
         lars_norm_update(b, first, mom, gv, s_old)
     });

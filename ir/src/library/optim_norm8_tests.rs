@@ -6,6 +6,7 @@
 #![allow(clippy::needless_range_loop)] // element-wise models index several arrays
 
 use crate::args::OwnedArg;
+use crate::library::optim_ext::OptimExtSpec;
 use crate::library::optim_norm::{LambHyper, LarsHyper, NormRule, OptimNormSpec};
 use crate::library::optim_norm8::OptimNorm8Spec;
 use crate::library::test_util::{bytes, floats, nearest, out, round, run};
@@ -167,13 +168,39 @@ fn run_scale(args: &[OwnedArg], up: usize, max_unorm: f32) -> f32 {
 
 /// One 8-bit LAMB step on the interpreter (partials, scale, update); returns the scale.
 fn lamb8_kernels(st: &mut Lamb8, g: &[f32], h: &LambHyper, t: u32, dtype: DType) -> f32 {
+    lamb8_kernels_gs(st, g, h, t, dtype, None)
+}
+
+/// `spec` built plain, or its `_gs` variant with the scalars of `(gnorm_scale, skip_zeros)`.
+fn build_gs(spec: OptimNorm8Spec, gs: Option<(f32, bool)>) -> (crate::Kernel, Vec<OwnedArg>) {
+    let (k, extra) = match gs {
+        None => (spec.build().unwrap(), Vec::new()),
+        Some((scale, skip)) => {
+            let ext = OptimExtSpec::Norm8(spec);
+            (ext.build().unwrap(), ext.ext_args(scale, skip))
+        }
+    };
+    crate::verify(&k).unwrap();
+    (k, extra.into_iter().map(OwnedArg::Scalar).collect())
+}
+
+/// [`lamb8_kernels`] through the `_gs` variants for `Some((gnorm_scale, skip_zeros))`.
+fn lamb8_kernels_gs(
+    st: &mut Lamb8,
+    g: &[f32],
+    h: &LambHyper,
+    t: u32,
+    dtype: DType,
+    gs: Option<(f32, bool)>,
+) -> f32 {
     let (n, nb) = (g.len(), g.len().div_ceil(BS));
     let rule = NormRule::Lamb;
-    let part = OptimNorm8Spec::Partials { rule, dtype }.build().unwrap();
-    crate::verify(&part).unwrap();
+    let (part, extra) = build_gs(OptimNorm8Spec::Partials { rule, dtype }, gs);
+    let k = extra.len();
     let mut args = vec![u32a(n), u32a(nb)];
     let s = h.scalars(t).unwrap();
     args.extend(s.partials_args().into_iter().map(OwnedArg::Scalar));
+    args.extend(extra);
     let state = |st: &Lamb8, write: bool| {
         let arg = |b: Vec<u8>| {
             if write {
@@ -199,11 +226,12 @@ fn lamb8_kernels(st: &mut Lamb8, g: &[f32], h: &LambHyper, t: u32, dtype: DType)
         OwnedArg::Write(vec![0; 4 * nb]),
     ]);
     run(&part, &mut args);
-    let scale = run_scale(&args, 15, s.max_unorm);
-    let upd = OptimNorm8Spec::Update { rule, dtype }.build().unwrap();
-    crate::verify(&upd).unwrap();
+    let scale = run_scale(&args, 15 + k, s.max_unorm);
+    let (upd, extra) = build_gs(OptimNorm8Spec::Update { rule, dtype }, gs);
+    let k = extra.len();
     let mut args = vec![u32a(n), u32a(nb)];
     args.extend(h.update8_args(t).unwrap().into_iter().map(OwnedArg::Scalar));
+    args.extend(extra);
     args.extend([
         OwnedArg::Write(bytes(dtype, &st.p)),
         OwnedArg::Read(bytes(dtype, g)),
@@ -211,14 +239,14 @@ fn lamb8_kernels(st: &mut Lamb8, g: &[f32], h: &LambHyper, t: u32, dtype: DType)
     args.extend(state(st, true));
     args.push(OwnedArg::Read(bytes(DType::F32, &[scale])));
     run(&upd, &mut args);
-    st.p = floats(dtype, out(&args, 10));
+    st.p = floats(dtype, out(&args, 10 + k));
     st.s1 = State8 {
-        q: out(&args, 12).to_vec(),
-        a: floats(DType::F32, out(&args, 13)),
+        q: out(&args, 12 + k).to_vec(),
+        a: floats(DType::F32, out(&args, 13 + k)),
     };
     st.s2 = State8 {
-        q: out(&args, 14).to_vec(),
-        a: floats(DType::F32, out(&args, 15)),
+        q: out(&args, 14 + k).to_vec(),
+        a: floats(DType::F32, out(&args, 15 + k)),
     };
     scale
 }
@@ -291,6 +319,13 @@ struct Lars8 {
 
 /// One 8-bit LARS step of the model; returns the scale it used.
 fn lars8_model(st: &mut Lars8, g: &[f32], h: &LarsHyper, t: u32) -> f32 {
+    lars8_model_skip(st, g, h, t, &vec![false; g.len()])
+}
+
+/// [`lars8_model`] where element `i` is skipped when `skip[i]`: it keeps its parameter and
+/// its dequantized momentum (requantized with the block's new absmax), but its update still
+/// counts in the norm.
+fn lars8_model_skip(st: &mut Lars8, g: &[f32], h: &LarsHyper, t: u32, skip: &[bool]) -> f32 {
     let code = BlockwiseMap::Dynamic.code();
     let mom = h.momentum as f32;
     let wd = h.weight_decay as f32;
@@ -309,11 +344,14 @@ fn lars8_model(st: &mut Lars8, g: &[f32], h: &LarsHyper, t: u32) -> f32 {
             };
             ns[i] = if t == 1 { gw } else { s_old.mul_add(mom, gw) };
         }
+        if skip[i] {
+            ns[i] = s_old;
+        }
     }
     let scale = scale_model(&u, &st.p, h.max_unorm as f32);
     let nls = neg_lr * scale;
     for i in 0..n {
-        if g[i].is_finite() {
+        if g[i].is_finite() && !skip[i] {
             st.p[i] = nls.mul_add(ns[i], st.p[i]);
         }
     }
@@ -323,13 +361,25 @@ fn lars8_model(st: &mut Lars8, g: &[f32], h: &LarsHyper, t: u32) -> f32 {
 
 /// One 8-bit LARS step on the interpreter; returns the scale.
 fn lars8_kernels(st: &mut Lars8, g: &[f32], h: &LarsHyper, t: u32) -> f32 {
+    lars8_kernels_gs(st, g, h, t, None)
+}
+
+/// [`lars8_kernels`] through the `_gs` variants for `Some((gnorm_scale, skip_zeros))`.
+fn lars8_kernels_gs(
+    st: &mut Lars8,
+    g: &[f32],
+    h: &LarsHyper,
+    t: u32,
+    gs: Option<(f32, bool)>,
+) -> f32 {
     let (n, nb) = (g.len(), g.len().div_ceil(BS));
     let (rule, dtype) = (NormRule::Lars, DType::F32);
-    let part = OptimNorm8Spec::Partials { rule, dtype }.build().unwrap();
-    crate::verify(&part).unwrap();
+    let (part, extra) = build_gs(OptimNorm8Spec::Partials { rule, dtype }, gs);
+    let k = extra.len();
     let s = h.scalars(t).unwrap();
     let mut args = vec![u32a(n), u32a(nb)];
     args.extend(s.partials_args().into_iter().map(OwnedArg::Scalar));
+    args.extend(extra);
     args.extend([
         OwnedArg::Read(bytes(dtype, &st.p)),
         OwnedArg::Read(bytes(dtype, g)),
@@ -339,11 +389,12 @@ fn lars8_kernels(st: &mut Lars8, g: &[f32], h: &LarsHyper, t: u32) -> f32 {
         OwnedArg::Write(vec![0; 4 * nb]),
     ]);
     run(&part, &mut args);
-    let scale = run_scale(&args, 8, s.max_unorm);
-    let upd = OptimNorm8Spec::Update { rule, dtype }.build().unwrap();
-    crate::verify(&upd).unwrap();
+    let scale = run_scale(&args, 8 + k, s.max_unorm);
+    let (upd, extra) = build_gs(OptimNorm8Spec::Update { rule, dtype }, gs);
+    let k = extra.len();
     let mut args = vec![u32a(n), u32a(nb)];
     args.extend(h.update8_args(t).unwrap().into_iter().map(OwnedArg::Scalar));
+    args.extend(extra);
     args.extend([
         OwnedArg::Write(bytes(dtype, &st.p)),
         OwnedArg::Read(bytes(dtype, g)),
@@ -352,10 +403,10 @@ fn lars8_kernels(st: &mut Lars8, g: &[f32], h: &LarsHyper, t: u32) -> f32 {
         OwnedArg::Read(bytes(DType::F32, &[scale])),
     ]);
     run(&upd, &mut args);
-    st.p = floats(dtype, out(&args, 12));
+    st.p = floats(dtype, out(&args, 12 + k));
     st.s = State8 {
-        q: out(&args, 14).to_vec(),
-        a: floats(DType::F32, out(&args, 15)),
+        q: out(&args, 14 + k).to_vec(),
+        a: floats(DType::F32, out(&args, 15 + k)),
     };
     scale
 }
@@ -546,4 +597,93 @@ fn names_dtypes_and_scalars() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("momentum"), "{e}");
+}
+
+/// The gradient of step `t` (as [`grad`]) with exact zeros at every 13th element from `5 + t`.
+fn grad_zeros(n: usize, t: u32, dtype: DType) -> Vec<f32> {
+    let mut g = grad(n, t, dtype);
+    for i in (5 + t as usize..n).step_by(13) {
+        g[i] = if i % 2 == 0 { -0.0 } else { 0.0 };
+    }
+    g
+}
+
+#[test]
+fn lamb8_gs_matches_the_model_on_the_scaled_gradient() {
+    // The model sees `g * gnorm_scale` (f32 products); `skip_zeros` is ignored (the kernel
+    // takes none, as adamw8bit_*_gs).
+    for dtype in [DType::F32, DType::BF16] {
+        let h = LambHyper {
+            weight_decay: 0.01,
+            ..LambHyper::default()
+        };
+        let n = 2 * BS + 77;
+        let p0: Vec<f32> = wave(n, 9, 0.02).iter().map(|x| round(dtype, *x)).collect();
+        let fresh = || Lamb8 {
+            p: p0.clone(),
+            s1: State8::zeros(n),
+            s2: State8::zeros(n),
+        };
+        let (mut model, mut kern, mut plain) = (fresh(), fresh(), fresh());
+        for t in 1..=3 {
+            let g = grad_zeros(n, t, dtype);
+            let gsc = [0.375f32, 0.75, 0.5][t as usize - 1];
+            let scaled: Vec<f32> = g.iter().map(|x| x * gsc).collect();
+            let sm = lamb8_model(&mut model, &scaled, &h, t, dtype);
+            let sk = lamb8_kernels_gs(&mut kern, &g, &h, t, dtype, Some((gsc, true)));
+            let sp = lamb8_kernels(&mut plain, &g, &h, t, dtype);
+            let what = format!("lamb8 gs {dtype} t{t}");
+            assert_eq!(sk.to_bits(), sm.to_bits(), "{what}: scale");
+            assert!(sm < 1.0, "{what}: clipped");
+            assert_ne!(
+                sk.to_bits(),
+                sp.to_bits(),
+                "{what}: the scaled gradient must matter"
+            );
+            assert_bits(&format!("{what} p"), &kern.p, &model.p);
+            assert_eq!(kern.s1.q, model.s1.q, "{what}: state1");
+            assert_eq!(kern.s2.q, model.s2.q, "{what}: state2");
+            assert_bits(&format!("{what} absmax1"), &kern.s1.a, &model.s1.a);
+            assert_bits(&format!("{what} absmax2"), &kern.s2.a, &model.s2.a);
+        }
+    }
+}
+
+#[test]
+fn lars8_gs_matches_the_model_with_skip_zeros() {
+    let n = 2 * BS + 77;
+    for (wd, skip) in [(0.0, true), (0.01, true), (0.0, false)] {
+        let h = LarsHyper {
+            lr: 0.05,
+            momentum: 0.9,
+            weight_decay: wd,
+            max_unorm: 0.02,
+        };
+        let p0 = wave(n, 9, 0.6);
+        let fresh = || Lars8 {
+            p: p0.clone(),
+            s: State8::zeros(n),
+        };
+        let (mut model, mut kern, mut noskip) = (fresh(), fresh(), fresh());
+        for t in 1..=3 {
+            let g = grad_zeros(n, t, DType::F32);
+            let gsc = 0.625f32;
+            let scaled: Vec<f32> = g.iter().map(|x| x * gsc).collect();
+            // bitsandbytes' 8-bit one-state kernel tests the raw gradient.
+            let mask: Vec<bool> = g.iter().map(|x| skip && *x == 0.0).collect();
+            lars8_model(&mut noskip, &scaled, &h, t);
+            let sm = lars8_model_skip(&mut model, &scaled, &h, t, &mask);
+            let sk = lars8_kernels_gs(&mut kern, &g, &h, t, Some((gsc, skip)));
+            let what = format!("lars8 gs wd {wd} skip {skip} t{t}");
+            assert_eq!(sk.to_bits(), sm.to_bits(), "{what}: scale");
+            assert_bits(&format!("{what} p"), &kern.p, &model.p);
+            assert_eq!(kern.s.q, model.s.q, "{what}: state1");
+            assert_bits(&format!("{what} absmax1"), &kern.s.a, &model.s.a);
+        }
+        assert_eq!(
+            model.p != noskip.p,
+            skip,
+            "skip_zeros must matter (wd {wd})"
+        );
+    }
 }

@@ -8,6 +8,7 @@
 use crate::args::OwnedArg;
 use crate::library::optim::{AdamHyper, OptimAlgo, OptimSpec, StateBits};
 use crate::library::optim1::{Optim1Algo, Optim1Hyper, Optim1Spec};
+use crate::library::optim_ext::OptimExtSpec;
 use crate::library::optim_norm::{LambHyper, LarsHyper, NormRule, OptimNormSpec};
 use crate::library::test_util::{bytes, floats, out, round, run};
 use crate::types::{DType, Scalar};
@@ -58,8 +59,34 @@ struct Lamb32 {
     v: Vec<f32>,
 }
 
+/// The `_gs` options of a step: `gnorm_scale` and `skip_zeros`.
+#[derive(Clone, Copy)]
+struct Gs {
+    scale: f32,
+    skip: bool,
+}
+
 /// One LAMB step of the model; returns the scale it used.
 fn lamb_model(st: &mut Lamb32, g: &[f32], h: &LambHyper, t: u32, dtype: DType) -> f32 {
+    lamb_model_gs(st, g, h, t, dtype, None)
+}
+
+/// One LAMB step of the model with `_gs` options: every `g` is `g * gnorm_scale` (one `f32`
+/// product); a skipped element (scaled `g == 0`) keeps `p`, `m`, `v` but still counts in the
+/// norm.
+fn lamb_model_gs(
+    st: &mut Lamb32,
+    graw: &[f32],
+    h: &LambHyper,
+    t: u32,
+    dtype: DType,
+    gs: Option<Gs>,
+) -> f32 {
+    let g: Vec<f32> = graw
+        .iter()
+        .map(|x| gs.map_or(*x, |o| *x * o.scale))
+        .collect();
+    let skip = |x: f32| gs.is_some_and(|o| o.skip) && x == 0.0;
     let (b1, b2) = (h.beta1 as f32, h.beta2 as f32);
     let (o1, o2) = ((1.0 - h.beta1) as f32, (1.0 - h.beta2) as f32);
     let ti = t as i32;
@@ -88,7 +115,10 @@ fn lamb_model(st: &mut Lamb32, g: &[f32], h: &LambHyper, t: u32, dtype: DType) -
     let scale = scale_model(&up, &pp, h.max_unorm as f32, 0.0);
     let ss = scale * step_size;
     for i in 0..n {
-        if g[i].is_finite() {
+        if skip(g[i]) {
+            nm[i] = st.m[i];
+            nv[i] = st.v[i];
+        } else if g[i].is_finite() {
             let r = nm[i] / (nv[i].sqrt() + eps_c2);
             st.p[i] = round(dtype, r.mul_add(ss, st.p[i] * decay));
         }
@@ -100,17 +130,40 @@ fn lamb_model(st: &mut Lamb32, g: &[f32], h: &LambHyper, t: u32, dtype: DType) -
 
 /// One LAMB step on the interpreter (partials, scale, update); returns the scale.
 fn lamb_kernels(st: &mut Lamb32, g: &[f32], h: &LambHyper, t: u32, dtype: DType) -> f32 {
+    lamb_kernels_gs(st, g, h, t, dtype, None)
+}
+
+/// `spec` built plain, or its `_gs` variant with the options' scalars for `gs`.
+fn build_gs(spec: OptimNormSpec, gs: Option<Gs>) -> (crate::Kernel, Vec<OwnedArg>) {
+    match gs {
+        None => (spec.build().unwrap(), Vec::new()),
+        Some(o) => {
+            let ext = OptimExtSpec::Norm(spec);
+            let extra = ext.ext_args(o.scale, o.skip);
+            let k = ext.build().unwrap();
+            (k, extra.into_iter().map(OwnedArg::Scalar).collect())
+        }
+    }
+}
+
+/// [`lamb_kernels`] through the `_gs` variants for `Some` options.
+fn lamb_kernels_gs(
+    st: &mut Lamb32,
+    g: &[f32],
+    h: &LambHyper,
+    t: u32,
+    dtype: DType,
+    gs: Option<Gs>,
+) -> f32 {
     let n = g.len();
     let nb = n.div_ceil(BS);
     let s = h.scalars(t).unwrap();
-    let part = OptimNormSpec::Partials {
-        rule: NormRule::Lamb,
-        dtype,
-    }
-    .build()
-    .unwrap();
+    let rule = NormRule::Lamb;
+    let (part, extra) = build_gs(OptimNormSpec::Partials { rule, dtype }, gs);
+    let k = extra.len();
     let mut args = vec![u32a(n), u32a(nb)];
     args.extend(s.partials_args().into_iter().map(OwnedArg::Scalar));
+    args.extend(extra);
     args.extend([
         OwnedArg::Read(bytes(dtype, &st.p)),
         OwnedArg::Read(bytes(dtype, g)),
@@ -120,16 +173,13 @@ fn lamb_kernels(st: &mut Lamb32, g: &[f32], h: &LambHyper, t: u32, dtype: DType)
         OwnedArg::Write(vec![0; 4 * nb]),
     ]);
     run(&part, &mut args);
-    let (up, pp) = (out(&args, 13).to_vec(), out(&args, 14).to_vec());
+    let (up, pp) = (out(&args, 13 + k).to_vec(), out(&args, 14 + k).to_vec());
     let scale = run_scale(up, pp, nb, s.scale_args());
-    let upd = OptimNormSpec::Update {
-        rule: NormRule::Lamb,
-        dtype,
-    }
-    .build()
-    .unwrap();
+    let (upd, extra) = build_gs(OptimNormSpec::Update { rule, dtype }, gs);
+    let k = extra.len();
     let mut args = vec![u32a(n), u32a(nb)];
     args.extend(s.update_args().into_iter().map(OwnedArg::Scalar));
+    args.extend(extra);
     args.extend([
         OwnedArg::Write(bytes(dtype, &st.p)),
         OwnedArg::Read(bytes(dtype, g)),
@@ -138,9 +188,9 @@ fn lamb_kernels(st: &mut Lamb32, g: &[f32], h: &LambHyper, t: u32, dtype: DType)
         OwnedArg::Read(f32_bytes(&[scale])),
     ]);
     run(&upd, &mut args);
-    st.p = floats(dtype, out(&args, 9));
-    st.m = floats(DType::F32, out(&args, 11));
-    st.v = floats(DType::F32, out(&args, 12));
+    st.p = floats(dtype, out(&args, 9 + k));
+    st.m = floats(DType::F32, out(&args, 11 + k));
+    st.v = floats(DType::F32, out(&args, 12 + k));
     scale
 }
 
@@ -323,6 +373,25 @@ fn lamb_with_max_unorm_zero_is_adamw32() {
 
 /// One LARS step of the model; returns the scale.
 fn lars_model(p: &mut [f32], s: &mut [f32], g: &[f32], h: &LarsHyper, t: u32) -> f32 {
+    lars_model_gs(p, s, g, h, t, None)
+}
+
+/// One LARS step of the model with `_gs` options: every `g` is `g * gnorm_scale`; a skipped
+/// element (scaled `g` after coupled weight decay `== 0`) keeps `p` and `s` but still counts
+/// in the norm.
+fn lars_model_gs(
+    p: &mut [f32],
+    s: &mut [f32],
+    graw: &[f32],
+    h: &LarsHyper,
+    t: u32,
+    gs: Option<Gs>,
+) -> f32 {
+    let g: Vec<f32> = graw
+        .iter()
+        .map(|x| gs.map_or(*x, |o| *x * o.scale))
+        .collect();
+    let skip_on = gs.is_some_and(|o| o.skip);
     let (mom, wd, neg_lr) = (h.momentum as f32, h.weight_decay as f32, (-h.lr) as f32);
     let n = g.len();
     let u: Vec<f32> = (0..n)
@@ -353,6 +422,9 @@ fn lars_model(p: &mut [f32], s: &mut [f32], g: &[f32], h: &LarsHyper, t: u32) ->
         } else {
             g[i]
         };
+        if skip_on && gw == 0.0 {
+            continue;
+        }
         s[i] = if t == 1 { gw } else { s[i].mul_add(mom, gw) };
         p[i] = nls.mul_add(s[i], p[i]);
     }
@@ -361,6 +433,18 @@ fn lars_model(p: &mut [f32], s: &mut [f32], g: &[f32], h: &LarsHyper, t: u32) ->
 
 /// One LARS step on the interpreter; returns the scale.
 fn lars_kernels(p: &mut Vec<f32>, s: &mut Vec<f32>, g: &[f32], h: &LarsHyper, t: u32) -> f32 {
+    lars_kernels_gs(p, s, g, h, t, None)
+}
+
+/// [`lars_kernels`] through the `_gs` variants for `Some` options.
+fn lars_kernels_gs(
+    p: &mut Vec<f32>,
+    s: &mut Vec<f32>,
+    g: &[f32],
+    h: &LarsHyper,
+    t: u32,
+    gs: Option<Gs>,
+) -> f32 {
     let n = g.len();
     let nb = n.div_ceil(BS);
     let sc = h.scalars(t).unwrap();
@@ -372,8 +456,11 @@ fn lars_kernels(p: &mut Vec<f32>, s: &mut Vec<f32>, g: &[f32], h: &LarsHyper, t:
             OptimNormSpec::Update { rule, dtype }
         }
     };
+    let (kp, extra) = build_gs(spec(true), gs);
+    let k = extra.len();
     let mut args = vec![u32a(n), u32a(nb)];
     args.extend(sc.partials_args().into_iter().map(OwnedArg::Scalar));
+    args.extend(extra);
     args.extend([
         OwnedArg::Read(f32_bytes(p)),
         OwnedArg::Read(f32_bytes(g)),
@@ -381,24 +468,27 @@ fn lars_kernels(p: &mut Vec<f32>, s: &mut Vec<f32>, g: &[f32], h: &LarsHyper, t:
         OwnedArg::Write(vec![0; 4 * nb]),
         OwnedArg::Write(vec![0; 4 * nb]),
     ]);
-    run(&spec(true).build().unwrap(), &mut args);
+    run(&kp, &mut args);
     let scale = run_scale(
-        out(&args, 7).to_vec(),
-        out(&args, 8).to_vec(),
+        out(&args, 7 + k).to_vec(),
+        out(&args, 8 + k).to_vec(),
         nb,
         sc.scale_args(),
     );
+    let (ku, extra) = build_gs(spec(false), gs);
+    let k = extra.len();
     let mut args = vec![u32a(n), u32a(nb)];
     args.extend(sc.update_args().into_iter().map(OwnedArg::Scalar));
+    args.extend(extra);
     args.extend([
         OwnedArg::Write(f32_bytes(p)),
         OwnedArg::Read(f32_bytes(g)),
         OwnedArg::Write(f32_bytes(s)),
         OwnedArg::Read(f32_bytes(&[scale])),
     ]);
-    run(&spec(false).build().unwrap(), &mut args);
-    *p = floats(DType::F32, out(&args, 6));
-    *s = floats(DType::F32, out(&args, 8));
+    run(&ku, &mut args);
+    *p = floats(DType::F32, out(&args, 6 + k));
+    *s = floats(DType::F32, out(&args, 8 + k));
     scale
 }
 
@@ -515,4 +605,160 @@ fn scale_kernel_edge_cases() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("lars32_bf16") && e.contains("f32"), "{e}");
+}
+
+/// The gradient of step `t` with exact zeros (every 13th element from `5 + t`, so they move
+/// each step; `-0.0` at even indices) besides the special elements of [`grad`].
+fn grad_zeros(n: usize, t: u32) -> Vec<f32> {
+    let mut g = grad(n, t);
+    for i in (5 + t as usize..n).step_by(13) {
+        g[i] = if i % 2 == 0 { -0.0 } else { 0.0 };
+    }
+    g
+}
+
+#[test]
+fn lamb_gs_kernels_match_the_host_model() {
+    let n = 2 * BS + 41;
+    for (dtype, gscale, skip) in [
+        (DType::F32, 0.375f32, true),
+        (DType::F32, 0.8, false),
+        (DType::BF16, 0.375, true),
+    ] {
+        let gs = Some(Gs {
+            scale: gscale,
+            skip,
+        });
+        let h = LambHyper {
+            weight_decay: 0.01,
+            ..LambHyper::default()
+        };
+        let p0: Vec<f32> = wave(n, 9, 0.01).iter().map(|x| round(dtype, *x)).collect();
+        let mk = || Lamb32 {
+            p: p0.clone(),
+            m: vec![0.0; n],
+            v: vec![0.0; n],
+        };
+        let (mut a, mut b, mut plain, mut noskip) = (mk(), mk(), mk(), mk());
+        for t in 1..=3 {
+            let g: Vec<f32> = grad_zeros(n, t).iter().map(|x| round(dtype, *x)).collect();
+            let no = Some(Gs {
+                scale: gscale,
+                skip: false,
+            });
+            lamb_model_gs(&mut noskip, &g, &h, t, dtype, no);
+            let sa = lamb_model_gs(&mut a, &g, &h, t, dtype, gs);
+            let sb = lamb_kernels_gs(&mut b, &g, &h, t, dtype, gs);
+            let sp = lamb_kernels(&mut plain, &g, &h, t, dtype);
+            assert_eq!(sa.to_bits(), sb.to_bits(), "{dtype} scale step {t}");
+            assert!(sa < 1.0, "clipped: {sa}");
+            assert_ne!(
+                sa.to_bits(),
+                sp.to_bits(),
+                "the scaled gradient must matter"
+            );
+            for (name, x, y) in [("p", &a.p, &b.p), ("m", &a.m, &b.m), ("v", &a.v, &b.v)] {
+                for i in 0..n {
+                    assert_eq!(
+                        x[i].to_bits(),
+                        y[i].to_bits(),
+                        "{dtype} {name}[{i}] step {t}"
+                    );
+                }
+            }
+        }
+        // Skipping must change the result (the test can fail).
+        assert_eq!(a.m != noskip.m && a.p != noskip.p, skip, "{dtype}");
+    }
+}
+
+#[test]
+fn lars_gs_kernels_match_the_host_model() {
+    let n = 2 * BS + 41;
+    for (wd, gscale, skip) in [
+        (0.0, 0.375f32, true),
+        (0.01, 0.375, true),
+        (0.0, 0.8, false),
+    ] {
+        let gs = Some(Gs {
+            scale: gscale,
+            skip,
+        });
+        let h = LarsHyper {
+            weight_decay: wd,
+            ..LarsHyper::default()
+        };
+        let (mut pa, mut sa) = (wave(n, 11, 1.0), vec![0.0f32; n]);
+        let (mut pb, mut sb) = (pa.clone(), sa.clone());
+        let (mut pc, mut sc) = (pa.clone(), sa.clone());
+        let (mut pd, mut sd) = (pa.clone(), sa.clone());
+        for t in 1..=3 {
+            let g = grad_zeros(n, t);
+            let no = Some(Gs {
+                scale: gscale,
+                skip: false,
+            });
+            lars_model_gs(&mut pd, &mut sd, &g, &h, t, no);
+            let x = lars_model_gs(&mut pa, &mut sa, &g, &h, t, gs);
+            let y = lars_kernels_gs(&mut pb, &mut sb, &g, &h, t, gs);
+            let z = lars_kernels(&mut pc, &mut sc, &g, &h, t);
+            assert_eq!(x.to_bits(), y.to_bits(), "scale step {t}");
+            assert!(x < 1.0, "clipped: {x}");
+            assert_ne!(x.to_bits(), z.to_bits(), "the scaled gradient must matter");
+            for i in 0..n {
+                assert_eq!(pa[i].to_bits(), pb[i].to_bits(), "p[{i}] step {t}");
+                assert_eq!(sa[i].to_bits(), sb[i].to_bits(), "s[{i}] step {t}");
+            }
+        }
+        // Skipping must change the result (the test can fail); with coupled weight decay the
+        // tested value `fma(p, wd, gs)` is not zero, so nothing is skipped.
+        assert_eq!(sa != sd && pa != pd, skip && wd == 0.0, "wd {wd}");
+    }
+}
+
+#[test]
+fn the_scale_kernel_has_no_gs_variant() {
+    let e = OptimExtSpec::Norm(OptimNormSpec::Scale)
+        .build()
+        .unwrap_err();
+    assert!(e.to_string().contains("reads no gradient"), "{e}");
+}
+
+#[test]
+fn hyperparameters_the_f32_kernels_cannot_hold_are_refused_by_name() {
+    let lamb = |f: &dyn Fn(&mut LambHyper)| {
+        let mut h = LambHyper::default();
+        f(&mut h);
+        h.check().map_err(|e| e.to_string())
+    };
+    let lars = |f: &dyn Fn(&mut LarsHyper)| {
+        let mut h = LarsHyper::default();
+        f(&mut h);
+        h.check().map_err(|e| e.to_string())
+    };
+    // A positive max_unorm that rounds to 0 in f32 would silently turn clipping off.
+    for m in [1e-46, 1e39] {
+        let e = lamb(&|h| h.max_unorm = m).unwrap_err();
+        assert!(e.contains(&format!("max_unorm = {m:?}")), "{e}");
+        let e = lars(&|h| h.max_unorm = m).unwrap_err();
+        assert!(e.contains(&format!("max_unorm = {m:?}")), "{e}");
+    }
+    assert!(lamb(&|h| h.max_unorm = 1e-44).is_ok());
+    assert!(lamb(&|h| h.max_unorm = 0.0).is_ok());
+    for (name, v) in [("lr", 1e39), ("weight_decay", 1e300)] {
+        let e = if name == "lr" {
+            lamb(&|h| h.lr = v)
+        } else {
+            lamb(&|h| h.weight_decay = v)
+        }
+        .unwrap_err();
+        assert!(e.contains(&format!("{name} = {v:?}")), "{e}");
+        let e = if name == "lr" {
+            lars(&|h| h.lr = v)
+        } else {
+            lars(&|h| h.weight_decay = v)
+        }
+        .unwrap_err();
+        assert!(e.contains(&format!("{name} = {v:?}")), "{e}");
+    }
 }

@@ -72,13 +72,24 @@ pub use optim_norm::{
     lamb_norm_partials, lamb_step_32bit, lamb_update_32bit, lars_norm_partials, lars_step_32bit,
     lars_update_32bit, norm_scale, norm_scale_eps, NormPartials,
 };
+pub use optim_norm::{
+    lamb_norm_partials_opts, lamb_step_32bit_opts, lamb_update_32bit_opts, lars_norm_partials_opts,
+    lars_step_32bit_opts, lars_update_32bit_opts,
+};
 pub use optim_norm1::{
     optim1_norm_partials, optim1_norm_scale, optim1_step_32bit_max_unorm,
     optim1_update_scaled_32bit,
 };
+pub use optim_norm1::{
+    optim1_norm_partials_opts, optim1_step_32bit_max_unorm_opts, optim1_update_scaled_32bit_opts,
+};
 pub use optim_norm8::{
     lamb8_norm_partials, lamb_step_8bit, lamb_update_8bit, lars8_norm_partials, lars_step_8bit,
     lars_update_8bit,
+};
+pub use optim_norm8::{
+    lamb8_norm_partials_opts, lamb_step_8bit_opts, lamb_update_8bit_opts, lars8_norm_partials_opts,
+    lars_step_8bit_opts, lars_update_8bit_opts,
 };
 pub use qforge_ir::library::Layout;
 pub use qforge_ir::library::TileConfig;

@@ -7,10 +7,12 @@
 //! one whole-tensor [`lamb_step_32bit`] / [`lars_step_32bit`]. Formulas: `docs/optimizers.md`,
 //! section "LAMB and LARS".
 
-use qforge_ir::library::{LambHyper, LarsHyper, NormRule, OptimNormSpec, OPTIM_BLOCKSIZE};
+use qforge_ir::library::{
+    LambHyper, LarsHyper, NormRule, OptimExtSpec, OptimNormSpec, OPTIM_BLOCKSIZE,
+};
 use qforge_ir::{Arg, DType, Scalar};
 
-use super::optim::{expect, param_grad_pair};
+use super::optim::{expect, kernel_for, param_grad_pair, GradOptions};
 use super::{cached_kernel, count_u32, f32_le, le_f32, scalar_u32, AdamState32};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -66,16 +68,53 @@ pub(super) fn prepare(
     Ok((n, params.dtype))
 }
 
-/// Launches a partials kernel and returns the two per-block arrays.
+/// The options a partials kernel honours: `gnorm_scale` only (bitsandbytes' precondition
+/// kernels take no `skip_zeros`).
+pub(super) fn partials_opts(opts: &GradOptions) -> GradOptions {
+    GradOptions {
+        skip_zeros: false,
+        ..*opts
+    }
+}
+
+/// Launches a partials kernel (its `_gs` variant for a `gnorm_scale` other than 1) and returns
+/// the two per-block arrays.
 fn partials(
+    op: &str,
     dev: &dyn Device,
     spec: OptimNormSpec,
     n: u32,
-    scalars: Vec<Scalar>,
+    mut scalars: Vec<Scalar>,
     inputs: &[&[u8]],
+    opts: &GradOptions,
 ) -> Result<NormPartials> {
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (kernel, extra) = kernel_for(
+        op,
+        (spec.name(), &|| spec.build()),
+        OptimExtSpec::Norm(spec),
+        &partials_opts(opts),
+    )?;
+    scalars.extend(extra);
     partials_with(dev, &kernel, n, scalars, inputs)
+}
+
+/// The update kernel of `spec` (its `_gs` variant for non-default options) and the scalars
+/// `first` followed by the variant's.
+fn update_kernel(
+    op: &str,
+    spec: OptimNormSpec,
+    first: Vec<Scalar>,
+    opts: &GradOptions,
+) -> Result<(std::sync::Arc<qforge_ir::Kernel>, Vec<Scalar>)> {
+    let (kernel, extra) = kernel_for(
+        op,
+        (spec.name(), &|| spec.build()),
+        OptimExtSpec::Norm(spec),
+        opts,
+    )?;
+    let mut scalars = first;
+    scalars.extend(extra);
+    Ok((kernel, scalars))
 }
 
 /// Launches a built partials kernel (the layout of [`partials`]).
@@ -115,6 +154,25 @@ pub fn lamb_norm_partials(
     hyper: &LambHyper,
     step: u32,
 ) -> Result<NormPartials> {
+    let opts = GradOptions::default();
+    lamb_norm_partials_opts(dev, params, grads, state, hyper, step, &opts)
+}
+
+/// [`lamb_norm_partials`] with bitsandbytes' gradient options: the gradient is multiplied by
+/// `opts.gnorm_scale` before any use (`lamb_norm_*_gs`); `skip_zeros` does not apply to the
+/// norm (bitsandbytes' precondition kernel takes none).
+///
+/// # Errors
+/// As [`lamb_norm_partials`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+pub fn lamb_norm_partials_opts(
+    dev: &dyn Device,
+    params: &HostTensor,
+    grads: &HostTensor,
+    state: &AdamState32,
+    hyper: &LambHyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<NormPartials> {
     const OP: &str = "lamb_norm_partials";
     let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
     expect(OP, "state1", state.state1.len(), n as usize)?;
@@ -126,7 +184,7 @@ pub fn lamb_norm_partials(
         dtype,
     };
     let inputs: [&[u8]; 4] = [&params.data, &grads.data, &s1, &s2];
-    partials(dev, spec, n, s.partials_args(), &inputs)
+    partials(OP, dev, spec, n, s.partials_args(), &inputs, opts)
 }
 
 /// The LARS norm partials of step `step` (1-based) for an `f32` parameter, its gradient and its
@@ -142,6 +200,24 @@ pub fn lars_norm_partials(
     hyper: &LarsHyper,
     step: u32,
 ) -> Result<NormPartials> {
+    let opts = GradOptions::default();
+    lars_norm_partials_opts(dev, params, grads, state1, hyper, step, &opts)
+}
+
+/// [`lars_norm_partials`] with bitsandbytes' gradient options (as
+/// [`lamb_norm_partials_opts`]: `gnorm_scale` only).
+///
+/// # Errors
+/// As [`lars_norm_partials`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+pub fn lars_norm_partials_opts(
+    dev: &dyn Device,
+    params: &HostTensor,
+    grads: &HostTensor,
+    state1: &[f32],
+    hyper: &LarsHyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<NormPartials> {
     const OP: &str = "lars_norm_partials";
     let (n, _) = prepare(OP, NormRule::Lars, params, grads)?;
     expect(OP, "state1", state1.len(), n as usize)?;
@@ -152,7 +228,7 @@ pub fn lars_norm_partials(
         dtype: DType::F32,
     };
     let inputs: [&[u8]; 3] = [&params.data, &grads.data, &s1];
-    partials(dev, spec, n, s.partials_args(), &inputs)
+    partials(OP, dev, spec, n, s.partials_args(), &inputs, opts)
 }
 
 /// The trust-ratio scale of a whole tensor from its partials (all blocks, in order):
@@ -228,6 +304,27 @@ pub fn lamb_update_32bit(
     step: u32,
     scale: f32,
 ) -> Result<()> {
+    let opts = GradOptions::default();
+    lamb_update_32bit_opts(dev, params, grads, state, hyper, step, scale, &opts)
+}
+
+/// [`lamb_update_32bit`] with bitsandbytes' gradient options (`lamb32_*_gs`): the gradient is
+/// multiplied by `opts.gnorm_scale` first, and with `skip_zeros` an element whose scaled
+/// gradient is `±0` keeps its parameter and both moments (as [`super::adam_step_32bit_opts`]).
+///
+/// # Errors
+/// As [`lamb_update_32bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+#[allow(clippy::too_many_arguments)]
+pub fn lamb_update_32bit_opts(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState32,
+    hyper: &LambHyper,
+    step: u32,
+    scale: f32,
+    opts: &GradOptions,
+) -> Result<()> {
     const OP: &str = "lamb_update_32bit";
     check_scale(OP, scale)?;
     let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
@@ -238,11 +335,11 @@ pub fn lamb_update_32bit(
         rule: NormRule::Lamb,
         dtype,
     };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (kernel, scalars) = update_kernel(OP, spec, s.update_args(), opts)?;
     let (mut s1, mut s2) = (f32_le(&state.state1), f32_le(&state.state2));
     let sc = scale.to_le_bytes();
     let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
-    args.extend(s.update_args().into_iter().map(Arg::Scalar));
+    args.extend(scalars.into_iter().map(Arg::Scalar));
     args.extend([
         Arg::Write(&mut params.data),
         Arg::Read(&grads.data),
@@ -272,6 +369,28 @@ pub fn lars_update_32bit(
     step: u32,
     scale: f32,
 ) -> Result<()> {
+    let opts = GradOptions::default();
+    lars_update_32bit_opts(dev, params, grads, state1, hyper, step, scale, &opts)
+}
+
+/// [`lars_update_32bit`] with bitsandbytes' gradient options (`lars32_f32_gs`): the gradient
+/// is multiplied by `opts.gnorm_scale` first, and with `skip_zeros` an element whose scaled
+/// gradient after coupled weight decay is `±0` keeps its parameter and momentum (as
+/// [`super::optim1_step_32bit_opts`] for SGD).
+///
+/// # Errors
+/// As [`lars_update_32bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+#[allow(clippy::too_many_arguments)]
+pub fn lars_update_32bit_opts(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state1: &mut [f32],
+    hyper: &LarsHyper,
+    step: u32,
+    scale: f32,
+    opts: &GradOptions,
+) -> Result<()> {
     const OP: &str = "lars_update_32bit";
     check_scale(OP, scale)?;
     let (n, _) = prepare(OP, NormRule::Lars, params, grads)?;
@@ -281,11 +400,11 @@ pub fn lars_update_32bit(
         rule: NormRule::Lars,
         dtype: DType::F32,
     };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (kernel, scalars) = update_kernel(OP, spec, s.update_args(), opts)?;
     let mut s1 = f32_le(state1);
     let sc = scale.to_le_bytes();
     let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
-    args.extend(s.update_args().into_iter().map(Arg::Scalar));
+    args.extend(scalars.into_iter().map(Arg::Scalar));
     args.extend([
         Arg::Write(&mut params.data),
         Arg::Read(&grads.data),
@@ -309,9 +428,27 @@ pub fn lamb_step_32bit(
     hyper: &LambHyper,
     step: u32,
 ) -> Result<f32> {
-    let parts = lamb_norm_partials(dev, params, grads, state, hyper, step)?;
+    let opts = GradOptions::default();
+    lamb_step_32bit_opts(dev, params, grads, state, hyper, step, &opts)
+}
+
+/// [`lamb_step_32bit`] with bitsandbytes' gradient options, passed to both the norm partials
+/// ([`lamb_norm_partials_opts`]) and the update ([`lamb_update_32bit_opts`]).
+///
+/// # Errors
+/// As [`lamb_update_32bit_opts`].
+pub fn lamb_step_32bit_opts(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState32,
+    hyper: &LambHyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<f32> {
+    let parts = lamb_norm_partials_opts(dev, params, grads, state, hyper, step, opts)?;
     let scale = norm_scale(dev, &parts, hyper.max_unorm)?;
-    lamb_update_32bit(dev, params, grads, state, hyper, step, scale)?;
+    lamb_update_32bit_opts(dev, params, grads, state, hyper, step, scale, opts)?;
     Ok(scale)
 }
 
@@ -327,8 +464,26 @@ pub fn lars_step_32bit(
     hyper: &LarsHyper,
     step: u32,
 ) -> Result<f32> {
-    let parts = lars_norm_partials(dev, params, grads, state1, hyper, step)?;
+    let opts = GradOptions::default();
+    lars_step_32bit_opts(dev, params, grads, state1, hyper, step, &opts)
+}
+
+/// [`lars_step_32bit`] with bitsandbytes' gradient options, passed to both the norm partials
+/// ([`lars_norm_partials_opts`]) and the update ([`lars_update_32bit_opts`]).
+///
+/// # Errors
+/// As [`lars_update_32bit_opts`].
+pub fn lars_step_32bit_opts(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state1: &mut [f32],
+    hyper: &LarsHyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<f32> {
+    let parts = lars_norm_partials_opts(dev, params, grads, state1, hyper, step, opts)?;
     let scale = norm_scale(dev, &parts, hyper.max_unorm)?;
-    lars_update_32bit(dev, params, grads, state1, hyper, step, scale)?;
+    lars_update_32bit_opts(dev, params, grads, state1, hyper, step, scale, opts)?;
     Ok(scale)
 }

@@ -10,10 +10,10 @@ use qforge_ir::library::optim_norm1::partials_args;
 use qforge_ir::library::{Optim1Algo, Optim1Hyper, OptimExtSpec, StateBits};
 use qforge_ir::DType;
 
-use super::optim::{expect, GradOptions};
+use super::optim::{expect, kernel_for, GradOptions};
 use super::optim1::{launch32, prepare};
-use super::optim_norm::{check_scale, norm_scale_eps, partials_with, NormPartials};
-use super::{cached_kernel, count_u32, f32_le, float_input};
+use super::optim_norm::{check_scale, norm_scale_eps, partials_opts, partials_with, NormPartials};
+use super::{count_u32, f32_le, float_input};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
@@ -45,6 +45,27 @@ pub fn optim1_norm_partials(
     hyper: &Optim1Hyper,
     step: u32,
 ) -> Result<NormPartials> {
+    let opts = GradOptions::default();
+    optim1_norm_partials_opts(dev, algo, params, grads, state1, hyper, step, &opts)
+}
+
+/// [`optim1_norm_partials`] with bitsandbytes' gradient options: the gradient is multiplied by
+/// `opts.gnorm_scale` before any use (`{algo}_norm_f32_gs`); `skip_zeros` does not apply to
+/// the norm (bitsandbytes' precondition kernel takes none).
+///
+/// # Errors
+/// As [`optim1_norm_partials`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+#[allow(clippy::too_many_arguments)]
+pub fn optim1_norm_partials_opts(
+    dev: &dyn Device,
+    algo: Optim1Algo,
+    params: &HostTensor,
+    grads: &HostTensor,
+    state1: &[f32],
+    hyper: &Optim1Hyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<NormPartials> {
     const OP: &str = "optim1_norm_partials";
     check_algo(OP, algo)?;
     let n = float_input(OP, params)?;
@@ -62,8 +83,15 @@ pub fn optim1_norm_partials(
     let s1 = f32_le(state1);
     let inputs: [&[u8]; 3] = [&params.data, &grads.data, &s1];
     let spec = OptimExtSpec::Norm1(algo);
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
-    partials_with(dev, &kernel, n, partials_args(&s), &inputs)
+    let (kernel, extra) = kernel_for(
+        OP,
+        (spec.name(), &|| spec.build()),
+        OptimExtSpec::Norm1Gs(algo),
+        &partials_opts(opts),
+    )?;
+    let mut scalars = partials_args(&s);
+    scalars.extend(extra);
+    partials_with(dev, &kernel, n, scalars, &inputs)
 }
 
 /// The scale of a whole tensor from its partials: `norm_scale` with the threshold epsilon
@@ -97,6 +125,28 @@ pub fn optim1_update_scaled_32bit(
     step: u32,
     scale: f32,
 ) -> Result<()> {
+    let opts = GradOptions::default();
+    optim1_update_scaled_32bit_opts(dev, algo, params, grads, state1, hyper, step, scale, &opts)
+}
+
+/// [`optim1_update_scaled_32bit`] with bitsandbytes' gradient options: the `_gs` kernel
+/// (`rmsprop32_f32_gs` / `adagrad32_f32_gs`, [`super::optim1_step_32bit_opts`]) with `lr` and
+/// `neg_lr` multiplied by `scale`.
+///
+/// # Errors
+/// As [`optim1_update_scaled_32bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+#[allow(clippy::too_many_arguments)]
+pub fn optim1_update_scaled_32bit_opts(
+    dev: &dyn Device,
+    algo: Optim1Algo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state1: &mut [f32],
+    hyper: &Optim1Hyper,
+    step: u32,
+    scale: f32,
+    opts: &GradOptions,
+) -> Result<()> {
     const OP: &str = "optim1_update_scaled_32bit";
     check_algo(OP, algo)?;
     check_scale(OP, scale)?;
@@ -105,8 +155,7 @@ pub fn optim1_update_scaled_32bit(
     let mut s = hyper.scalars(algo, step)?;
     s.lr *= scale;
     s.neg_lr *= scale;
-    let opts = GradOptions::default();
-    launch32(OP, dev, algo, params, grads, state1, &s, &opts)
+    launch32(OP, dev, algo, params, grads, state1, &s, opts)
 }
 
 /// One whole-tensor RMSprop / Adagrad step with `max_unorm` (partials, scale, scaled update);
@@ -125,8 +174,31 @@ pub fn optim1_step_32bit_max_unorm(
     step: u32,
     max_unorm: f64,
 ) -> Result<f32> {
-    let parts = optim1_norm_partials(dev, algo, params, grads, state1, hyper, step)?;
+    let opts = GradOptions::default();
+    optim1_step_32bit_max_unorm_opts(
+        dev, algo, params, grads, state1, hyper, step, max_unorm, &opts,
+    )
+}
+
+/// [`optim1_step_32bit_max_unorm`] with bitsandbytes' gradient options, passed to both the norm
+/// partials and the update.
+///
+/// # Errors
+/// As the pieces.
+#[allow(clippy::too_many_arguments)]
+pub fn optim1_step_32bit_max_unorm_opts(
+    dev: &dyn Device,
+    algo: Optim1Algo,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state1: &mut [f32],
+    hyper: &Optim1Hyper,
+    step: u32,
+    max_unorm: f64,
+    opts: &GradOptions,
+) -> Result<f32> {
+    let parts = optim1_norm_partials_opts(dev, algo, params, grads, state1, hyper, step, opts)?;
     let scale = optim1_norm_scale(dev, &parts, hyper, max_unorm)?;
-    optim1_update_scaled_32bit(dev, algo, params, grads, state1, hyper, step, scale)?;
+    optim1_update_scaled_32bit_opts(dev, algo, params, grads, state1, hyper, step, scale, opts)?;
     Ok(scale)
 }

@@ -9,12 +9,14 @@
 //! and LARS". The state is not bitsandbytes' `LAMB8bit` / `LARS8bit` state (non-blockwise
 //! there).
 
-use qforge_ir::library::{LambHyper, LarsHyper, NormRule, OptimNorm8Spec, OPTIM_BLOCKSIZE};
-use qforge_ir::{Arg, DType};
+use qforge_ir::library::{
+    LambHyper, LarsHyper, NormRule, OptimExtSpec, OptimNorm8Spec, OPTIM_BLOCKSIZE,
+};
+use qforge_ir::{Arg, DType, Scalar};
 
-use super::optim::expect;
-use super::optim_norm::{check_scale, partials_with, prepare};
-use super::{cached_kernel, f32_le, le_f32, scalar_u32};
+use super::optim::{expect, kernel_for, GradOptions};
+use super::optim_norm::{check_scale, partials_opts, partials_with, prepare};
+use super::{f32_le, le_f32, scalar_u32};
 use super::{norm_scale, AdamState8, NormPartials, Optim1State8};
 use crate::device::Device;
 use crate::error::Result;
@@ -55,6 +57,20 @@ fn check_one8(op: &str, n: u32, s: &Optim1State8) -> Result<()> {
     )
 }
 
+/// The kernel of `spec` (its `_gs` variant for non-default `opts`) and the extra scalars.
+fn kernel8(
+    op: &str,
+    spec: OptimNorm8Spec,
+    opts: &GradOptions,
+) -> Result<(std::sync::Arc<qforge_ir::Kernel>, Vec<Scalar>)> {
+    kernel_for(
+        op,
+        (spec.name(), &|| spec.build()),
+        OptimExtSpec::Norm8(spec),
+        opts,
+    )
+}
+
 /// The 8-bit LAMB norm partials of step `step` (1-based) for a parameter, its gradient and its
 /// 8-bit state before the step; nothing is modified.
 ///
@@ -71,6 +87,25 @@ pub fn lamb8_norm_partials(
     hyper: &LambHyper,
     step: u32,
 ) -> Result<NormPartials> {
+    let opts = GradOptions::default();
+    lamb8_norm_partials_opts(dev, params, grads, state, hyper, step, &opts)
+}
+
+/// [`lamb8_norm_partials`] with bitsandbytes' gradient options: the gradient is multiplied by
+/// `opts.gnorm_scale` before any use (`lamb8_norm_*_gs`); `skip_zeros` does not apply to the
+/// norm.
+///
+/// # Errors
+/// As [`lamb8_norm_partials`]; [`crate::Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+pub fn lamb8_norm_partials_opts(
+    dev: &dyn Device,
+    params: &HostTensor,
+    grads: &HostTensor,
+    state: &AdamState8,
+    hyper: &LambHyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<NormPartials> {
     const OP: &str = "lamb8_norm_partials";
     let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
     check_adam8(OP, n, state)?;
@@ -79,7 +114,9 @@ pub fn lamb8_norm_partials(
         rule: NormRule::Lamb,
         dtype,
     };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (kernel, extra) = kernel8(OP, spec, &partials_opts(opts))?;
+    let mut scalars = s.partials_args();
+    scalars.extend(extra);
     let (a1, a2) = (f32_le(&state.absmax1), f32_le(&state.absmax2));
     let inputs: [&[u8]; 6] = [
         &params.data,
@@ -89,7 +126,7 @@ pub fn lamb8_norm_partials(
         &state.state2,
         &a2,
     ];
-    partials_with(dev, &kernel, n, s.partials_args(), &inputs)
+    partials_with(dev, &kernel, n, scalars, &inputs)
 }
 
 /// The 8-bit LARS norm partials of step `step` (1-based) for an `f32` parameter, its gradient
@@ -105,6 +142,24 @@ pub fn lars8_norm_partials(
     hyper: &LarsHyper,
     step: u32,
 ) -> Result<NormPartials> {
+    let opts = GradOptions::default();
+    lars8_norm_partials_opts(dev, params, grads, state, hyper, step, &opts)
+}
+
+/// [`lars8_norm_partials`] with bitsandbytes' gradient options (`gnorm_scale` only, as
+/// [`lamb8_norm_partials_opts`]).
+///
+/// # Errors
+/// As [`lars8_norm_partials`]; [`crate::Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+pub fn lars8_norm_partials_opts(
+    dev: &dyn Device,
+    params: &HostTensor,
+    grads: &HostTensor,
+    state: &Optim1State8,
+    hyper: &LarsHyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<NormPartials> {
     const OP: &str = "lars8_norm_partials";
     let (n, _) = prepare(OP, NormRule::Lars, params, grads)?;
     check_one8(OP, n, state)?;
@@ -113,10 +168,12 @@ pub fn lars8_norm_partials(
         rule: NormRule::Lars,
         dtype: DType::F32,
     };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (kernel, extra) = kernel8(OP, spec, &partials_opts(opts))?;
+    let mut scalars = s.partials_args();
+    scalars.extend(extra);
     let a1 = f32_le(&state.absmax1);
     let inputs: [&[u8]; 4] = [&params.data, &grads.data, &state.state1, &a1];
-    partials_with(dev, &kernel, n, s.partials_args(), &inputs)
+    partials_with(dev, &kernel, n, scalars, &inputs)
 }
 
 /// The 8-bit LAMB update of step `step` with a given `scale` (from [`norm_scale`]), in place:
@@ -136,16 +193,38 @@ pub fn lamb_update_8bit(
     step: u32,
     scale: f32,
 ) -> Result<()> {
+    let opts = GradOptions::default();
+    lamb_update_8bit_opts(dev, params, grads, state, hyper, step, scale, &opts)
+}
+
+/// [`lamb_update_8bit`] with bitsandbytes' gradient options (`lamb8bit_*_gs`): the gradient
+/// is multiplied by `opts.gnorm_scale` first; `skip_zeros` is ignored, as for
+/// [`super::adam_step_8bit_opts`] (bitsandbytes' blockwise 8-bit two-state kernel ignores it).
+///
+/// # Errors
+/// As [`lamb_update_8bit`]; [`crate::Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+#[allow(clippy::too_many_arguments)]
+pub fn lamb_update_8bit_opts(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState8,
+    hyper: &LambHyper,
+    step: u32,
+    scale: f32,
+    opts: &GradOptions,
+) -> Result<()> {
     const OP: &str = "lamb_update_8bit";
     check_scale(OP, scale)?;
     let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
     check_adam8(OP, n, state)?;
-    let scalars = hyper.update8_args(step)?;
+    let mut scalars = hyper.update8_args(step)?;
     let spec = OptimNorm8Spec::Update {
         rule: NormRule::Lamb,
         dtype,
     };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (kernel, extra) = kernel8(OP, spec, &partials_opts(opts))?;
+    scalars.extend(extra);
     let (mut a1, mut a2) = (f32_le(&state.absmax1), f32_le(&state.absmax2));
     let sc = scale.to_le_bytes();
     let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
@@ -182,16 +261,39 @@ pub fn lars_update_8bit(
     step: u32,
     scale: f32,
 ) -> Result<()> {
+    let opts = GradOptions::default();
+    lars_update_8bit_opts(dev, params, grads, state, hyper, step, scale, &opts)
+}
+
+/// [`lars_update_8bit`] with bitsandbytes' gradient options (`lars8bit_f32_gs`): the gradient
+/// is multiplied by `opts.gnorm_scale` first, and with `skip_zeros` an element whose raw
+/// gradient is `±0` keeps its parameter and its dequantized momentum (as
+/// [`super::optim1_step_8bit_opts`] for SGD).
+///
+/// # Errors
+/// As [`lars_update_8bit`]; [`crate::Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+#[allow(clippy::too_many_arguments)]
+pub fn lars_update_8bit_opts(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut Optim1State8,
+    hyper: &LarsHyper,
+    step: u32,
+    scale: f32,
+    opts: &GradOptions,
+) -> Result<()> {
     const OP: &str = "lars_update_8bit";
     check_scale(OP, scale)?;
     let (n, _) = prepare(OP, NormRule::Lars, params, grads)?;
     check_one8(OP, n, state)?;
-    let scalars = hyper.update8_args(step)?;
+    let mut scalars = hyper.update8_args(step)?;
     let spec = OptimNorm8Spec::Update {
         rule: NormRule::Lars,
         dtype: DType::F32,
     };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let (kernel, extra) = kernel8(OP, spec, opts)?;
+    scalars.extend(extra);
     let mut a1 = f32_le(&state.absmax1);
     let sc = scale.to_le_bytes();
     let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
@@ -220,9 +322,27 @@ pub fn lamb_step_8bit(
     hyper: &LambHyper,
     step: u32,
 ) -> Result<f32> {
-    let parts = lamb8_norm_partials(dev, params, grads, state, hyper, step)?;
+    let opts = GradOptions::default();
+    lamb_step_8bit_opts(dev, params, grads, state, hyper, step, &opts)
+}
+
+/// [`lamb_step_8bit`] with bitsandbytes' gradient options, passed to both the norm partials
+/// and the update.
+///
+/// # Errors
+/// As [`lamb_update_8bit_opts`].
+pub fn lamb_step_8bit_opts(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut AdamState8,
+    hyper: &LambHyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<f32> {
+    let parts = lamb8_norm_partials_opts(dev, params, grads, state, hyper, step, opts)?;
     let scale = norm_scale(dev, &parts, hyper.max_unorm)?;
-    lamb_update_8bit(dev, params, grads, state, hyper, step, scale)?;
+    lamb_update_8bit_opts(dev, params, grads, state, hyper, step, scale, opts)?;
     Ok(scale)
 }
 
@@ -238,8 +358,26 @@ pub fn lars_step_8bit(
     hyper: &LarsHyper,
     step: u32,
 ) -> Result<f32> {
-    let parts = lars8_norm_partials(dev, params, grads, state, hyper, step)?;
+    let opts = GradOptions::default();
+    lars_step_8bit_opts(dev, params, grads, state, hyper, step, &opts)
+}
+
+/// [`lars_step_8bit`] with bitsandbytes' gradient options, passed to both the norm partials
+/// and the update.
+///
+/// # Errors
+/// As [`lars_update_8bit_opts`].
+pub fn lars_step_8bit_opts(
+    dev: &dyn Device,
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    state: &mut Optim1State8,
+    hyper: &LarsHyper,
+    step: u32,
+    opts: &GradOptions,
+) -> Result<f32> {
+    let parts = lars8_norm_partials_opts(dev, params, grads, state, hyper, step, opts)?;
     let scale = norm_scale(dev, &parts, hyper.max_unorm)?;
-    lars_update_8bit(dev, params, grads, state, hyper, step, scale)?;
+    lars_update_8bit_opts(dev, params, grads, state, hyper, step, scale, opts)?;
     Ok(scale)
 }

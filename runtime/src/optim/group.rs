@@ -316,14 +316,18 @@ pub struct ParamGroup {
     pub max_unorm: f64,
     /// bitsandbytes' `skip_zeros`: `true` leaves each element whose gradient is exactly zero
     /// (its parameter and its state) untouched, where bitsandbytes honours it (32-bit state of
-    /// every rule but AdEMAMix; 8-bit state of Lion, SGD, RMSprop, Adagrad). bitsandbytes
-    /// ignores it for 8-bit Adam / AdamW and for AdEMAMix, and so does qforge; quantized AdamW,
-    /// LAMB, LARS and `max_unorm` groups refuse it. Default `false`.
+    /// every rule but AdEMAMix, LAMB and LARS included; 8-bit state of Lion, SGD, RMSprop,
+    /// Adagrad and qforge's 8-bit LARS). bitsandbytes ignores it for 8-bit Adam / AdamW and for
+    /// AdEMAMix, and so does qforge (also for 8-bit LAMB); the update norm of LAMB, LARS and
+    /// `max_unorm` groups includes the skipped elements (bitsandbytes' precondition kernels
+    /// take no `skip_zeros`). Quantized AdamW refuses it. Default `false`.
     pub skip_zeros: bool,
     /// bitsandbytes' `percentile_clipping` (1..=100, default 100 = off): each parameter keeps
     /// the squared norms of its last 100 gradients, and a gradient whose norm exceeds the
     /// given percentile of that history is scaled down to it (`gnorm_scale`, see
-    /// `docs/optimizers.md`). Adam, AdamW, Lion, SGD, RMSprop, Adagrad (both widths).
+    /// `docs/optimizers.md`). Adam, AdamW, Lion, SGD, RMSprop, Adagrad, LAMB, LARS (both
+    /// widths, with or without `max_unorm`: the scaled gradient enters both the update norm and
+    /// the update).
     pub percentile_clipping: u32,
 }
 
@@ -426,19 +430,34 @@ impl ParamGroup {
             ));
         }
         let kind = self.kind.name();
-        let supported = match self.kind {
+        // The update-norm paths (LAMB, LARS, `max_unorm`) take both options, as bitsandbytes'
+        // `optimizer_update_32bit` does: the gradient is scaled in the norm and the update
+        // kernels, and `skip_zeros` acts in the update only (where the plain rule's kernel of
+        // that width honours it).
+        let why_not = match self.kind {
             OptimizerKind::Adam(_)
             | OptimizerKind::AdamW(_)
             | OptimizerKind::Lion(_)
             | OptimizerKind::Sgd(_)
             | OptimizerKind::Rmsprop(_)
-            | OptimizerKind::Adagrad(_) => self.max_unorm == 0.0,
-            // bitsandbytes' AdEMAMix kernels ignore skip_zeros; percentile clipping is not
-            // implemented for it.
-            OptimizerKind::Ademamix(_) => !self.clips(),
-            OptimizerKind::QAdamW(_) | OptimizerKind::Lamb(_) | OptimizerKind::Lars(_) => false,
+            | OptimizerKind::Adagrad(_)
+            | OptimizerKind::Lamb(_)
+            | OptimizerKind::Lars(_) => None,
+            // bitsandbytes' AdEMAMix kernels ignore skip_zeros (so does qforge); percentile
+            // clipping is not implemented for it.
+            OptimizerKind::Ademamix(_) => self.clips().then_some(
+                "qforge's AdEMAMix kernels take no gnorm_scale (skip_zeros is accepted and \
+                 ignored, as bitsandbytes does)",
+            ),
+            OptimizerKind::QAdamW(_) => Some(
+                "quantized AdamW is not a bitsandbytes optimizer and its kernels take no \
+                 gradient options",
+            ),
         };
-        if supported || !(self.skip_zeros || self.clips()) {
+        let Some(why) = why_not else {
+            return Ok(());
+        };
+        if !(self.skip_zeros || self.clips()) {
             return Ok(());
         }
         let what = if self.skip_zeros && !matches!(self.kind, OptimizerKind::Ademamix(_)) {
@@ -446,15 +465,9 @@ impl ParamGroup {
         } else {
             format!("percentile_clipping = {p}")
         };
-        let with = if self.max_unorm != 0.0 {
-            " with max_unorm"
-        } else {
-            ""
-        };
         Err(format!(
-            "{what} is not supported for {kind}{with} (supported: adam, adamw, lion, sgd, \
-             rmsprop, adagrad without max_unorm; skip_zeros is also accepted, and ignored as \
-             bitsandbytes does, for ademamix)"
+            "{what} is not supported for {kind} ({why}); supported: adam, adamw, lion, sgd, \
+             rmsprop, adagrad (also with max_unorm), lamb, lars"
         ))
     }
 

@@ -279,9 +279,18 @@ impl Optimizer {
             };
             for (name, v) in &hyper {
                 let bits = format!("{:016x}", v.to_bits());
-                if f["hyper_bits"][*name] != bits.as_str() {
-                    return option_differs(name, f["hyper"][*name].as_f64(), Some(*v));
+                let in_file = f["hyper_bits"][*name].as_str();
+                if in_file == Some(bits.as_str()) {
+                    continue;
                 }
+                // The bits are what the file records exactly; its `hyper` entry is for reading.
+                let Some(file) = in_file.and_then(|b| u64::from_str_radix(b, 16).ok()) else {
+                    return Err(err(format!(
+                        "group {i} hyperparameter {name}: its exact value (hyper_bits) is missing \
+                         or malformed in the file"
+                    )));
+                };
+                return option_differs(name, Some(f64::from_bits(file)), Some(*v));
             }
             // A group option recorded in the file but off here.
             for name in ["max_unorm", "skip_zeros", "percentile_clipping"] {

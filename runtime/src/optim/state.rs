@@ -13,10 +13,11 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ops::{
     adam_step_32bit_opts, adam_step_8bit_opts, ademamix_step_32bit, ademamix_step_8bit,
-    lamb8_norm_partials, lamb_norm_partials, lamb_update_32bit, lamb_update_8bit,
-    lars8_norm_partials, lars_norm_partials, lars_update_32bit, lars_update_8bit, norm_scale,
-    optim1_norm_partials, optim1_norm_scale, optim1_step_32bit_opts, optim1_step_8bit_opts,
-    optim1_update_scaled_32bit, qadamw_step, AdamState32, AdamState8, AdemamixState32,
+    lamb8_norm_partials_opts, lamb_norm_partials_opts, lamb_update_32bit_opts,
+    lamb_update_8bit_opts, lars8_norm_partials_opts, lars_norm_partials_opts,
+    lars_update_32bit_opts, lars_update_8bit_opts, norm_scale, optim1_norm_partials_opts,
+    optim1_norm_scale, optim1_step_32bit_opts, optim1_step_8bit_opts,
+    optim1_update_scaled_32bit_opts, qadamw_step, AdamState32, AdamState8, AdemamixState32,
     AdemamixState8, GradOptions, MomentState, NormPartials, Optim1State8, QAdamRng, QAdamState,
 };
 use crate::tensor::{bytes_f32, f32_bytes, HostTensor};
@@ -389,7 +390,7 @@ impl ParamState {
                         state1: s.state1[r.clone()].to_vec(),
                         state2: s.state2[r].to_vec(),
                     };
-                    let part = lamb_norm_partials(dev, p, g, &c, h, step)?;
+                    let part = lamb_norm_partials_opts(dev, p, g, &c, h, step, opts)?;
                     parts.unorm[b.clone()].copy_from_slice(&part.unorm);
                     parts.pnorm[b].copy_from_slice(&part.pnorm);
                     Ok(())
@@ -401,7 +402,7 @@ impl ParamState {
                         state1: s.state1[r.clone()].to_vec(),
                         state2: s.state2[r.clone()].to_vec(),
                     };
-                    lamb_update_32bit(dev, p, g, &mut c, h, step, scale)?;
+                    lamb_update_32bit_opts(dev, p, g, &mut c, h, step, scale, opts)?;
                     s.state1[r.clone()].copy_from_slice(&c.state1);
                     s.state2[r].copy_from_slice(&c.state2);
                     Ok(())
@@ -411,14 +412,14 @@ impl ParamState {
                 let h = kind.lars().ok_or_else(mismatch)?;
                 let mut parts = NormPartials::zeros(params.numel());
                 for_chunks(params, grads, chunk, |p, g, r, b| {
-                    let part = lars_norm_partials(dev, p, g, &s[r], h, step)?;
+                    let part = lars_norm_partials_opts(dev, p, g, &s[r], h, step, opts)?;
                     parts.unorm[b.clone()].copy_from_slice(&part.unorm);
                     parts.pnorm[b].copy_from_slice(&part.pnorm);
                     Ok(())
                 })?;
                 let scale = norm_scale(dev, &parts, h.max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, _| {
-                    lars_update_32bit(dev, p, g, &mut s[r], h, step, scale)
+                    lars_update_32bit_opts(dev, p, g, &mut s[r], h, step, scale, opts)
                 })
             }
             // 8-bit LAMB / LARS: as with 32-bit state, on the 8-bit state of each chunk (whole
@@ -428,7 +429,7 @@ impl ParamState {
                 let mut parts = NormPartials::zeros(params.numel());
                 for_chunks(params, grads, chunk, |p, g, r, b| {
                     let c = adam8_chunk(s, &r, &b);
-                    let part = lamb8_norm_partials(dev, p, g, &c, h, step)?;
+                    let part = lamb8_norm_partials_opts(dev, p, g, &c, h, step, opts)?;
                     parts.unorm[b.clone()].copy_from_slice(&part.unorm);
                     parts.pnorm[b].copy_from_slice(&part.pnorm);
                     Ok(())
@@ -436,7 +437,7 @@ impl ParamState {
                 let scale = norm_scale(dev, &parts, h.max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, b| {
                     let mut c = adam8_chunk(s, &r, &b);
-                    lamb_update_8bit(dev, p, g, &mut c, h, step, scale)?;
+                    lamb_update_8bit_opts(dev, p, g, &mut c, h, step, scale, opts)?;
                     put_adam8_chunk(s, &c, &r, &b);
                     Ok(())
                 })
@@ -446,7 +447,7 @@ impl ParamState {
                 let mut parts = NormPartials::zeros(params.numel());
                 for_chunks(params, grads, chunk, |p, g, r, b| {
                     let c = one8_chunk(s, &r, &b);
-                    let part = lars8_norm_partials(dev, p, g, &c, h, step)?;
+                    let part = lars8_norm_partials_opts(dev, p, g, &c, h, step, opts)?;
                     parts.unorm[b.clone()].copy_from_slice(&part.unorm);
                     parts.pnorm[b].copy_from_slice(&part.pnorm);
                     Ok(())
@@ -454,7 +455,7 @@ impl ParamState {
                 let scale = norm_scale(dev, &parts, h.max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, b| {
                     let mut c = one8_chunk(s, &r, &b);
-                    lars_update_8bit(dev, p, g, &mut c, h, step, scale)?;
+                    lars_update_8bit_opts(dev, p, g, &mut c, h, step, scale, opts)?;
                     s.state1[r].copy_from_slice(&c.state1);
                     s.absmax1[b].copy_from_slice(&c.absmax1);
                     Ok(())
@@ -466,14 +467,16 @@ impl ParamState {
                 let (algo, h) = kind.one_state().ok_or_else(mismatch)?;
                 let mut parts = NormPartials::zeros(params.numel());
                 for_chunks(params, grads, chunk, |p, g, r, b| {
-                    let part = optim1_norm_partials(dev, algo, p, g, &s[r], h, step)?;
+                    let part = optim1_norm_partials_opts(dev, algo, p, g, &s[r], h, step, opts)?;
                     parts.unorm[b.clone()].copy_from_slice(&part.unorm);
                     parts.pnorm[b].copy_from_slice(&part.pnorm);
                     Ok(())
                 })?;
                 let scale = optim1_norm_scale(dev, &parts, h, max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, _| {
-                    optim1_update_scaled_32bit(dev, algo, p, g, &mut s[r], h, step, scale)
+                    optim1_update_scaled_32bit_opts(
+                        dev, algo, p, g, &mut s[r], h, step, scale, opts,
+                    )
                 })
             }
             ParamState::Adam32(s) => {
