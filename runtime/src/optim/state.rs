@@ -267,6 +267,29 @@ fn qadam_tensors(
 
 /// Calls `f` with each chunk of `chunk` elements (a multiple of the block) of the parameter and
 /// gradient, its element range and its block range; copies the updated parameter back.
+/// The update-norm partials of a whole parameter: `part` gives those of each chunk (elements
+/// `r`, blocks `b`), which land at the chunk's blocks.
+fn chunk_partials(
+    params: &mut HostTensor,
+    grads: &HostTensor,
+    chunk: usize,
+    mut part: impl FnMut(
+        &mut HostTensor,
+        &HostTensor,
+        Range<usize>,
+        Range<usize>,
+    ) -> Result<NormPartials>,
+) -> Result<NormPartials> {
+    let mut parts = NormPartials::zeros(params.numel());
+    for_chunks(params, grads, chunk, |p, g, r, b| {
+        let c = part(p, g, r, b.clone())?;
+        parts.unorm[b.clone()].copy_from_slice(&c.unorm);
+        parts.pnorm[b].copy_from_slice(&c.pnorm);
+        Ok(())
+    })?;
+    Ok(parts)
+}
+
 fn for_chunks(
     params: &mut HostTensor,
     grads: &HostTensor,
@@ -384,16 +407,12 @@ impl ParamState {
             ParamState::Adam32(s) if kind.lamb().is_some() => {
                 let h = kind.lamb().ok_or_else(mismatch)?;
                 // Pass 1: the partials of every chunk (whole blocks), then one scale.
-                let mut parts = NormPartials::zeros(params.numel());
-                for_chunks(params, grads, chunk, |p, g, r, b| {
+                let parts = chunk_partials(params, grads, chunk, |p, g, r, _| {
                     let c = AdamState32 {
                         state1: s.state1[r.clone()].to_vec(),
                         state2: s.state2[r].to_vec(),
                     };
-                    let part = lamb_norm_partials_opts(dev, p, g, &c, h, step, opts)?;
-                    parts.unorm[b.clone()].copy_from_slice(&part.unorm);
-                    parts.pnorm[b].copy_from_slice(&part.pnorm);
-                    Ok(())
+                    lamb_norm_partials_opts(dev, p, g, &c, h, step, opts)
                 })?;
                 let scale = norm_scale(dev, &parts, h.max_unorm)?;
                 // Pass 2: the scaled update, chunk by chunk.
@@ -410,12 +429,8 @@ impl ParamState {
             }
             ParamState::One32(s) if kind.lars().is_some() => {
                 let h = kind.lars().ok_or_else(mismatch)?;
-                let mut parts = NormPartials::zeros(params.numel());
-                for_chunks(params, grads, chunk, |p, g, r, b| {
-                    let part = lars_norm_partials_opts(dev, p, g, &s[r], h, step, opts)?;
-                    parts.unorm[b.clone()].copy_from_slice(&part.unorm);
-                    parts.pnorm[b].copy_from_slice(&part.pnorm);
-                    Ok(())
+                let parts = chunk_partials(params, grads, chunk, |p, g, r, _| {
+                    lars_norm_partials_opts(dev, p, g, &s[r], h, step, opts)
                 })?;
                 let scale = norm_scale(dev, &parts, h.max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, _| {
@@ -426,13 +441,9 @@ impl ParamState {
             // blocks, so each chunk's absmax are its own blocks').
             ParamState::Adam8(s) if kind.lamb().is_some() => {
                 let h = kind.lamb().ok_or_else(mismatch)?;
-                let mut parts = NormPartials::zeros(params.numel());
-                for_chunks(params, grads, chunk, |p, g, r, b| {
+                let parts = chunk_partials(params, grads, chunk, |p, g, r, b| {
                     let c = adam8_chunk(s, &r, &b);
-                    let part = lamb8_norm_partials_opts(dev, p, g, &c, h, step, opts)?;
-                    parts.unorm[b.clone()].copy_from_slice(&part.unorm);
-                    parts.pnorm[b].copy_from_slice(&part.pnorm);
-                    Ok(())
+                    lamb8_norm_partials_opts(dev, p, g, &c, h, step, opts)
                 })?;
                 let scale = norm_scale(dev, &parts, h.max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, b| {
@@ -444,20 +455,15 @@ impl ParamState {
             }
             ParamState::One8(s) if kind.lars().is_some() => {
                 let h = kind.lars().ok_or_else(mismatch)?;
-                let mut parts = NormPartials::zeros(params.numel());
-                for_chunks(params, grads, chunk, |p, g, r, b| {
+                let parts = chunk_partials(params, grads, chunk, |p, g, r, b| {
                     let c = one8_chunk(s, &r, &b);
-                    let part = lars8_norm_partials_opts(dev, p, g, &c, h, step, opts)?;
-                    parts.unorm[b.clone()].copy_from_slice(&part.unorm);
-                    parts.pnorm[b].copy_from_slice(&part.pnorm);
-                    Ok(())
+                    lars8_norm_partials_opts(dev, p, g, &c, h, step, opts)
                 })?;
                 let scale = norm_scale(dev, &parts, h.max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, b| {
                     let mut c = one8_chunk(s, &r, &b);
                     lars_update_8bit_opts(dev, p, g, &mut c, h, step, scale, opts)?;
-                    s.state1[r].copy_from_slice(&c.state1);
-                    s.absmax1[b].copy_from_slice(&c.absmax1);
+                    put_one8_chunk(s, &c, &r, &b);
                     Ok(())
                 })
             }
@@ -465,12 +471,8 @@ impl ParamState {
             // scaled update chunk by chunk (as LAMB / LARS).
             ParamState::One32(s) if max_unorm > 0.0 => {
                 let (algo, h) = kind.one_state().ok_or_else(mismatch)?;
-                let mut parts = NormPartials::zeros(params.numel());
-                for_chunks(params, grads, chunk, |p, g, r, b| {
-                    let part = optim1_norm_partials_opts(dev, algo, p, g, &s[r], h, step, opts)?;
-                    parts.unorm[b.clone()].copy_from_slice(&part.unorm);
-                    parts.pnorm[b].copy_from_slice(&part.pnorm);
-                    Ok(())
+                let parts = chunk_partials(params, grads, chunk, |p, g, r, _| {
+                    optim1_norm_partials_opts(dev, algo, p, g, &s[r], h, step, opts)
                 })?;
                 let scale = optim1_norm_scale(dev, &parts, h, max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, _| {
@@ -512,8 +514,7 @@ impl ParamState {
                 for_chunks(params, grads, chunk, |p, g, r, b| {
                     let mut c = one8_chunk(s, &r, &b);
                     optim1_step_8bit_opts(dev, algo, p, g, &mut c, h, step, opts)?;
-                    s.state1[r].copy_from_slice(&c.state1);
-                    s.absmax1[b].copy_from_slice(&c.absmax1);
+                    put_one8_chunk(s, &c, &r, &b);
                     Ok(())
                 })
             }
@@ -587,6 +588,12 @@ fn put_adam8_chunk(s: &mut AdamState8, c: &AdamState8, r: &Range<usize>, b: &Ran
     s.absmax1[b.clone()].copy_from_slice(&c.absmax1);
     s.state2[r.clone()].copy_from_slice(&c.state2);
     s.absmax2[b.clone()].copy_from_slice(&c.absmax2);
+}
+
+/// Writes an updated part of an 8-bit one-state state back.
+fn put_one8_chunk(s: &mut Optim1State8, c: &Optim1State8, r: &Range<usize>, b: &Range<usize>) {
+    s.state1[r.clone()].copy_from_slice(&c.state1);
+    s.absmax1[b.clone()].copy_from_slice(&c.absmax1);
 }
 
 /// The part of an 8-bit one-state state covering elements `r` (blocks `b`).
