@@ -117,6 +117,25 @@ fn update_kernel(
     Ok((kernel, scalars))
 }
 
+/// Launches a built update kernel: `(n, n_blocks, scalars.., buffers.., scale)`, the layout
+/// every update-norm update kernel shares (`buffers`: params, grads, then the state in kernel
+/// order).
+pub(super) fn update_with(
+    dev: &dyn Device,
+    kernel: &qforge_ir::Kernel,
+    n: u32,
+    scalars: Vec<Scalar>,
+    buffers: Vec<Arg<'_>>,
+    scale: f32,
+) -> Result<()> {
+    let sc = scale.to_le_bytes();
+    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
+    args.extend(scalars.into_iter().map(Arg::Scalar));
+    args.extend(buffers);
+    args.push(Arg::Read(&sc));
+    dev.launch(kernel, &mut args)
+}
+
 /// Launches a built partials kernel (the layout of [`partials`]).
 pub(super) fn partials_with(
     dev: &dyn Device,
@@ -337,17 +356,13 @@ pub fn lamb_update_32bit_opts(
     };
     let (kernel, scalars) = update_kernel(OP, spec, s.update_args(), opts)?;
     let (mut s1, mut s2) = (f32_le(&state.state1), f32_le(&state.state2));
-    let sc = scale.to_le_bytes();
-    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
-    args.extend(scalars.into_iter().map(Arg::Scalar));
-    args.extend([
+    let buffers = vec![
         Arg::Write(&mut params.data),
         Arg::Read(&grads.data),
         Arg::Write(&mut s1),
         Arg::Write(&mut s2),
-        Arg::Read(&sc),
-    ]);
-    dev.launch(&kernel, &mut args)?;
+    ];
+    update_with(dev, &kernel, n, scalars, buffers, scale)?;
     state.state1 = le_f32(&s1);
     state.state2 = le_f32(&s2);
     Ok(())
@@ -402,16 +417,12 @@ pub fn lars_update_32bit_opts(
     };
     let (kernel, scalars) = update_kernel(OP, spec, s.update_args(), opts)?;
     let mut s1 = f32_le(state1);
-    let sc = scale.to_le_bytes();
-    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
-    args.extend(scalars.into_iter().map(Arg::Scalar));
-    args.extend([
+    let buffers = vec![
         Arg::Write(&mut params.data),
         Arg::Read(&grads.data),
         Arg::Write(&mut s1),
-        Arg::Read(&sc),
-    ]);
-    dev.launch(&kernel, &mut args)?;
+    ];
+    update_with(dev, &kernel, n, scalars, buffers, scale)?;
     state1.copy_from_slice(&le_f32(&s1));
     Ok(())
 }

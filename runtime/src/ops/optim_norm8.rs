@@ -15,8 +15,8 @@ use qforge_ir::library::{
 use qforge_ir::{Arg, DType, Scalar};
 
 use super::optim::{expect, kernel_for, GradOptions};
-use super::optim_norm::{check_scale, partials_opts, partials_with, prepare};
-use super::{f32_le, le_f32, scalar_u32};
+use super::optim_norm::{check_scale, partials_opts, partials_with, prepare, update_with};
+use super::{f32_le, le_f32};
 use super::{norm_scale, AdamState8, NormPartials, Optim1State8};
 use crate::device::Device;
 use crate::error::Result;
@@ -226,19 +226,15 @@ pub fn lamb_update_8bit_opts(
     let (kernel, extra) = kernel8(OP, spec, &partials_opts(opts))?;
     scalars.extend(extra);
     let (mut a1, mut a2) = (f32_le(&state.absmax1), f32_le(&state.absmax2));
-    let sc = scale.to_le_bytes();
-    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
-    args.extend(scalars.into_iter().map(Arg::Scalar));
-    args.extend([
+    let buffers = vec![
         Arg::Write(&mut params.data),
         Arg::Read(&grads.data),
         Arg::Write(&mut state.state1),
         Arg::Write(&mut a1),
         Arg::Write(&mut state.state2),
         Arg::Write(&mut a2),
-        Arg::Read(&sc),
-    ]);
-    dev.launch(&kernel, &mut args)?;
+    ];
+    update_with(dev, &kernel, n, scalars, buffers, scale)?;
     state.absmax1 = le_f32(&a1);
     state.absmax2 = le_f32(&a2);
     Ok(())
@@ -295,17 +291,13 @@ pub fn lars_update_8bit_opts(
     let (kernel, extra) = kernel8(OP, spec, opts)?;
     scalars.extend(extra);
     let mut a1 = f32_le(&state.absmax1);
-    let sc = scale.to_le_bytes();
-    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
-    args.extend(scalars.into_iter().map(Arg::Scalar));
-    args.extend([
+    let buffers = vec![
         Arg::Write(&mut params.data),
         Arg::Read(&grads.data),
         Arg::Write(&mut state.state1),
         Arg::Write(&mut a1),
-        Arg::Read(&sc),
-    ]);
-    dev.launch(&kernel, &mut args)?;
+    ];
+    update_with(dev, &kernel, n, scalars, buffers, scale)?;
     state.absmax1 = le_f32(&a1);
     Ok(())
 }
