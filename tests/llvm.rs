@@ -297,7 +297,9 @@ mod device {
 
     /// `y[i] = table[min(x[i], len - 1)]` for `i < n` (`for` loop, one work item): a lookup in
     /// a `len`-entry `u32` table, which AVX-512 hosts select with permutes up to 512 entries.
-    fn lookup_kernel(len: usize, salt: u32) -> Kernel {
+    /// With `chain`, three more lookups follow, each indexed by the previous entry plus `i`
+    /// modulo `len + 3`: a chain of 4, which AVX-512 hosts run at 32 lanes.
+    fn lookup_kernel(len: usize, salt: u32, chain: bool) -> Kernel {
         let mut b = KernelBuilder::new("llvm_table_lookup");
         let n = b.scalar_param("n", ScalarType::U32);
         let x = b.buffer_param("x", DType::U32, &[Dim::Param(n)], Access::Read);
@@ -308,10 +310,33 @@ mod device {
             .collect();
         let table = b.table_u32("t", &data);
         let (zero, nv) = (b.const_u32(0), b.param(n));
+        let m = b.const_u32(len as u32 + 3);
         b.for_range(zero, nv, 1, |b, i| {
             let v = b.load(x, i);
-            let e = b.lookup(table, v);
+            let mut e = b.lookup(table, v);
+            for _ in 0..if chain { 3 } else { 0 } {
+                let mixed = b.add(e, i);
+                let at = b.rem(mixed, m);
+                e = b.lookup(table, at);
+            }
             b.store(y, i, e);
+        });
+        b.finish()
+    }
+
+    /// `y[i] = search_sorted(table, x[i])` for `i < n` (`for` loop, one work item).
+    fn search_kernel(table: &[f32]) -> Kernel {
+        let mut b = KernelBuilder::new("llvm_search_sorted");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let x = b.buffer_param("x", DType::F32, &[Dim::Param(n)], Access::Read);
+        let y = b.buffer_param("y", DType::U32, &[Dim::Param(n)], Access::Write);
+        b.set_grid(Dim::Const(1));
+        let t = b.table_f32("t", table);
+        let (zero, nv) = (b.const_u32(0), b.param(n));
+        b.for_range(zero, nv, 1, |b, i| {
+            let v = b.load(x, i);
+            let c = b.search_sorted(t, v);
+            b.store(y, i, c);
         });
         b.finish()
     }
@@ -419,7 +444,7 @@ mod device {
         }
 
         #[test]
-        fn table_lookups_match_the_interpreter(len_pick in 0usize..10, n in 0u32..70, salt in any::<u32>(), wide in any::<bool>()) {
+        fn table_lookups_match_the_interpreter(len_pick in 0usize..10, n in 0u32..70, salt in any::<u32>(), wide in any::<bool>(), chain in any::<bool>()) {
             // Around every chunk and tree boundary of the permute path, and past its limit.
             let len = [1, 16, 17, 32, 33, 100, 256, 257, 512, 513][len_pick];
             let xs: Vec<u32> = (0..n)
@@ -429,7 +454,28 @@ mod device {
                 })
                 .collect();
             let bytes: Vec<u8> = xs.iter().flat_map(|v| v.to_le_bytes()).collect();
-            same_everywhere(&lookup_kernel(len, salt), &[n], &[bytes], &[4 * n as usize]);
+            same_everywhere(&lookup_kernel(len, salt, chain), &[n], &[bytes], &[4 * n as usize]);
+        }
+
+        /// Random sorted tables (duplicates, both zeros, infinities; up to 300 entries, beyond
+        /// a bucket candidate's byte) searched on every path: the level search on AVX-512 hosts
+        /// (32 lanes: a chain of up to 8 lookups), the bucket search elsewhere.
+        #[test]
+        fn searches_match_the_interpreter(
+            mut table in proptest::collection::vec(prop_oneof![
+                proptest::sample::select(vec![0.0f32, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1.0, -1.0]),
+                -2.0f32..2.0,
+            ], 1..300),
+            probes in proptest::collection::vec(any::<u32>(), 0..40),
+        ) {
+            table.sort_by(|a, b| a.total_cmp(b));
+            let mut xs: Vec<f32> = probes.into_iter().map(f32::from_bits).collect();
+            for t in &table {
+                xs.extend([*t, t.next_up(), t.next_down()]);
+            }
+            xs.extend([f32::NAN, -0.0, 0.0]);
+            let n = xs.len() as u32;
+            same_everywhere(&search_kernel(&table), &[n], &[bytes_f32(&xs)], &[4 * n as usize]);
         }
 
         #[test]

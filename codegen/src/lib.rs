@@ -4,6 +4,7 @@
 
 mod backend;
 pub mod cranelift;
+pub mod decompose;
 mod error;
 pub mod llvm;
 pub mod ptx;

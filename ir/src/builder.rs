@@ -181,6 +181,10 @@ impl KernelBuilder {
     pub fn lookup(&mut self, table: TableId, index: Value) -> Value {
         self.op(Op::Lookup { table, index })
     }
+    /// The number of entries of the sorted `f32` `table` below `value` ([`Op::SearchSorted`]).
+    pub fn search_sorted(&mut self, table: TableId, value: Value) -> Value {
+        self.op(Op::SearchSorted { table, value })
+    }
     /// Stores into a buffer whose dtype needs no rounding.
     pub fn store(&mut self, buf: ParamId, index: Value, value: Value) {
         self.push(Stmt::Store {
@@ -437,5 +441,51 @@ impl KernelBuilder {
     pub fn finish(mut self) -> Kernel {
         self.kernel.body = self.blocks.pop().unwrap_or_default();
         self.kernel
+    }
+
+    // ----- rewriting an existing kernel (passes) -----
+
+    /// Continues building `kernel` for a pass that rewrites it: returns a builder whose new
+    /// tables, variables and values append to the kernel's arenas, and the kernel's body, which
+    /// the pass rebuilds and hands back to [`KernelBuilder::finish_with`]. The statements the
+    /// builder emits are collected by [`KernelBuilder::take_block`].
+    pub fn edit(mut kernel: Kernel) -> (Self, Vec<Stmt>) {
+        let body = std::mem::take(&mut kernel.body);
+        (
+            KernelBuilder {
+                kernel,
+                blocks: vec![Vec::new()],
+            },
+            body,
+        )
+    }
+
+    /// The statements emitted since the last call (the current block, left empty).
+    pub fn take_block(&mut self) -> Vec<Stmt> {
+        self.blocks
+            .last_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Gives the existing value `v` the definition `op` and emits its `let`: a pass that
+    /// replaces an op by a sequence keeps the op's handle, so every use of it stays valid.
+    pub fn define(&mut self, v: Value, op: Op) {
+        let ty = infer_type(&self.kernel, &op).unwrap_or(ScalarType::F32);
+        if let Some(def) = self.kernel.values.get_mut(v) {
+            *def = ValueDef { op, ty };
+        }
+        self.push(Stmt::Let(v));
+    }
+
+    /// The kernel with `body` as its code (after [`KernelBuilder::edit`]).
+    pub fn finish_with(mut self, body: Vec<Stmt>) -> Kernel {
+        self.kernel.body = body;
+        self.kernel
+    }
+
+    /// The kernel being built (read-only), e.g. for a pass to read a value's definition.
+    pub fn kernel(&self) -> &Kernel {
+        &self.kernel
     }
 }

@@ -90,6 +90,11 @@ impl<T> Arena<T> {
         self.items.get(handle.index())
     }
 
+    /// The item behind `handle`, mutably, or `None` when the handle is out of range.
+    pub fn get_mut(&mut self, handle: Handle<T>) -> Option<&mut T> {
+        self.items.get_mut(handle.index())
+    }
+
     /// Number of items.
     pub fn len(&self) -> usize {
         self.items.len()

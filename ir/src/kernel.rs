@@ -301,6 +301,31 @@ pub fn infer_type(kernel: &Kernel, op: &Op) -> Result<ScalarType, String> {
                 .map(|t| t.ty)
                 .ok_or_else(|| format!("table #{} does not exist", table.index()))
         }
+        Op::SearchSorted { table, value } => {
+            want(*value, F32, "search_sorted value")?;
+            let t = kernel
+                .tables
+                .try_get(*table)
+                .ok_or_else(|| format!("table #{} does not exist", table.index()))?;
+            if t.ty != F32 {
+                return Err(format!(
+                    "search_sorted table '{}' is {}, not f32",
+                    t.name, t.ty
+                ));
+            }
+            let x = |i: usize| f32::from_bits(t.data[i]);
+            if let Some(i) = (0..t.data.len()).find(|i| x(*i).is_nan()) {
+                return Err(format!("search_sorted table '{}' has NaN at {i}", t.name));
+            }
+            if let Some(i) = (1..t.data.len()).find(|i| x(*i) < x(i - 1)) {
+                return Err(format!(
+                    "search_sorted table '{}' is not sorted: entry {i} is below entry {}",
+                    t.name,
+                    i - 1
+                ));
+            }
+            Ok(U32)
+        }
         Op::Unary(u, a) => {
             let t = ty(*a)?;
             if u.accepts(t) {

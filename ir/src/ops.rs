@@ -42,6 +42,20 @@ pub enum Op {
         /// Element index, `u32`.
         index: Value,
     },
+    /// The number of entries of a constant `f32` table that are `< value` (`value` is `f32`;
+    /// the result is `u32`, in `0..=len`): numpy's `searchsorted(table, value, side="left")`,
+    /// torch's `bucketize(value, table)`. The table must be sorted non-decreasing without NaN
+    /// (a typing rule). Comparisons are IEEE `<`: `-0.0` and `+0.0` are equal, a NaN `value`
+    /// gives 0. With the midpoints of a code table as entries it is the nearest code, ties to
+    /// the lower code (bitsandbytes' 8-bit quantization, `crate::library::nearest`). Backends
+    /// choose the search (`qforge_codegen::decompose` rewrites it into lookups and compares
+    /// for those that do not lower it themselves).
+    SearchSorted {
+        /// The sorted `f32` table.
+        table: TableId,
+        /// The searched value, `f32`.
+        value: Value,
+    },
 
     // ----- arithmetic and bit operations -----
     /// A unary operation; see [`UnaryOp`].
@@ -326,6 +340,7 @@ impl Op {
         match self {
             Op::WorkItem | Op::LoopIndex | Op::Param(_) | Op::Const(_) | Op::ReadVar(_) => vec![],
             Op::Load { index, .. } | Op::Lookup { index, .. } => vec![*index],
+            Op::SearchSorted { value, .. } => vec![*value],
             Op::Unary(_, a) => vec![*a],
             Op::Binary(_, a, b) | Op::Cmp(_, a, b) => vec![*a, *b],
             Op::Fma(a, b, c) => vec![*a, *b, *c],

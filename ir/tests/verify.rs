@@ -289,6 +289,66 @@ fn out_of_range_param_and_table_handles() {
     }
 }
 
+/// `search_sorted` needs a sorted, NaN-free `f32` table and an `f32` value.
+#[test]
+fn search_sorted_needs_a_sorted_f32_table() {
+    let cases: [(&str, ScalarType, Vec<u32>, bool, &str); 5] = [
+        (
+            "ok",
+            ScalarType::F32,
+            vec![0.0f32.to_bits(), 1.0f32.to_bits()],
+            true,
+            "",
+        ),
+        (
+            "unsorted",
+            ScalarType::F32,
+            vec![1.0f32.to_bits(), 0.0f32.to_bits()],
+            true,
+            "search_sorted table 't' is not sorted: entry 1 is below entry 0",
+        ),
+        (
+            "nan",
+            ScalarType::F32,
+            vec![0.0f32.to_bits(), f32::NAN.to_bits()],
+            true,
+            "search_sorted table 't' has NaN at 1",
+        ),
+        (
+            "u32",
+            ScalarType::U32,
+            vec![1, 2],
+            true,
+            "search_sorted table 't' is u32, not f32",
+        ),
+        (
+            "value",
+            ScalarType::F32,
+            vec![0.0f32.to_bits()],
+            false,
+            "search_sorted value",
+        ),
+    ];
+    for (name, ty, data, f32_value, message) in cases {
+        let mut b = KernelBuilder::new(name);
+        let t = b.table("t", ty, data);
+        let v = if f32_value {
+            b.const_f32(0.5)
+        } else {
+            b.const_u32(1)
+        };
+        b.search_sorted(t, v);
+        let k = b.finish();
+        if message.is_empty() {
+            verify(&k).unwrap();
+        } else {
+            let errs = errors(&k);
+            assert_eq!(errs.len(), 1, "{name}: {errs:#?}");
+            assert!(errs[0].message.contains(message), "{name}: {errs:#?}");
+        }
+    }
+}
+
 #[test]
 fn symbolic_dim_must_name_a_u32_scalar() {
     let mut b = KernelBuilder::new("k");

@@ -64,6 +64,7 @@ fn may_fault(op: &Op) -> bool {
         | Op::Const(_)
         | Op::ReadVar(_)
         | Op::Lookup { .. }
+        | Op::SearchSorted { .. }
         | Op::Unary(..)
         | Op::Binary(..)
         | Op::Fma(..)

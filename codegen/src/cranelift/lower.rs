@@ -447,6 +447,7 @@ impl Lowerer<'_> {
                 self.load(*buf, index)?
             }
             Op::Lookup { table, index } => self.lookup(*table, *index)?,
+            Op::SearchSorted { .. } => return Err(crate::decompose::undecomposed(BACKEND)),
             Op::Unary(u, a) => match (u, self.negatable_compare(*a)) {
                 // `not(cmp)` is one compare with the complemented condition, which the
                 // instruction selector can fuse into a following select or branch.

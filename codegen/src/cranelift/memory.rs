@@ -204,6 +204,11 @@ impl Lowerer<'_> {
                 Some(t) if t.ty == ScalarType::U32 => t.data.iter().copied().max().unwrap_or(0),
                 _ => u32::MAX,
             },
+            Op::SearchSorted { table, .. } => self
+                .k
+                .tables
+                .try_get(*table)
+                .map_or(u32::MAX, |t| t.data.len() as u32),
             Op::WorkItem
             | Op::LoopIndex
             | Op::Param(_)

@@ -180,6 +180,7 @@ impl crate::Backend for CraneliftBackend {
 /// Cranelift's verifier rejects the function (a bug in this backend).
 pub fn lower(kernel: &Kernel, options: &LowerOptions) -> Result<LoweredKernel> {
     qforge_ir::verify(kernel)?;
+    let kernel = &*prepare(kernel)?;
     let function = lower::build(kernel, options)?;
     let flags = settings::Flags::new(settings::builder());
     cranelift_codegen::verify_function(&function, &flags).map_err(|errors| Error::Backend {
@@ -190,6 +191,16 @@ pub fn lower(kernel: &Kernel, options: &LowerOptions) -> Result<LoweredKernel> {
         function,
         layout: ArgLayout::new(kernel, options.bounds_checks),
     })
+}
+
+/// The kernel this backend lowers: `kernel` with [`qforge_ir::Op::SearchSorted`] rewritten into
+/// a bucket search ([`crate::decompose`]). Its tables are the ones the lowered code reads, in
+/// [`ArgLayout::table`] order (a runtime passes these, not the original kernel's).
+///
+/// # Errors
+/// [`Error::Ir`] when the kernel does not verify.
+pub fn prepare(kernel: &Kernel) -> Result<std::borrow::Cow<'_, Kernel>> {
+    crate::decompose::search(kernel, crate::decompose::SearchStrategy::Buckets)
 }
 
 /// The Cranelift IR text of `kernel` lowered with [`LowerOptions::default`] (target

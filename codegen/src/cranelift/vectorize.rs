@@ -171,6 +171,7 @@ pub(super) fn eligible(kernel: &Kernel, index: Option<IrValue>, body: &[Stmt]) -
                     | Op::Const(_)
                     | Op::ReadVar(_)
                     | Op::Lookup { .. }
+                    | Op::SearchSorted { .. }
                     | Op::Unary(..)
                     | Op::Binary(..)
                     | Op::Fma(..)
@@ -457,6 +458,7 @@ impl Lowerer<'_> {
                 let idx = self.vval(local, *index)?;
                 return self.vector_load(*buf, idx, op, ty, local);
             }
+            Op::SearchSorted { .. } => return Err(crate::decompose::undecomposed(super::BACKEND)),
             Op::Lookup { table, index } => match local.sets.get(&index.index()) {
                 Some(set) => {
                     let set = set.clone();

@@ -73,6 +73,7 @@ impl Emitter<'_> {
             | Op::Load { .. }
             | Op::Lookup { .. }
             | Op::Reduce { .. } => return Err(internal("not a pure op")),
+            Op::SearchSorted { .. } => return Err(crate::decompose::undecomposed(super::BACKEND)),
         })
     }
 

@@ -58,6 +58,10 @@ pub(super) struct Emitter<'a> {
     pub(super) current: String,
 }
 
+/// The lookup chain (`lanes::lookup_chain`) from which a vector loop runs twice the lanes on
+/// AVX-512: a level search (8-bit quantization) has 7, a dequantization 1.
+const INTERLEAVE_CHAIN: u32 = 4;
+
 /// An internal error: something the verifier should have excluded.
 pub(super) fn internal(what: impl Into<String>) -> Error {
     Error::Backend {
@@ -502,7 +506,7 @@ impl Emitter<'_> {
                 step,
                 body,
             } => {
-                let lanes = self.for_lanes(*start, *end);
+                let lanes = self.for_lanes(*start, *end, body);
                 let (start, end) = (self.val(*start)?, self.val(*end)?);
                 if lanes != 0 && *step == 1 && super::lanes::eligible(self.k, *index, body, true) {
                     return self.vector_for(*index, &start, &end, lanes, body);
@@ -518,8 +522,11 @@ impl Emitter<'_> {
 
     /// The lanes of a vectorized `for start..end`: [`LlvmOptions::lanes`], or fewer (at least
     /// 4) when the bounds are constants with a smaller trip count (e.g. a loop over the 8
-    /// lanes of an emulated SIMD sum).
-    fn for_lanes(&self, start: Value, end: Value) -> u32 {
+    /// lanes of an emulated SIMD sum), or twice as many for a body whose lookups form a chain
+    /// of at least [`INTERLEAVE_CHAIN`] when lookups are permutes: such a body (a level search)
+    /// is latency-bound, and two independent 16-lane halves per iteration keep twice as many
+    /// permutes in flight (8-bit AdamW step: 1.6x faster at 32 lanes than at 16).
+    fn for_lanes(&self, start: Value, end: Value, body: &[Stmt]) -> u32 {
         let constant = |v: Value| match self.k.values.try_get(v).map(|d| &d.op) {
             Some(Op::Const(c)) => Some(c.bits()),
             _ => None,
@@ -533,6 +540,12 @@ impl Emitter<'_> {
                 } else {
                     0
                 }
+            }
+            _ if self.opts.x86_avx512
+                && lanes == 16
+                && super::lanes::lookup_chain(self.k, body) >= INTERLEAVE_CHAIN =>
+            {
+                2 * lanes
             }
             _ => lanes,
         }
@@ -565,6 +578,7 @@ impl Emitter<'_> {
                 let index = self.val(*index)?;
                 self.load(*buf, &index)?
             }
+            Op::SearchSorted { .. } => return Err(crate::decompose::undecomposed(super::BACKEND)),
             Op::Lookup { table, index } => {
                 let index = self.val(*index)?;
                 self.lookup(*table, &index, 1)?

@@ -25,10 +25,12 @@
 //!   at once (ranges at the last group, alignment and no wrap-around at the first, since the
 //!   index grows by `lanes` per group); when they hold, every group runs the fast body with no
 //!   check, otherwise each group decides as above.
-//! - A varying table lookup clamps the index lanes; a table of at most 16 entries is a vector
-//!   constant indexed lane by lane (a variable permute, e.g. `vpermps`), a larger one is
-//!   gathered from memory or, on AVX-512, selected by permutes (`memory.rs`). In the fast body,
-//!   the lookup of a packed 4-bit code may be fused with its byte's load (`nibble.rs`).
+//! - A varying table lookup clamps the index lanes; on AVX-512 (a multiple of 16 lanes) a table
+//!   of up to [`super::PERMUTE_TABLE`] entries is selected by permutes, 16 lanes at a time;
+//!   otherwise a table of at most 16 entries is a vector constant indexed lane by lane (a
+//!   variable permute, e.g. `vpermps`) and a larger one is gathered from memory (`memory.rs`).
+//!   In the fast body, the lookup of a packed 4-bit code may be fused with its byte's load
+//!   (`nibble.rs`).
 
 use std::collections::HashMap;
 
@@ -39,6 +41,32 @@ use crate::running::{Rule, Running};
 use super::emit::{internal, ty, vec_of, Emitter};
 use super::memory::elem_ty;
 use crate::error::Result;
+
+/// The longest chain of table lookups in the `let`s of `body` whose indices depend on each
+/// other (a lookup counts 1 plus the longest chain among its operands' definitions).
+pub(super) fn lookup_chain(k: &qforge_ir::Kernel, body: &[Stmt]) -> u32 {
+    let mut depth: HashMap<usize, u32> = HashMap::new();
+    let mut longest = 0;
+    for stmt in body {
+        if let Stmt::Let(v) = stmt {
+            let Some(def) = k.values.try_get(*v) else {
+                continue;
+            };
+            let below = def
+                .op
+                .operands()
+                .iter()
+                .filter_map(|o| depth.get(&o.index()))
+                .max()
+                .copied()
+                .unwrap_or(0);
+            let d = below + u32::from(matches!(def.op, Op::Lookup { .. }));
+            longest = longest.max(d);
+            depth.insert(v.index(), d);
+        }
+    }
+    longest
+}
 
 /// Whether `body` can run in lanes: `let`s (index-dependent ones not reductions or loop
 /// indices) and, when `stores` is set, stores, under the memory rule of a vectorized loop: each

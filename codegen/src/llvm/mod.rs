@@ -31,9 +31,12 @@ mod nibble;
 mod reduce;
 mod vector_for;
 
+use std::borrow::Cow;
+
 use qforge_ir::Kernel;
 
 pub use crate::cranelift::ArgLayout;
+use crate::decompose::SearchStrategy;
 use crate::error::Result;
 
 /// The backend name used in errors and in `qforge check`.
@@ -52,12 +55,13 @@ pub struct LlvmOptions {
     /// `accumulate` statements (see `lanes.rs` and `accumulate.rs`): a power of two from 4 to
     /// 64, or 0 for scalar code only. 16 suits AVX-512, 8 AVX2.
     pub lanes: u32,
-    /// The target is x86-64 with AVX-512F: with 16 lanes, a lookup in a 32-bit table of 17 to
-    /// [`PERMUTE_TABLE`] entries selects from the table held in vector constants with two-source
-    /// variable permutes (`vpermi2d`, 32 entries each) and a select tree on the index bits,
-    /// instead of a gather (a 16-lane gather costs about twice a 256-entry permute lookup on
-    /// the CPUs measured; `docs/backends/llvm.md`). Must be `false` for any other target: the
-    /// permute is an x86 intrinsic.
+    /// The target is x86-64 with AVX-512F: with a multiple of 16 lanes, a lookup in a 32-bit
+    /// table of up to [`PERMUTE_TABLE`] entries selects from the table held in vector constants
+    /// with two-source variable permutes (`vpermi2d`, 32 entries each, 16 lanes at a time) and
+    /// a select tree on the index bits, instead of a gather (a 16-lane gather costs about twice
+    /// a 256-entry permute lookup on the CPUs measured; `docs/backends/llvm.md`). Searches then
+    /// take the level form ([`prepare`]) and a loop body with a long lookup chain runs 32 lanes.
+    /// Must be `false` for any other target: the permute is an x86 intrinsic.
     pub x86_avx512: bool,
     /// The target is x86-64 with AVX-512 VBMI (and AVX-512F): with 16 lanes, the lookup of a
     /// packed 4-bit code (`table[(byte >> s) & 15]`, two lanes per byte) in a vectorized loop's
@@ -128,5 +132,23 @@ pub fn lower(kernel: &Kernel, options: &LlvmOptions) -> Result<String> {
             ),
         });
     }
-    emit::module(kernel, options)
+    emit::module(&*prepare(kernel, options)?, options)
+}
+
+/// The kernel this backend lowers with `options`: `kernel` with [`qforge_ir::Op::SearchSorted`]
+/// rewritten ([`crate::decompose`]) into the level search when lookups are permutes
+/// ([`LlvmOptions::x86_avx512`] and a multiple of 16 lanes: small tables cost one permute),
+/// else into the bucket search (three gathers). Its tables are the ones the lowered code reads,
+/// in order (a runtime passes these, not the original kernel's).
+///
+/// # Errors
+/// [`crate::Error::Ir`] when the kernel does not verify.
+pub fn prepare<'k>(kernel: &'k Kernel, options: &LlvmOptions) -> Result<Cow<'k, Kernel>> {
+    let permutes = options.x86_avx512 && options.lanes >= 16 && options.lanes.is_multiple_of(16);
+    let strategy = if permutes {
+        SearchStrategy::Levels
+    } else {
+        SearchStrategy::Buckets
+    };
+    crate::decompose::search(kernel, strategy)
 }

@@ -430,6 +430,7 @@ impl<'k> Emitter<'k> {
             }
             Op::Load { buf, index } => self.load(&dst, *buf, &self.reg(*index))?,
             Op::Lookup { table, index } => self.lookup(&dst, *table, *index),
+            Op::SearchSorted { .. } => return Err(crate::decompose::undecomposed(BACKEND)),
             Op::Unary(u, a) => self.unary(&dst, *u, *a),
             Op::Binary(b, x, y) => self.binary(&dst, *b, *x, *y),
             Op::Fma(a, b, c) => {

@@ -157,6 +157,7 @@ impl crate::Backend for PtxBackend {
 /// `bf16` store rounding other than `rne`/`rtz` (PTX has no directed `cvt` to bf16).
 pub fn lower(kernel: &Kernel, target: SmTarget) -> Result<PtxModule> {
     qforge_ir::verify(kernel)?;
+    let kernel = &*crate::decompose::search(kernel, crate::decompose::SearchStrategy::Buckets)?;
     let text = emit::module(kernel, target)?;
     let params = kernel
         .params

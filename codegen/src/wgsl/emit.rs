@@ -321,6 +321,7 @@ impl Emitter<'_> {
                 let i = self.v(*index);
                 self.load(*buf, &i)?
             }
+            Op::SearchSorted { .. } => return Err(crate::decompose::undecomposed(super::BACKEND)),
             Op::Lookup { table, index } => {
                 let t = &k.tables[*table];
                 let last = t.data.len() - 1;

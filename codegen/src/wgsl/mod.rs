@@ -50,6 +50,7 @@ use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
 use qforge_ir::{Access, DType, Kernel, ParamKind, ScalarType};
 
 use crate::backend::Backend;
+use crate::decompose::SearchStrategy;
 use crate::error::{Error, Result};
 
 /// The backend name used in errors and in `qforge check`.
@@ -241,6 +242,7 @@ impl WgslBackend {
     /// Verification failure or an unsupported op.
     pub fn source_with(&self, kernel: &Kernel, options: WgslOptions) -> Result<String> {
         qforge_ir::verify(kernel)?;
+        let kernel = &*crate::decompose::search(kernel, SearchStrategy::Buckets)?;
         emit::emit_source(kernel, &WgslLayout::new(kernel), options)
     }
 
@@ -252,6 +254,7 @@ impl WgslBackend {
     /// emitted module (a qforge bug).
     pub fn lower_with(&self, kernel: &Kernel, options: WgslOptions) -> Result<WgslArtifact> {
         qforge_ir::verify(kernel)?;
+        let kernel = &*crate::decompose::search(kernel, SearchStrategy::Buckets)?;
         let layout = WgslLayout::new(kernel);
         let source = emit::emit_source(kernel, &layout, options)?;
         let module = naga::front::wgsl::parse_str(&source).map_err(|e| {

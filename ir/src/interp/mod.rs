@@ -210,6 +210,13 @@ impl<'k> Machine<'k, '_> {
                 let i = (self.reg(*index) as usize).min(data.len().saturating_sub(1));
                 data.get(i).copied().unwrap_or(0)
             }
+            Op::SearchSorted { table, value } => {
+                // A sorted, NaN-free table (a typing rule): the entries below `value` form a
+                // prefix. A NaN value is below nothing.
+                let v = f32::from_bits(self.reg(*value));
+                let data = &kernel.tables[*table].data;
+                data.partition_point(|t| f32::from_bits(*t) < v) as u32
+            }
             Op::Unary(op, a) => eval_unary(*op, def.ty, self.reg(*a)),
             Op::Binary(op, a, b) => eval_binary(*op, def.ty, self.reg(*a), self.reg(*b)),
             Op::Fma(a, b, c) => eval_fma(self.reg(*a), self.reg(*b), self.reg(*c)),

@@ -374,6 +374,11 @@ impl Printer<'_> {
                     v(index)
                 )
             }
+            Op::SearchSorted { table, value } => format!(
+                "search_sorted {}, {}",
+                reference(&self.tables, table.index()),
+                v(value)
+            ),
             Op::Unary(u, a) => format!("{} {}", u.name(), v(a)),
             Op::Binary(b, x, y) => format!("{} {}, {}", b.name(), v(x), v(y)),
             Op::Fma(a, b, c) => format!("fma {}, {}, {}", v(a), v(b), v(c)),

@@ -419,6 +419,46 @@ fn lookup_clamps_the_index() {
     assert_eq!(got, [42; 6]);
 }
 
+/// `search_sorted` counts the entries `< v` by IEEE comparison: equal entries (including
+/// `-0.0 == +0.0`) do not count, `+inf` entries never count, a NaN counts nothing. Expected
+/// counts written by hand from those rules.
+#[test]
+fn search_sorted_counts_the_entries_below() {
+    let table = [
+        f32::NEG_INFINITY,
+        -1.0,
+        -0.0,
+        0.0,
+        0.5,
+        0.5,
+        2.0,
+        f32::INFINITY,
+    ];
+    let cases: [(f32, u32); 14] = [
+        (f32::NEG_INFINITY, 0),
+        (-3.0, 1),
+        (-1.0, 1),
+        (-0.5, 2),
+        (-0.0, 2),
+        (0.0, 2),
+        (f32::from_bits(1), 4),
+        (0.5, 4),
+        (1.0, 6),
+        (2.0, 6),
+        (f32::MAX, 7),
+        (f32::INFINITY, 7),
+        (f32::NAN, 0),
+        (-f32::NAN, 0),
+    ];
+    let values: Vec<f32> = cases.iter().map(|c| c.0).collect();
+    let got = map1(ScalarType::F32, ScalarType::U32, &f32s(&values), |k, v| {
+        let t = k.table_f32("t", &table);
+        k.search_sorted(t, v)
+    });
+    let want: Vec<u32> = cases.iter().map(|c| c.1).collect();
+    assert_eq!(got, want);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 

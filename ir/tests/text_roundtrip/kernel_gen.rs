@@ -97,7 +97,8 @@ struct State {
     g: Gen,
     scalars: Vec<(ParamId, ScalarType)>,
     bufs: Vec<Buf>,
-    tables: Vec<(TableId, ScalarType)>,
+    /// Each table with its type and whether `search_sorted` may search it (sorted `f32`).
+    tables: Vec<(TableId, ScalarType, bool)>,
     vars: Vec<(VarId, ScalarType)>,
     /// Visible values and their types; nested blocks truncate it back on exit.
     env: Vec<(Value, ScalarType)>,
@@ -186,7 +187,11 @@ fn gen_let(b: &mut KernelBuilder, st: &RefCell<State>) -> (Value, ScalarType) {
                 (!s.tables.is_empty()).then(|| s.g.pick(&s.tables))
             };
             match t {
-                Some((t, ty)) => {
+                Some((t, _, true)) if st.borrow_mut().g.below(2) == 0 => {
+                    let v = operand(b, st, ScalarType::F32);
+                    (b.search_sorted(t, v), U32)
+                }
+                Some((t, ty, _)) => {
                     let i = operand(b, st, U32);
                     (b.lookup(t, i), ty)
                 }
@@ -476,7 +481,7 @@ fn gen_kernel(choices: Vec<u32>) -> Kernel {
     let mut tables = Vec::new();
     for i in 0..g.below(4) {
         let ty = g.pick(&[ScalarType::F32, ScalarType::U32, ScalarType::I32]);
-        let data: Vec<u32> = (0..1 + g.below(12))
+        let mut data: Vec<u32> = (0..1 + g.below(12))
             .map(|_| {
                 if ty == ScalarType::F32 {
                     gen_f32_bits(&mut g)
@@ -485,8 +490,22 @@ fn gen_kernel(choices: Vec<u32>) -> Kernel {
                 }
             })
             .collect();
+        // Half the f32 tables sorted without NaN, so that `search_sorted` can search them.
+        let sorted = ty == ScalarType::F32 && g.below(2) == 0;
+        if sorted {
+            let mut f: Vec<f32> = data
+                .iter()
+                .map(|x| f32::from_bits(*x))
+                .filter(|x| !x.is_nan())
+                .collect();
+            if f.is_empty() {
+                f.push(0.0);
+            }
+            f.sort_by(|a, b| a.total_cmp(b));
+            data = f.iter().map(|x| x.to_bits()).collect();
+        }
         let name = g.pick(&["nf4", "table", "code", "for"]);
-        tables.push((b.table(&format!("{name}{i}"), ty, data), ty));
+        tables.push((b.table(&format!("{name}{i}"), ty, data), ty, sorted));
     }
     let mut vars = Vec::new();
     for i in 0..g.below(4) {

@@ -186,8 +186,10 @@ impl CpuDevice {
                 return Ok(Arc::clone(c));
             }
         }
-        let (entry, layout) = match &self.compiler {
+        // The kernel the backend lowers (its decompositions add tables, which the code reads).
+        let (entry, layout, lowered) = match &self.compiler {
             Compiler::Cranelift(jit) => {
+                let lowered = qforge_codegen::cranelift::prepare(kernel)?;
                 let options = LowerOptions {
                     call_conv: jit.call_conv(),
                     bounds_checks: self.bounds_checks,
@@ -195,8 +197,8 @@ impl CpuDevice {
                         && cfg!(any(target_arch = "x86_64", target_arch = "aarch64")),
                     x86_pshufb: self.options.native_features && host_has_ssse3(),
                 };
-                let lowered = lower(kernel, &options)?;
-                (jit.compile(&kernel.name, lowered.function)?, lowered.layout)
+                let lk = lower(&lowered, &options)?;
+                (jit.compile(&kernel.name, lk.function)?, lk.layout, lowered)
             }
             #[cfg(feature = "llvm")]
             Compiler::Llvm(jit) => {
@@ -206,16 +208,17 @@ impl CpuDevice {
                     x86_avx512: jit.avx512(),
                     x86_avx512_vbmi: jit.vbmi(),
                 };
-                let text = qforge_codegen::llvm::lower(kernel, &options)?;
+                let lowered = qforge_codegen::llvm::prepare(kernel, &options)?;
+                let text = qforge_codegen::llvm::lower(&lowered, &options)?;
                 let entry = jit.compile(&kernel.name, &text)?;
-                (entry, ArgLayout::new(kernel, self.bounds_checks))
+                (entry, ArgLayout::new(&lowered, self.bounds_checks), lowered)
             }
         };
         let compiled = Arc::new(Compiled {
             kernel: kernel.clone(),
             entry,
             layout,
-            tables: kernel.tables.iter().map(|(_, t)| t.data.clone()).collect(),
+            tables: lowered.tables.iter().map(|(_, t)| t.data.clone()).collect(),
         });
         self.cache
             .lock()

@@ -288,3 +288,46 @@ fn clif_text_is_deterministic_and_uses_no_fused_or_native_min_max() {
     });
     assert!(clif_text(&raw).expect("lowers").contains("umin"));
 }
+
+/// `search_sorted` on the CPU device (its decomposition adds tables that the launch must pass)
+/// against the interpreter: bitsandbytes' dynamic-map thresholds and a small table (bucket
+/// search), and a 300-entry table (more than a bucket candidate byte holds: level search), on
+/// every entry, its neighbours and the special values.
+#[test]
+fn search_sorted_matches_the_interpreter() {
+    let dynamic =
+        qforge_ir::library::nearest::thresholds(&qforge_ir::library::BlockwiseMap::Dynamic.code())
+            .expect("bitsandbytes' map");
+    let small = vec![-2.0, -0.0, 0.0, 0.25, 0.25, 1.0, f32::INFINITY];
+    let large: Vec<f32> = (0..300).map(|i| (i as f32 - 150.0) * 0.01).collect();
+    for (name, table) in [("dynamic", dynamic), ("small", small), ("large", large)] {
+        let k = elementwise(name, &[DType::F32], DType::U32, |b, v| {
+            let t = b.table_f32("t", &table);
+            b.search_sorted(t, v[0])
+        });
+        let mut x = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::from_bits(1),
+            f32::MAX,
+            f32::MIN,
+        ];
+        for t in table.iter().filter(|t| t.is_finite()) {
+            x.extend([*t, t.next_up(), t.next_down(), -*t]);
+        }
+        let got = run_elementwise(&k, &[le_f32(&x)], DType::U32);
+        // Spot-check against the definition on the host as well.
+        for (i, v) in x.iter().enumerate() {
+            let want = if v.is_nan() {
+                0
+            } else {
+                table.iter().filter(|t| **t < *v).count() as u32
+            };
+            let c = u32::from_le_bytes(got[4 * i..4 * i + 4].try_into().unwrap());
+            assert_eq!(c, want, "{name}: v = {v:e}");
+        }
+    }
+}

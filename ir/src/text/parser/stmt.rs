@@ -259,6 +259,13 @@ impl Parser {
                 self.punct("]", "after the lookup index")?;
                 Op::Lookup { table, index }
             }
+            "search_sorted" => {
+                let r = self.reference("a table")?;
+                let table = Self::resolve(&self.table_names, r, "table")?;
+                self.punct(",", "after the searched table")?;
+                let value = self.value("the searched value")?;
+                Op::SearchSorted { table, value }
+            }
             "fma" => {
                 let [a, b, c] = self.operands("fma")?;
                 Op::Fma(a, b, c)

@@ -1,0 +1,171 @@
+//! The generic decomposition pass: rewrites the ops a backend does not lower itself into ops it
+//! does. Today that is [`Op::SearchSorted`], which every backend receives as table lookups and
+//! compares, in the form that suits it ([`SearchStrategy`]):
+//!
+//! * [`SearchStrategy::Buckets`] (Cranelift, PTX, WGSL, LLVM without AVX-512): a bucket table
+//!   indexed by the top bits of the value gives a first candidate, and at most
+//!   [`buckets::BUCKET_COMPARES`] threshold compares finish the search (`buckets.rs`): three
+//!   memory reads, the fewest for backends that read tables from memory.
+//! * [`SearchStrategy::Levels`] (LLVM with AVX-512): the branchless binary search, one small
+//!   table per level (`levels.rs`): 1, 2, 4, ... entries, which a backend holding tables in
+//!   vector registers reads with one or a few permutes each, where the bucket tables (hundreds
+//!   of entries) would cost tens.
+//!
+//! Both give exactly [`Op::SearchSorted`]'s count: the buckets are proven for every bucket when
+//! they are built (a table they cannot serve falls back to levels), the levels are the binary
+//! search itself. The pass keeps every value's handle (the search's value is redefined as the
+//! last op of its replacement), so the rest of the kernel is untouched.
+
+mod buckets;
+mod levels;
+
+use std::borrow::Cow;
+
+use qforge_ir::{Kernel, KernelBuilder, Op, Stmt, TableId, Value};
+
+use crate::error::Result;
+
+pub use buckets::BUCKET_COMPARES;
+
+/// How [`search`] rewrites [`Op::SearchSorted`] (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SearchStrategy {
+    /// Bucket table plus a fixed number of compares (levels when the table does not allow it).
+    Buckets,
+    /// Binary search with one table per level.
+    Levels,
+}
+
+/// `kernel` with every [`Op::SearchSorted`] rewritten by `strategy` into lookups, compares and
+/// integer arithmetic (borrowed unchanged when it has none). The tables the rewrite adds are
+/// named after the searched table (`{name}_buckets`, `{name}_level{k}`, ...).
+///
+/// # Errors
+/// [`crate::Error::Ir`] when the kernel does not verify (before or after the rewrite).
+pub fn search(kernel: &Kernel, strategy: SearchStrategy) -> Result<Cow<'_, Kernel>> {
+    let has_search = kernel
+        .values
+        .iter()
+        .any(|(_, d)| matches!(d.op, Op::SearchSorted { .. }));
+    if !has_search {
+        return Ok(Cow::Borrowed(kernel));
+    }
+    qforge_ir::verify(kernel)?;
+    let (mut b, body) = KernelBuilder::edit(kernel.clone());
+    let mut pass = Pass {
+        strategy,
+        declared: Vec::new(),
+    };
+    let body = pass.block(&mut b, body);
+    let out = b.finish_with(body);
+    qforge_ir::verify(&out)?;
+    Ok(Cow::Owned(out))
+}
+
+/// The rewrite's state: the tables declared so far, so that searches of one table share them.
+struct Pass {
+    strategy: SearchStrategy,
+    declared: Vec<(TableId, Declared)>,
+}
+
+/// The decomposition tables of one searched table.
+#[derive(Clone)]
+enum Declared {
+    Buckets(buckets::BucketTables),
+    Levels(levels::LevelTables),
+}
+
+impl Pass {
+    fn block(&mut self, b: &mut KernelBuilder, stmts: Vec<Stmt>) -> Vec<Stmt> {
+        let mut out = Vec::with_capacity(stmts.len());
+        for stmt in stmts {
+            match stmt {
+                Stmt::Let(v) => {
+                    match b.kernel().values.try_get(v).map(|d| d.op.clone()) {
+                        Some(Op::SearchSorted { table, value }) => {
+                            self.rewrite(b, v, table, value);
+                            out.extend(b.take_block());
+                        }
+                        _ => out.push(Stmt::Let(v)),
+                    };
+                }
+                Stmt::If {
+                    cond,
+                    then_body,
+                    else_body,
+                } => out.push(Stmt::If {
+                    cond,
+                    then_body: self.block(b, then_body),
+                    else_body: self.block(b, else_body),
+                }),
+                Stmt::For {
+                    index,
+                    start,
+                    end,
+                    step,
+                    body,
+                } => out.push(Stmt::For {
+                    index,
+                    start,
+                    end,
+                    step,
+                    body: self.block(b, body),
+                }),
+                Stmt::Accumulate {
+                    index,
+                    len,
+                    order,
+                    body,
+                    accs,
+                } => out.push(Stmt::Accumulate {
+                    index,
+                    len,
+                    order,
+                    body: self.block(b, body),
+                    accs,
+                }),
+                s @ (Stmt::Store { .. } | Stmt::Assign { .. }) => out.push(s),
+            }
+        }
+        out
+    }
+
+    /// Emits the replacement of `v = search_sorted table, value`, ending with `v`'s new
+    /// definition.
+    fn rewrite(&mut self, b: &mut KernelBuilder, v: Value, table: TableId, value: Value) {
+        let declared = match self.declared.iter().find(|(t, _)| *t == table) {
+            Some((_, d)) => d.clone(),
+            None => {
+                let t = &b.kernel().tables[table];
+                let (name, data) = (t.name.clone(), t.data.clone());
+                let sorted: Vec<f32> = data.iter().map(|x| f32::from_bits(*x)).collect();
+                let d = match self.strategy {
+                    SearchStrategy::Buckets => match buckets::Buckets::new(&sorted) {
+                        Some(bk) => Declared::Buckets(buckets::declare(b, &name, table, &bk)),
+                        None => Declared::Levels(levels::declare(b, &name, &sorted)),
+                    },
+                    SearchStrategy::Levels => Declared::Levels(levels::declare(b, &name, &sorted)),
+                };
+                self.declared.push((table, d.clone()));
+                d
+            }
+        };
+        let last = match &declared {
+            Declared::Buckets(t) => buckets::emit(b, value, t),
+            Declared::Levels(t) => levels::emit(b, value, t),
+        };
+        b.define(v, last);
+    }
+}
+
+/// The error of a backend handed an [`Op::SearchSorted`] that [`search`] did not rewrite (a
+/// qforge bug: every backend runs the pass before lowering).
+pub(crate) fn undecomposed(backend: &'static str) -> crate::Error {
+    crate::Error::Unsupported {
+        backend,
+        op: "search_sorted (rewritten by qforge_codegen::decompose::search before lowering)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,259 @@
+use proptest::prelude::*;
+use qforge_ir::library::{nearest, BlockwiseMap};
+use qforge_ir::{Access, DType, Dim, Kernel, OwnedArg, Scalar, ScalarType};
+
+use super::buckets::{count_below, Buckets};
+use super::*;
+
+/// The searched thresholds of a bitsandbytes map (255 midpoints and two `+inf`).
+fn map_thresholds(map: BlockwiseMap) -> Vec<f32> {
+    nearest::thresholds(&map.code()).unwrap()
+}
+
+/// Values around every threshold and bucket boundary of `bk`, and the special values.
+fn edge_values(bk: &Buckets) -> Vec<f32> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(1),
+        -f32::from_bits(1),
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        f32::MAX,
+        f32::MIN,
+        f32::from_bits(0x7fc0_0001),
+        f32::from_bits(0xff80_0001),
+    ];
+    for t in bk.thresholds.iter().filter(|t| t.is_finite()) {
+        let (mut up, mut down) = (*t, *t);
+        v.push(*t);
+        for _ in 0..3 {
+            up = up.next_up();
+            down = down.next_down();
+            v.extend([up, down]);
+        }
+    }
+    for j in 0..=bk.per_sign {
+        let m = ((bk.first + j) as u64) << bk.shift;
+        if m <= 0x7f80_0000 {
+            let x = f32::from_bits(m as u32);
+            for y in [x, x.next_up(), x.next_down()] {
+                v.extend([y, -y]);
+            }
+        }
+    }
+    v
+}
+
+/// The reference count: 0 for NaN, else the entries below `v`.
+fn reference(t: &[f32], v: f32) -> u32 {
+    if v.is_nan() {
+        0
+    } else {
+        count_below(t, v)
+    }
+}
+
+#[test]
+fn buckets_of_bitsandbytes_maps_meet_the_bound_and_stay_small() {
+    for map in BlockwiseMap::ALL {
+        let bk = Buckets::new(&map_thresholds(map)).unwrap();
+        assert_eq!(bk.thresholds.len(), 255 + BUCKET_COMPARES as usize);
+        let halves = if bk.signed { 2 } else { 1 };
+        assert_eq!(bk.signed, map != BlockwiseMap::DynamicUnsigned, "{map}");
+        assert_eq!(bk.buckets.len(), halves * bk.per_sign as usize);
+        assert!(bk.buckets.iter().all(|c| *c <= 255));
+        let packed = bk.packed();
+        assert_eq!(packed.len(), bk.buckets.len().div_ceil(4));
+        // The sizes the module docs quote.
+        match map {
+            BlockwiseMap::Dynamic => assert_eq!(packed.len(), 350),
+            BlockwiseMap::DynamicUnsigned => assert_eq!(packed.len(), 363),
+            BlockwiseMap::Linear => {}
+        }
+        for (i, c) in bk.buckets.iter().enumerate() {
+            assert_eq!(
+                (packed[i / 4] >> (8 * (i % 4))) & 255,
+                *c,
+                "{map}: bucket {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn buckets_match_the_binary_search_on_edge_values() {
+    for map in BlockwiseMap::ALL {
+        let t = map_thresholds(map);
+        let bk = Buckets::new(&t).unwrap();
+        for v in edge_values(&bk) {
+            assert_eq!(
+                bk.count(v),
+                reference(&t, v),
+                "{map}: v = {v:e} ({:#010x})",
+                v.to_bits()
+            );
+        }
+    }
+}
+
+/// Every 4099th bit pattern (about a million values per map) and its neighbour.
+#[test]
+fn buckets_match_the_binary_search_on_a_strided_sweep() {
+    for map in BlockwiseMap::ALL {
+        let t = map_thresholds(map);
+        let bk = Buckets::new(&t).unwrap();
+        for x in (0..=u32::MAX).step_by(4099) {
+            for bits in [x, x ^ 1] {
+                let v = f32::from_bits(bits);
+                assert_eq!(bk.count(v), reference(&t, v), "{map}: bits {bits:#010x}");
+            }
+        }
+    }
+}
+
+/// All 2^32 inputs of each map (a few minutes in the optimized test profile:
+/// `cargo test --release -p qforge-codegen -- --ignored buckets_exhaustive`).
+#[test]
+#[ignore = "all 2^32 inputs of 3 maps: about 6 minutes; run with --release --ignored"]
+fn buckets_exhaustive() {
+    for map in BlockwiseMap::ALL {
+        let t = map_thresholds(map);
+        let bk = Buckets::new(&t).unwrap();
+        for bits in 0..=u32::MAX {
+            let v = f32::from_bits(bits);
+            assert_eq!(bk.count(v), reference(&t, v), "{map}: bits {bits:#010x}");
+        }
+    }
+}
+
+/// `q[i] = search_sorted(t, x[i])` over a table with `data`.
+fn probe(data: &[f32]) -> Kernel {
+    let mut b = KernelBuilder::new("search_probe");
+    let n = b.scalar_param("n", ScalarType::U32);
+    let x = b.buffer_param("x", DType::F32, &[Dim::Param(n)], Access::Read);
+    let q = b.buffer_param("q", DType::U32, &[Dim::Param(n)], Access::Write);
+    b.set_grid(Dim::Param(n));
+    let t = b.table_f32("t", data);
+    let i = b.work_item();
+    let v = b.load(x, i);
+    let c = b.search_sorted(t, v);
+    // A second search of the same table shares its decomposition tables.
+    let neg = b.neg(v);
+    let c2 = b.search_sorted(t, neg);
+    let sum = b.add(c, c2);
+    let scale = b.const_u32(1000);
+    let lo = b.mul(c, scale);
+    let both = b.add(lo, sum);
+    b.store(q, i, both);
+    b.finish()
+}
+
+/// The interpreter's output of `kernel` on `values`.
+fn run(kernel: &Kernel, values: &[f32]) -> Vec<u32> {
+    let mut args = vec![
+        OwnedArg::Scalar(Scalar::U32(values.len() as u32)),
+        OwnedArg::Read(values.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        OwnedArg::Write(vec![0; 4 * values.len()]),
+    ];
+    let mut borrowed = OwnedArg::borrow_all(&mut args);
+    qforge_ir::interp::run(kernel, &mut borrowed).unwrap();
+    match &args[2] {
+        OwnedArg::Write(b) => b
+            .chunks(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        _ => unreachable!(),
+    }
+}
+
+/// Both strategies give the interpreter's counts (computed by the interpreter on the
+/// undecomposed kernel) and the host reference.
+fn check_table(data: &[f32], values: &[f32]) -> Result<(), TestCaseError> {
+    let k = probe(data);
+    let want = run(&k, values);
+    for (v, w) in values.iter().zip(&want) {
+        let c = reference(data, *v);
+        prop_assert_eq!(*w, 1000 * c + c + reference(data, -*v), "v = {:e}", v);
+    }
+    for strategy in [SearchStrategy::Buckets, SearchStrategy::Levels] {
+        let d = search(&k, strategy).unwrap();
+        let d = d.into_owned();
+        let left = d
+            .values
+            .iter()
+            .filter(|(_, def)| matches!(def.op, Op::SearchSorted { .. }))
+            .count();
+        prop_assert_eq!(left, 0);
+        prop_assert_eq!(&run(&d, values), &want, "{:?} on {:?}", strategy, data);
+    }
+    Ok(())
+}
+
+#[test]
+fn both_strategies_give_the_count_on_bitsandbytes_maps() {
+    for map in BlockwiseMap::ALL {
+        let t = map_thresholds(map);
+        let values = edge_values(&Buckets::new(&t).unwrap());
+        check_table(&t, &values).unwrap();
+    }
+}
+
+#[test]
+fn a_kernel_without_a_search_is_borrowed() {
+    let mut b = KernelBuilder::new("none");
+    let t = b.table_f32("t", &[1.0]);
+    let zero = b.const_u32(0);
+    b.lookup(t, zero);
+    let k = b.finish();
+    assert!(matches!(
+        search(&k, SearchStrategy::Buckets).unwrap(),
+        Cow::Borrowed(_)
+    ));
+}
+
+/// Table entries: edge values and a few magnitudes, often repeated.
+fn entry() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        prop::sample::select(vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::from_bits(1),
+            f32::MAX,
+            1.0,
+            -1.0,
+        ]),
+        -4.0f32..4.0,
+        any::<u32>().prop_map(|b| f32::from_bits(b & 0xff7f_ffff)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Random sorted tables of 1 to 300 entries (duplicates, both zeros, infinities): both
+    /// strategies, including the levels fallback of tables the buckets cannot serve.
+    #[test]
+    fn both_strategies_give_the_count_on_random_tables(
+        mut data in prop::collection::vec(entry(), 1..300),
+        probes in prop::collection::vec(any::<u32>(), 0..64),
+    ) {
+        data.retain(|x| !x.is_nan());
+        prop_assume!(!data.is_empty());
+        data.sort_by(|a, b| a.total_cmp(b));
+        let mut values: Vec<f32> = probes.into_iter().map(f32::from_bits).collect();
+        for t in &data {
+            values.extend([*t, t.next_up(), t.next_down(), -*t]);
+        }
+        values.extend([f32::NAN, 0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY]);
+        check_table(&data, &values)?;
+    }
+}
