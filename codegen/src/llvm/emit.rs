@@ -522,10 +522,11 @@ impl Emitter<'_> {
 
     /// The lanes of a vectorized `for start..end`: [`LlvmOptions::lanes`], or fewer (at least
     /// 4) when the bounds are constants with a smaller trip count (e.g. a loop over the 8
-    /// lanes of an emulated SIMD sum), or twice as many for a body whose lookups form a chain
-    /// of at least [`INTERLEAVE_CHAIN`] when lookups are permutes: such a body (a level search)
-    /// is latency-bound, and two independent 16-lane halves per iteration keep twice as many
-    /// permutes in flight (8-bit AdamW step: 1.6x faster at 32 lanes than at 16).
+    /// lanes of an emulated SIMD sum), or twice as many when lookups are permutes and the
+    /// body's lookups form a chain of at least [`INTERLEAVE_CHAIN`] or read two or more tables
+    /// of more than 16 entries: such a body (a level search, 8-bit decodes) is latency-bound,
+    /// and two independent 16-lane halves per iteration keep twice as many permutes in flight
+    /// (8-bit AdamW step: 1.6x faster at 32 lanes than at 16).
     fn for_lanes(&self, start: Value, end: Value, body: &[Stmt]) -> u32 {
         let constant = |v: Value| match self.k.values.try_get(v).map(|d| &d.op) {
             Some(Op::Const(c)) => Some(c.bits()),
@@ -541,9 +542,10 @@ impl Emitter<'_> {
                     0
                 }
             }
-            _ if self.opts.x86_avx512
-                && lanes == 16
-                && super::lanes::lookup_chain(self.k, body) >= INTERLEAVE_CHAIN =>
+            _ if self.opts.x86_avx512 && lanes == 16 && {
+                let (chain, large) = super::lanes::lookup_chain(self.k, body);
+                chain >= INTERLEAVE_CHAIN || large >= 2
+            } =>
             {
                 2 * lanes
             }

@@ -43,10 +43,12 @@ use super::memory::elem_ty;
 use crate::error::Result;
 
 /// The longest chain of table lookups in the `let`s of `body` whose indices depend on each
-/// other (a lookup counts 1 plus the longest chain among its operands' definitions).
-pub(super) fn lookup_chain(k: &qforge_ir::Kernel, body: &[Stmt]) -> u32 {
+/// other (a lookup counts 1 plus the longest chain among its operands' definitions), and the
+/// number of lookups in tables of more than 16 entries.
+pub(super) fn lookup_chain(k: &qforge_ir::Kernel, body: &[Stmt]) -> (u32, u32) {
     let mut depth: HashMap<usize, u32> = HashMap::new();
     let mut longest = 0;
+    let mut large = 0;
     for stmt in body {
         if let Stmt::Let(v) = stmt {
             let Some(def) = k.values.try_get(*v) else {
@@ -60,12 +62,15 @@ pub(super) fn lookup_chain(k: &qforge_ir::Kernel, body: &[Stmt]) -> u32 {
                 .max()
                 .copied()
                 .unwrap_or(0);
+            if let Op::Lookup { table, .. } = def.op {
+                large += u32::from(k.tables.try_get(table).is_some_and(|t| t.data.len() > 16));
+            }
             let d = below + u32::from(matches!(def.op, Op::Lookup { .. }));
             longest = longest.max(d);
             depth.insert(v.index(), d);
         }
     }
-    longest
+    (longest, large)
 }
 
 /// Whether `body` can run in lanes: `let`s (index-dependent ones not reductions or loop

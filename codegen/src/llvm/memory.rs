@@ -258,7 +258,8 @@ impl Emitter<'_> {
     /// entry) gives `chunk_c[index & 31]` with one two-source permute (`vpermi2d` ignores the
     /// index bits above 4), and a tree of selects on index bits 5, 6, ... picks chunk
     /// `index >> 5`. An unpaired chunk at the end of a tree level moves up unchanged: every
-    /// index that reaches it has that level's bit clear.
+    /// index that reaches it has that level's bit clear. A table of at most 16 entries is one
+    /// single-source permute (`vpermd`), which leaves its table register intact.
     fn permute_lookup(&mut self, data: &[u32], index: &str) -> String {
         const CHUNK: usize = 32;
         let vt = "<16 x i32>";
@@ -269,6 +270,15 @@ impl Emitter<'_> {
                 .collect();
             format!("<{}>", e.join(", "))
         };
+        if data.len() <= 16 {
+            // One single-source permute (`vpermd`, index bits 0-3), which keeps its table.
+            let table = half(0);
+            return self.call(
+                "llvm.x86.avx512.permvar.si.512",
+                vt,
+                &[(vt, &table), (vt, index)],
+            );
+        }
         let mut level: Vec<String> = (0..data.len().div_ceil(CHUNK))
             .map(|c| {
                 let (lo, hi) = (half(c * CHUNK), half(c * CHUNK + 16));
