@@ -37,7 +37,8 @@ fn ir_text_and_clif_of_every_library_kernel() {
 
 /// LLVM IR text (16 lanes, AVX-512 permutes and VBMI 4-bit decodes) of a few representative
 /// kernels: a 4-bit dequantize (one byte, two codes per iteration), an 8-bit dequantize (a
-/// 256-entry permute lookup) and the NF4 GEMV tile (strided accumulate, fused 4-bit decodes). The text of every kernel is long
+/// 256-entry permute lookup), the NF4 GEMV tile (strided accumulate, fused 4-bit decodes) and an
+/// 8-bit quantize (the level search of `search_sorted`, 32 lanes). The text of every kernel is long
 /// (vector constants are spelled lane by lane), so only these are kept; `tests/llvm.rs` checks
 /// every kernel's text for determinism and fast-math flags.
 #[test]
@@ -53,6 +54,7 @@ fn llvm_text_of_representative_kernels() {
         "dequantize_4bit_nf4_bs64_f32",
         "dequantize_blockwise_dynamic_bs256_f32",
         "matmul_4bit_nf4_bs64_f32_t1x4",
+        "quantize_blockwise_dynamic_bs256_f32",
     ];
     settings().bind(|| {
         for name in names {
