@@ -323,3 +323,36 @@ fn ptxas_assembles_every_library_kernel_for_sm80_and_sm90() {
         failures.join("\n")
     );
 }
+
+/// Tables beyond the 64 KiB `.const` bank are refused with an error naming the size (ptxas
+/// would reject the module); a searched table that its decomposition replaces does not count.
+#[test]
+fn tables_beyond_the_const_bank_are_a_clear_error() {
+    let build = |entries: usize, search: bool| {
+        let mut b = KernelBuilder::new("big_table");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let x = b.buffer_param("x", DType::F32, &[Dim::Param(n)], Access::Read);
+        let y = b.buffer_param("y", DType::U32, &[Dim::Param(n)], Access::Write);
+        b.set_grid(Dim::Param(n));
+        let data: Vec<f32> = (0..entries).map(|i| i as f32).collect();
+        let t = b.table_f32("t", &data);
+        let i = b.work_item();
+        let v = b.load(x, i);
+        let c = if search {
+            b.search_sorted(t, v)
+        } else {
+            let bits = b.bitcast(v, ScalarType::U32);
+            let e = b.lookup(t, bits);
+            b.bitcast(e, ScalarType::U32)
+        };
+        b.store(y, i, c);
+        b.finish()
+    };
+    let err = lower(&build(20_000, false), SmTarget::Sm80).unwrap_err();
+    assert!(
+        err.to_string().contains("80000 bytes") && err.to_string().contains("65536"),
+        "{err}"
+    );
+    // 10,000 searched entries: the level tables (16,383 words) replace the 40 KB table.
+    assert!(lower(&build(10_000, true), SmTarget::Sm80).is_ok());
+}

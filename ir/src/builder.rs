@@ -8,6 +8,16 @@ use crate::kernel::{
 use crate::ops::{BinaryOp, CmpOp, NanMode, Op, ReduceKind, ReduceOrder, UnaryOp};
 use crate::types::{DType, Rounding, Scalar, ScalarType};
 
+/// The type recorded for an ill-typed op (which [`crate::verify`] reports): the type the op
+/// always yields when it has one, so that the verifier does not blame its uses as well.
+fn fallback_type(op: &Op) -> ScalarType {
+    if matches!(op, Op::SearchSorted { .. }) {
+        ScalarType::U32
+    } else {
+        ScalarType::F32
+    }
+}
+
 /// Builds a [`Kernel`] statement by statement. Nested blocks (`if`, `for`) are built inside
 /// closures. The builder never panics on ill-typed input: it records what it was given and
 /// [`crate::verify`] reports every problem with its location.
@@ -113,7 +123,7 @@ impl KernelBuilder {
 
     /// Appends `op` as a `Let` in the current block and returns its value.
     pub fn op(&mut self, op: Op) -> Value {
-        let ty = infer_type(&self.kernel, &op).unwrap_or(ScalarType::F32);
+        let ty = infer_type(&self.kernel, &op).unwrap_or_else(|_| fallback_type(&op));
         let v = self.kernel.values.append(ValueDef { op, ty });
         self.push(Stmt::Let(v));
         v
@@ -471,7 +481,7 @@ impl KernelBuilder {
     /// Gives the existing value `v` the definition `op` and emits its `let`: a pass that
     /// replaces an op by a sequence keeps the op's handle, so every use of it stays valid.
     pub fn define(&mut self, v: Value, op: Op) {
-        let ty = infer_type(&self.kernel, &op).unwrap_or(ScalarType::F32);
+        let ty = infer_type(&self.kernel, &op).unwrap_or_else(|_| fallback_type(&op));
         if let Some(def) = self.kernel.values.get_mut(v) {
             *def = ValueDef { op, ty };
         }

@@ -226,11 +226,17 @@ pub(super) fn declare(
     let thresholds = if padded {
         table
     } else {
-        b.table_f32(&format!("{name}_padded"), &bk.thresholds)
+        b.table_f32(
+            &super::fresh_name(b, &format!("{name}_padded")),
+            &bk.thresholds,
+        )
     };
     BucketTables {
         thresholds,
-        buckets: b.table_u32(&format!("{name}_buckets"), &bk.packed()),
+        buckets: b.table_u32(
+            &super::fresh_name(b, &format!("{name}_buckets")),
+            &bk.packed(),
+        ),
         shift: bk.shift,
         first: bk.first,
         per_sign: bk.per_sign,

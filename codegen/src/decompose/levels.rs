@@ -43,7 +43,7 @@ pub(super) fn declare(b: &mut KernelBuilder, name: &str, sorted: &[f32]) -> Leve
     let levels = (1..m)
         .map(|k| {
             let data: Vec<f32> = (0..1usize << k).map(|i| level_entry(&t, m, k, i)).collect();
-            b.table_f32(&format!("{name}_level{k}"), &data)
+            b.table_f32(&super::fresh_name(b, &format!("{name}_level{k}")), &data)
         })
         .collect();
     LevelTables {

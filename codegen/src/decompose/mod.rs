@@ -57,9 +57,68 @@ pub fn search(kernel: &Kernel, strategy: SearchStrategy) -> Result<Cow<'_, Kerne
         declared: Vec::new(),
     };
     let body = pass.block(&mut b, body);
-    let out = b.finish_with(body);
+    let mut out = b.finish_with(body);
+    drop_unread_tables(&mut out);
     qforge_ir::verify(&out)?;
     Ok(Cow::Owned(out))
+}
+
+/// `base`, or `base_2`, `base_3`, ... : the first name no parameter, table or variable of the
+/// kernel has (names are unique among those), so a generated table never collides with the
+/// user's.
+fn fresh_name(b: &KernelBuilder, base: &str) -> String {
+    let k = b.kernel();
+    let taken = |n: &str| {
+        k.params.iter().any(|(_, p)| p.name == n)
+            || k.tables.iter().any(|(_, t)| t.name == n)
+            || k.vars.iter().any(|(_, v)| v.name == n)
+    };
+    (1..)
+        .map(|i| {
+            if i == 1 {
+                base.to_string()
+            } else {
+                format!("{base}_{i}")
+            }
+        })
+        .find(|n| !taken(n))
+        .unwrap_or_else(|| base.to_string())
+}
+
+/// Removes the tables no op reads any more (a searched table whose searches were all
+/// rewritten into reads of its decomposition tables), renumbering the others in order, so that
+/// backends neither emit nor pass them (a PTX module's constant bank holds only 64 KiB).
+fn drop_unread_tables(k: &mut Kernel) {
+    let mut read = vec![false; k.tables.len()];
+    for (_, d) in k.values.iter() {
+        if let Op::Lookup { table, .. } | Op::SearchSorted { table, .. } = d.op {
+            if let Some(r) = read.get_mut(table.index()) {
+                *r = true;
+            }
+        }
+    }
+    if read.iter().all(|r| *r) {
+        return;
+    }
+    let mut renumber = vec![None; read.len()];
+    let mut tables = qforge_ir::Arena::new();
+    for (h, t) in k.tables.iter() {
+        if read[h.index()] {
+            renumber[h.index()] = Some(tables.append(t.clone()));
+        }
+    }
+    k.tables = tables;
+    let mut values = qforge_ir::Arena::new();
+    for (_, d) in k.values.iter() {
+        let mut d = d.clone();
+        if let Op::Lookup { table, .. } | Op::SearchSorted { table, .. } = &mut d.op {
+            if let Some(Some(n)) = renumber.get(table.index()) {
+                *table = *n;
+            }
+        }
+        values.append(d);
+    }
+    k.values = values;
 }
 
 /// The rewrite's state: the tables declared so far, so that searches of one table share them.

@@ -257,3 +257,45 @@ proptest! {
         check_table(&data, &values)?;
     }
 }
+
+/// Generated tables never take a name the kernel already uses (a user table called
+/// `t_buckets` or `t_level1`), and the searched table, unread after a levels rewrite, is
+/// dropped with the other tables renumbered.
+#[test]
+fn generated_tables_take_free_names_and_unread_tables_go() {
+    let mut b = KernelBuilder::new("names");
+    let n = b.scalar_param("n", ScalarType::U32);
+    let x = b.buffer_param("x", DType::F32, &[Dim::Param(n)], Access::Read);
+    let q = b.buffer_param("q", DType::U32, &[Dim::Param(n)], Access::Write);
+    b.set_grid(Dim::Param(n));
+    let t = b.table_f32("t", &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    let others: Vec<TableId> = ["t_buckets", "t_padded", "t_level1", "t_level2"]
+        .iter()
+        .enumerate()
+        .map(|(j, name)| b.table_u32(name, &[10 * j as u32, 10 * j as u32 + 1]))
+        .collect();
+    let i = b.work_item();
+    let v = b.load(x, i);
+    let c = b.search_sorted(t, v);
+    let one = b.const_u32(1);
+    let bit = b.and(c, one);
+    let mut sum = c;
+    for o in others {
+        let e = b.lookup(o, bit);
+        sum = b.add(sum, e);
+    }
+    b.store(q, i, sum);
+    let k = b.finish();
+    let values: Vec<f32> = vec![-1.0, 0.0, 0.5, 3.0, 3.5, 7.0, f32::NAN];
+    let want = run(&k, &values);
+    for strategy in [SearchStrategy::Buckets, SearchStrategy::Levels] {
+        let d = search(&k, strategy).unwrap().into_owned();
+        assert_eq!(run(&d, &values), want, "{strategy:?}");
+        let names: Vec<&str> = d.tables.iter().map(|(_, t)| t.name.as_str()).collect();
+        for user in ["t_buckets", "t_padded", "t_level1", "t_level2"] {
+            assert_eq!(names.iter().filter(|n| **n == user).count(), 1, "{names:?}");
+        }
+        // Buckets keeps no unpadded copy; levels reads only its level tables.
+        assert!(!names.contains(&"t"), "{strategy:?}: {names:?}");
+    }
+}

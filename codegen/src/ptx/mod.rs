@@ -48,6 +48,9 @@ use crate::error::Result;
 /// The backend name used in errors and in `qforge check`.
 pub const BACKEND: &str = "ptx";
 
+/// Bytes of `.const` data one module may declare (ptxas rejects more): the kernel's tables.
+const CONST_BANK_BYTES: usize = 64 * 1024;
+
 /// Threads per CUDA block of every launch (the entry's `.maxntid`).
 pub const THREADS_PER_BLOCK: u32 = 128;
 
@@ -154,10 +157,22 @@ impl crate::Backend for PtxBackend {
 ///
 /// # Errors
 /// [`crate::Error::Ir`] when the kernel does not verify; [`crate::Error::Unsupported`] for a
-/// `bf16` store rounding other than `rne`/`rtz` (PTX has no directed `cvt` to bf16).
+/// `bf16` store rounding other than `rne`/`rtz` (PTX has no directed `cvt` to bf16), or for
+/// tables of more than 64 KiB in all (the `.const` bank).
 pub fn lower(kernel: &Kernel, target: SmTarget) -> Result<PtxModule> {
     qforge_ir::verify(kernel)?;
     let kernel = &*crate::decompose::search(kernel, crate::decompose::SearchStrategy::Buckets)?;
+    let table_bytes: usize = kernel.tables.iter().map(|(_, t)| 4 * t.data.len()).sum();
+    if table_bytes > CONST_BANK_BYTES {
+        return Err(crate::Error::Unsupported {
+            backend: BACKEND,
+            op: format!(
+                "constant tables of {table_bytes} bytes in kernel '{}' (the tables live in the \
+                 .const bank, which holds {CONST_BANK_BYTES} bytes)",
+                kernel.name
+            ),
+        });
+    }
     let text = emit::module(kernel, target)?;
     let params = kernel
         .params
