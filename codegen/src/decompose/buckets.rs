@@ -73,8 +73,7 @@ impl Buckets {
     /// `None` when there is none with at most 12 mantissa bits and 8192 buckets per sign, or
     /// when more than 255 or no entries count.
     pub(super) fn new(sorted: &[f32]) -> Option<Buckets> {
-        let counted = sorted.partition_point(|x| *x < f32::INFINITY);
-        let t = &sorted[..counted];
+        let t = super::counted(sorted);
         if t.is_empty() || t.len() > MAX_ENTRIES {
             return None;
         }

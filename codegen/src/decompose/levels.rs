@@ -24,9 +24,9 @@ pub(super) struct LevelTables {
 
 /// The padded table and `m` for `sorted` (see the module docs).
 pub(super) fn padded(sorted: &[f32]) -> (Vec<f32>, u32) {
-    let counted = sorted.partition_point(|x| *x < f32::INFINITY);
-    let m = usize::BITS - counted.leading_zeros();
-    let mut t = sorted[..counted].to_vec();
+    let counted = super::counted(sorted);
+    let m = usize::BITS - counted.len().leading_zeros();
+    let mut t = counted.to_vec();
     t.resize(1 << m, f32::INFINITY);
     (t, m)
 }

@@ -63,6 +63,12 @@ pub fn search(kernel: &Kernel, strategy: SearchStrategy) -> Result<Cow<'_, Kerne
     Ok(Cow::Owned(out))
 }
 
+/// The entries of the sorted `table` that can count: all but its trailing `+inf` entries (no
+/// value is above `+inf`).
+fn counted(table: &[f32]) -> &[f32] {
+    &table[..table.partition_point(|x| *x < f32::INFINITY)]
+}
+
 /// `base`, or `base_2`, `base_3`, ... : the first name no parameter, table or variable of the
 /// kernel has (names are unique among those), so a generated table never collides with the
 /// user's.

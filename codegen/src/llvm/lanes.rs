@@ -62,10 +62,11 @@ pub(super) fn lookup_chain(k: &qforge_ir::Kernel, body: &[Stmt]) -> (u32, u32) {
                 .max()
                 .copied()
                 .unwrap_or(0);
+            let mut d = below;
             if let Op::Lookup { table, .. } = def.op {
+                d += 1;
                 large += u32::from(k.tables.try_get(table).is_some_and(|t| t.data.len() > 16));
             }
-            let d = below + u32::from(matches!(def.op, Op::Lookup { .. }));
             longest = longest.max(d);
             depth.insert(v.index(), d);
         }
