@@ -98,8 +98,8 @@ fn llvm_rejects_unsupported_lane_counts() {
 mod device {
     use proptest::prelude::*;
     use qforge::ir::{
-        count_mismatches, Access, BinaryOp, DType, Dim, Kernel, KernelBuilder, OwnedArg,
-        ReduceOrder, Scalar, ScalarType,
+        count_mismatches, Access, BinaryOp, CmpOp, DType, Dim, Kernel, KernelBuilder, OwnedArg,
+        ReduceOrder, Rounding, Scalar, ScalarType,
     };
     use qforge::runtime::{CpuDevice, CpuOptions, Device, InterpreterDevice};
 
@@ -132,7 +132,7 @@ mod device {
             let tv = b.load(t, blk);
             let p = b.mul(xv, wv);
             let s = b.add(p, tv);
-            b.store_rounded(y, i, s, qforge::ir::Rounding::NearestEven);
+            b.store_rounded(y, i, s, Rounding::NearestEven);
             let a = b.abs(xv);
             let cur = b.read_var(acc);
             let mx = b.max(cur, a);
@@ -178,6 +178,87 @@ mod device {
             let nib = b.and(hi, fifteen);
             let c = b.lookup(table, nib);
             vec![(xv, c)]
+        });
+        let total = b.read_var(acc);
+        b.store(s, g, total);
+        b.finish()
+    }
+
+    /// `s = sum over i < n of x[e] * w(e)` in `Strided(8)` order, `e = i + off` with `off = g *
+    /// stride + off0` per work item `g`: `w(e)` decodes a packed 4-bit code like a bf16 NF4
+    /// weight, `c = code[nibble(e)] * t[e >> 6]` rounded to bf16 with integer ops (with a NaN
+    /// select), then a compare against the block's `t`, an `i32` round trip and a second lookup
+    /// of another index (`p[e >> 1] & 7` in a `u32` table). On AVX-512 the chain up to the
+    /// second lookup is deferred (`deferred.rs`) and the groups are 64 wide, or 16 wide when a
+    /// row is not aligned to 64.
+    fn deferred_kernel() -> Kernel {
+        let mut b = KernelBuilder::new("llvm_deferred_lookups");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let off0 = b.scalar_param("off", ScalarType::U32);
+        let stride = b.scalar_param("stride", ScalarType::U32);
+        let items = b.scalar_param("items", ScalarType::U32);
+        let nx = b.scalar_param("nx", ScalarType::U32);
+        let nt = b.scalar_param("nt", ScalarType::U32);
+        let x = b.buffer_param("x", DType::F32, &[Dim::Param(nx)], Access::Read);
+        let p = b.buffer_param("p", DType::U8, &[Dim::Param(nx)], Access::Read);
+        let t = b.buffer_param("t", DType::F32, &[Dim::Param(nt)], Access::Read);
+        let s = b.buffer_param("s", DType::F32, &[Dim::Param(items)], Access::Write);
+        b.set_grid(Dim::Param(items));
+        let code: Vec<f32> = (0..16).map(|c| (c as f32 - 7.5) / 7.0).collect();
+        let table = b.table_f32("code", &code);
+        let small = b.table_u32("small", &[3, 0x8000_0001, 7, 0xffff_fff0, 12]);
+        let acc = b.var("acc", ScalarType::F32);
+        let g = b.work_item();
+        let st = b.param(stride);
+        let o0 = b.param(off0);
+        let gs = b.mul(g, st);
+        let off = b.add(gs, o0);
+        let nv = b.param(n);
+        b.accumulate(nv, ReduceOrder::Strided(8), &[acc], |b, i| {
+            let e = b.add(i, off);
+            let xv = b.load(x, e);
+            let one = b.const_u32(1);
+            let half = b.shr(e, one);
+            let byte = b.load(p, half);
+            let odd = b.and(e, one);
+            let even = b.binary(BinaryOp::Xor, odd, one);
+            let two = b.const_u32(2);
+            let sh = b.shl(even, two);
+            let shifted = b.shr(byte, sh);
+            let fifteen = b.const_u32(15);
+            let nib = b.and(shifted, fifteen);
+            let c = b.lookup(table, nib);
+            let six = b.const_u32(6);
+            let blk = b.shr(e, six);
+            let a = b.load(t, blk);
+            let w = b.mul(c, a);
+            // bf16 rounding, as `library::round` writes it.
+            let bits = b.bitcast(w, ScalarType::U32);
+            let sixteen = b.const_u32(16);
+            let hi = b.shr(bits, sixteen);
+            let lsb = b.and(hi, one);
+            let half_ulp = b.const_u32(0x7FFF);
+            let biased = b.add(bits, half_ulp);
+            let biased = b.add(biased, lsb);
+            let mask = b.const_u32(0xFFFF_0000);
+            let rounded = b.and(biased, mask);
+            let r = b.bitcast(rounded, ScalarType::F32);
+            let nan = b.cmp(CmpOp::Ne, w, w);
+            let w = b.select(nan, w, r);
+            let below = b.cmp(CmpOp::Lt, w, a);
+            let neg = b.neg(w);
+            let w = b.select(below, neg, w);
+            let eight = b.const_f32(8.0);
+            let scaled = b.mul(w, eight);
+            let q = b.float_to_int(scaled, ScalarType::I32, Rounding::NearestEven);
+            let back = b.int_to_float(q);
+            let w = b.add(w, back);
+            let seven = b.const_u32(7);
+            let low = b.and(byte, seven);
+            let d = b.lookup(small, low);
+            let d = b.int_to_float(d);
+            let w = b.add(w, d);
+            vec![(xv, w)]
         });
         let total = b.read_var(acc);
         b.store(s, g, total);
@@ -298,7 +379,7 @@ mod device {
     /// `y[i] = table[min(x[i], len - 1)]` for `i < n` (`for` loop, one work item): a lookup in
     /// a `len`-entry `u32` table, which AVX-512 hosts select with permutes up to 512 entries.
     /// With `chain`, three more lookups follow, each indexed by the previous entry plus `i`
-    /// modulo `len + 3`: a chain of 4, which AVX-512 hosts run at 32 lanes.
+    /// modulo `len + 3`: a chain of 4, which AVX-512 hosts run at 32 lanes (64 with VBMI).
     fn lookup_kernel(len: usize, salt: u32, chain: bool) -> Kernel {
         let mut b = KernelBuilder::new("llvm_table_lookup");
         let n = b.scalar_param("n", ScalarType::U32);
@@ -444,9 +525,10 @@ mod device {
         }
 
         #[test]
-        fn table_lookups_match_the_interpreter(len_pick in 0usize..10, n in 0u32..70, salt in any::<u32>(), wide in any::<bool>(), chain in any::<bool>()) {
-            // Around every chunk and tree boundary of the permute path, and past its limit.
-            let len = [1, 16, 17, 32, 33, 100, 256, 257, 512, 513][len_pick];
+        fn table_lookups_match_the_interpreter(len_pick in 0usize..14, n in 0u32..200, salt in any::<u32>(), wide in any::<bool>(), chain in any::<bool>()) {
+            // Around every chunk and tree boundary of the permute path and of the byte planes
+            // (65 to 256 entries, chains of 4 at 64 lanes with VBMI), and past their limits.
+            let len = [1, 16, 17, 32, 33, 64, 65, 100, 128, 129, 256, 257, 512, 513][len_pick];
             let xs: Vec<u32> = (0..n)
                 .map(|i| {
                     let r = i.wrapping_mul(0x85eb_ca6b) ^ salt;
@@ -487,6 +569,27 @@ mod device {
             let scalars = [n, off, start as u32, nx];
             let inputs = [bytes(1), bytes(2), bytes(3)];
             same_everywhere(&int_sum_kernel(), &scalars, &inputs, &[8]);
+        }
+
+        /// Rows of up to 300 elements at any offset (aligned to 64 or not: the 64-lane groups
+        /// and their 16-lane fallback), block scales with NaN, infinities, subnormals and both
+        /// signs.
+        #[test]
+        fn deferred_lookups_match_the_interpreter(n in 0u32..300, off in 0u32..70, stride in 0u32..300, items in 1u32..4, slack in 0u32..4, aligned in any::<bool>(), seed in any::<u32>()) {
+            // Half the cases have every row aligned to 64 (the 64-lane fast groups).
+            let (off, stride) = if aligned { (off / 35 * 64, stride / 64 * 64) } else { (off, stride) };
+            let nx = ((items - 1) * stride + off + n).saturating_sub(slack).max(1);
+            let nt = nx.div_ceil(64);
+            let xs: Vec<f32> = (0..nx).map(|i| ((i ^ seed) as f32 * 0.61).cos()).collect();
+            let ps: Vec<u8> = (0..nx).map(|i| (i.wrapping_mul(seed | 1) >> 3) as u8).collect();
+            let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -3.0, 0.0, -0.0];
+            let ts: Vec<f32> = (0..nt)
+                .map(|j| {
+                    let h = j.wrapping_mul(0x9e37_79b9) ^ seed;
+                    if h % 5 == 0 { special[(h as usize / 5) % special.len()] } else { (h as f32 * 1e-9).sin() * 3.0 }
+                })
+                .collect();
+            same_everywhere(&deferred_kernel(), &[n, off, stride, items, nx, nt], &[bytes_f32(&xs), ps, bytes_f32(&ts)], &[4 * items as usize]);
         }
 
         #[test]

@@ -3,11 +3,12 @@
 //! lowering. IR variables and loop counters live in `alloca`s of the entry block, which LLVM's
 //! `mem2reg`/`SROA` turn into SSA registers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
 use qforge_ir::{Access, DType, Kernel, Op, ParamKind, ScalarType, Stmt, Value, VarId};
 
+use super::deferred::Deferred;
 use super::{ArgLayout, LlvmOptions, BACKEND, ENTRY};
 use crate::error::{Error, Result};
 
@@ -45,6 +46,8 @@ pub(super) struct Emitter<'a> {
     next: u32,
     /// The LLVM operand of each IR value, once lowered.
     pub(super) vals: Vec<Option<Opnd>>,
+    /// The deferred lookups of the vector body being lowered, by arena index (`deferred.rs`).
+    pub(super) deferred: HashMap<usize, Deferred>,
     pub(super) params: Vec<ParamVal>,
     /// `i32*` base of each table.
     pub(super) tables: Vec<String>,
@@ -141,6 +144,7 @@ pub(super) fn module(kernel: &Kernel, opts: &LlvmOptions) -> Result<String> {
         decls: BTreeSet::new(),
         next: 0,
         vals: vec![None; kernel.values.len()],
+        deferred: HashMap::new(),
         params: Vec::new(),
         tables: Vec::new(),
         status: None,
@@ -239,6 +243,7 @@ impl Emitter<'_> {
 
     /// The operand of IR value `v` with `lanes` lanes (a scalar is splatted).
     pub(super) fn get(&mut self, v: Value, lanes: u32) -> Result<String> {
+        self.materialize(v)?;
         let o = self.opnd(v)?;
         if o.lanes == lanes {
             return Ok(o.text);
@@ -270,6 +275,7 @@ impl Emitter<'_> {
 
     /// Records the operand of IR value `v`.
     pub(super) fn set(&mut self, v: Value, text: String, lanes: u32) {
+        self.deferred.remove(&v.index());
         self.vals[v.index()] = Some(Opnd { text, lanes });
     }
 
@@ -547,7 +553,12 @@ impl Emitter<'_> {
                 chain >= INTERLEAVE_CHAIN || large >= 2
             } =>
             {
-                2 * lanes
+                // Byte-plane lookups (VBMI) take 64 lanes per step.
+                if self.opts.x86_avx512_vbmi {
+                    4 * lanes
+                } else {
+                    2 * lanes
+                }
             }
             _ => lanes,
         }

@@ -14,8 +14,8 @@
 //!   - fast: a load at `(f + l) >> s` is one contiguous vector load of `lanes >> s` elements,
 //!     each repeated `2^s` times (`f` a multiple of `2^s`, the run inside the buffer and not
 //!     wrapping around 2^32), or, when `2^s >= lanes` and every lane names the same element,
-//!     one scalar load splatted; a store at `f + l` is one vector store (the run inside the
-//!     buffer);
+//!     one scalar load, which later ops treat as uniform; a store at `f + l` is one vector
+//!     store (the run inside the buffer);
 //!   - checked: every varying load is a masked gather whose out-of-range lanes read nothing,
 //!     yield 0 and report the work item, and every varying store runs lane by lane (in lane
 //!     order) with the scalar store and its check, exactly as the scalar iterations would.
@@ -26,7 +26,9 @@
 //!   index grows by `lanes` per group); when they hold, every group runs the fast body with no
 //!   check, otherwise each group decides as above.
 //! - A varying table lookup clamps the index lanes; on AVX-512 (a multiple of 16 lanes) a table
-//!   of up to [`super::PERMUTE_TABLE`] entries is selected by permutes, 16 lanes at a time;
+//!   of at most 16 entries is deferred (`deferred.rs`: later ops with uniform operands apply to
+//!   the table, and the lanes are permuted when needed), and one of up to
+//!   [`super::PERMUTE_TABLE`] entries is selected by permutes, 16 lanes at a time;
 //!   otherwise a table of at most 16 entries is a vector constant indexed lane by lane (a
 //!   variable permute, e.g. `vpermps`) and a larger one is gathered from memory (`memory.rs`).
 //!   In the fast body, the lookup of a packed 4-bit code may be fused with its byte's load
@@ -72,6 +74,60 @@ pub(super) fn lookup_chain(k: &qforge_ir::Kernel, body: &[Stmt]) -> (u32, u32) {
         }
     }
     (longest, large)
+}
+
+/// Whether `body` loads an element that is the same for `lanes` consecutive index values
+/// (an aligned group): a load at an index of the form `(i + u) >> s` with `2^s >= lanes`
+/// (`u` independent of the index `i`), such as the absmax of a 4-bit block of `2^s` elements.
+pub(super) fn loads_per_block(
+    k: &qforge_ir::Kernel,
+    index: Value,
+    body: &[Stmt],
+    lanes: u32,
+) -> bool {
+    let mut varying = std::collections::HashSet::from([index.index()]);
+    let mut shift: HashMap<usize, u32> = HashMap::from([(index.index(), 0)]);
+    for stmt in body {
+        let Stmt::Let(v) = stmt else { continue };
+        let Some(def) = k.values.try_get(*v) else {
+            continue;
+        };
+        let ops = def.op.operands();
+        if !ops.iter().any(|o| varying.contains(&o.index())) {
+            continue;
+        }
+        varying.insert(v.index());
+        let run = |x: &Value| shift.get(&x.index()) == Some(&0);
+        let uniform = |x: &Value| !varying.contains(&x.index());
+        let s = match &def.op {
+            Op::Binary(BinaryOp::Add, x, y) if def.ty != ScalarType::F32 => {
+                ((run(x) && uniform(y)) || (run(y) && uniform(x))).then_some(0)
+            }
+            Op::Binary(BinaryOp::Sub, x, y) if def.ty != ScalarType::F32 => {
+                (run(x) && uniform(y)).then_some(0)
+            }
+            Op::Binary(BinaryOp::Shr, x, y) if def.ty == ScalarType::U32 => {
+                match k.values.try_get(*y).map(|d| &d.op) {
+                    Some(Op::Const(c)) => shift.get(&x.index()).map(|s| s + (c.bits() & 31)),
+                    _ => None,
+                }
+            }
+            Op::Load { index: at, .. } => {
+                if shift
+                    .get(&at.index())
+                    .is_some_and(|s| *s < 32 && (1u64 << s) >= u64::from(lanes))
+                {
+                    return true;
+                }
+                None
+            }
+            _ => None,
+        };
+        if let Some(s) = s {
+            shift.insert(v.index(), s);
+        }
+    }
+    false
 }
 
 /// Whether `body` can run in lanes: `let`s (index-dependent ones not reductions or loop
@@ -373,20 +429,23 @@ impl Emitter<'_> {
     }
 
     /// The loop over the groups `start .. end` (`end - start` a multiple of `lanes`), each
-    /// followed by `tail`. When the fast forms hold for every group (checked once: the
-    /// alignment at the first group, the ranges at the last, see
+    /// followed by `tail` (given the group's lanes). When the fast forms hold for every group
+    /// (checked once: the alignment at the first group, the ranges at the last, see
     /// [`Emitter::load_condition`]), every group runs the fast body with no per-group check;
-    /// otherwise each group chooses (see [`Emitter::lanes_group`]).
+    /// otherwise each group of `fallback` lanes (a divisor of `lanes`; e.g. 16 where a
+    /// 64-lane group would straddle a 64-element block) chooses (see
+    /// [`Emitter::lanes_group`]). The groups cover the same elements in the same order either
+    /// way.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn group_loop(
         &mut self,
         index: Value,
         start: &str,
         end: &str,
-        lanes: u32,
+        (lanes, fallback): (u32, u32),
         body: &[Stmt],
         running: &[Carried],
-        tail: &mut dyn FnMut(&mut Self) -> Result<()>,
+        tail: &mut dyn FnMut(&mut Self, u32) -> Result<()>,
     ) -> Result<()> {
         let (check_l, fast_l, slow_l, done) = (
             self.label("proof"),
@@ -411,12 +470,14 @@ impl Emitter<'_> {
         self.counted_loop("i32", start, end, lanes, |e, i0| {
             let plan = e.lanes_plan(index, i0, lanes, body, running, Check::Nothing)?;
             e.lanes_body(index, i0, lanes, body, running, &plan, Mode::Fast)?;
-            tail(e)
+            tail(e, lanes)
         })?;
         self.br(&done);
         self.start(&slow_l);
-        self.counted_loop("i32", start, end, lanes, |e, i0| {
-            e.lanes_group(index, i0, lanes, body, running, tail)
+        self.counted_loop("i32", start, end, fallback, |e, i0| {
+            e.lanes_group(index, i0, fallback, body, running, &mut |e| {
+                tail(e, fallback)
+            })
         })?;
         self.br(&done);
         self.start(&done);
@@ -480,24 +541,23 @@ impl Emitter<'_> {
                 .clone();
             let out = match &def.op {
                 Op::Load { buf, index } => match plan.forms.get(&index.index()) {
-                    Some(form) if mode == Mode::Fast => self.load_fast(*buf, form, lanes)?,
+                    Some(form) if mode == Mode::Fast => {
+                        let (out, n) = self.load_fast(*buf, form, lanes)?;
+                        self.set(*v, out, n);
+                        continue;
+                    }
                     _ => {
                         let idx = self.get(*index, lanes)?;
                         self.load_gather(*buf, &idx, lanes)?
                     }
                 },
                 Op::Lookup { table, index } => {
-                    let fused = match mode {
-                        Mode::Fast => self.nibble_lookup(*table, *index, &plan.forms, lanes)?,
-                        Mode::Checked => None,
-                    };
-                    match fused {
-                        Some(v) => v,
-                        None => {
-                            let idx = self.get(*index, lanes)?;
-                            self.lookup(*table, &idx, lanes)?
-                        }
+                    let forms = (mode == Mode::Fast).then_some(&plan.forms);
+                    if self.defer_lookup(*v, *table, *index, forms, lanes)? {
+                        continue;
                     }
+                    let idx = self.get(*index, lanes)?;
+                    self.lookup(*table, &idx, lanes)?
                 }
                 Op::Reduce { .. }
                 | Op::WorkItem
@@ -505,7 +565,12 @@ impl Emitter<'_> {
                 | Op::Param(_)
                 | Op::Const(_)
                 | Op::ReadVar(_) => return Err(internal("not a varying op")),
-                op => self.pure(op, def.ty, lanes)?,
+                op => {
+                    if self.defer_pure(*v, op, def.ty)? {
+                        continue;
+                    }
+                    self.pure(op, def.ty, lanes)?
+                }
             };
             self.set(*v, out, lanes);
         }
@@ -552,6 +617,7 @@ impl Emitter<'_> {
             .iter()
             .find(|c| c.red.var == var)
             .ok_or_else(|| internal("assignment in a vectorized loop"))?;
+        self.materialize(value)?;
         let o = self.opnd(value)?;
         match &c.lanes {
             Some(acc) => {
@@ -607,8 +673,14 @@ impl Emitter<'_> {
     }
 
     /// `buf[(first + l) >> shift]` for every lane, widened, in the fast form whose condition
-    /// holds (no bounds check: the condition covers it).
-    fn load_fast(&mut self, buf: qforge_ir::ParamId, form: &Form, lanes: u32) -> Result<String> {
+    /// holds (no bounds check: the condition covers it), and its lanes: 1 when every lane
+    /// names the same element (a uniform operand, splatted where a vector is needed).
+    fn load_fast(
+        &mut self,
+        buf: qforge_ir::ParamId,
+        form: &Form,
+        lanes: u32,
+    ) -> Result<(String, u32)> {
         let (base, _, dtype, _) = self.buffer(buf)?;
         let s = form.shift;
         let at = self.ins(format!("lshr i32 {}, {s}", form.first));
@@ -617,9 +689,7 @@ impl Emitter<'_> {
             let et = elem_ty(dtype);
             let p = self.element_ptr(&base, &at64, dtype, et);
             let raw = self.ins(format!("load {et}, {et}* {p}, align 1"));
-            let one = self.widen(dtype, &raw, 1);
-            let elem = super::emit::scalar_ty(dtype.value_type());
-            return Ok(self.splat(&one, elem, lanes));
+            return Ok((self.widen(dtype, &raw, 1), 1));
         }
         let n = lanes >> s;
         let rt = vec_of(elem_ty(dtype), n);
@@ -632,7 +702,7 @@ impl Emitter<'_> {
                 ids.join(", ")
             ));
         }
-        Ok(self.widen(dtype, &raw, lanes))
+        Ok((self.widen(dtype, &raw, lanes), lanes))
     }
 
     /// Stores `lanes` values at `index`: with `run = Some(first)` (the fast body, whose

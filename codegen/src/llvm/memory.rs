@@ -193,6 +193,12 @@ impl Emitter<'_> {
             let i = self.ins(format!("zext i32 {clamped} to i64"));
             let p = self.ins(format!("getelementptr i32, i32* {base}, i64 {i}"));
             self.ins(format!("load i32, i32* {p}, align 4"))
+        } else if self.opts.x86_avx512_vbmi
+            && lanes.is_multiple_of(32)
+            && (65..=super::planes::PLANE_TABLE).contains(&t.data.len())
+        {
+            let data = t.data.clone();
+            self.plane_lookup(&data, &clamped, lanes)
         } else if self.opts.x86_avx512
             && lanes.is_multiple_of(16)
             && t.data.len() <= super::PERMUTE_TABLE
@@ -220,37 +226,13 @@ impl Emitter<'_> {
 
     /// `data[index]` on a multiple of 16 lanes: [`Self::permute_lookup`] on each 16 of them.
     fn permute_lookup_wide(&mut self, data: &[u32], index: &str, lanes: u32) -> String {
-        if lanes == 16 {
-            return self.permute_lookup(data, index);
-        }
-        let it = vec_of("i32", lanes);
-        let mut parts = Vec::new();
-        for p in 0..lanes / 16 {
-            let mask: Vec<String> = (p * 16..p * 16 + 16).map(|j| format!("i32 {j}")).collect();
-            let part = self.ins(format!(
-                "shufflevector {it} {index}, {it} undef, <16 x i32> <{}>",
-                mask.join(", ")
-            ));
-            parts.push(self.permute_lookup(data, &part));
-        }
-        while parts.len() > 1 {
-            let w = 16 * (lanes / 16 / parts.len() as u32);
-            let pt = vec_of("i32", w);
-            let mask: Vec<String> = (0..2 * w).map(|j| format!("i32 {j}")).collect();
-            parts = parts
-                .chunks(2)
-                .map(|c| {
-                    self.ins(format!(
-                        "shufflevector {pt} {}, {pt} {}, <{} x i32> <{}>",
-                        c[0],
-                        c[1],
-                        2 * w,
-                        mask.join(", ")
-                    ))
-                })
-                .collect();
-        }
-        parts.pop().unwrap_or_default()
+        let parts: Vec<String> = (0..lanes / 16)
+            .map(|p| {
+                let part = self.lanes_of(index, lanes, 16 * p, 16);
+                self.permute_lookup(data, &part)
+            })
+            .collect();
+        self.concat(parts, 16)
     }
 
     /// `data[index]` on 16 lanes (`index`: `i32` lanes, already clamped to the table): each

@@ -24,10 +24,12 @@
 
 mod accumulate;
 mod arith;
+mod deferred;
 mod emit;
 mod lanes;
 mod memory;
 mod nibble;
+mod planes;
 mod reduce;
 mod vector_for;
 

@@ -1,10 +1,12 @@
 //! Packed 4-bit codes decoded with AVX-512 VBMI ([`super::LlvmOptions::x86_avx512_vbmi`]): in
-//! the fast body of a 16-lane group, the lookup `table[(byte >> s) & 15]` whose `byte` is the
-//! repeated run `buf[(first + l) >> 1]` of a `u8` buffer (two lanes per byte, as NF4/FP4 weights
-//! are packed) becomes three instructions instead of six: the run's 8 bytes loaded once as an
-//! `i64` and broadcast, one `vpmultishiftqb` that moves each lane's nibble to the low bits of
-//! its 32-bit lane (lane `l` reads the 8 bits at bit `8 * (l >> 1) + s_l` of the 8 bytes), and
-//! one `vpermd` of the table, which reads only the low 4 bits of each index lane.
+//! the fast body of a group, 16 lanes at a time, the lookup `table[(byte >> s) & 15]` whose
+//! `byte` is the repeated run `buf[(first + l) >> 1]` of a `u8` buffer (two lanes per byte, as
+//! NF4/FP4 weights are packed) becomes three instructions instead of six: the run's 8 bytes
+//! loaded once as an `i64` and broadcast, one `vpmultishiftqb` that moves each lane's nibble to
+//! the low bits of its 32-bit lane (lane `l` reads the 8 bits at bit `8 * (l >> 1) + s_l` of
+//! the 8 bytes), and one `vpermd` of the table, which reads only the low 4 bits of each index
+//! lane. The lookup is deferred (`deferred.rs`): the `vpermd` may read a table that later ops
+//! have transformed.
 //!
 //! This gives the scalar bits exactly when `s_l <= 4` for every lane, so that the four bits
 //! the IR keeps lie inside byte `l >> 1`; the lowering requires a proof from the shift
@@ -15,9 +17,9 @@
 
 use std::collections::HashMap;
 
-use qforge_ir::{BinaryOp, DType, Op, ParamId, ScalarType, TableId, Value};
+use qforge_ir::{BinaryOp, DType, Op, ParamId, ScalarType, Value};
 
-use super::emit::{internal, Emitter};
+use super::emit::Emitter;
 use super::lanes::Form;
 use crate::error::Result;
 
@@ -28,61 +30,48 @@ const MAX_NIBBLE_SHIFT: u32 = 4;
 const MAX_DEPTH: u32 = 8;
 
 impl Emitter<'_> {
-    /// The fused decode of the module docs for `table[index]` on `lanes` lanes, or `None` when
-    /// the options, the lanes, the table or the shape of `index` do not allow it.
-    pub(super) fn nibble_lookup(
+    /// The permute indices of the fused decode of the module docs for `table[index]` on
+    /// `lanes` lanes (a multiple of 16): one `<16 x i32>` per 16 lanes whose bits 0-3 are the
+    /// nibble (the bits above are not), or `None` when the options or the shape of `index`
+    /// do not allow it. Chunk `c` reads the 8 bytes at `(first >> 1) + 8c`.
+    pub(super) fn nibble_indices(
         &mut self,
-        table: TableId,
         index: Value,
         forms: &HashMap<usize, Form>,
         lanes: u32,
-    ) -> Result<Option<String>> {
-        if !self.opts.x86_avx512_vbmi || lanes != 16 {
+    ) -> Result<Option<Vec<String>>> {
+        if !self.opts.x86_avx512_vbmi || !lanes.is_multiple_of(16) {
             return Ok(None);
         }
-        let t = self
-            .k
-            .tables
-            .try_get(table)
-            .ok_or_else(|| internal("missing table"))?;
-        if t.data.is_empty() || t.data.len() > 16 || t.ty == ScalarType::Bool {
-            return Ok(None);
-        }
-        // Entries past the end repeat the last one: the IR clamps the index to the table.
-        let entries: Vec<String> = (0..16)
-            .map(|j| format!("i32 {}", t.data[j.min(t.data.len() - 1)] as i32))
-            .collect();
-        let out = t.ty;
         let Some((buf, first, shift)) = self.nibble_of(index, forms) else {
             return Ok(None);
         };
         let (base, _, _, _) = self.buffer(buf)?;
         let at = self.ins(format!("lshr i32 {first}, 1"));
         let at64 = self.ins(format!("zext i32 {at} to i64"));
-        let p = self.element_ptr(&base, &at64, DType::U8, "i64");
-        let q = self.ins(format!("load i64, i64* {p}, align 1"));
-        let one = self.ins(format!("insertelement <8 x i64> undef, i64 {q}, i32 0"));
-        let all = self.ins(format!(
-            "shufflevector <8 x i64> {one}, <8 x i64> undef, <8 x i32> zeroinitializer"
-        ));
-        let bytes = self.ins(format!("bitcast <8 x i64> {all} to <64 x i8>"));
         let s = self.get(shift, lanes)?;
         let at_byte: Vec<String> = (0..16).map(|l| format!("i32 {}", 8 * (l / 2))).collect();
-        let ctrl = self.ins(format!("add <16 x i32> {s}, <{}>", at_byte.join(", ")));
-        let ctrl = self.ins(format!("bitcast <16 x i32> {ctrl} to <64 x i8>"));
-        let moved = self.call(
-            "llvm.x86.avx512.pmultishift.qb.512",
-            "<64 x i8>",
-            &[("<64 x i8>", &ctrl), ("<64 x i8>", &bytes)],
-        );
-        let idx = self.ins(format!("bitcast <64 x i8> {moved} to <16 x i32>"));
-        let table_v = format!("<{}>", entries.join(", "));
-        let bits = self.call(
-            "llvm.x86.avx512.permvar.si.512",
-            "<16 x i32>",
-            &[("<16 x i32>", &table_v), ("<16 x i32>", &idx)],
-        );
-        self.bitcast(&bits, ScalarType::U32, out, lanes).map(Some)
+        let mut chunks = Vec::new();
+        for c in 0..lanes / 16 {
+            let byte = self.ins(format!("add i64 {at64}, {}", 8 * c));
+            let p = self.element_ptr(&base, &byte, DType::U8, "i64");
+            let q = self.ins(format!("load i64, i64* {p}, align 1"));
+            let one = self.ins(format!("insertelement <8 x i64> undef, i64 {q}, i32 0"));
+            let all = self.ins(format!(
+                "shufflevector <8 x i64> {one}, <8 x i64> undef, <8 x i32> zeroinitializer"
+            ));
+            let bytes = self.ins(format!("bitcast <8 x i64> {all} to <64 x i8>"));
+            let s_c = self.lanes_of(&s, lanes, 16 * c, 16);
+            let ctrl = self.ins(format!("add <16 x i32> {s_c}, <{}>", at_byte.join(", ")));
+            let ctrl = self.ins(format!("bitcast <16 x i32> {ctrl} to <64 x i8>"));
+            let moved = self.call(
+                "llvm.x86.avx512.pmultishift.qb.512",
+                "<64 x i8>",
+                &[("<64 x i8>", &ctrl), ("<64 x i8>", &bytes)],
+            );
+            chunks.push(self.ins(format!("bitcast <64 x i8> {moved} to <16 x i32>")));
+        }
+        Ok(Some(chunks))
     }
 
     /// `(buf, first, s)` when `index` is `and(shr(byte, s), 15)` (either operand order of the

@@ -56,7 +56,8 @@ impl Emitter<'_> {
             };
             running.push(Carried { red, lanes: acc });
         }
-        self.group_loop(index, start, &vend, lanes, body, &running, &mut |_| Ok(()))?;
+        let no_tail = &mut |_: &mut Self, _| Ok(());
+        self.group_loop(index, start, &vend, (lanes, lanes), body, &running, no_tail)?;
         // The lanes of each maximum combined in lane order with the scalar update; an integer
         // sum's lanes added to the variable.
         for c in &running {

@@ -62,10 +62,13 @@ impl DeviceCaps {
 ///
 /// * CPU: decoding a weight (nibble, table, absmax, rounding) costs far more than the fused
 ///   multiply-adds it feeds, so rows of the activation share each decode: `tm = min(M, 8)`,
-///   `tn = 4` (at most 32 outputs per work item). Measured with `QFORGE_MATMUL_TILE` on the
-///   2-core development machine at K = N = 4096: M = 1 runs fastest with 1x4 (1x1..1x16 within
-///   15%), M = 16 with 8x4 (20 ms, against 55 ms for 4x1 and 99 ms for 1x4). The tile shrinks
-///   (`tn` first) while there would be fewer than 4 work items per thread.
+///   `tn = 4` (at most 32 outputs per work item), and `tm = min(M, 4)` with 16 lanes or more
+///   (the LLVM backend's 64-element groups hold 4x more values per output, so 8x4 spills).
+///   Measured with `QFORGE_MATMUL_TILE` on the 2-core development machine at K = N = 4096:
+///   M = 1 runs fastest with 1x4 (1x1..1x16 within 15%), M = 16 with 8x4 on Cranelift (20 ms,
+///   against 55 ms for 4x1 and 99 ms for 1x4) and 4x4 on LLVM (4.0-5.0 ms against 6.7-13 ms
+///   for 8x4). The tile shrinks (`tn` first) while there would be fewer than 4 work items per
+///   thread.
 /// * GPU: one thread keeps 8 scalar partials per output; `tm = min(M, 4)`, `tn = 1`, shrunk
 ///   while there would be fewer work items than half the resident threads.
 pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
@@ -73,8 +76,13 @@ pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> Til
     let m = m.max(1);
     let n = n.max(1);
     let (mut tm, mut tn, want_items) = match caps {
-        DeviceCaps::Cpu { threads, .. } => {
-            (m.min(8), 4, 4usize.saturating_mul(threads.max(1) as usize))
+        DeviceCaps::Cpu { threads, lanes } => {
+            let rows = if lanes >= 16 { 4 } else { 8 };
+            (
+                m.min(rows),
+                4,
+                4usize.saturating_mul(threads.max(1) as usize),
+            )
         }
         DeviceCaps::Gpu { parallel_threads } => (m.min(4), 1, parallel_threads as usize / 2),
     };
@@ -423,6 +431,13 @@ mod tests {
         // Few outputs: shrink (tn first) to give each of the 2 threads 4 work items.
         assert_eq!(t(16, 4, cpu), (8, 1));
         assert_eq!(t(1, 5, cpu), (1, 1));
+        let wide = DeviceCaps::Cpu {
+            threads: 2,
+            lanes: 16,
+        };
+        assert_eq!(t(1, 4096, wide), (1, 4));
+        assert_eq!(t(16, 4096, wide), (4, 4));
+        assert_eq!(t(3, 11008, wide), (3, 4));
         let gpu = DeviceCaps::Gpu {
             parallel_threads: 65536,
         };
