@@ -586,7 +586,7 @@ mod device {
             let ts: Vec<f32> = (0..nt)
                 .map(|j| {
                     let h = j.wrapping_mul(0x9e37_79b9) ^ seed;
-                    if h % 5 == 0 { special[(h as usize / 5) % special.len()] } else { (h as f32 * 1e-9).sin() * 3.0 }
+                    if h.is_multiple_of(5) { special[(h as usize / 5) % special.len()] } else { (h as f32 * 1e-9).sin() * 3.0 }
                 })
                 .collect();
             same_everywhere(&deferred_kernel(), &[n, off, stride, items, nx, nt], &[bytes_f32(&xs), ps, bytes_f32(&ts)], &[4 * items as usize]);
@@ -598,6 +598,43 @@ mod device {
             let xs: Vec<f32> = (0..nx).map(|i| ((i ^ seed) as f32 * 0.61).cos()).collect();
             let ps: Vec<u8> = (0..nx).map(|i| (i.wrapping_mul(seed | 1) >> 3) as u8).collect();
             same_everywhere(&accumulate_kernel(), &[n, off, stride, items, nx], &[bytes_f32(&xs), ps], &[4 * items as usize]);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// The 4-bit input gradient with tiles of 4, 8 and 16 columns (`outer.rs`: the
+        /// accumulators as lanes, 16 with the fused decodes), K not a multiple of the tile (the
+        /// last tile's clamped columns take the usual loop), blocksizes 32 to 128, nested
+        /// absmax, every activation dtype; `cpu-llvm` against the interpreter.
+        #[test]
+        fn accumulators_as_lanes_match_the_interpreter(
+            m in 1usize..3, k in 1usize..300, n in 1usize..90, tn_pick in 0usize..3,
+            bs_pick in 0usize..3, dtype_pick in 0usize..3, nested in any::<bool>(), seed in any::<u32>(),
+        ) {
+            use qforge::ir::library::{QuantType, TileConfig};
+            use qforge::runtime::{ops, HostTensor};
+            let dtype = [DType::F32, DType::BF16, DType::F16][dtype_pick];
+            let vals = |len: usize, salt: u32| -> Vec<f32> {
+                (0..len as u32)
+                    .map(|i| {
+                        let h = (i ^ seed ^ salt).wrapping_mul(0x9e37_79b9);
+                        if h.is_multiple_of(23) { [0.0, -0.0, 1e-39, -2.5e4][(h as usize / 23) % 4] } else { ((h >> 8) as f32 / 8388608.0 - 1.0) * 3.0 }
+                    })
+                    .collect()
+            };
+            let w = HostTensor::from_f32_as(dtype, vec![n, k], &vals(n * k, 1)).unwrap();
+            let bs = [32, 64, 128][bs_pick];
+            let (packed, state) = ops::quantize_4bit(&InterpreterDevice, &w, QuantType::Nf4, bs, nested).unwrap();
+            let dy = HostTensor::from_f32_as(dtype, vec![m, n], &vals(m * n, 2)).unwrap();
+            let tile = TileConfig { tm: 1, tn: [4, 8, 16][tn_pick] };
+            let dev = CpuDevice::llvm(CpuOptions::default()).unwrap();
+            let want = ops::matmul_4bit_backward_input(&InterpreterDevice, &dy, &packed, &state, Some(tile)).unwrap();
+            let got = ops::matmul_4bit_backward_input(&dev, &dy, &packed, &state, Some(tile)).unwrap();
+            let (g, w) = (got.to_f32().unwrap(), want.to_f32().unwrap());
+            let bad = g.iter().zip(&w).filter(|(a, b)| !(a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan())).count();
+            prop_assert_eq!(bad, 0, "M={} K={} N={} {} tile 1x{} bs {} nested {}", m, k, n, dtype, tile.tn, bs, nested);
         }
     }
 

@@ -14,7 +14,8 @@
 //! The partials vector is then stored into the array and the last `len % g` elements run the
 //! scalar body. `g` is 64 for a 4-bit decode on AVX-512 ([`Emitter::wide_group`]); when a
 //! loop's rows are not aligned to 64, its groups are 16 wide (the same elements in the same
-//! order).
+//! order). Accumulators that differ only in one column value run as the lanes of one vector
+//! instead, when their columns are consecutive (`outer.rs`).
 
 use qforge_ir::{Accum, Op, ReduceOrder, Stmt, Value};
 
@@ -53,6 +54,24 @@ impl Emitter<'_> {
             ));
         }
         let lanes = self.opts.lanes;
+        let outer = self.outer_plan(index, ways, body, accs);
+        let join = match &outer {
+            Some(plan) => {
+                let ok = self.outer_condition(plan)?;
+                let (yes, no, join) = (
+                    self.label("outer"),
+                    self.label("inner"),
+                    self.label("accumulated"),
+                );
+                self.cond_br(&ok, &yes, &no);
+                self.start(&yes);
+                self.outer_accumulate(index, &len, ways, plan, accs, &arrays)?;
+                self.br(&join);
+                self.start(&no);
+                Some(join)
+            }
+            None => None,
+        };
         let vector = lanes != 0 && ways > 1 && super::lanes::eligible(self.k, index, body, false);
         let tail_start = if vector {
             let fallback = lanes.max(ways);
@@ -80,6 +99,10 @@ impl Emitter<'_> {
             }
             Ok(())
         })?;
+        if let Some(join) = join {
+            self.br(&join);
+            self.start(&join);
+        }
         for (acc, arr) in accs.iter().zip(&arrays) {
             let total = self.tree_from_array(arr, ways);
             self.assign_var(acc.var, &total)?;

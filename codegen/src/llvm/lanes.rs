@@ -76,17 +76,14 @@ pub(super) fn lookup_chain(k: &qforge_ir::Kernel, body: &[Stmt]) -> (u32, u32) {
     (longest, large)
 }
 
-/// Whether `body` loads an element that is the same for `lanes` consecutive index values
-/// (an aligned group): a load at an index of the form `(i + u) >> s` with `2^s >= lanes`
-/// (`u` independent of the index `i`), such as the absmax of a 4-bit block of `2^s` elements.
-pub(super) fn loads_per_block(
-    k: &qforge_ir::Kernel,
-    index: Value,
-    body: &[Stmt],
-    lanes: u32,
-) -> bool {
-    let mut varying = std::collections::HashSet::from([index.index()]);
-    let mut shift: HashMap<usize, u32> = HashMap::from([(index.index(), 0)]);
+/// The loads of `body` that depend on `seed` (a loop index, or a value treated as one), each
+/// with the shift `s` of its index when the index has the form `(seed + u) >> s` (`u`
+/// independent of `seed`), else `None` (a gather). A static version of the forms the vector
+/// body tracks.
+fn seeded_loads(k: &qforge_ir::Kernel, seed: Value, body: &[Stmt]) -> Vec<Option<u32>> {
+    let mut varying = std::collections::HashSet::from([seed.index()]);
+    let mut shift: HashMap<usize, u32> = HashMap::from([(seed.index(), 0)]);
+    let mut loads = Vec::new();
     for stmt in body {
         let Stmt::Let(v) = stmt else { continue };
         let Some(def) = k.values.try_get(*v) else {
@@ -113,12 +110,7 @@ pub(super) fn loads_per_block(
                 }
             }
             Op::Load { index: at, .. } => {
-                if shift
-                    .get(&at.index())
-                    .is_some_and(|s| *s < 32 && (1u64 << s) >= u64::from(lanes))
-                {
-                    return true;
-                }
+                loads.push(shift.get(&at.index()).copied().filter(|s| *s < 32));
                 None
             }
             _ => None,
@@ -127,7 +119,29 @@ pub(super) fn loads_per_block(
             shift.insert(v.index(), s);
         }
     }
-    false
+    loads
+}
+
+/// Whether `body` loads an element that is the same for `lanes` consecutive index values
+/// (an aligned group): a load at an index of the form `(i + u) >> s` with `2^s >= lanes`,
+/// such as the absmax of a 4-bit block of `2^s` elements.
+pub(super) fn loads_per_block(
+    k: &qforge_ir::Kernel,
+    index: Value,
+    body: &[Stmt],
+    lanes: u32,
+) -> bool {
+    seeded_loads(k, index, body)
+        .into_iter()
+        .flatten()
+        .any(|s| (1u64 << s) >= u64::from(lanes))
+}
+
+/// Whether every load of `body` that depends on `seed` has an index of the form
+/// `(seed + u) >> s` (a run, a repeated run or a block element: no gather), and there is one.
+pub(super) fn loads_are_runs(k: &qforge_ir::Kernel, seed: Value, body: &[Stmt]) -> bool {
+    let loads = seeded_loads(k, seed, body);
+    !loads.is_empty() && loads.iter().all(Option::is_some)
 }
 
 /// Whether `body` can run in lanes: `let`s (index-dependent ones not reductions or loop

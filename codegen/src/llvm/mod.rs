@@ -29,6 +29,7 @@ mod emit;
 mod lanes;
 mod memory;
 mod nibble;
+mod outer;
 mod planes;
 mod reduce;
 mod vector_for;

@@ -57,7 +57,8 @@ pub use int8::{
     Linear8bitLt, MAX_INT8_K,
 };
 pub use matmul4::{
-    matmul_4bit, matmul_4bit_backward_input, suggest_tile_sizes, DeviceCaps, Linear4bit,
+    matmul_4bit, matmul_4bit_backward_input, suggest_backward_tile_sizes, suggest_tile_sizes,
+    DeviceCaps, Linear4bit,
 };
 pub use optim::{adam_step_32bit, adam_step_8bit, AdamState32, AdamState8, OPTIM_PARAM_DTYPES};
 pub use optim::{adam_step_32bit_opts, adam_step_8bit_opts, GradOptions};

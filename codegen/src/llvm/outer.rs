@@ -1,0 +1,287 @@
+//! `accumulate` with its accumulators as the vector lanes: when accumulator `j`'s factors are
+//! accumulator 0's expressions with one value `col_0` (defined before the loop) replaced by
+//! `col_j`, and `col_j = col_0 + j` at run time, lane `j` of one vector evaluation of
+//! accumulator 0's expressions with `col_0 + lane` in place of `col_0` is accumulator `j`'s
+//! factor. The loop then runs the elements one at a time, all accumulators at once: element `i`
+//! is fused into partial vector `i % w`, whose lane `j` is accumulator `j`'s partial `i % w`, so
+//! every accumulator sums its elements in its own pinned order, as the scalar loop does.
+//!
+//! This is the 4-bit matmul's input gradient, `dX[m, k] = sum over n of dY[m, n] * W[n, k]`:
+//! vectorized over `n` its weights are gathered one byte per lane, `K / 2` bytes apart; with
+//! the tile's columns `k0 .. k0 + 16` as lanes they are 8 contiguous bytes, decoded by the
+//! fused 4-bit path (`nibble.rs`, `deferred.rs`). The plan is taken only when every load that
+//! depends on `col_0` has a fast form in it (`lanes::loads_are_runs`), so a forward tile (whose
+//! column strides by `K`) keeps the usual vector loop; when the columns are not consecutive
+//! (the tile's last columns clamped at the matrix edge) the usual loop runs.
+
+use std::collections::{HashMap, HashSet};
+
+use qforge_ir::{Accum, Op, Stmt, Value};
+
+use super::emit::{internal, Emitter};
+use super::reduce::NEG_ZERO;
+use crate::error::Result;
+
+/// An accumulate that runs with its accumulators as lanes (see the module docs).
+pub(super) struct Outer {
+    /// `col_j` of each accumulator.
+    cols: Vec<Value>,
+    /// The lets accumulator 0's factors depend on, in body order.
+    body: Vec<Stmt>,
+}
+
+/// The most partials (ways of the order) the outer loop unrolls.
+const MAX_WAYS: u32 = 8;
+
+/// `op` with its operands replaced by `new` (in operand order; `None` when too few).
+fn with_operands(op: &Op, new: &[Value]) -> Option<Op> {
+    let mut it = new.iter().copied();
+    let mut next = || it.next();
+    Some(match op {
+        Op::WorkItem | Op::LoopIndex | Op::Param(_) | Op::Const(_) | Op::ReadVar(_) => op.clone(),
+        Op::Load { buf, .. } => Op::Load {
+            buf: *buf,
+            index: next()?,
+        },
+        Op::Lookup { table, .. } => Op::Lookup {
+            table: *table,
+            index: next()?,
+        },
+        Op::SearchSorted { table, .. } => Op::SearchSorted {
+            table: *table,
+            value: next()?,
+        },
+        Op::Unary(u, _) => Op::Unary(*u, next()?),
+        Op::Binary(b, _, _) => Op::Binary(*b, next()?, next()?),
+        Op::Cmp(c, _, _) => Op::Cmp(*c, next()?, next()?),
+        Op::Fma(..) => Op::Fma(next()?, next()?, next()?),
+        Op::Select { .. } => Op::Select {
+            cond: next()?,
+            if_true: next()?,
+            if_false: next()?,
+        },
+        Op::FloatToInt { to, rounding, .. } => Op::FloatToInt {
+            value: next()?,
+            to: *to,
+            rounding: *rounding,
+        },
+        Op::IntToFloat { rounding, .. } => Op::IntToFloat {
+            value: next()?,
+            rounding: *rounding,
+        },
+        Op::Bitcast { to, .. } => Op::Bitcast {
+            value: next()?,
+            to: *to,
+        },
+        Op::Reduce {
+            kind, buf, order, ..
+        } => Op::Reduce {
+            kind: *kind,
+            buf: *buf,
+            start: next()?,
+            len: next()?,
+            order: *order,
+        },
+    })
+}
+
+/// Matches accumulator 0's expression `x` against accumulator `j`'s `y`.
+struct Matcher<'k> {
+    k: &'k qforge_ir::Kernel,
+    /// Values defined by the body's lets.
+    inside: HashSet<usize>,
+    /// The one pair of values defined before the loop that differ (`col_0`, `col_j`).
+    pair: Option<(Value, Value)>,
+    seen: HashMap<(usize, usize), bool>,
+}
+
+impl Matcher<'_> {
+    fn same(&mut self, x: Value, y: Value) -> bool {
+        if x == y {
+            return true;
+        }
+        if let Some(r) = self.seen.get(&(x.index(), y.index())) {
+            return *r;
+        }
+        let r = self.compare(x, y);
+        self.seen.insert((x.index(), y.index()), r);
+        r
+    }
+
+    fn compare(&mut self, x: Value, y: Value) -> bool {
+        let (Some(dx), Some(dy)) = (self.k.values.try_get(x), self.k.values.try_get(y)) else {
+            return false;
+        };
+        if dx.ty != dy.ty {
+            return false;
+        }
+        match (
+            self.inside.contains(&x.index()),
+            self.inside.contains(&y.index()),
+        ) {
+            (true, true) => {
+                let (ox, oy) = (dx.op.operands(), dy.op.operands());
+                with_operands(&dy.op, &ox).as_ref() == Some(&dx.op)
+                    && ox.iter().zip(&oy).all(|(a, b)| self.same(*a, *b))
+            }
+            (false, false) => match (&dx.op, &dy.op) {
+                (Op::Const(a), Op::Const(b)) => a == b,
+                _ => match self.pair {
+                    None => {
+                        self.pair = Some((x, y));
+                        true
+                    }
+                    Some(p) => p == (x, y),
+                },
+            },
+            _ => false,
+        }
+    }
+}
+
+impl Emitter<'_> {
+    /// The outer-lane plan of `accumulate` (see the module docs), or `None`: vector lanes on,
+    /// 4 to 64 accumulators (a power of two), at most [`MAX_WAYS`] partials, and every
+    /// accumulator matching accumulator 0 up to one value whose loads are all runs.
+    pub(super) fn outer_plan(
+        &self,
+        index: Value,
+        ways: u32,
+        body: &[Stmt],
+        accs: &[Accum],
+    ) -> Option<Outer> {
+        let n = accs.len();
+        if self.opts.lanes == 0 || ways > MAX_WAYS || !(4..=64).contains(&n) || !n.is_power_of_two()
+        {
+            return None;
+        }
+        let inside: HashSet<usize> = body
+            .iter()
+            .filter_map(|s| match s {
+                Stmt::Let(v) => Some(v.index()),
+                _ => None,
+            })
+            .collect();
+        let mut cols = vec![];
+        for acc in &accs[1..] {
+            let mut m = Matcher {
+                k: self.k,
+                inside: inside.clone(),
+                pair: None,
+                seen: HashMap::new(),
+            };
+            if !(m.same(accs[0].a, acc.a) && m.same(accs[0].b, acc.b)) {
+                return None;
+            }
+            let (c0, cj) = m.pair?;
+            if cols.first().is_some_and(|c| *c != c0) || c0 == index {
+                return None;
+            }
+            if cols.is_empty() {
+                cols.push(c0);
+            }
+            cols.push(cj);
+        }
+        // Accumulator 0's cone, in body order.
+        let mut need: HashSet<usize> = [accs[0].a.index(), accs[0].b.index()].into();
+        for stmt in body.iter().rev() {
+            if let Stmt::Let(v) = stmt {
+                if need.contains(&v.index()) {
+                    let ops = self.k.values.try_get(*v)?.op.operands();
+                    need.extend(ops.iter().map(|o| o.index()));
+                }
+            }
+        }
+        let cone: Vec<Stmt> = body
+            .iter()
+            .filter(|s| matches!(s, Stmt::Let(v) if need.contains(&v.index())))
+            .cloned()
+            .collect();
+        let eligible = super::lanes::eligible(self.k, cols[0], &cone, false)
+            && super::lanes::loads_are_runs(self.k, cols[0], &cone);
+        eligible.then_some(Outer { cols, body: cone })
+    }
+
+    /// `i1`: whether `col_j = col_0 + j` for every accumulator (the plan's run-time condition).
+    pub(super) fn outer_condition(&mut self, outer: &Outer) -> Result<String> {
+        let c0 = self.val(outer.cols[0])?;
+        let mut all = "true".to_string();
+        for (j, c) in outer.cols.iter().enumerate().skip(1) {
+            let cj = self.val(*c)?;
+            let want = self.ins(format!("add i32 {c0}, {j}"));
+            let eq = self.ins(format!("icmp eq i32 {cj}, {want}"));
+            all = self.ins(format!("and i1 {all}, {eq}"));
+        }
+        Ok(all)
+    }
+
+    /// The loop of the plan over elements `0 .. len` (see the module docs), leaving each
+    /// accumulator's partials in its `[ways x float]` array.
+    pub(super) fn outer_accumulate(
+        &mut self,
+        index: Value,
+        len: &str,
+        ways: u32,
+        outer: &Outer,
+        accs: &[Accum],
+        arrays: &[String],
+    ) -> Result<()> {
+        let lanes = accs.len() as u32;
+        let vt = format!("<{lanes} x float>");
+        let neg: Vec<String> = (0..lanes).map(|_| format!("float {NEG_ZERO}")).collect();
+        let partials: Vec<String> = (0..ways).map(|_| self.alloca(&vt)).collect();
+        for p in &partials {
+            self.line(format!("store {vt} <{}>, {vt}* {p}", neg.join(", ")));
+        }
+        let col0 = outer.cols[0];
+        let saved = self.vals[col0.index()].clone();
+        let first = self.val(col0)?;
+        let element = |e: &mut Self, i: &str, r: u32| -> Result<()> {
+            e.set(index, i.to_string(), 1);
+            let p = &partials[r as usize];
+            let (a, b) = (accs[0].a, accs[0].b);
+            e.lanes_group(col0, &first, lanes, &outer.body, &[], &mut |e| {
+                let (x, y) = (e.get(a, lanes)?, e.get(b, lanes)?);
+                let old = e.ins(format!("load {vt}, {vt}* {p}"));
+                let new = e.fma(lanes, &x, &y, &old);
+                e.line(format!("store {vt} {new}, {vt}* {p}"));
+                Ok(())
+            })?;
+            e.vals[col0.index()] = saved.clone();
+            Ok(())
+        };
+        let end = self.ins(format!("and i32 {len}, {}", !(ways - 1) as i32));
+        self.counted_loop("i32", "0", &end, ways, |e, i0| {
+            for r in 0..ways {
+                let i = e.ins(format!("add i32 {i0}, {r}"));
+                element(e, &i, r)?;
+            }
+            Ok(())
+        })?;
+        // The last `len % ways` elements: element `end + r` goes to partial `r`.
+        for r in 0..ways - 1 {
+            let i = self.ins(format!("add i32 {end}, {r}"));
+            let inside = self.ins(format!("icmp ult i32 {i}, {len}"));
+            let (then, next) = (self.label("outer_tail"), self.label("outer_next"));
+            self.cond_br(&inside, &then, &next);
+            self.start(&then);
+            element(self, &i, r)?;
+            self.br(&next);
+            self.start(&next);
+        }
+        for (r, p) in partials.iter().enumerate() {
+            let v = self.ins(format!("load {vt}, {vt}* {p}"));
+            for (j, arr) in arrays.iter().enumerate() {
+                let x = self.ins(format!("extractelement {vt} {v}, i32 {j}"));
+                let at = self.ins(format!(
+                    "getelementptr [{ways} x float], [{ways} x float]* {arr}, i64 0, i32 {r}"
+                ));
+                self.line(format!("store float {x}, float* {at}"));
+            }
+        }
+        if self.vals[col0.index()].is_none() {
+            return Err(internal("outer accumulate lost its column"));
+        }
+        Ok(())
+    }
+}
