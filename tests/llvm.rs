@@ -265,6 +265,65 @@ mod device {
         b.finish()
     }
 
+    /// Four accumulators over `i < n` with columns `c_j = 4g + j` (work item `g`): accumulator
+    /// `j` sums `x[i*s + c_j] * x[i*s + c']` in `Strided(8)` order, where `c'` is `c_j` itself
+    /// (`shared = 0`: the accumulators differ only in their column, so `outer.rs` runs them as
+    /// lanes), or `c_0` in every accumulator, written once per accumulator (`shared = 1`) or
+    /// once for all (`shared = 2`): there lane `j` must still read `c_0`, so the lanes plan
+    /// must not apply.
+    fn columns_kernel(shared: u32) -> Kernel {
+        let mut b = KernelBuilder::new("llvm_columns_as_lanes");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let s = b.scalar_param("s", ScalarType::U32);
+        let items = b.scalar_param("items", ScalarType::U32);
+        let nx = b.scalar_param("nx", ScalarType::U32);
+        let x = b.buffer_param("x", DType::F32, &[Dim::Param(nx)], Access::Read);
+        let out = b.buffer_param("out", DType::F32, &[Dim::Param(items)], Access::Write);
+        b.set_grid(Dim::Param(items));
+        let g = b.work_item();
+        let four = b.const_u32(4);
+        let g4 = b.mul(g, four);
+        let cols: Vec<_> = (0..4)
+            .map(|j| {
+                let jv = b.const_u32(j);
+                b.add(g4, jv)
+            })
+            .collect();
+        let vars: Vec<_> = (0..4)
+            .map(|j| b.var(&format!("acc{j}"), ScalarType::F32))
+            .collect();
+        let nv = b.param(n);
+        b.accumulate(nv, ReduceOrder::Strided(8), &vars, |b, i| {
+            let sv = b.param(s);
+            let row = b.mul(i, sv);
+            let once = b.add(row, cols[0]);
+            let once = b.load(x, once);
+            cols.iter()
+                .map(|c| {
+                    let at = b.add(row, *c);
+                    let xv = b.load(x, at);
+                    let other = match shared {
+                        0 => xv,
+                        1 => {
+                            let at0 = b.add(row, cols[0]);
+                            b.load(x, at0)
+                        }
+                        _ => once,
+                    };
+                    (xv, other)
+                })
+                .collect()
+        });
+        // out[g] = ((acc0 + acc1) + acc2) + acc3: every accumulator reaches the output.
+        let mut total = b.read_var(vars[0]);
+        for v in &vars[1..] {
+            let t = b.read_var(*v);
+            total = b.add(total, t);
+        }
+        b.store(out, g, total);
+        b.finish()
+    }
+
     fn bytes_f32(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
@@ -569,6 +628,17 @@ mod device {
             let scalars = [n, off, start as u32, nx];
             let inputs = [bytes(1), bytes(2), bytes(3)];
             same_everywhere(&int_sum_kernel(), &scalars, &inputs, &[8]);
+        }
+
+        /// Accumulators that differ only in their column run as lanes; ones that share a use
+        /// of the first column must not (they would read the wrong column in lanes 1..3).
+        #[test]
+        fn columns_as_lanes_match_the_interpreter(n in 0u32..40, s in 4u32..40, items in 1u32..5, seed in any::<u32>()) {
+            let nx = (n * s + 4 * items).max(1);
+            let xs: Vec<f32> = (0..nx).map(|i| ((i ^ seed) as f32 * 0.37).sin()).collect();
+            for shared in 0..3 {
+                same_everywhere(&columns_kernel(shared), &[n, s, items, nx], &[bytes_f32(&xs)], &[4 * items as usize]);
+            }
         }
 
         /// Rows of up to 300 elements at any offset (aligned to 64 or not: the 64-lane groups

@@ -85,20 +85,51 @@ fn with_operands(op: &Op, new: &[Value]) -> Option<Op> {
     })
 }
 
-/// Matches accumulator 0's expression `x` against accumulator `j`'s `y`.
+/// Matches accumulator 0's expression `x` against accumulator `j`'s `y`. The first pass
+/// finds the pair; the second, with the pair fixed, also requires every value the two
+/// expressions share to be independent of `col_0` (the vector evaluation replaces `col_0`
+/// everywhere in accumulator 0's expressions, so a shared use of it would differ in lane `j`).
 struct Matcher<'k> {
     k: &'k qforge_ir::Kernel,
     /// Values defined by the body's lets.
     inside: HashSet<usize>,
     /// The one pair of values defined before the loop that differ (`col_0`, `col_j`).
     pair: Option<(Value, Value)>,
+    /// Whether the pair is fixed (the second pass).
+    fixed: bool,
     seen: HashMap<(usize, usize), bool>,
+    uses_col: HashMap<usize, bool>,
 }
 
 impl Matcher<'_> {
+    /// Whether `v` is `col_0` or a body value computed from it.
+    fn uses_col(&mut self, v: Value) -> bool {
+        let Some((c0, _)) = self.pair else {
+            return false;
+        };
+        if v == c0 {
+            return true;
+        }
+        if !self.inside.contains(&v.index()) {
+            return false;
+        }
+        if let Some(r) = self.uses_col.get(&v.index()) {
+            return *r;
+        }
+        let ops = self
+            .k
+            .values
+            .try_get(v)
+            .map(|d| d.op.operands())
+            .unwrap_or_default();
+        let r = ops.into_iter().any(|o| self.uses_col(o));
+        self.uses_col.insert(v.index(), r);
+        r
+    }
+
     fn same(&mut self, x: Value, y: Value) -> bool {
         if x == y {
-            return true;
+            return !self.fixed || !self.uses_col(x);
         }
         if let Some(r) = self.seen.get(&(x.index(), y.index())) {
             return *r;
@@ -127,11 +158,11 @@ impl Matcher<'_> {
             (false, false) => match (&dx.op, &dy.op) {
                 (Op::Const(a), Op::Const(b)) => a == b,
                 _ => match self.pair {
-                    None => {
+                    None if !self.fixed => {
                         self.pair = Some((x, y));
                         true
                     }
-                    Some(p) => p == (x, y),
+                    p => p == Some((x, y)),
                 },
             },
             _ => false,
@@ -164,16 +195,22 @@ impl Emitter<'_> {
             .collect();
         let mut cols = vec![];
         for acc in &accs[1..] {
-            let mut m = Matcher {
-                k: self.k,
-                inside: inside.clone(),
-                pair: None,
-                seen: HashMap::new(),
-            };
-            if !(m.same(accs[0].a, acc.a) && m.same(accs[0].b, acc.b)) {
-                return None;
+            let mut pair = None;
+            for fixed in [false, true] {
+                let mut m = Matcher {
+                    k: self.k,
+                    inside: inside.clone(),
+                    pair,
+                    fixed,
+                    seen: HashMap::new(),
+                    uses_col: HashMap::new(),
+                };
+                if !(m.same(accs[0].a, acc.a) && m.same(accs[0].b, acc.b)) {
+                    return None;
+                }
+                pair = m.pair;
             }
-            let (c0, cj) = m.pair?;
+            let (c0, cj) = pair?;
             if cols.first().is_some_and(|c| *c != c0) || c0 == index {
                 return None;
             }
