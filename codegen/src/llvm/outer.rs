@@ -16,13 +16,14 @@
 
 use std::collections::{HashMap, HashSet};
 
-use qforge_ir::{Accum, Op, Stmt, Value};
+use qforge_ir::{Accum, Op, ScalarType, Stmt, Value};
 
 use super::emit::{internal, Emitter};
 use super::reduce::NEG_ZERO;
 use crate::error::Result;
 
-/// An accumulate that runs with its accumulators as lanes (see the module docs).
+/// An accumulate that runs with its accumulators as lanes (see the module docs). The columns
+/// are `u32` or `i32` values (the lanes compute `col_0 + lane` with the IR's wrapping add).
 pub(super) struct Outer {
     /// `col_j` of each accumulator.
     cols: Vec<Value>,
@@ -211,7 +212,13 @@ impl Emitter<'_> {
                 pair = m.pair;
             }
             let (c0, cj) = pair?;
-            if cols.first().is_some_and(|c| *c != c0) || c0 == index {
+            let integer = |v: Value| {
+                self.k
+                    .values
+                    .try_get(v)
+                    .is_some_and(|d| matches!(d.ty, ScalarType::U32 | ScalarType::I32))
+            };
+            if cols.first().is_some_and(|c| *c != c0) || c0 == index || !integer(c0) {
                 return None;
             }
             if cols.is_empty() {
