@@ -324,6 +324,47 @@ mod device {
         b.finish()
     }
 
+    /// `y[i] = op(p, t[x[i]])` (`for` loop) for `op` = `i32` div (0), `i32` rem (1), `u32` div
+    /// (2), `u32` rem (3) of the uniform `p` by a deferred lookup in a table holding 0, -1 and
+    /// `i32::MIN`, then the looked-up value divided by `p` (4); `z[i]` = the bits of a
+    /// signaling-NaN constant plus `x[i]`, which must keep the constant's bits.
+    fn division_kernel(op: u32) -> Kernel {
+        let mut b = KernelBuilder::new("llvm_deferred_division");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let p = b.scalar_param("p", ScalarType::U32);
+        let x = b.buffer_param("x", DType::U32, &[Dim::Param(n)], Access::Read);
+        let y = b.buffer_param("y", DType::U32, &[Dim::Param(n)], Access::Write);
+        let z = b.buffer_param("z", DType::U32, &[Dim::Param(n)], Access::Write);
+        b.set_grid(Dim::Const(1));
+        let t = b.table(
+            "t",
+            ScalarType::I32,
+            vec![2, 0, u32::MAX, 0x8000_0000, 7, 0xffff_fff9],
+        );
+        let (zero, nv) = (b.const_u32(0), b.param(n));
+        b.for_range(zero, nv, 1, |b, i| {
+            let k = b.load(x, i);
+            let d = b.lookup(t, k);
+            let pv = b.param(p);
+            let pi = b.bitcast(pv, ScalarType::I32);
+            let du = b.bitcast(d, ScalarType::U32);
+            let q = match op {
+                0 => b.div(pi, d),
+                1 => b.rem(pi, d),
+                2 => b.div(pv, du),
+                3 => b.rem(pv, du),
+                _ => b.div(d, pi),
+            };
+            let q = b.bitcast(q, ScalarType::U32);
+            b.store(y, i, q);
+            let snan = b.const_f32(f32::from_bits(0x7f80_0001 + op));
+            let bits = b.bitcast(snan, ScalarType::U32);
+            let mixed = b.add(bits, k);
+            b.store(z, i, mixed);
+        });
+        b.finish()
+    }
+
     fn bytes_f32(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
@@ -705,6 +746,25 @@ mod device {
             let (g, w) = (got.to_f32().unwrap(), want.to_f32().unwrap());
             let bad = g.iter().zip(&w).filter(|(a, b)| !(a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan())).count();
             prop_assert_eq!(bad, 0, "M={} K={} N={} {} tile 1x{} bs {} nested {}", m, k, n, dtype, tile.tn, bs, nested);
+        }
+    }
+
+    /// Division of a uniform by a deferred lookup (an `i32` table holding 0 and -1: LLVM folded
+    /// `sdiv x, select(c, 1, C)` to `x` when the constant `C` had a zero lane) and signaling-NaN
+    /// constants (widening one to `f64` for the text quieted it) on every device.
+    #[test]
+    fn division_by_looked_up_values_and_signaling_nan_constants_match_the_interpreter() {
+        let n = 70u32;
+        let xs: Vec<u8> = (0..n).flat_map(|i| (i % 7).to_le_bytes()).collect();
+        for op in 0..5 {
+            for p in [31u32, 0x8000_0000, 7, 0, 0xffff_fffb] {
+                same_everywhere(
+                    &division_kernel(op),
+                    &[n, p],
+                    std::slice::from_ref(&xs),
+                    &[4 * n as usize, 4 * n as usize],
+                );
+            }
         }
     }
 

@@ -179,14 +179,19 @@ impl Emitter<'_> {
                 }
             }
             (BinaryOp::Div, Si) => {
-                // x / 0 = 0 and i32::MIN / -1 = i32::MIN (= i32::MIN / 1).
+                // x / 0 = 0 and i32::MIN / -1 = i32::MIN (= i32::MIN / 1). The zero divisors
+                // are replaced first, by a select on `y` alone: when `y` is a constant vector
+                // (a deferred lookup's table) it folds to a constant without zero lanes. One
+                // select on `zero | ovf` would keep the constant with its zero lane as an arm,
+                // and LLVM folds `sdiv x, select(c, 1, C)` to `x` when `C` has a zero lane
+                // (division by it would be undefined).
                 let zero = self.eq_const(y, 0, lanes);
+                let nz = self.select(&zero, Si, lanes, &lit(1), y);
                 let min = self.eq_const(x, i32::MIN as u32, lanes);
                 let m1 = self.eq_const(y, u32::MAX, lanes);
                 let bt = ty(Bool, lanes);
                 let ovf = self.ins(format!("and {bt} {min}, {m1}"));
-                let fix = self.ins(format!("or {bt} {zero}, {ovf}"));
-                let d = self.select(&fix, Si, lanes, &lit(1), y);
+                let d = self.select(&ovf, Si, lanes, &lit(1), &nz);
                 let q = self.ins(format!("sdiv {vt} {x}, {d}"));
                 self.select(&zero, Si, lanes, &lit(0), &q)
             }

@@ -113,6 +113,11 @@ pub(super) fn suffix(elem: &str, lanes: u32) -> String {
 /// The literal of one scalar constant of `ty` with bit pattern `bits`.
 pub(super) fn scalar_literal(ty: ScalarType, bits: u32) -> String {
     match ty {
+        // A signaling NaN as a constant bitcast: widening it to `f64` would quiet it (x86's
+        // `cvtss2sd`), and the contract keeps a constant's bits.
+        ScalarType::F32 if bits & 0x7fc0_0000 == 0x7f80_0000 && bits & 0x003f_ffff != 0 => {
+            format!("bitcast (i32 {} to float)", bits as i32)
+        }
         // LLVM writes float constants as the hex of the (exactly representable) double.
         ScalarType::F32 => format!("0x{:016X}", (f32::from_bits(bits) as f64).to_bits()),
         ScalarType::U32 | ScalarType::I32 => format!("{}", bits as i32),
@@ -526,19 +531,32 @@ impl Emitter<'_> {
         Ok(())
     }
 
-    /// The lanes of a vectorized `for start..end`: [`LlvmOptions::lanes`], or fewer (at least
-    /// 4) when the bounds are constants with a smaller trip count (e.g. a loop over the 8
-    /// lanes of an emulated SIMD sum), or twice as many when lookups are permutes and the
-    /// body's lookups form a chain of at least [`INTERLEAVE_CHAIN`] or read two or more tables
-    /// of more than 16 entries: such a body (a level search, 8-bit decodes) is latency-bound,
-    /// and two independent 16-lane halves per iteration keep twice as many permutes in flight
-    /// (8-bit AdamW step: 1.6x faster at 32 lanes than at 16).
+    /// The lanes of a vectorized `for start..end`: [`LlvmOptions::lanes`], or twice as many
+    /// (four times with VBMI, for the byte planes) when lookups are permutes and the body's
+    /// lookups form a chain of at least [`INTERLEAVE_CHAIN`] or read two or more tables of more
+    /// than 16 entries: such a body (a level search, 8-bit decodes) is latency-bound, and
+    /// independent 16-lane parts per iteration keep more permutes in flight (8-bit AdamW step:
+    /// 1.6x faster at 32 lanes than at 16); fewer (at least 4) when the bounds are constants
+    /// with a smaller trip count (e.g. a loop over the 8 lanes of an emulated SIMD sum).
     fn for_lanes(&self, start: Value, end: Value, body: &[Stmt]) -> u32 {
         let constant = |v: Value| match self.k.values.try_get(v).map(|d| &d.op) {
             Some(Op::Const(c)) => Some(c.bits()),
             _ => None,
         };
         let lanes = self.opts.lanes;
+        let lanes = if self.opts.x86_avx512 && lanes == 16 && {
+            let (chain, large) = super::lanes::lookup_chain(self.k, body);
+            chain >= INTERLEAVE_CHAIN || large >= 2
+        } {
+            // Byte-plane lookups (VBMI) take 64 lanes per step.
+            if self.opts.x86_avx512_vbmi {
+                4 * lanes
+            } else {
+                2 * lanes
+            }
+        } else {
+            lanes
+        };
         match (constant(start), constant(end)) {
             (Some(a), Some(b)) if b > a && b - a < lanes => {
                 let fit = 1u32 << (31 - (b - a).leading_zeros());
@@ -546,18 +564,6 @@ impl Emitter<'_> {
                     fit
                 } else {
                     0
-                }
-            }
-            _ if self.opts.x86_avx512 && lanes == 16 && {
-                let (chain, large) = super::lanes::lookup_chain(self.k, body);
-                chain >= INTERLEAVE_CHAIN || large >= 2
-            } =>
-            {
-                // Byte-plane lookups (VBMI) take 64 lanes per step.
-                if self.opts.x86_avx512_vbmi {
-                    4 * lanes
-                } else {
-                    2 * lanes
                 }
             }
             _ => lanes,

@@ -1,4 +1,4 @@
-//! Lookups in 32-bit tables of 17 to 256 entries as four byte planes (AVX-512 VBMI,
+//! Lookups in 32-bit tables of 65 to 256 entries as four byte planes (AVX-512 VBMI,
 //! [`super::LlvmOptions::x86_avx512_vbmi`]), 64 lanes per step: the 8-bit codes' decodes.
 //!
 //! Plane `p` of the table is byte `p` of every entry: 256 bytes, four vector constants. The
@@ -47,7 +47,8 @@ fn unpack(w: u32, high: bool) -> String {
 
 impl Emitter<'_> {
     /// `data[index]` on `lanes` lanes (a multiple of 32; `index`: `i32` lanes already clamped
-    /// to the table of 17 to [`PLANE_TABLE`] entries), 64 lanes at a time (see the module
+    /// to the table of 65 to [`PLANE_TABLE`] entries; smaller tables work too, but two-source
+    /// dword permutes serve them as cheaply), 64 lanes at a time (see the module
     /// docs).
     pub(super) fn plane_lookup(&mut self, data: &[u32], index: &str, lanes: u32) -> String {
         let bt = "<64 x i8>";

@@ -33,8 +33,9 @@ pub enum DeviceCaps {
 
 impl DeviceCaps {
     /// The capabilities of `dev`, from its backend: `cranelift` is a CPU with the machine's
-    /// threads and 4 lanes, `llvm` the same with 16 (AVX-512; the tile rule does not depend on
-    /// the lanes); `ptx` and `wgsl` are GPUs (assumed 64 Ki resident threads);
+    /// threads and 4 lanes, `llvm` the same with 16 (the tile rules assume its AVX-512 code:
+    /// on a host without it, or with `QFORGE_LLVM_LANES` set lower, the tiles are still valid,
+    /// only tuned for the wider code); `ptx` and `wgsl` are GPUs (assumed 64 Ki resident threads);
     /// anything else (the interpreter) a one-thread CPU.
     pub fn of(dev: &dyn Device) -> DeviceCaps {
         match dev.backend() {
