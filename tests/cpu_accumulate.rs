@@ -652,6 +652,59 @@ fn wrapping_indices_report_like_the_interpreter() {
     }
 }
 
+/// A gather that no accumulator uses (`x[j[i + off]]`) beside the factors `x[i + off]`: the
+/// 16-element loop lowered only what the factors need, so an out-of-range index there went
+/// unreported (a reviewer's case: n = 97, one bad index).
+#[test]
+fn unused_out_of_range_loads_still_report() {
+    let mut b = KernelBuilder::new("unused_gather");
+    let n = b.scalar_param("n", ScalarType::U32);
+    let off = b.scalar_param("off", ScalarType::U32);
+    let nx = b.scalar_param("nx", ScalarType::U32);
+    let x = b.buffer_param("x", DType::F32, &[Dim::Param(nx)], Access::Read);
+    let j = b.buffer_param("j", DType::U32, &[Dim::Param(nx)], Access::Read);
+    let s = b.buffer_param("s", DType::F32, &[Dim::Const(1)], Access::Write);
+    b.set_grid(Dim::Const(1));
+    let acc = b.var("acc", ScalarType::F32);
+    let nv = b.param(n);
+    let ov = b.param(off);
+    b.accumulate(nv, ReduceOrder::Strided(8), &[acc], |b, i| {
+        let e = b.add(i, ov);
+        let k = b.load(j, e);
+        let _unused = b.load(x, k);
+        let xv = b.load(x, e);
+        vec![(xv, xv)]
+    });
+    let z = b.const_u32(0);
+    let t = b.read_var(acc);
+    b.store(s, z, t);
+    let kernel = b.finish();
+    for off in [0u32, 2, 5] {
+        for bad in [None, Some(3u32), Some(40), Some(95)] {
+            let len = 97 + off;
+            let js: Vec<u8> = (0..len)
+                .flat_map(|i| {
+                    if Some(i) == bad.map(|b| b + off) {
+                        100_000u32
+                    } else {
+                        i % 7
+                    }
+                    .to_le_bytes()
+                })
+                .collect();
+            let args = vec![
+                OwnedArg::Scalar(Scalar::U32(97)),
+                OwnedArg::Scalar(Scalar::U32(off)),
+                OwnedArg::Scalar(Scalar::U32(len)),
+                OwnedArg::Read(le_f32(&vec![1.25; len as usize])),
+                OwnedArg::Read(js),
+                OwnedArg::Write(vec![0; 4]),
+            ];
+            check(&kernel, &args);
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 

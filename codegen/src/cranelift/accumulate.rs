@@ -56,7 +56,7 @@ pub(super) struct Groups<'b> {
 }
 
 /// Whether evaluating `op` can have an effect beyond its value (a failed bounds check).
-fn may_fault(op: &Op) -> bool {
+pub(super) fn may_fault(op: &Op) -> bool {
     match op {
         Op::Load { .. } | Op::Reduce { .. } | Op::LoopIndex => true,
         Op::WorkItem

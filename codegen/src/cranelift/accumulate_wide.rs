@@ -27,7 +27,9 @@
 //! loads per group of 4 as usual. The rest of the body is lowered for each group of 4 as in
 //! `accumulate.rs`, on demand from the accumulator factors, with the decoded values in place.
 //!
-//! Every value is the same as the 4-element iteration computes, and every group of 4 updates
+//! Loads that no factor needs are lowered too unless proven in range, so that a failed bounds
+//! check still reports. Every value is the same as the 4-element iteration computes, and every
+//! group of 4 updates
 //! the same partials (`(i0 + 4g) % ways`), so the bits equal those of the scalar loop.
 
 use std::collections::HashSet;
@@ -38,6 +40,7 @@ use cranelift_codegen::ir::{ConstantData, InstBuilder, Value};
 use cranelift_frontend::Variable;
 use qforge_ir::{BinaryOp, DType, Op, ParamId, ScalarType, Stmt, TableId, Value as IrValue};
 
+use super::accumulate::may_fault;
 use super::lower::{internal, Lowerer};
 use super::vectorize::{vec_cast, vec_type, Body, VVal, LANES};
 use crate::error::Result;
@@ -425,6 +428,17 @@ impl Lowerer<'_> {
             locals.push(local);
         }
         let mut pending = codes.to_vec();
+        // A load that no factor needs still runs unless proven in range: its failed bounds
+        // check reports the work item, as the interpreter's does.
+        for stmt in lp.body {
+            let Stmt::Let(v) = stmt else { continue };
+            let faults = self.k.values.try_get(*v).is_some_and(|d| may_fault(&d.op));
+            if faults && !trusted.contains(&v.index()) {
+                for g in 0..groups {
+                    self.demand(*v, &mut locals, g, &plan.defined, &mut pending)?;
+                }
+            }
+        }
         for (t, acc) in lp.accs.iter().enumerate() {
             for g in 0..groups {
                 self.demand(acc.a, &mut locals, g, &plan.defined, &mut pending)?;
