@@ -270,7 +270,8 @@ mod device {
     /// (`shared = 0`: the accumulators differ only in their column, so `outer.rs` runs them as
     /// lanes), or `c_0` in every accumulator, written once per accumulator (`shared = 1`) or
     /// once for all (`shared = 2`): there lane `j` must still read `c_0`, so the lanes plan
-    /// must not apply.
+    /// must not apply. `shared = 3` is case 0 plus a load past the end that nothing uses (it
+    /// must still report), `shared = 4` case 0 with accumulator 1's column the loop index.
     fn columns_kernel(shared: u32) -> Kernel {
         let mut b = KernelBuilder::new("llvm_columns_as_lanes");
         let n = b.scalar_param("n", ScalarType::U32);
@@ -296,19 +297,28 @@ mod device {
         b.accumulate(nv, ReduceOrder::Strided(8), &vars, |b, i| {
             let sv = b.param(s);
             let row = b.mul(i, sv);
-            let once = b.add(row, cols[0]);
-            let once = b.load(x, once);
+            let once = (shared == 2).then(|| {
+                let at = b.add(row, cols[0]);
+                b.load(x, at)
+            });
+            if shared == 3 {
+                let past = b.param(nx);
+                let past = b.add(past, i);
+                let _unused = b.load(x, past);
+            }
             cols.iter()
-                .map(|c| {
-                    let at = b.add(row, *c);
+                .enumerate()
+                .map(|(j, c)| {
+                    let c = if shared == 4 && j == 1 { i } else { *c };
+                    let at = b.add(row, c);
                     let xv = b.load(x, at);
                     let other = match shared {
-                        0 => xv,
                         1 => {
                             let at0 = b.add(row, cols[0]);
                             b.load(x, at0)
                         }
-                        _ => once,
+                        2 => once.unwrap_or(xv),
+                        _ => xv,
                     };
                     (xv, other)
                 })
@@ -677,7 +687,7 @@ mod device {
         fn columns_as_lanes_match_the_interpreter(n in 0u32..40, s in 4u32..40, items in 1u32..5, seed in any::<u32>()) {
             let nx = (n * s + 4 * items).max(1);
             let xs: Vec<f32> = (0..nx).map(|i| ((i ^ seed) as f32 * 0.37).sin()).collect();
-            for shared in 0..3 {
+            for shared in 0..5 {
                 same_everywhere(&columns_kernel(shared), &[n, s, items, nx], &[bytes_f32(&xs)], &[4 * items as usize]);
             }
         }

@@ -23,7 +23,8 @@ use super::reduce::NEG_ZERO;
 use crate::error::Result;
 
 /// An accumulate that runs with its accumulators as lanes (see the module docs). The columns
-/// are `u32` or `i32` values (the lanes compute `col_0 + lane` with the IR's wrapping add).
+/// are `u32` values (load indices are `u32`; the lanes compute `col_0 + lane` with the IR's
+/// wrapping add, as the run-time check does).
 pub(super) struct Outer {
     /// `col_j` of each accumulator.
     cols: Vec<Value>,
@@ -212,13 +213,12 @@ impl Emitter<'_> {
                 pair = m.pair;
             }
             let (c0, cj) = pair?;
-            let integer = |v: Value| {
-                self.k
-                    .values
-                    .try_get(v)
-                    .is_some_and(|d| matches!(d.ty, ScalarType::U32 | ScalarType::I32))
-            };
-            if cols.first().is_some_and(|c| *c != c0) || c0 == index || !integer(c0) {
+            let u32_col = self
+                .k
+                .values
+                .try_get(c0)
+                .is_some_and(|d| d.ty == ScalarType::U32);
+            if cols.first().is_some_and(|c| *c != c0) || c0 == index || cj == index || !u32_col {
                 return None;
             }
             if cols.is_empty() {
@@ -226,15 +226,30 @@ impl Emitter<'_> {
             }
             cols.push(cj);
         }
-        // Accumulator 0's cone, in body order.
-        let mut need: HashSet<usize> = [accs[0].a.index(), accs[0].b.index()].into();
-        for stmt in body.iter().rev() {
-            if let Stmt::Let(v) = stmt {
-                if need.contains(&v.index()) {
-                    let ops = self.k.values.try_get(*v)?.op.operands();
-                    need.extend(ops.iter().map(|o| o.index()));
+        // Accumulator 0's cone, in body order. Lane `j` runs accumulator `j`'s cone, loads
+        // included; a load or reduce in no accumulator's cone would not run at all (and its
+        // failed bounds check would not report), so the plan refuses it.
+        let cone_of = |factors: &[Value]| -> Option<HashSet<usize>> {
+            let mut need: HashSet<usize> = factors.iter().map(|v| v.index()).collect();
+            for stmt in body.iter().rev() {
+                if let Stmt::Let(v) = stmt {
+                    if need.contains(&v.index()) {
+                        let ops = self.k.values.try_get(*v)?.op.operands();
+                        need.extend(ops.iter().map(|o| o.index()));
+                    }
                 }
             }
+            Some(need)
+        };
+        let need = cone_of(&[accs[0].a, accs[0].b])?;
+        let all: Vec<Value> = accs.iter().flat_map(|a| [a.a, a.b]).collect();
+        let used = cone_of(&all)?;
+        let unused_effect = body.iter().any(|s| {
+            matches!(s, Stmt::Let(v) if !used.contains(&v.index())
+                && self.k.values.try_get(*v).is_some_and(|d| matches!(d.op, Op::Load { .. } | Op::Reduce { .. })))
+        });
+        if unused_effect {
+            return None;
         }
         let cone: Vec<Stmt> = body
             .iter()
