@@ -430,10 +430,23 @@ impl Lowerer<'_> {
         let mut pending = codes.to_vec();
         // A load that no factor needs still runs unless proven in range: its failed bounds
         // check reports the work item, as the interpreter's does.
+        let mut needed: HashSet<usize> = lp
+            .accs
+            .iter()
+            .flat_map(|a| [a.a.index(), a.b.index()])
+            .collect();
+        for stmt in lp.body.iter().rev() {
+            if let Stmt::Let(v) = stmt {
+                if needed.contains(&v.index()) {
+                    let ops = self.k.values.try_get(*v).map(|d| d.op.operands());
+                    needed.extend(ops.unwrap_or_default().iter().map(|o| o.index()));
+                }
+            }
+        }
         for stmt in lp.body {
             let Stmt::Let(v) = stmt else { continue };
             let faults = self.k.values.try_get(*v).is_some_and(|d| may_fault(&d.op));
-            if faults && !trusted.contains(&v.index()) {
+            if faults && !needed.contains(&v.index()) && !trusted.contains(&v.index()) {
                 for g in 0..groups {
                     self.demand(*v, &mut locals, g, &plan.defined, &mut pending)?;
                 }
