@@ -272,6 +272,10 @@ mod device {
     /// once for all (`shared = 2`): there lane `j` must still read `c_0`, so the lanes plan
     /// must not apply. `shared = 3` is case 0 plus a load past the end that nothing uses (it
     /// must still report), `shared = 4` case 0 with accumulator 1's column the loop index.
+    /// `shared = 5` adds a second group of four, `x[i*s + d_j] * x[i*s + 1 + d_j]` with
+    /// `d_j = 4g + j` computed again (another value, equal at run time): each group could run
+    /// as lanes on its own, but one evaluation substituting `c_0` would leave `d_0` in every
+    /// lane of the second, so the plan must refuse groups whose first columns differ.
     fn columns_kernel(shared: u32) -> Kernel {
         let mut b = KernelBuilder::new("llvm_columns_as_lanes");
         let n = b.scalar_param("n", ScalarType::U32);
@@ -284,13 +288,16 @@ mod device {
         let g = b.work_item();
         let four = b.const_u32(4);
         let g4 = b.mul(g, four);
-        let cols: Vec<_> = (0..4)
+        // Group 1's base: the same number as `4g`, another value.
+        let g4_again = b.mul(four, g);
+        let accs = if shared == 5 { 8 } else { 4 };
+        let cols: Vec<_> = (0..accs)
             .map(|j| {
-                let jv = b.const_u32(j);
-                b.add(g4, jv)
+                let jv = b.const_u32(j % 4);
+                b.add(if j < 4 { g4 } else { g4_again }, jv)
             })
             .collect();
-        let vars: Vec<_> = (0..4)
+        let vars: Vec<_> = (0..accs)
             .map(|j| b.var(&format!("acc{j}"), ScalarType::F32))
             .collect();
         let nv = b.param(n);
@@ -306,6 +313,8 @@ mod device {
                 let past = b.add(past, i);
                 let _unused = b.load(x, past);
             }
+            let one = b.const_u32(1);
+            let next_row = b.add(row, one);
             cols.iter()
                 .enumerate()
                 .map(|(j, c)| {
@@ -318,13 +327,17 @@ mod device {
                             b.load(x, at0)
                         }
                         2 => once.unwrap_or(xv),
+                        5 if j >= 4 => {
+                            let at1 = b.add(next_row, c);
+                            b.load(x, at1)
+                        }
                         _ => xv,
                     };
                     (xv, other)
                 })
                 .collect()
         });
-        // out[g] = ((acc0 + acc1) + acc2) + acc3: every accumulator reaches the output.
+        // out[g] = ((acc0 + acc1) + acc2) + ...: every accumulator reaches the output.
         let mut total = b.read_var(vars[0]);
         for v in &vars[1..] {
             let t = b.read_var(*v);
@@ -682,12 +695,13 @@ mod device {
         }
 
         /// Accumulators that differ only in their column run as lanes; ones that share a use
-        /// of the first column must not (they would read the wrong column in lanes 1..3).
+        /// of the first column must not (they would read the wrong column in lanes 1..3), nor
+        /// groups with different first columns in one evaluation.
         #[test]
         fn columns_as_lanes_match_the_interpreter(n in 0u32..40, s in 4u32..40, items in 1u32..5, seed in any::<u32>()) {
-            let nx = (n * s + 4 * items).max(1);
+            let nx = (n * s + 4 * items + 1).max(1);
             let xs: Vec<f32> = (0..nx).map(|i| ((i ^ seed) as f32 * 0.37).sin()).collect();
-            for shared in 0..5 {
+            for shared in 0..6 {
                 same_everywhere(&columns_kernel(shared), &[n, s, items, nx], &[bytes_f32(&xs)], &[4 * items as usize]);
             }
         }
@@ -725,13 +739,14 @@ mod device {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
 
-        /// The 4-bit input gradient with tiles of 4, 8 and 16 columns (`outer.rs`: the
-        /// accumulators as lanes, 16 with the fused decodes), K not a multiple of the tile (the
-        /// last tile's clamped columns take the usual loop), blocksizes 32 to 128, nested
-        /// absmax, every activation dtype; `cpu-llvm` against the interpreter.
+        /// The 4-bit input gradient with tiles of 4, 8 and 16 columns and 1 or 2 rows
+        /// (`outer.rs`: the accumulators as lanes, one vector per row, 16 lanes with the fused
+        /// decodes), M and K not multiples of the tile (the last tile's clamped columns take
+        /// the usual loop), blocksizes 32 to 128, nested absmax, every activation dtype;
+        /// `cpu-llvm` against the interpreter.
         #[test]
         fn accumulators_as_lanes_match_the_interpreter(
-            m in 1usize..3, k in 1usize..300, n in 1usize..90, tn_pick in 0usize..3,
+            m in 1usize..4, tm in 1u32..3, k in 1usize..300, n in 1usize..90, tn_pick in 0usize..3,
             bs_pick in 0usize..3, dtype_pick in 0usize..3, nested in any::<bool>(), seed in any::<u32>(),
         ) {
             use qforge::ir::library::{QuantType, TileConfig};
@@ -749,13 +764,13 @@ mod device {
             let bs = [32, 64, 128][bs_pick];
             let (packed, state) = ops::quantize_4bit(&InterpreterDevice, &w, QuantType::Nf4, bs, nested).unwrap();
             let dy = HostTensor::from_f32_as(dtype, vec![m, n], &vals(m * n, 2)).unwrap();
-            let tile = TileConfig { tm: 1, tn: [4, 8, 16][tn_pick] };
+            let tile = TileConfig { tm, tn: [4, 8, 16][tn_pick] };
             let dev = CpuDevice::llvm(CpuOptions::default()).unwrap();
             let want = ops::matmul_4bit_backward_input(&InterpreterDevice, &dy, &packed, &state, Some(tile)).unwrap();
             let got = ops::matmul_4bit_backward_input(&dev, &dy, &packed, &state, Some(tile)).unwrap();
             let (g, w) = (got.to_f32().unwrap(), want.to_f32().unwrap());
             let bad = g.iter().zip(&w).filter(|(a, b)| !(a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan())).count();
-            prop_assert_eq!(bad, 0, "M={} K={} N={} {} tile 1x{} bs {} nested {}", m, k, n, dtype, tile.tn, bs, nested);
+            prop_assert_eq!(bad, 0, "M={} K={} N={} {} tile {}x{} bs {} nested {}", m, k, n, dtype, tm, tile.tn, bs, nested);
         }
     }
 

@@ -599,8 +599,8 @@ impl Emitter<'_> {
             }
             Op::SearchSorted { .. } => return Err(crate::decompose::undecomposed(super::BACKEND)),
             Op::Lookup { table, index } => {
-                let index = self.val(*index)?;
-                self.lookup(*table, &index, 1)?
+                let idx = self.val(*index)?;
+                self.lookup(*table, &idx, *index, 1)?
             }
             Op::Reduce {
                 kind,

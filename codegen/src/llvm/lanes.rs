@@ -571,7 +571,7 @@ impl Emitter<'_> {
                         continue;
                     }
                     let idx = self.get(*index, lanes)?;
-                    self.lookup(*table, &idx, lanes)?
+                    self.lookup(*table, &idx, *index, lanes)?
                 }
                 Op::Reduce { .. }
                 | Op::WorkItem

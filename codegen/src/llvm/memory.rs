@@ -2,7 +2,7 @@
 //! lookups, and the exact f16/bf16 <-> f32 conversions written with integer operations (on
 //! scalars or lanes).
 
-use qforge_ir::{DType, ParamId, Rounding, ScalarType, TableId};
+use qforge_ir::{DType, ParamId, Rounding, ScalarType, TableId, Value};
 
 use super::emit::{internal, literal, ty, vec_of, Emitter};
 use super::BACKEND;
@@ -167,15 +167,22 @@ impl Emitter<'_> {
         })
     }
 
-    /// `table[min(index, len - 1)]` on `lanes` lanes (`index`: `i32` lanes); a vector lookup
-    /// is a gather from the table, which lies in memory the kernel owns.
-    pub(super) fn lookup(&mut self, table: TableId, index: &str, lanes: u32) -> Result<String> {
+    /// `table[min(index, len - 1)]` on `lanes` lanes (`index`: `i32` lanes, the IR value
+    /// `of`); a vector lookup is a gather from the table, which lies in memory the kernel owns.
+    /// The clamp is left out when the ops prove `of < len` (`bounds.rs`).
+    pub(super) fn lookup(
+        &mut self,
+        table: TableId,
+        index: &str,
+        of: Value,
+        lanes: u32,
+    ) -> Result<String> {
         let t = self
             .k
             .tables
             .try_get(table)
             .ok_or_else(|| internal("missing table"))?;
-        let last = u32::try_from(t.data.len().saturating_sub(1)).unwrap_or(u32::MAX);
+        let last_entry = u32::try_from(t.data.len().saturating_sub(1)).unwrap_or(u32::MAX);
         let out = t.ty;
         if out == ScalarType::Bool {
             return Err(internal("bool table"));
@@ -186,9 +193,13 @@ impl Emitter<'_> {
             .cloned()
             .ok_or_else(|| internal("missing table pointer"))?;
         let it = vec_of("i32", lanes);
-        let last = literal(ScalarType::U32, lanes, last);
-        let over = self.ins(format!("icmp ugt {it} {index}, {last}"));
-        let clamped = self.select(&over, ScalarType::U32, lanes, &last, index);
+        let clamped = if super::bounds::upper_bound(self.k, of) <= last_entry {
+            index.to_string()
+        } else {
+            let last = literal(ScalarType::U32, lanes, last_entry);
+            let over = self.ins(format!("icmp ugt {it} {index}, {last}"));
+            self.select(&over, ScalarType::U32, lanes, &last, index)
+        };
         let bits = if lanes == 1 {
             let i = self.ins(format!("zext i32 {clamped} to i64"));
             let p = self.ins(format!("getelementptr i32, i32* {base}, i64 {i}"));

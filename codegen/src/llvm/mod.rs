@@ -24,6 +24,7 @@
 
 mod accumulate;
 mod arith;
+mod bounds;
 mod deferred;
 mod emit;
 mod lanes;

@@ -10,10 +10,9 @@
 //!
 //! This gives the scalar bits exactly when `s_l <= 4` for every lane, so that the four bits
 //! the IR keeps lie inside byte `l >> 1`; the lowering requires a proof from the shift
-//! amount's expression ([`Emitter::max_value`]: constants, `and`, `or`, `xor`, shifts by
-//! constants), e.g. `((e & 1) ^ 1) << 2`, and falls back to the plain lanes otherwise. The
-//! fast body's condition already covers the 8 bytes (the run's vector load reads the same
-//! bytes) and makes `first` even.
+//! amount's expression (`bounds.rs`), e.g. `((e & 1) ^ 1) << 2`, and falls back to the plain
+//! lanes otherwise. The fast body's condition already covers the 8 bytes (the run's vector load
+//! reads the same bytes) and makes `first` even.
 
 use std::collections::HashMap;
 
@@ -25,9 +24,6 @@ use crate::error::Result;
 
 /// Largest shift amount for which a nibble lies inside its byte.
 const MAX_NIBBLE_SHIFT: u32 = 4;
-
-/// How deep [`Emitter::max_value`] follows an expression.
-const MAX_DEPTH: u32 = 8;
 
 impl Emitter<'_> {
     /// The permute indices of the fused decode of the module docs for `table[index]` on
@@ -103,38 +99,7 @@ impl Emitter<'_> {
         };
         let form = forms.get(&at.index()).filter(|f| f.shift == 1)?;
         let (_, _, dtype, _) = self.buffer(*buf).ok()?;
-        (dtype == DType::U8 && self.max_value(*s, MAX_DEPTH) <= MAX_NIBBLE_SHIFT)
+        (dtype == DType::U8 && super::bounds::upper_bound(self.k, *s) <= MAX_NIBBLE_SHIFT)
             .then(|| (*buf, form.first.clone(), *s))
-    }
-
-    /// An upper bound of the `u32` value `v` from its expression (`u32::MAX` when unknown):
-    /// constants, `and` (the smaller bound), `or`/`xor` (all ones up to the larger bound's top
-    /// bit), `shl`/`shr` by a constant, `shr` by anything.
-    pub(super) fn max_value(&self, v: Value, depth: u32) -> u32 {
-        let Some(def) = self.k.values.try_get(v) else {
-            return u32::MAX;
-        };
-        if depth == 0 || def.ty != ScalarType::U32 {
-            return u32::MAX;
-        }
-        let max = |w: &Value| self.max_value(*w, depth - 1);
-        let constant = |w: &Value| match self.k.values.try_get(*w).map(|d| &d.op) {
-            Some(Op::Const(c)) => Some(c.bits() & 31),
-            _ => None,
-        };
-        match &def.op {
-            Op::Const(c) => c.bits(),
-            Op::Binary(BinaryOp::And, a, b) => max(a).min(max(b)),
-            Op::Binary(BinaryOp::Or | BinaryOp::Xor, a, b) => {
-                let m = max(a) | max(b);
-                u32::MAX.checked_shr(m.leading_zeros()).unwrap_or(0)
-            }
-            Op::Binary(BinaryOp::Shl, a, b) => match constant(b) {
-                Some(c) => u32::try_from(u64::from(max(a)) << c).unwrap_or(u32::MAX),
-                None => u32::MAX,
-            },
-            Op::Binary(BinaryOp::Shr, a, b) => max(a) >> constant(b).unwrap_or(0),
-            _ => u32::MAX,
-        }
     }
 }

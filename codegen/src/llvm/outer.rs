@@ -13,6 +13,12 @@
 //! depends on `col_0` has a fast form in it (`lanes::loads_are_runs`), so a forward tile (whose
 //! column strides by `K`) keeps the usual vector loop; when the columns are not consecutive
 //! (the tile's last columns clamped at the matrix edge) the usual loop runs.
+//!
+//! A tile of several rows (`tm x tn` accumulators, row-major) is several groups of `tn`
+//! accumulators that differ in their row's `dY` value and share the weights: each group is
+//! matched on its own, all with the same `col_0`, and one vector evaluation of the groups'
+//! first accumulators' expressions gives every group's factors, so the weights of `tn` columns
+//! are decoded once per element for all rows.
 
 use std::collections::{HashMap, HashSet};
 
@@ -26,9 +32,10 @@ use crate::error::Result;
 /// are `u32` values (load indices are `u32`; the lanes compute `col_0 + lane` with the IR's
 /// wrapping add, as the run-time check does).
 pub(super) struct Outer {
-    /// `col_j` of each accumulator.
-    cols: Vec<Value>,
-    /// The lets accumulator 0's factors depend on, in body order.
+    /// `col_j` of each accumulator of each group (groups of consecutive accumulators, one
+    /// vector each; every group's `col_0` is the same value).
+    cols: Vec<Vec<Value>>,
+    /// The lets the groups' first accumulators' factors depend on, in body order.
     body: Vec<Stmt>,
 }
 
@@ -174,8 +181,10 @@ impl Matcher<'_> {
 
 impl Emitter<'_> {
     /// The outer-lane plan of `accumulate` (see the module docs), or `None`: vector lanes on,
-    /// 4 to 64 accumulators (a power of two), at most [`MAX_WAYS`] partials, and every
-    /// accumulator matching accumulator 0 up to one value whose loads are all runs.
+    /// at most 64 accumulators in groups of 4 to 64 consecutive ones (powers of two; the
+    /// largest that matches), at most [`MAX_WAYS`] partials, every accumulator of a group
+    /// matching the group's first up to one value, `col_0` the same in every group, and its
+    /// loads all runs.
     pub(super) fn outer_plan(
         &self,
         index: Value,
@@ -195,8 +204,62 @@ impl Emitter<'_> {
                 _ => None,
             })
             .collect();
+        let cols = std::iter::successors(Some(n), |g| (*g > 4).then_some(g / 2)).find_map(|g| {
+            let cols: Option<Vec<Vec<Value>>> = accs
+                .chunks(g)
+                .map(|group| self.group_cols(index, &inside, group))
+                .collect();
+            cols.filter(|c| c.iter().all(|g| g[0] == c[0][0]))
+        })?;
+        // The groups' first accumulators' cone, in body order. Lane `j` of a group runs its
+        // accumulator `j`'s cone, loads included; a load or reduce in no accumulator's cone
+        // would not run at all (and its failed bounds check would not report), so the plan
+        // refuses it.
+        let cone_of = |factors: &[Value]| -> Option<HashSet<usize>> {
+            let mut need: HashSet<usize> = factors.iter().map(|v| v.index()).collect();
+            for stmt in body.iter().rev() {
+                if let Stmt::Let(v) = stmt {
+                    if need.contains(&v.index()) {
+                        let ops = self.k.values.try_get(*v)?.op.operands();
+                        need.extend(ops.iter().map(|o| o.index()));
+                    }
+                }
+            }
+            Some(need)
+        };
+        let g = cols[0].len();
+        let firsts: Vec<Value> = accs.iter().step_by(g).flat_map(|a| [a.a, a.b]).collect();
+        let need = cone_of(&firsts)?;
+        let all: Vec<Value> = accs.iter().flat_map(|a| [a.a, a.b]).collect();
+        let used = cone_of(&all)?;
+        let unused_effect = body.iter().any(|s| {
+            matches!(s, Stmt::Let(v) if !used.contains(&v.index())
+                && self.k.values.try_get(*v).is_some_and(|d| matches!(d.op, Op::Load { .. } | Op::Reduce { .. })))
+        });
+        if unused_effect {
+            return None;
+        }
+        let cone: Vec<Stmt> = body
+            .iter()
+            .filter(|s| matches!(s, Stmt::Let(v) if need.contains(&v.index())))
+            .cloned()
+            .collect();
+        let col0 = cols[0][0];
+        let eligible = super::lanes::eligible(self.k, col0, &cone, false)
+            && super::lanes::loads_are_runs(self.k, col0, &cone);
+        eligible.then_some(Outer { cols, body: cone })
+    }
+
+    /// The columns `col_j` of one group of accumulators, each matching the group's first up to
+    /// one `u32` value defined before the loop (not the loop index), or `None`.
+    fn group_cols(
+        &self,
+        index: Value,
+        inside: &HashSet<usize>,
+        group: &[Accum],
+    ) -> Option<Vec<Value>> {
         let mut cols = vec![];
-        for acc in &accs[1..] {
+        for acc in &group[1..] {
             let mut pair = None;
             for fixed in [false, true] {
                 let mut m = Matcher {
@@ -207,7 +270,7 @@ impl Emitter<'_> {
                     seen: HashMap::new(),
                     uses_col: HashMap::new(),
                 };
-                if !(m.same(accs[0].a, acc.a) && m.same(accs[0].b, acc.b)) {
+                if !(m.same(group[0].a, acc.a) && m.same(group[0].b, acc.b)) {
                     return None;
                 }
                 pair = m.pair;
@@ -226,50 +289,20 @@ impl Emitter<'_> {
             }
             cols.push(cj);
         }
-        // Accumulator 0's cone, in body order. Lane `j` runs accumulator `j`'s cone, loads
-        // included; a load or reduce in no accumulator's cone would not run at all (and its
-        // failed bounds check would not report), so the plan refuses it.
-        let cone_of = |factors: &[Value]| -> Option<HashSet<usize>> {
-            let mut need: HashSet<usize> = factors.iter().map(|v| v.index()).collect();
-            for stmt in body.iter().rev() {
-                if let Stmt::Let(v) = stmt {
-                    if need.contains(&v.index()) {
-                        let ops = self.k.values.try_get(*v)?.op.operands();
-                        need.extend(ops.iter().map(|o| o.index()));
-                    }
-                }
-            }
-            Some(need)
-        };
-        let need = cone_of(&[accs[0].a, accs[0].b])?;
-        let all: Vec<Value> = accs.iter().flat_map(|a| [a.a, a.b]).collect();
-        let used = cone_of(&all)?;
-        let unused_effect = body.iter().any(|s| {
-            matches!(s, Stmt::Let(v) if !used.contains(&v.index())
-                && self.k.values.try_get(*v).is_some_and(|d| matches!(d.op, Op::Load { .. } | Op::Reduce { .. })))
-        });
-        if unused_effect {
-            return None;
-        }
-        let cone: Vec<Stmt> = body
-            .iter()
-            .filter(|s| matches!(s, Stmt::Let(v) if need.contains(&v.index())))
-            .cloned()
-            .collect();
-        let eligible = super::lanes::eligible(self.k, cols[0], &cone, false)
-            && super::lanes::loads_are_runs(self.k, cols[0], &cone);
-        eligible.then_some(Outer { cols, body: cone })
+        Some(cols)
     }
 
     /// `i1`: whether `col_j = col_0 + j` for every accumulator (the plan's run-time condition).
     pub(super) fn outer_condition(&mut self, outer: &Outer) -> Result<String> {
-        let c0 = self.val(outer.cols[0])?;
+        let c0 = self.val(outer.cols[0][0])?;
         let mut all = "true".to_string();
-        for (j, c) in outer.cols.iter().enumerate().skip(1) {
-            let cj = self.val(*c)?;
-            let want = self.ins(format!("add i32 {c0}, {j}"));
-            let eq = self.ins(format!("icmp eq i32 {cj}, {want}"));
-            all = self.ins(format!("and i1 {all}, {eq}"));
+        for cols in &outer.cols {
+            for (j, c) in cols.iter().enumerate().skip(1) {
+                let cj = self.val(*c)?;
+                let want = self.ins(format!("add i32 {c0}, {j}"));
+                let eq = self.ins(format!("icmp eq i32 {cj}, {want}"));
+                all = self.ins(format!("and i1 {all}, {eq}"));
+            }
         }
         Ok(all)
     }
@@ -285,25 +318,31 @@ impl Emitter<'_> {
         accs: &[Accum],
         arrays: &[String],
     ) -> Result<()> {
-        let lanes = accs.len() as u32;
+        let lanes = outer.cols[0].len() as u32;
         let vt = format!("<{lanes} x float>");
         let neg: Vec<String> = (0..lanes).map(|_| format!("float {NEG_ZERO}")).collect();
-        let partials: Vec<String> = (0..ways).map(|_| self.alloca(&vt)).collect();
-        for p in &partials {
+        // `partials[g][r]`: group `g`'s partial vector `r`.
+        let partials: Vec<Vec<String>> = outer
+            .cols
+            .iter()
+            .map(|_| (0..ways).map(|_| self.alloca(&vt)).collect())
+            .collect();
+        for p in partials.iter().flatten() {
             self.line(format!("store {vt} <{}>, {vt}* {p}", neg.join(", ")));
         }
-        let col0 = outer.cols[0];
+        let col0 = outer.cols[0][0];
         let saved = self.vals[col0.index()].clone();
         let first = self.val(col0)?;
         let element = |e: &mut Self, i: &str, r: u32| -> Result<()> {
             e.set(index, i.to_string(), 1);
-            let p = &partials[r as usize];
-            let (a, b) = (accs[0].a, accs[0].b);
             e.lanes_group(col0, &first, lanes, &outer.body, &[], &mut |e| {
-                let (x, y) = (e.get(a, lanes)?, e.get(b, lanes)?);
-                let old = e.ins(format!("load {vt}, {vt}* {p}"));
-                let new = e.fma(lanes, &x, &y, &old);
-                e.line(format!("store {vt} {new}, {vt}* {p}"));
+                for (group, parts) in accs.chunks(lanes as usize).zip(&partials) {
+                    let p = &parts[r as usize];
+                    let (x, y) = (e.get(group[0].a, lanes)?, e.get(group[0].b, lanes)?);
+                    let old = e.ins(format!("load {vt}, {vt}* {p}"));
+                    let new = e.fma(lanes, &x, &y, &old);
+                    e.line(format!("store {vt} {new}, {vt}* {p}"));
+                }
                 Ok(())
             })?;
             e.vals[col0.index()] = saved.clone();
@@ -328,14 +367,16 @@ impl Emitter<'_> {
             self.br(&next);
             self.start(&next);
         }
-        for (r, p) in partials.iter().enumerate() {
-            let v = self.ins(format!("load {vt}, {vt}* {p}"));
-            for (j, arr) in arrays.iter().enumerate() {
-                let x = self.ins(format!("extractelement {vt} {v}, i32 {j}"));
-                let at = self.ins(format!(
-                    "getelementptr [{ways} x float], [{ways} x float]* {arr}, i64 0, i32 {r}"
-                ));
-                self.line(format!("store float {x}, float* {at}"));
+        for (parts, arrays) in partials.iter().zip(arrays.chunks(lanes as usize)) {
+            for (r, p) in parts.iter().enumerate() {
+                let v = self.ins(format!("load {vt}, {vt}* {p}"));
+                for (j, arr) in arrays.iter().enumerate() {
+                    let x = self.ins(format!("extractelement {vt} {v}, i32 {j}"));
+                    let at = self.ins(format!(
+                        "getelementptr [{ways} x float], [{ways} x float]* {arr}, i64 0, i32 {r}"
+                    ));
+                    self.line(format!("store float {x}, float* {at}"));
+                }
             }
         }
         Ok(())

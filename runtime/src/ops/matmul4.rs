@@ -104,24 +104,31 @@ pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> Til
 /// The tile of the input gradient `dX = dY @ dequant(W)` (`[M, N] x [N, K]`, outputs `M x K`)
 /// on a device. Tiles never change results, only speed.
 ///
-/// * CPU with 16 lanes or more (the LLVM backend): `1 x 16`, one row of `dY` against 16
+/// * CPU with 16 lanes or more (the LLVM backend): `min(M, 2) x 16`, rows of `dY` against 16
 ///   consecutive columns of `W`, which the backend runs with the 16 columns as vector lanes
-///   (`codegen/src/llvm/outer.rs`: the weights of one `n` are 8 contiguous bytes, where a loop
-///   over `n` gathers them `K / 2` bytes apart). Measured on one thread at K = N = 4096: M = 1
-///   f32 34 ms with 1x4 over `n` against 3.8 ms; M = 16 156 ms with 4x4 against 75 ms. `tn`
-///   halves while there would be fewer than 4 work items per thread.
+///   and one vector per row (`codegen/src/llvm/outer.rs`: the weights of one `n` are 8
+///   contiguous bytes, decoded once for both rows, where a loop over `n` gathers them `K / 2`
+///   bytes apart). Measured on one thread at K = N = 4096: M = 1 f32 34 ms with 1x4 over `n`
+///   against 3.8 ms; M = 16 156 ms with 4x4, 65-84 ms with 1x16, 40-51 ms with 2x16, 61 ms
+///   with 4x8 (8 lanes: no fused decode); 2x16 is the largest 16-column tile (32 outputs). `tm`
+///   halves, then `tn`, while there would be fewer than 4 work items per thread.
 /// * Otherwise [`suggest_tile_sizes`] for `M x K` outputs.
 pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
     match caps {
         DeviceCaps::Cpu { threads, lanes } if lanes >= 16 => {
             let want = 4usize.saturating_mul(threads.max(1) as usize);
-            let items = |tn: usize| m.max(1).saturating_mul(k.max(1).div_ceil(tn));
-            let mut tn = 16;
-            while tn > 1 && items(tn) < want {
-                tn /= 2;
+            let items =
+                |tm: usize, tn: usize| m.max(1).div_ceil(tm).saturating_mul(k.max(1).div_ceil(tn));
+            let (mut tm, mut tn) = (m.clamp(1, 2), 16);
+            while (tm > 1 || tn > 1) && items(tm, tn) < want {
+                if tm > 1 {
+                    tm /= 2;
+                } else {
+                    tn /= 2;
+                }
             }
             TileConfig {
-                tm: 1,
+                tm: tm as u32,
                 tn: tn as u32,
             }
         }
@@ -474,7 +481,13 @@ mod tests {
             (t.tm, t.tn)
         };
         assert_eq!(back(1, 4096, wide), (1, 16));
-        assert_eq!(back(16, 4096, wide), (1, 16));
+        assert_eq!(back(16, 4096, wide), (2, 16));
+        assert_eq!(back(3, 4096, wide), (2, 16));
+        assert_eq!(
+            back(2, 64, wide),
+            (1, 16),
+            "2 x 64 outputs: 4 work items at 2x16, 8 at 1x16"
+        );
         assert_eq!(
             back(1, 40, wide),
             (1, 4),
