@@ -546,9 +546,10 @@ mod device {
     }
 
     /// `y[i] = table[(p[(i + off) >> 1] >> s(i + off)) & 15]` for `i < n` (`for` loop, one work
-    /// item): packed 4-bit codes. The shift `s(e)` is one of: NF4's `((e & 1) ^ 1) << 2`, the
-    /// constants 0 and 4, `e & 3` (all fused with VBMI: at most 4), and `e & 7` or the constant
-    /// 5 (not fused: a nibble may leave its byte).
+    /// item): packed 4-bit codes. The shift `s(e)` is one of: NF4's `((e & 1) ^ 1) << 2`, also
+    /// written `((1 & e) ^ 1) * 4`, the constants 0 and 4, `e & 3` (all fused with VBMI: at
+    /// most 4; all but `e & 3` read only the parity of `e`, so their permute control is a
+    /// constant), and `e & 7` or the constant 5 (not fused: a nibble may leave its byte).
     fn nibble_kernel(shift: u32, len: usize) -> Kernel {
         let mut b = KernelBuilder::new("llvm_nibble_lookup");
         let n = b.scalar_param("n", ScalarType::U32);
@@ -582,6 +583,13 @@ mod device {
                 4 => {
                     let seven = b.const_u32(7);
                     b.and(e, seven)
+                }
+                6 => {
+                    // Case 0 written as `((1 & e) ^ 1) * 4`.
+                    let odd = b.and(one, e);
+                    let even = b.binary(BinaryOp::Xor, odd, one);
+                    let four = b.const_u32(4);
+                    b.mul(even, four)
                 }
                 _ => b.const_u32(5),
             };
@@ -794,7 +802,7 @@ mod device {
     }
 
     proptest! {
-        // Each case compiles the kernel six times (one per shift expression) for three devices.
+        // Each case compiles the kernel seven times (one per shift expression) for three devices.
         #![proptest_config(ProptestConfig { cases: 10, failure_persistence: None, ..ProptestConfig::default() })]
 
         #[test]
@@ -802,7 +810,7 @@ mod device {
             // Some cases read past `p` (then every device reports the same work item).
             let np = ((n + off).div_ceil(2)).saturating_sub(slack).max(1);
             let ps: Vec<u8> = (0..np).map(|i| (i.wrapping_mul(0x9e37_79b9) ^ seed) as u8).collect();
-            for shift in 0..6 {
+            for shift in 0..7 {
                 same_everywhere(&nibble_kernel(shift, len), &[n, off, np], std::slice::from_ref(&ps), &[4 * n as usize]);
             }
         }

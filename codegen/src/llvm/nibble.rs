@@ -12,11 +12,13 @@
 //! the IR keeps lie inside byte `l >> 1`; the lowering requires a proof from the shift
 //! amount's expression (`bounds.rs`), e.g. `((e & 1) ^ 1) << 2`, and falls back to the plain
 //! lanes otherwise. The fast body's condition already covers the 8 bytes (the run's vector load
-//! reads the same bytes) and makes `first` even.
+//! reads the same bytes) and makes `first` even. So when the shift reads the element `e` only
+//! as `e & 1` (NF4/FP4's `((e & 1) ^ 1) << 2`), lane `l`'s parity is `l & 1` and the
+//! `vpmultishiftqb` control is a constant, one register for every row of a tile.
 
 use std::collections::HashMap;
 
-use qforge_ir::{BinaryOp, DType, Op, ParamId, ScalarType, Value};
+use qforge_ir::{BinaryOp, DType, Kernel, Op, ParamId, ScalarType, Value};
 
 use super::emit::Emitter;
 use super::lanes::Form;
@@ -39,13 +41,22 @@ impl Emitter<'_> {
         if !self.opts.x86_avx512_vbmi || !lanes.is_multiple_of(16) {
             return Ok(None);
         }
-        let Some((buf, first, shift)) = self.nibble_of(index, forms) else {
+        let Some((buf, first, shift, at)) = self.nibble_of(index, forms) else {
             return Ok(None);
         };
         let (base, _, _, _) = self.buffer(buf)?;
+        // The shifts as constants when they depend on the element only through its parity
+        // (`first` is even in the fast body, so element `first + l` has parity `l & 1`): the
+        // permute control is then a constant, where it took four vector ops per 16 lanes.
+        let parity_shifts = self
+            .element_of(at, forms)
+            .and_then(|e| parity_shifts(self.k, shift, e));
+        let s = match parity_shifts {
+            Some(_) => String::new(),
+            None => self.get(shift, lanes)?,
+        };
         let at = self.ins(format!("lshr i32 {first}, 1"));
         let at64 = self.ins(format!("zext i32 {at} to i64"));
-        let s = self.get(shift, lanes)?;
         let at_byte: Vec<String> = (0..16).map(|l| format!("i32 {}", 8 * (l / 2))).collect();
         let mut chunks = Vec::new();
         for c in 0..lanes / 16 {
@@ -57,8 +68,18 @@ impl Emitter<'_> {
                 "shufflevector <8 x i64> {one}, <8 x i64> undef, <8 x i32> zeroinitializer"
             ));
             let bytes = self.ins(format!("bitcast <8 x i64> {all} to <64 x i8>"));
-            let s_c = self.lanes_of(&s, lanes, 16 * c, 16);
-            let ctrl = self.ins(format!("add <16 x i32> {s_c}, <{}>", at_byte.join(", ")));
+            let ctrl = match parity_shifts {
+                Some(shifts) => {
+                    let ctrl: Vec<String> = (0..16)
+                        .map(|l| format!("i32 {}", shifts[l % 2] + 8 * (l as u32 / 2)))
+                        .collect();
+                    format!("<{}>", ctrl.join(", "))
+                }
+                None => {
+                    let s_c = self.lanes_of(&s, lanes, 16 * c, 16);
+                    self.ins(format!("add <16 x i32> {s_c}, <{}>", at_byte.join(", ")))
+                }
+            };
             let ctrl = self.ins(format!("bitcast <16 x i32> {ctrl} to <64 x i8>"));
             let moved = self.call(
                 "llvm.x86.avx512.pmultishift.qb.512",
@@ -70,14 +91,14 @@ impl Emitter<'_> {
         Ok(Some(chunks))
     }
 
-    /// `(buf, first, s)` when `index` is `and(shr(byte, s), 15)` (either operand order of the
-    /// `and`), `byte` a `u8` load at an index of form `(first + l) >> 1` and `s` at most
-    /// [`MAX_NIBBLE_SHIFT`].
+    /// `(buf, first, s, at)` when `index` is `and(shr(byte, s), 15)` (either operand order of
+    /// the `and`), `byte` a `u8` load at an index `at` of form `(first + l) >> 1` and `s` at
+    /// most [`MAX_NIBBLE_SHIFT`].
     fn nibble_of(
         &self,
         index: Value,
         forms: &HashMap<usize, Form>,
-    ) -> Option<(ParamId, String, Value)> {
+    ) -> Option<(ParamId, String, Value, Value)> {
         let op = |v: Value| self.k.values.try_get(v).map(|d| &d.op);
         let is_15 = |v: Value| matches!(op(v), Some(Op::Const(c)) if c.bits() == 15);
         let Some(Op::Binary(BinaryOp::And, a, b)) = op(index) else {
@@ -100,6 +121,52 @@ impl Emitter<'_> {
         let form = forms.get(&at.index()).filter(|f| f.shift == 1)?;
         let (_, _, dtype, _) = self.buffer(*buf).ok()?;
         (dtype == DType::U8 && super::bounds::upper_bound(self.k, *s) <= MAX_NIBBLE_SHIFT)
-            .then(|| (*buf, form.first.clone(), *s))
+            .then(|| (*buf, form.first.clone(), *s, *at))
+    }
+
+    /// The element `e` of a byte index `at = e >> 1` whose lane `l` is `first + l` (a run, the
+    /// form of `at` shifted by one), or `None`.
+    fn element_of(&self, at: Value, forms: &HashMap<usize, Form>) -> Option<Value> {
+        let Some(Op::Binary(BinaryOp::Shr, e, one)) = self.k.values.try_get(at).map(|d| &d.op)
+        else {
+            return None;
+        };
+        let one = matches!(self.k.values.try_get(*one).map(|d| &d.op), Some(Op::Const(c)) if c.bits() & 31 == 1);
+        (one && forms.get(&e.index()).is_some_and(|f| f.shift == 0)).then_some(*e)
+    }
+}
+
+/// The `u32` value `s` for an even and an odd element `e`, when `s` reads `e` only as
+/// `e & 1` and otherwise only constants, through integer ops with the IR's semantics
+/// (wrapping, shift amounts `& 31`); `None` otherwise.
+fn parity_shifts(k: &Kernel, s: Value, e: Value) -> Option<[u32; 2]> {
+    let def = k.values.try_get(s)?;
+    if def.ty != ScalarType::U32 {
+        return None;
+    }
+    let is_one = |v: Value| matches!(k.values.try_get(v).map(|d| &d.op), Some(Op::Const(c)) if c.bits() == 1);
+    match def.op {
+        Op::Const(c) => Some([c.bits(); 2]),
+        Op::Binary(BinaryOp::And, a, b) if (a == e && is_one(b)) || (b == e && is_one(a)) => {
+            Some([0, 1])
+        }
+        Op::Binary(op, a, b) => {
+            let (x, y) = (parity_shifts(k, a, e)?, parity_shifts(k, b, e)?);
+            let f = |x: u32, y: u32| -> Option<u32> {
+                Some(match op {
+                    BinaryOp::Add => x.wrapping_add(y),
+                    BinaryOp::Sub => x.wrapping_sub(y),
+                    BinaryOp::Mul => x.wrapping_mul(y),
+                    BinaryOp::And => x & y,
+                    BinaryOp::Or => x | y,
+                    BinaryOp::Xor => x ^ y,
+                    BinaryOp::Shl => x << (y & 31),
+                    BinaryOp::Shr => x >> (y & 31),
+                    _ => return None,
+                })
+            };
+            Some([f(x[0], y[0])?, f(x[1], y[1])?])
+        }
+        _ => None,
     }
 }
