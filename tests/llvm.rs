@@ -388,6 +388,38 @@ mod device {
         b.finish()
     }
 
+    /// `y[i] = mul_hi(x[i], w[i])` as `i32` and `z[i]` as `u32` in a `for` loop (vector lanes:
+    /// even and odd 32-bit lanes multiplied as 64-bit pairs), plus the high word by the
+    /// constant Philox multiplier (`u32`, vector times uniform).
+    fn mul_hi_kernel() -> Kernel {
+        let mut b = KernelBuilder::new("llvm_mul_hi");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let x = b.buffer_param("x", DType::U32, &[Dim::Param(n)], Access::Read);
+        let w = b.buffer_param("w", DType::U32, &[Dim::Param(n)], Access::Read);
+        let out = |b: &mut KernelBuilder, name: &str| {
+            b.buffer_param(name, DType::U32, &[Dim::Param(n)], Access::Write)
+        };
+        let (y, z, c) = (out(&mut b, "y"), out(&mut b, "z"), out(&mut b, "c"));
+        b.set_grid(Dim::Const(1));
+        let (zero, nv) = (b.const_u32(0), b.param(n));
+        b.for_range(zero, nv, 1, |b, i| {
+            let (xv, wv) = (b.load(x, i), b.load(w, i));
+            let (xi, wi) = (
+                b.bitcast(xv, ScalarType::I32),
+                b.bitcast(wv, ScalarType::I32),
+            );
+            let hi = b.mul_hi(xi, wi);
+            let hi = b.bitcast(hi, ScalarType::U32);
+            b.store(y, i, hi);
+            let hu = b.mul_hi(xv, wv);
+            b.store(z, i, hu);
+            let m = b.const_u32(0xD251_1F53);
+            let hc = b.mul_hi(m, xv);
+            b.store(c, i, hc);
+        });
+        b.finish()
+    }
+
     fn bytes_f32(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
@@ -798,6 +830,46 @@ mod device {
                     &[4 * n as usize, 4 * n as usize],
                 );
             }
+        }
+    }
+
+    /// `mul_hi` on `i32` and `u32` lanes: edge values (0, ±1, `i32::MIN/MAX`, `u32::MAX`,
+    /// 2^16) in every pairing and position of a vector, odd lengths (scalar tail).
+    #[test]
+    fn high_words_of_products_match_the_interpreter() {
+        let edges = [
+            0u32,
+            1,
+            u32::MAX,
+            0x8000_0000,
+            0x7fff_ffff,
+            0x1_0000,
+            0xffff,
+            3,
+            0xD251_1F53,
+        ];
+        let mut xs = Vec::new();
+        let mut ws = Vec::new();
+        for a in edges {
+            for b in edges {
+                xs.push(a);
+                ws.push(b);
+            }
+        }
+        // Shifted by one so pairs also fall in odd lanes.
+        xs.push(0x8000_0001);
+        ws.insert(0, 0xfffe_0001);
+        ws.truncate(xs.len());
+        let n = xs.len() as u32;
+        let bytes = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        for len in [n, n - 1, 17, 16, 5] {
+            let len_bytes = 4 * len as usize;
+            same_everywhere(
+                &mul_hi_kernel(),
+                &[len],
+                &[bytes(&xs[..len as usize]), bytes(&ws[..len as usize])],
+                &[len_bytes, len_bytes, len_bytes],
+            );
         }
     }
 

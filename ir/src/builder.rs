@@ -250,6 +250,10 @@ impl KernelBuilder {
     pub fn mul(&mut self, a: Value, b: Value) -> Value {
         self.binary(BinaryOp::Mul, a, b)
     }
+    /// The high 32 bits of the 64-bit product `a * b` (integers; [`BinaryOp::MulHi`]).
+    pub fn mul_hi(&mut self, a: Value, b: Value) -> Value {
+        self.binary(BinaryOp::MulHi, a, b)
+    }
     /// `a / b`.
     pub fn div(&mut self, a: Value, b: Value) -> Value {
         self.binary(BinaryOp::Div, a, b)

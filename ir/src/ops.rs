@@ -169,6 +169,10 @@ pub enum BinaryOp {
     Shl,
     /// Integers: shift right by `b & 31`; logical for `u32`, arithmetic for `i32`.
     Shr,
+    /// Integers only: the high 32 bits of the exact 64-bit product `a * b` (unsigned for
+    /// `u32`, signed for `i32`); with [`BinaryOp::Mul`] (the low 32 bits) the whole product,
+    /// as Philox's rounds need (`library::philox`; CUDA's `__umulhi`/`__mulhi`, PTX `mul.hi`).
+    MulHi,
 }
 
 /// Comparisons. Floats compare as IEEE 754: every comparison with a NaN is false except `Ne`,
@@ -251,7 +255,7 @@ impl UnaryOp {
 
 impl BinaryOp {
     /// All binary ops.
-    pub const ALL: [BinaryOp; 12] = [
+    pub const ALL: [BinaryOp; 13] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -264,6 +268,7 @@ impl BinaryOp {
         BinaryOp::Xor,
         BinaryOp::Shl,
         BinaryOp::Shr,
+        BinaryOp::MulHi,
     ];
     /// Name in the text form.
     pub const fn name(self) -> &'static str {
@@ -280,6 +285,7 @@ impl BinaryOp {
             BinaryOp::Xor => "xor",
             BinaryOp::Shl => "shl",
             BinaryOp::Shr => "shr",
+            BinaryOp::MulHi => "mul_hi",
         }
     }
     /// Whether the op is defined on operands of type `ty`.
@@ -292,7 +298,9 @@ impl BinaryOp {
             | BinaryOp::Div
             | BinaryOp::Min
             | BinaryOp::Max => matches!(ty, F32 | U32 | I32),
-            BinaryOp::Rem | BinaryOp::Shl | BinaryOp::Shr => matches!(ty, U32 | I32),
+            BinaryOp::Rem | BinaryOp::Shl | BinaryOp::Shr | BinaryOp::MulHi => {
+                matches!(ty, U32 | I32)
+            }
             BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => matches!(ty, U32 | I32 | Bool),
         }
     }

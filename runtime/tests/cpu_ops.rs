@@ -226,6 +226,7 @@ fn ref_u32_binary(op: BinaryOp, a: u32, b: u32) -> u32 {
         BinaryOp::Xor => a ^ b,
         BinaryOp::Shl => a.wrapping_shl(b),
         BinaryOp::Shr => a.wrapping_shr(b),
+        BinaryOp::MulHi => ((u128::from(a) * u128::from(b)) >> 32) as u32,
     }
 }
 
@@ -238,6 +239,7 @@ fn ref_i32_binary(op: BinaryOp, a: i32, b: i32) -> i32 {
         BinaryOp::Min => a.min(b),
         BinaryOp::Max => a.max(b),
         BinaryOp::Shr => a.wrapping_shr(b as u32),
+        BinaryOp::MulHi => ((i128::from(a) * i128::from(b)) >> 32) as i32,
         other => ref_u32_binary(other, a as u32, b as u32) as i32,
     }
 }

@@ -259,8 +259,8 @@ fn probe_report_is_printed() {
 }
 
 #[test]
-fn integer_division_and_conversions() {
-    const K: u32 = 8;
+fn integer_division_high_words_and_conversions() {
+    const K: u32 = 10;
     let mut b = KernelBuilder::new("ints");
     let n = b.scalar_param("n", ScalarType::U32);
     let x = b.buffer_param("x", DType::I32, &[Dim::Param(n)], Access::Read);
@@ -285,6 +285,9 @@ fn integer_division_and_conversions() {
     let to_u = b.float_to_int(fv, ScalarType::U32, Rounding::Down);
     let from_i = b.int_to_float(xv);
     let from_u = b.int_to_float(xu);
+    // The high word (WGSL's `qf_umulhi`/`qf_imulhi` from 16-bit halves).
+    let ihi = b.mul_hi(xv, yv);
+    let uhi = b.mul_hi(xu, yu);
     let results = [
         b.bitcast(idiv, ScalarType::U32),
         b.bitcast(irem, ScalarType::U32),
@@ -294,6 +297,8 @@ fn integer_division_and_conversions() {
         to_u,
         b.bitcast(from_i, ScalarType::U32),
         b.bitcast(from_u, ScalarType::U32),
+        b.bitcast(ihi, ScalarType::U32),
+        uhi,
     ];
     let k = b.const_u32(K);
     let base = b.mul(i, k);

@@ -56,6 +56,8 @@ impl Lowerer<'_> {
             (BinaryOp::Add, Su | Si) => self.b.ins().iadd(x, y),
             (BinaryOp::Sub, Su | Si) => self.b.ins().isub(x, y),
             (BinaryOp::Mul, Su | Si) => self.b.ins().imul(x, y),
+            (BinaryOp::MulHi, Su) => self.b.ins().umulhi(x, y),
+            (BinaryOp::MulHi, Si) => self.b.ins().smulhi(x, y),
             (BinaryOp::Div, Su) => {
                 // x / 0 = 0; the divisor is made non-zero first because udiv traps on 0.
                 let zero = self.eq_const(y, 0);
@@ -123,7 +125,8 @@ impl Lowerer<'_> {
                 | BinaryOp::Or
                 | BinaryOp::Xor
                 | BinaryOp::Shl
-                | BinaryOp::Shr,
+                | BinaryOp::Shr
+                | BinaryOp::MulHi,
                 _,
             ) => return Err(not_defined(op.name(), ty)),
         })

@@ -127,9 +127,12 @@ fn set_binary(op: BinaryOp, signed: bool, x: u32, y: u32) -> Option<u32> {
         BinaryOp::Shl => x.wrapping_shl(y),
         BinaryOp::Shr if signed => (x as i32).wrapping_shr(y) as u32,
         BinaryOp::Shr => x.wrapping_shr(y),
-        BinaryOp::Mul | BinaryOp::Div | BinaryOp::Rem | BinaryOp::Min | BinaryOp::Max => {
-            return None
-        }
+        BinaryOp::Mul
+        | BinaryOp::Div
+        | BinaryOp::Rem
+        | BinaryOp::Min
+        | BinaryOp::Max
+        | BinaryOp::MulHi => return None,
     })
 }
 
@@ -440,7 +443,8 @@ impl Lowerer<'_> {
                     | BinaryOp::And
                     | BinaryOp::Or
                     | BinaryOp::Xor
-                    | BinaryOp::Shr => None,
+                    | BinaryOp::Shr
+                    | BinaryOp::MulHi => None,
                 }
             }
             _ => None,
@@ -533,7 +537,11 @@ impl Lowerer<'_> {
                 if let Some(aff) = self.affine(*bop, ty, xa, xb, *b) {
                     return Ok(aff);
                 }
-                if matches!(bop, BinaryOp::Div | BinaryOp::Rem) && ty != ScalarType::F32 {
+                // Integer division, remainder and the high word (no `i32x4` instruction on
+                // x86): lane by lane.
+                if matches!(bop, BinaryOp::Div | BinaryOp::Rem | BinaryOp::MulHi)
+                    && ty != ScalarType::F32
+                {
                     self.lanewise(op, ty, local)?
                 } else if matches!(bop, BinaryOp::Shl | BinaryOp::Shr) {
                     if let (VVal::Vector(_) | VVal::Affine { .. }, Some(set)) =
@@ -755,12 +763,13 @@ impl Lowerer<'_> {
             | BinaryOp::And
             | BinaryOp::Or
             | BinaryOp::Xor
-            | BinaryOp::Shr => return None,
+            | BinaryOp::Shr
+            | BinaryOp::MulHi => return None,
         };
         Some(VVal::Affine { base, stride })
     }
 
-    /// A binary op on two vectors of IR type `ty` (not integer div/rem, not shifts).
+    /// A binary op on two vectors of IR type `ty` (not integer div/rem/high word, not shifts).
     fn vector_binary(&mut self, op: BinaryOp, ty: ScalarType, x: Value, y: Value) -> Result<Value> {
         use ScalarType::{Bool, F32 as Sf, I32 as Si, U32 as Su};
         Ok(match (op, ty) {
@@ -796,7 +805,8 @@ impl Lowerer<'_> {
                 | BinaryOp::Or
                 | BinaryOp::Xor
                 | BinaryOp::Shl
-                | BinaryOp::Shr,
+                | BinaryOp::Shr
+                | BinaryOp::MulHi,
                 _,
             ) => return Err(internal(format!("vector {} on {ty}", op.name()))),
         })

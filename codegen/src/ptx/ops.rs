@@ -62,6 +62,7 @@ impl Emitter<'_> {
             BinaryOp::Add => self.line(format!("add.{it} {dst}, {a}, {c};")),
             BinaryOp::Sub => self.line(format!("sub.{it} {dst}, {a}, {c};")),
             BinaryOp::Mul => self.line(format!("mul.lo.{it} {dst}, {a}, {c};")),
+            BinaryOp::MulHi => self.line(format!("mul.hi.{it} {dst}, {a}, {c};")),
             BinaryOp::Div | BinaryOp::Rem => self.int_div(dst, b == BinaryOp::Div, t, &a, &c),
             BinaryOp::Min | BinaryOp::Max => {
                 // min(a, b) = select(b < a, b, a); max(a, b) = select(b > a, b, a).

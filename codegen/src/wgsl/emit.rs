@@ -109,6 +109,8 @@ fn fold_int(op: BinaryOp, a: Scalar, b: Scalar) -> Option<Scalar> {
         BinaryOp::Shl => x.wrapping_shl(y & 31),
         BinaryOp::Shr if signed => sx.wrapping_shr(y & 31) as u32,
         BinaryOp::Shr => x.wrapping_shr(y & 31),
+        BinaryOp::MulHi if signed => ((i64::from(sx) * i64::from(sy)) >> 32) as u32,
+        BinaryOp::MulHi => ((u64::from(x) * u64::from(y)) >> 32) as u32,
     };
     Some(Scalar::from_bits(t, r))
 }
@@ -581,6 +583,11 @@ impl Emitter<'_> {
             (BinaryOp::And, _) => op_str("&"),
             (BinaryOp::Or, _) => op_str("|"),
             (BinaryOp::Xor, _) => op_str("^"),
+            (BinaryOp::MulHi, _) => {
+                self.use_helper(Helper::MulHi);
+                let f = if signed { "qf_imulhi" } else { "qf_umulhi" };
+                format!("{f}({x}, {y})")
+            }
             (BinaryOp::Shl | BinaryOp::Shr, _) => {
                 let o = if op == BinaryOp::Shl { "<<" } else { ">>" };
                 let amount = match kb {

@@ -31,6 +31,9 @@ pub(super) enum Helper {
     SoftSqrt,
     /// `qf_fma(x: f32, y: f32, z: f32) -> f32`, one rounding (`soft.rs`).
     SoftFma,
+    /// `qf_umulhi(a: u32, b: u32) -> u32` and `qf_imulhi(a: i32, b: i32) -> i32`: the high
+    /// word of the 64-bit product (WGSL has no such builtin), from 16-bit halves.
+    MulHi,
 }
 
 impl Helper {
@@ -43,6 +46,7 @@ impl Helper {
             Helper::FloatToInt | Helper::IntToFloat => &[],
             Helper::SoftRound => &[],
             Helper::SoftDiv | Helper::SoftSqrt | Helper::SoftFma => &[Helper::SoftRound],
+            Helper::MulHi => &[],
         }
     }
 
@@ -184,6 +188,28 @@ fn qf_i2f(v: i32, pos: u32, neg: u32) -> f32 {
     let m = select(bitcast<u32>(v), 0u - bitcast<u32>(v), n);
     let f = qf_u2f(m, select(pos, neg, n));
     return bitcast<f32>(bitcast<u32>(f) | select(0u, 0x80000000u, n));
+}
+"
+            }
+            // `a * b = hh * 2^32 + (lh + hl) * 2^16 + ll` with 16-bit halves (every partial
+            // product and sum below 2^32); the signed word subtracts `b` when `a < 0` and `a`
+            // when `b < 0` (two's complement, modulo 2^32).
+            Helper::MulHi => {
+                "fn qf_umulhi(a: u32, b: u32) -> u32 {
+    let al = a & 0xffffu;
+    let ah = a >> 16u;
+    let bl = b & 0xffffu;
+    let bh = b >> 16u;
+    let lh = al * bh;
+    let hl = ah * bl;
+    let mid = ((al * bl) >> 16u) + (lh & 0xffffu) + (hl & 0xffffu);
+    return ah * bh + (lh >> 16u) + (hl >> 16u) + (mid >> 16u);
+}
+fn qf_imulhi(a: i32, b: i32) -> i32 {
+    let ua = bitcast<u32>(a);
+    let ub = bitcast<u32>(b);
+    let h = qf_umulhi(ua, ub) - select(0u, ub, a < 0i) - select(0u, ua, b < 0i);
+    return bitcast<i32>(h);
 }
 "
             }

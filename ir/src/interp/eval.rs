@@ -71,7 +71,8 @@ fn binary_f32(op: BinaryOp, a: u32, b: u32) -> u32 {
         | BinaryOp::Or
         | BinaryOp::Xor
         | BinaryOp::Shl
-        | BinaryOp::Shr => binary_u32(op, a, b),
+        | BinaryOp::Shr
+        | BinaryOp::MulHi => binary_u32(op, a, b),
     }
 }
 
@@ -102,6 +103,7 @@ fn binary_u32(op: BinaryOp, a: u32, b: u32) -> u32 {
         BinaryOp::Xor => a ^ b,
         BinaryOp::Shl => a << (b & 31),
         BinaryOp::Shr => a >> (b & 31),
+        BinaryOp::MulHi => ((u64::from(a) * u64::from(b)) >> 32) as u32,
     }
 }
 
@@ -146,6 +148,7 @@ fn binary_i32(op: BinaryOp, a: i32, b: i32) -> i32 {
         BinaryOp::Shl => a << (b & 31),
         // Arithmetic shift on i32.
         BinaryOp::Shr => a >> (b & 31),
+        BinaryOp::MulHi => ((i64::from(a) * i64::from(b)) >> 32) as i32,
     }
 }
 

@@ -18,20 +18,11 @@
 //! The output is the state after the 10th round.
 //!
 //! # The high word of a product
-//! The IR's `u32` multiply ([`crate::BinaryOp::Mul`]) yields only the low 32 bits, which is
-//! `lo(p)`. The high word is assembled from 16-bit halves, `a = ah * 2^16 + al` and
-//! `m = mh * 2^16 + ml`, with only exact `u32` operations:
-//!
-//! ```text
-//! ll = al * ml,  lh = al * mh,  hl = ah * ml,  hh = ah * mh        (each < 2^32: exact)
-//! mid = (ll >> 16) + (lh & 0xFFFF) + (hl & 0xFFFF)                (< 3 * 2^16: exact)
-//! hi  = hh + (lh >> 16) + (hl >> 16) + (mid >> 16)
-//! ```
-//!
-//! `a * m = hh * 2^32 + (lh + hl) * 2^16 + ll`; the bits of `a * m` above bit 31 are `hh` plus
-//! the high halves of `lh` and `hl` plus the carry out of the middle column, which is
-//! `mid >> 16`. Every partial sum of `hi` is at most the true high word (< 2^32), so no addition
-//! wraps and the result is exact on every backend.
+//! `hi` is the IR's [`crate::BinaryOp::MulHi`] (`u32`: the high 32 bits of the exact 64-bit
+//! product; PTX `mul.hi.u32`, one 64-bit multiply on CPUs), `lo` its `mul`. Until that op
+//! existed the high word was assembled here from 16-bit halves with four `u32` multiplies and
+//! seven adds, shifts and masks per product, about half of a 4-bit AdamW step's instructions;
+//! the WGSL backend, whose language has no such builtin, still does that (`qf_umulhi`).
 
 use crate::builder::KernelBuilder;
 use crate::error::Result;
@@ -77,38 +68,17 @@ pub fn philox4x32_10_host(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     x
 }
 
-/// `(hi, lo)` of the exact 64-bit product `a * m` for a `u32` value `a` and a constant `m`
-/// (see "The high word of a product" in the module docs).
+/// `(hi, lo)` of the exact 64-bit product `a * m` for a `u32` value `a` and a constant `m`:
+/// [`crate::BinaryOp::MulHi`] and [`crate::BinaryOp::Mul`].
 fn mul_hi_lo(b: &mut KernelBuilder, a: Value, m: u32) -> (Value, Value) {
-    let m_full = b.const_u32(m);
-    let lo = b.mul(a, m_full);
-    let mask = b.const_u32(0xFFFF);
-    let sixteen = b.const_u32(16);
-    let a_lo = b.and(a, mask);
-    let a_hi = b.shr(a, sixteen);
-    let m_lo = b.const_u32(m & 0xFFFF);
-    let m_hi = b.const_u32(m >> 16);
-    let ll = b.mul(a_lo, m_lo);
-    let lh = b.mul(a_lo, m_hi);
-    let hl = b.mul(a_hi, m_lo);
-    let hh = b.mul(a_hi, m_hi);
-    let ll_hi = b.shr(ll, sixteen);
-    let lh_lo = b.and(lh, mask);
-    let hl_lo = b.and(hl, mask);
-    let mid = b.add(ll_hi, lh_lo);
-    let mid = b.add(mid, hl_lo);
-    let carry = b.shr(mid, sixteen);
-    let lh_hi = b.shr(lh, sixteen);
-    let hl_hi = b.shr(hl, sixteen);
-    let hi = b.add(hh, lh_hi);
-    let hi = b.add(hi, hl_hi);
-    let hi = b.add(hi, carry);
-    (hi, lo)
+    let m = b.const_u32(m);
+    (b.mul_hi(a, m), b.mul(a, m))
 }
 
 /// Emits Philox4x32-10 of `counter` under `key` (all `u32` values) and returns the four output
-/// words. Built only from `u32` `mul` (low word), `add`, `and`, `xor` and `shr`, so the
-/// interpreter and every backend agree bit for bit; equals [`philox4x32_10_host`].
+/// words. Built only from `u32` `mul` and `mul_hi` (the low and high words of the product),
+/// `add` and `xor`, so the interpreter and every backend agree bit for bit; equals
+/// [`philox4x32_10_host`].
 pub(crate) fn philox4x32_10(
     b: &mut KernelBuilder,
     counter: [Value; 4],

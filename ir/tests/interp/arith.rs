@@ -288,6 +288,20 @@ fn i32_ops_wrap_and_define_every_corner() {
             (MIN, n(-1), MIN),
         ],
     );
+    // The signed high word: (-1) * (-1) = 1; MIN * MIN = 2^62; MIN * (-1) = 2^31;
+    // (-1) * 1 = -1 (high word all ones); MAX * MAX = 2^62 - 2^32 + 1.
+    int_cases(
+        ty,
+        MulHi,
+        &[
+            (n(-1), n(-1), 0),
+            (MIN, MIN, 0x4000_0000),
+            (MIN, n(-1), 0),
+            (n(-1), 1, n(-1)),
+            (MAX, MAX, 0x3FFF_FFFF),
+            (n(-65536), 65536, n(-1)),
+        ],
+    );
     int_cases(
         ty,
         Div,
@@ -370,6 +384,19 @@ fn u32_ops_wrap_and_define_every_corner() {
         ty,
         Mul,
         &[(0x1_0000, 0x1_0000, 0), (M, M, 1), (3, 0x5555_5556, 2)],
+    );
+    // The high word: (2^32 - 1)^2 = 0xFFFF_FFFE_0000_0001; 2^16 * 2^16 = 2^32;
+    // 0xD251_1F53 * 0x1234_5678 = 0x0EF4_B3B8_0968_90E8 (Philox's first multiplier).
+    int_cases(
+        ty,
+        MulHi,
+        &[
+            (M, M, 0xFFFF_FFFE),
+            (0x1_0000, 0x1_0000, 1),
+            (0xD251_1F53, 0x1234_5678, 0x0EF4_B3B8),
+            (M, 1, 0),
+            (0, M, 0),
+        ],
     );
     int_cases(
         ty,

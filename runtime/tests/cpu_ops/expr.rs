@@ -101,7 +101,7 @@ impl Gen {
                 UExpr::Unary(op, signed, b(self))
             }
             1..=3 => UExpr::Binary(
-                BinaryOp::ALL[self.below(12)],
+                BinaryOp::ALL[self.below(BinaryOp::ALL.len())],
                 self.below(2) == 0,
                 b(self),
                 b(self),
