@@ -420,6 +420,83 @@ mod device {
         b.finish()
     }
 
+    /// 16 accumulators run as lanes with columns `c_j = c_0 + j`, `c_0` bounded by its ops:
+    /// `min(p, 31)` (`shape = 0`) or `p & 15` (`shape = 1`). `lookup = true`: accumulator `j`
+    /// sums `t[c_j] * x[i*64 + c_j]` over a 32-entry table `t[i] = i` (the lanes hold up to
+    /// `c_0 + 15`, so the lookup must keep its clamp). `lookup = false`: a packed 4-bit decode
+    /// `code[(p8[c_j >> 1] >> (c_j & 3)) & 15] * x[i]` where `c_0` is the constant 0 and the other
+    /// columns `q + j` (`shape` unused): the shifts are not constants across the lanes.
+    fn seeded_columns_kernel(lookup: bool, shape: u32) -> Kernel {
+        let mut b = KernelBuilder::new("llvm_seeded_columns");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let p = b.scalar_param("p", ScalarType::U32);
+        let x = b.buffer_param("x", DType::F32, &[Dim::Const(512)], Access::Read);
+        let p8 = b.buffer_param("p8", DType::U8, &[Dim::Const(64)], Access::Read);
+        let out = b.buffer_param("out", DType::F32, &[Dim::Const(16)], Access::Write);
+        b.set_grid(Dim::Const(1));
+        let ramp: Vec<f32> = (0..32).map(|i| i as f32).collect();
+        let t = b.table_f32("t", &ramp);
+        let code = b.table_f32("code", &ramp[..16]);
+        let pv = b.param(p);
+        let col0 = match (lookup, shape) {
+            (true, 0) => {
+                let last = b.const_u32(31);
+                b.min(pv, last)
+            }
+            (true, _) => {
+                let fifteen = b.const_u32(15);
+                b.and(pv, fifteen)
+            }
+            (false, _) => b.const_u32(0),
+        };
+        let base = if lookup { col0 } else { pv };
+        let cols: Vec<_> = (0..16u32)
+            .map(|j| {
+                if j == 0 {
+                    col0
+                } else {
+                    let c = b.const_u32(j);
+                    b.add(base, c)
+                }
+            })
+            .collect();
+        let vars: Vec<_> = (0..16)
+            .map(|j| b.var(&format!("a{j}"), ScalarType::F32))
+            .collect();
+        let nv = b.param(n);
+        b.accumulate(nv, ReduceOrder::Sequential, &vars, |b, i| {
+            let s = b.const_u32(64);
+            let row = b.mul(i, s);
+            // Loaded only where used: an unused load refuses the lanes plan.
+            let xi = (!lookup).then(|| b.load(x, i));
+            cols.iter()
+                .map(|c| {
+                    if lookup {
+                        let lk = b.lookup(t, *c);
+                        let at = b.add(row, *c);
+                        (lk, b.load(x, at))
+                    } else {
+                        let one = b.const_u32(1);
+                        let at = b.shr(*c, one);
+                        let byte = b.load(p8, at);
+                        let three = b.const_u32(3);
+                        let sh = b.and(*c, three);
+                        let shifted = b.shr(byte, sh);
+                        let f15 = b.const_u32(15);
+                        let nib = b.and(shifted, f15);
+                        (b.lookup(code, nib), xi.expect("loaded for the decode"))
+                    }
+                })
+                .collect()
+        });
+        for (j, v) in vars.iter().enumerate() {
+            let val = b.read_var(*v);
+            let at = b.const_u32(j as u32);
+            b.store(out, at, val);
+        }
+        b.finish()
+    }
+
     fn bytes_f32(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
@@ -828,6 +905,33 @@ mod device {
                     &[n, p],
                     std::slice::from_ref(&xs),
                     &[4 * n as usize, 4 * n as usize],
+                );
+            }
+        }
+    }
+
+    /// Accumulators as lanes replace `c_0` by `c_0 + lane`: a bound or a constant read from
+    /// `c_0`'s own ops does not hold in the lanes (a dropped lookup clamp, a constant nibble
+    /// shift). Found by a breaker pass: cpu-llvm gave `[31, 0, 1, .., 14]` for the clamped
+    /// lookup and one shift for every lane of the decode.
+    #[test]
+    fn bounds_and_shifts_of_a_lanes_seed_are_not_its_ops() {
+        let xs = bytes_f32(&(0..512).map(|i| 1.0 + (i % 7) as f32).collect::<Vec<_>>());
+        let ps: Vec<u8> = (0..64u32).map(|i| (i * 37 + 11) as u8).collect();
+        for (lookup, shape, p) in [
+            (true, 0, 31),
+            (true, 0, 20),
+            (true, 0, 7),
+            (true, 1, 15),
+            (true, 1, 9),
+            (false, 0, 0),
+        ] {
+            for n in [1, 3] {
+                same_everywhere(
+                    &seeded_columns_kernel(lookup, shape),
+                    &[n, p],
+                    &[xs.clone(), ps.clone()],
+                    &[64],
                 );
             }
         }

@@ -14,16 +14,23 @@ const MAX_DEPTH: u32 = 32;
 /// values of other types): constants; `add` and `mul` (saturating: a bound that could wrap is
 /// no bound); `and` and `min` (the smaller bound); `or` and `xor` (all ones up to the larger
 /// bound's top bit); `shl` by a constant without overflow; `shr` (by a constant: the bound
-/// shifted); `select` (the larger arm).
-pub(super) fn upper_bound(k: &Kernel, v: Value) -> u32 {
-    bound(k, v, MAX_DEPTH, &mut HashMap::new())
+/// shifted); `select` (the larger arm). `seed` is the value a vector body replaces by
+/// `seed + lane` (`Emitter::lanes_seed`): it has no bound there, whatever its ops.
+pub(super) fn upper_bound(k: &Kernel, v: Value, seed: Option<Value>) -> u32 {
+    bound(k, v, seed, MAX_DEPTH, &mut HashMap::new())
 }
 
-fn bound(k: &Kernel, v: Value, depth: u32, memo: &mut HashMap<Value, u32>) -> u32 {
+fn bound(
+    k: &Kernel,
+    v: Value,
+    seed: Option<Value>,
+    depth: u32,
+    memo: &mut HashMap<Value, u32>,
+) -> u32 {
     let Some(def) = k.values.try_get(v) else {
         return u32::MAX;
     };
-    if depth == 0 || def.ty != ScalarType::U32 {
+    if depth == 0 || def.ty != ScalarType::U32 || seed == Some(v) {
         return u32::MAX;
     }
     if let Some(b) = memo.get(&v) {
@@ -33,7 +40,7 @@ fn bound(k: &Kernel, v: Value, depth: u32, memo: &mut HashMap<Value, u32>) -> u3
         Some(Op::Const(c)) => Some(c.bits() & 31),
         _ => None,
     };
-    let mut of = |w: Value| bound(k, w, depth - 1, memo);
+    let mut of = |w: Value| bound(k, w, seed, depth - 1, memo);
     let b = match def.op {
         Op::Const(c) => c.bits(),
         Op::Select {
@@ -79,12 +86,27 @@ mod tests {
         for k in 0..m {
             let shift = b.const_u32(m - k);
             let idx = b.shr(r, shift);
-            assert_eq!(upper_bound(b.kernel(), idx), (1 << k) - 1, "level {k}");
+            assert_eq!(
+                upper_bound(b.kernel(), idx, None),
+                (1 << k) - 1,
+                "level {k}"
+            );
             let s = b.const_u32(1 << (m - 1 - k));
             let next = b.add(r, s);
             r = b.select(c, next, r);
         }
         let three = b.const_u32(3);
+        // A vector body's seed (replaced by `seed + lane`) has no bound, whatever its ops;
+        // masking it again bounds it.
+        let seed = b.min(nv, three);
+        let after = b.add(seed, three);
+        let masked_again = b.and(after, three);
+        {
+            let k = b.kernel();
+            assert_eq!(upper_bound(k, after, None), 6);
+            assert_eq!(upper_bound(k, after, Some(seed)), u32::MAX);
+            assert_eq!(upper_bound(k, masked_again, Some(seed)), 3);
+        }
         let big = b.const_u32(u32::MAX - 1);
         let cases = [
             (b.and(nv, three), 3),
@@ -103,7 +125,7 @@ mod tests {
         ];
         let k = b.finish();
         for (i, (v, want)) in cases.into_iter().enumerate() {
-            assert_eq!(upper_bound(&k, v), want, "case {i}");
+            assert_eq!(upper_bound(&k, v, None), want, "case {i}");
         }
     }
 }

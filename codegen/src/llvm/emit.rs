@@ -48,6 +48,10 @@ pub(super) struct Emitter<'a> {
     pub(super) vals: Vec<Option<Opnd>>,
     /// The deferred lookups of the vector body being lowered, by arena index (`deferred.rs`).
     pub(super) deferred: HashMap<usize, Deferred>,
+    /// The value a vector body replaces by `seed + lane` (its loop index, or the column of
+    /// accumulators run as lanes), while one is lowered: its bounds (`bounds.rs`) are not its
+    /// ops' bounds there.
+    pub(super) lanes_seed: Option<Value>,
     pub(super) params: Vec<ParamVal>,
     /// `i32*` base of each table.
     pub(super) tables: Vec<String>,
@@ -150,6 +154,7 @@ pub(super) fn module(kernel: &Kernel, opts: &LlvmOptions) -> Result<String> {
         next: 0,
         vals: vec![None; kernel.values.len()],
         deferred: HashMap::new(),
+        lanes_seed: None,
         params: Vec::new(),
         tables: Vec::new(),
         status: None,

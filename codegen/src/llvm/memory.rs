@@ -169,7 +169,8 @@ impl Emitter<'_> {
 
     /// `table[min(index, len - 1)]` on `lanes` lanes (`index`: `i32` lanes, the IR value
     /// `of`); a vector lookup is a gather from the table, which lies in memory the kernel owns.
-    /// The clamp is left out when the ops prove `of < len` (`bounds.rs`).
+    /// The clamp is left out when the ops prove `of < len` (`bounds.rs`; in a vector body,
+    /// with its seed unbounded).
     pub(super) fn lookup(
         &mut self,
         table: TableId,
@@ -193,7 +194,7 @@ impl Emitter<'_> {
             .cloned()
             .ok_or_else(|| internal("missing table pointer"))?;
         let it = vec_of("i32", lanes);
-        let clamped = if super::bounds::upper_bound(self.k, of) <= last_entry {
+        let clamped = if super::bounds::upper_bound(self.k, of, self.lanes_seed) <= last_entry {
             index.to_string()
         } else {
             let last = literal(ScalarType::U32, lanes, last_entry);

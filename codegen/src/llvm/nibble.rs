@@ -50,7 +50,7 @@ impl Emitter<'_> {
         // permute control is then a constant, where it took four vector ops per 16 lanes.
         let parity_shifts = self
             .element_of(at, forms)
-            .and_then(|e| parity_shifts(self.k, shift, e));
+            .and_then(|e| parity_shifts(self.k, shift, e, self.lanes_seed, &mut HashMap::new()));
         let s = match parity_shifts {
             Some(_) => String::new(),
             None => self.get(shift, lanes)?,
@@ -120,7 +120,8 @@ impl Emitter<'_> {
         };
         let form = forms.get(&at.index()).filter(|f| f.shift == 1)?;
         let (_, _, dtype, _) = self.buffer(*buf).ok()?;
-        (dtype == DType::U8 && super::bounds::upper_bound(self.k, *s) <= MAX_NIBBLE_SHIFT)
+        (dtype == DType::U8
+            && super::bounds::upper_bound(self.k, *s, self.lanes_seed) <= MAX_NIBBLE_SHIFT)
             .then(|| (*buf, form.first.clone(), *s, *at))
     }
 
@@ -138,10 +139,32 @@ impl Emitter<'_> {
 
 /// The `u32` value `s` for an even and an odd element `e`, when `s` reads `e` only as
 /// `e & 1` and otherwise only constants, through integer ops with the IR's semantics
-/// (wrapping, shift amounts `& 31`); `None` otherwise.
-fn parity_shifts(k: &Kernel, s: Value, e: Value) -> Option<[u32; 2]> {
+/// (wrapping, shift amounts `& 31`); `None` otherwise, and whenever the expression reaches `e`
+/// itself or the vector body's `seed` (replaced by `seed + lane`, so not its ops' value).
+fn parity_shifts(
+    k: &Kernel,
+    s: Value,
+    e: Value,
+    seed: Option<Value>,
+    memo: &mut HashMap<Value, Option<[u32; 2]>>,
+) -> Option<[u32; 2]> {
+    if let Some(r) = memo.get(&s) {
+        return *r;
+    }
+    let r = parity_shifts_of(k, s, e, seed, memo);
+    memo.insert(s, r);
+    r
+}
+
+fn parity_shifts_of(
+    k: &Kernel,
+    s: Value,
+    e: Value,
+    seed: Option<Value>,
+    memo: &mut HashMap<Value, Option<[u32; 2]>>,
+) -> Option<[u32; 2]> {
     let def = k.values.try_get(s)?;
-    if def.ty != ScalarType::U32 {
+    if def.ty != ScalarType::U32 || s == e || Some(s) == seed {
         return None;
     }
     let is_one = |v: Value| matches!(k.values.try_get(v).map(|d| &d.op), Some(Op::Const(c)) if c.bits() == 1);
@@ -151,7 +174,8 @@ fn parity_shifts(k: &Kernel, s: Value, e: Value) -> Option<[u32; 2]> {
             Some([0, 1])
         }
         Op::Binary(op, a, b) => {
-            let (x, y) = (parity_shifts(k, a, e)?, parity_shifts(k, b, e)?);
+            let x = parity_shifts(k, a, e, seed, memo)?;
+            let y = parity_shifts(k, b, e, seed, memo)?;
             let f = |x: u32, y: u32| -> Option<u32> {
                 Some(match op {
                     BinaryOp::Add => x.wrapping_add(y),
