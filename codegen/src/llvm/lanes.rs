@@ -515,21 +515,8 @@ impl Emitter<'_> {
         let base = self.splat(i0, "i32", lanes);
         let iv = self.ins(format!("add {it} {base}, <{}>", steps.join(", ")));
         self.set(index, iv, lanes);
+        // Restored at the end (an error ends the whole lowering).
         let outer_seed = self.lanes_seed.replace(index);
-        let lowered = self.lanes_stmts(lanes, body, running, plan, mode);
-        self.lanes_seed = outer_seed;
-        lowered
-    }
-
-    /// The statements of [`Self::lanes_body`], its index already set to its lanes.
-    fn lanes_stmts(
-        &mut self,
-        lanes: u32,
-        body: &[Stmt],
-        running: &[Carried],
-        plan: &Plan,
-        mode: Mode,
-    ) -> Result<()> {
         for stmt in body {
             let v = match stmt {
                 Stmt::Let(v) => {
@@ -603,6 +590,7 @@ impl Emitter<'_> {
             };
             self.set(*v, out, lanes);
         }
+        self.lanes_seed = outer_seed;
         Ok(())
     }
 

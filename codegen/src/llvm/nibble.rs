@@ -48,9 +48,15 @@ impl Emitter<'_> {
         // The shifts as constants when they depend on the element only through its parity
         // (`first` is even in the fast body, so element `first + l` has parity `l & 1`): the
         // permute control is then a constant, where it took four vector ops per 16 lanes.
-        let parity_shifts = self
-            .element_of(at, forms)
-            .and_then(|e| parity_shifts(self.k, shift, e, self.lanes_seed, &mut HashMap::new()));
+        let parity_shifts = self.element_of(at, forms).and_then(|e| {
+            let mut p = Parity {
+                k: self.k,
+                e,
+                seed: self.lanes_seed,
+                memo: HashMap::new(),
+            };
+            p.shifts(shift)
+        });
         let s = match parity_shifts {
             Some(_) => String::new(),
             None => self.get(shift, lanes)?,
@@ -137,60 +143,59 @@ impl Emitter<'_> {
     }
 }
 
-/// The `u32` value `s` for an even and an odd element `e`, when `s` reads `e` only as
-/// `e & 1` and otherwise only constants, through integer ops with the IR's semantics
+/// The `u32` value of an expression for an even and an odd element `e`, when it reads `e`
+/// only as `e & 1` and otherwise only constants, through integer ops with the IR's semantics
 /// (wrapping, shift amounts `& 31`); `None` otherwise, and whenever the expression reaches `e`
 /// itself or the vector body's `seed` (replaced by `seed + lane`, so not its ops' value).
-fn parity_shifts(
-    k: &Kernel,
-    s: Value,
+/// Memoized per value (shared subexpressions are walked once).
+struct Parity<'k> {
+    k: &'k Kernel,
     e: Value,
     seed: Option<Value>,
-    memo: &mut HashMap<Value, Option<[u32; 2]>>,
-) -> Option<[u32; 2]> {
-    if let Some(r) = memo.get(&s) {
-        return *r;
-    }
-    let r = parity_shifts_of(k, s, e, seed, memo);
-    memo.insert(s, r);
-    r
+    memo: HashMap<Value, Option<[u32; 2]>>,
 }
 
-fn parity_shifts_of(
-    k: &Kernel,
-    s: Value,
-    e: Value,
-    seed: Option<Value>,
-    memo: &mut HashMap<Value, Option<[u32; 2]>>,
-) -> Option<[u32; 2]> {
-    let def = k.values.try_get(s)?;
-    if def.ty != ScalarType::U32 || s == e || Some(s) == seed {
-        return None;
+impl Parity<'_> {
+    fn shifts(&mut self, s: Value) -> Option<[u32; 2]> {
+        if let Some(r) = self.memo.get(&s) {
+            return *r;
+        }
+        let r = self.walk(s);
+        self.memo.insert(s, r);
+        r
     }
-    let is_one = |v: Value| matches!(k.values.try_get(v).map(|d| &d.op), Some(Op::Const(c)) if c.bits() == 1);
-    match def.op {
-        Op::Const(c) => Some([c.bits(); 2]),
-        Op::Binary(BinaryOp::And, a, b) if (a == e && is_one(b)) || (b == e && is_one(a)) => {
-            Some([0, 1])
+
+    fn walk(&mut self, s: Value) -> Option<[u32; 2]> {
+        let def = self.k.values.try_get(s)?;
+        if def.ty != ScalarType::U32 || s == self.e || Some(s) == self.seed {
+            return None;
         }
-        Op::Binary(op, a, b) => {
-            let x = parity_shifts(k, a, e, seed, memo)?;
-            let y = parity_shifts(k, b, e, seed, memo)?;
-            let f = |x: u32, y: u32| -> Option<u32> {
-                Some(match op {
-                    BinaryOp::Add => x.wrapping_add(y),
-                    BinaryOp::Sub => x.wrapping_sub(y),
-                    BinaryOp::Mul => x.wrapping_mul(y),
-                    BinaryOp::And => x & y,
-                    BinaryOp::Or => x | y,
-                    BinaryOp::Xor => x ^ y,
-                    BinaryOp::Shl => x << (y & 31),
-                    BinaryOp::Shr => x >> (y & 31),
-                    _ => return None,
-                })
-            };
-            Some([f(x[0], y[0])?, f(x[1], y[1])?])
+        let is_one = |v: Value| matches!(self.k.values.try_get(v).map(|d| &d.op), Some(Op::Const(c)) if c.bits() == 1);
+        match def.op {
+            Op::Const(c) => Some([c.bits(); 2]),
+            Op::Binary(BinaryOp::And, a, b)
+                if (a == self.e && is_one(b)) || (b == self.e && is_one(a)) =>
+            {
+                Some([0, 1])
+            }
+            Op::Binary(op, a, b) => {
+                let (x, y) = (self.shifts(a)?, self.shifts(b)?);
+                let f = |x: u32, y: u32| -> Option<u32> {
+                    Some(match op {
+                        BinaryOp::Add => x.wrapping_add(y),
+                        BinaryOp::Sub => x.wrapping_sub(y),
+                        BinaryOp::Mul => x.wrapping_mul(y),
+                        BinaryOp::And => x & y,
+                        BinaryOp::Or => x | y,
+                        BinaryOp::Xor => x ^ y,
+                        BinaryOp::Shl => x << (y & 31),
+                        BinaryOp::Shr => x >> (y & 31),
+                        _ => return None,
+                    })
+                };
+                Some([f(x[0], y[0])?, f(x[1], y[1])?])
+            }
+            _ => None,
         }
-        _ => None,
     }
 }

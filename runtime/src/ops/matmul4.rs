@@ -76,7 +76,7 @@ pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> Til
     let _ = k; // the K reduction is never tiled (its order is fixed)
     let m = m.max(1);
     let n = n.max(1);
-    let (mut tm, mut tn, want_items) = match caps {
+    let (tm, tn, want_items) = match caps {
         DeviceCaps::Cpu { threads, lanes } => {
             let rows = if lanes >= 16 { 4 } else { 8 };
             (
@@ -87,9 +87,20 @@ pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> Til
         }
         DeviceCaps::Gpu { parallel_threads } => (m.min(4), 1, parallel_threads as usize / 2),
     };
-    let items = |tm: usize, tn: usize| m.div_ceil(tm).saturating_mul(n.div_ceil(tn));
-    while items(tm, tn) < want_items && (tm > 1 || tn > 1) {
-        if tn > 1 {
+    shrink((m, n), (tm, tn), want_items, false)
+}
+
+/// The tile `(tm, tn)` for `rows x cols` outputs, halved (`tn` first, or `tm` first when
+/// `rows_first`) while there would be fewer than `want` work items.
+fn shrink(
+    (rows, cols): (usize, usize),
+    (mut tm, mut tn): (usize, usize),
+    want: usize,
+    rows_first: bool,
+) -> TileConfig {
+    let items = |tm: usize, tn: usize| rows.div_ceil(tm).saturating_mul(cols.div_ceil(tn));
+    while items(tm, tn) < want && (tm > 1 || tn > 1) {
+        if tn > 1 && !(rows_first && tm > 1) {
             tn /= 2;
         } else {
             tm /= 2;
@@ -117,20 +128,8 @@ pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCap
     match caps {
         DeviceCaps::Cpu { threads, lanes } if lanes >= 16 => {
             let want = 4usize.saturating_mul(threads.max(1) as usize);
-            let items =
-                |tm: usize, tn: usize| m.max(1).div_ceil(tm).saturating_mul(k.max(1).div_ceil(tn));
-            let (mut tm, mut tn) = (m.clamp(1, 2), 16);
-            while (tm > 1 || tn > 1) && items(tm, tn) < want {
-                if tm > 1 {
-                    tm /= 2;
-                } else {
-                    tn /= 2;
-                }
-            }
-            TileConfig {
-                tm: tm as u32,
-                tn: tn as u32,
-            }
+            let (m, k) = (m.max(1), k.max(1));
+            shrink((m, k), (m.min(2), 16), want, true)
         }
         _ => suggest_tile_sizes(m, k, n, caps),
     }
