@@ -61,7 +61,7 @@ impl<T> fmt::Debug for Handle<T> {
 }
 
 /// A growable arena of `T`, addressed by [`Handle<T>`].
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Arena<T> {
     items: Vec<T>,
 }

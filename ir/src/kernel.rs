@@ -53,7 +53,7 @@ pub enum Dim {
 }
 
 /// What a parameter is.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ParamKind {
     /// A buffer of `dtype` elements whose element count is the product of `shape`.
     Buffer {
@@ -69,7 +69,7 @@ pub enum ParamKind {
 }
 
 /// A kernel parameter.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Param {
     /// Name, unique within the kernel (an identifier).
     pub name: String,
@@ -78,7 +78,7 @@ pub struct Param {
 }
 
 /// A constant table, read with [`Op::Lookup`] (e.g. the 16 NF4 code values).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Table {
     /// Name, unique among the kernel's tables.
     pub name: String,
@@ -89,7 +89,7 @@ pub struct Table {
 }
 
 /// A local variable of one work item (mutable, zero-initialized per work item).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Var {
     /// Name, unique among the kernel's variables.
     pub name: String,
@@ -98,7 +98,7 @@ pub struct Var {
 }
 
 /// Definition of an SSA value: the op and the type it yields.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ValueDef {
     /// The operation.
     pub op: Op,
@@ -107,7 +107,7 @@ pub struct ValueDef {
 }
 
 /// A statement of a work item's sequential code.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Stmt {
     /// Evaluates the op of `value` here; later statements of this block and of nested blocks
     /// may use it. Each value is evaluated by exactly one `Let` (or defined by one `For`).
@@ -182,7 +182,7 @@ pub enum Stmt {
 
 /// One sum of a [`Stmt::Accumulate`]: `var = sum over i of a(i) * b(i)` (each product fused
 /// into its partial with `fma`).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Accum {
     /// The `f32` variable receiving the total.
     pub var: VarId,
@@ -195,7 +195,7 @@ pub struct Accum {
 /// A kernel: typed parameters plus a body run once per work item of a one-dimensional grid.
 /// Work items are independent: they may run in any order or in parallel, so two work items must
 /// never write the same element (the op library's kernels each own whole blocks).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Kernel {
     /// Kernel name, e.g. `quantize_4bit_nf4_bs64_f32`.
     pub name: String,
@@ -222,8 +222,9 @@ impl Kernel {
             .map(|(h, _)| h)
     }
 
-    /// A stable 64-bit hash (FNV-1a) of the kernel's text form: equal text, equal hash. Used as
-    /// the kernel cache key and in artifact manifests.
+    /// A stable 64-bit hash (FNV-1a) of the kernel's text form: equal text, equal hash, in every
+    /// process and version that prints the same text. Used in artifact manifests and module
+    /// keys; a device's in-process kernel cache uses the much cheaper [`Kernel::fingerprint`].
     pub fn content_hash(&self) -> u64 {
         let text = crate::text::print(self);
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -232,6 +233,18 @@ impl Kernel {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
         h
+    }
+
+    /// A 64-bit hash of the kernel's structure (the derived [`Hash`] with `FxHasher`): equal
+    /// kernels (`==`) have equal fingerprints. About a microsecond for a library kernel, where
+    /// [`Kernel::content_hash`] prints the kernel first (tens of microseconds), so devices key
+    /// their compiled-kernel caches by it and confirm a hit with `==`. Not stable across
+    /// versions of qforge or of the hasher: never store it.
+    pub fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = rustc_hash::FxHasher::default();
+        self.hash(&mut h);
+        h.finish()
     }
 }
 

@@ -7,7 +7,7 @@ use crate::types::{Rounding, Scalar, ScalarType};
 
 /// One operation producing one value. Operands are [`Value`]s defined earlier in the same or an
 /// enclosing block.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     // ----- index space and arguments -----
     /// The `u32` index of the work item executing the body, in `0..grid`.

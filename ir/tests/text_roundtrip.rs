@@ -31,7 +31,10 @@ proptest! {
             return Err(TestCaseError::fail(format!("generator built an invalid kernel: {e}\n{}", print(&k))));
         }
         assert_round_trip(&k)?;
-        prop_assert_eq!(k.content_hash(), parse(&print(&k)).unwrap().content_hash());
+        let back = parse(&print(&k)).unwrap();
+        prop_assert_eq!(k.content_hash(), back.content_hash());
+        prop_assert_eq!(k.fingerprint(), back.fingerprint());
+        prop_assert_eq!(k.fingerprint(), k.clone().fingerprint());
     }
 
     #[test]

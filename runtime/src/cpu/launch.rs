@@ -1,16 +1,28 @@
 //! Launching a compiled kernel: binding, the `args` slot array, and the split of the grid into
-//! contiguous chunks over threads.
+//! contiguous chunks, which the calling thread and the device's pool threads take one at a time.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use qforge_ir::{bind, Arg, Binding};
 
 use super::{Compiled, CpuOptions};
 use crate::error::{Error, Result};
 
-/// Checks `args` against the kernel and runs every work item, on the calling thread or on
-/// several threads (contiguous chunks of the grid) when the launch is large.
+/// The threads of a device's multi-threaded launches, started on the first one and kept for
+/// the life of the device (a launch then costs a wake-up, not a thread start).
+pub(super) type Pool = OnceLock<std::result::Result<rayon::ThreadPool, String>>;
+
+/// Chunks per thread of a multi-threaded launch: idle threads take the next chunk, so a thread
+/// that is slowed down (another process, a busy core) delays the launch by about one chunk.
+const CHUNKS_PER_THREAD: usize = 4;
+
+/// Checks `args` against the kernel and runs every work item, on the calling thread or, when
+/// the launch is large, as contiguous chunks of the grid on the device's thread `pool`.
 pub(super) fn launch(
     compiled: &Compiled,
     options: &CpuOptions,
+    pool: &Pool,
     args: &mut [Arg<'_>],
 ) -> Result<()> {
     let kernel = &compiled.kernel;
@@ -28,7 +40,7 @@ pub(super) fn launch(
     let threads = thread_count(options, grid, bytes);
     let status_slot = compiled.layout.status();
     // Runs one chunk with its own status word; returns the status (0 or failing item + 1).
-    let run_chunk = |begin: u32, end: u32| -> u32 {
+    let run_chunk = |(begin, end): (u32, u32)| -> u32 {
         let mut status: u32 = 0;
         let mut slots = slots.clone();
         if let Some(s) = status_slot {
@@ -43,29 +55,49 @@ pub(super) fn launch(
         unsafe { compiled.entry.run(&slots, begin, end) };
         status
     };
-    let statuses: Vec<u32> = if threads <= 1 {
-        vec![run_chunk(0, grid)]
+    let first_failure = if threads <= 1 {
+        run_chunk((0, grid))
     } else {
-        let chunks = chunks(grid, threads);
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = chunks[1..]
-                .iter()
-                .map(|&(begin, end)| {
-                    let run_chunk = &run_chunk;
-                    scope.spawn(move || run_chunk(begin, end))
-                })
-                .collect();
-            let mut statuses = vec![run_chunk(chunks[0].0, chunks[0].1)];
-            for h in handles {
-                // A chunk cannot panic (no Rust code runs inside); treat a panic as a failure.
-                statuses.push(h.join().unwrap_or(1));
+        let pool = pool
+            .get_or_init(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(pool_threads(options) - 1)
+                    .thread_name(|i| format!("qforge-cpu-{i}"))
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| Error::Device {
+                device: "cpu".into(),
+                message: format!("cannot start the launch threads: {e}"),
+            })?;
+        // Every thread, the caller included, takes the next chunk until none is left; the
+        // smallest failing status wins (each chunk reports its first failing item).
+        let chunks = chunks(grid, threads * CHUNKS_PER_THREAD);
+        let next = AtomicUsize::new(0);
+        let failure = AtomicU32::new(u32::MAX);
+        let work = || {
+            while let Some(&c) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let status = run_chunk(c);
+                if status != 0 {
+                    failure.fetch_min(status, Ordering::Relaxed);
+                }
             }
-            statuses
-        })
+        };
+        pool.in_place_scope(|scope| {
+            for _ in 1..threads {
+                scope.spawn(|_| work());
+            }
+            work();
+        });
+        match failure.into_inner() {
+            u32::MAX => 0,
+            s => s,
+        }
     };
-    match statuses.into_iter().filter(|&s| s != 0).min() {
-        None => Ok(()),
-        Some(first) => Err(Error::Ir(qforge_ir::Error::Execution {
+    match first_failure {
+        0 => Ok(()),
+        first => Err(Error::Ir(qforge_ir::Error::Execution {
             kernel: kernel.name.clone(),
             work_item: first - 1,
             message: "buffer index out of range (the interpreter names the access)".into(),
@@ -99,16 +131,22 @@ fn thread_count(options: &CpuOptions, grid: u32, bytes: usize) -> usize {
     if grid < 2 || (bytes < options.parallel_min_bytes && grid < options.parallel_min_grid) {
         return 1;
     }
-    let available = options
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    available.clamp(1, grid as usize)
+    pool_threads(options).clamp(1, grid as usize)
 }
 
-/// `n` contiguous chunks `(begin, end)` covering `0..grid`, sizes differing by at most one.
+/// The threads of the device's pool: [`CpuOptions::threads`], or all the cores.
+fn pool_threads(options: &CpuOptions) -> usize {
+    options
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1)
+}
+
+/// `n` contiguous chunks `(begin, end)` covering `0..grid` (at most `grid` chunks), sizes
+/// differing by at most one.
 fn chunks(grid: u32, n: usize) -> Vec<(u32, u32)> {
-    let n = n as u64;
     let g = grid as u64;
+    let n = (n as u64).clamp(1, g.max(1));
     (0..n)
         .map(|k| ((g * k / n) as u32, (g * (k + 1) / n) as u32))
         .collect()
@@ -120,11 +158,11 @@ mod tests {
 
     #[test]
     fn chunks_cover_the_grid_in_order() {
-        for (grid, n) in [(10u32, 3usize), (2, 2), (u32::MAX, 16), (7, 7)] {
+        for (grid, n) in [(10u32, 3usize), (2, 2), (u32::MAX, 16), (7, 7), (3, 8)] {
             let c = chunks(grid, n);
-            assert_eq!(c.len(), n);
+            assert_eq!(c.len(), n.min(grid as usize));
             assert_eq!(c[0].0, 0);
-            assert_eq!(c[n - 1].1, grid);
+            assert_eq!(c[c.len() - 1].1, grid);
             for w in c.windows(2) {
                 assert_eq!(w[0].1, w[1].0);
             }

@@ -1,6 +1,6 @@
 //! The CPU device: kernels lowered by `qforge_codegen::cranelift` (or, with the `llvm`
 //! feature and [`CpuDevice::llvm`], by `qforge_codegen::llvm`), JIT-compiled for the host CPU,
-//! cached by [`Kernel::content_hash`], and launched on all cores when the work is large.
+//! cached by [`Kernel::fingerprint`], and launched on all cores when the work is large.
 
 mod jit;
 mod launch;
@@ -22,7 +22,9 @@ use jit::{Entry, Jit};
 /// same code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuOptions {
-    /// Threads for a large launch; `None` uses `std::thread::available_parallelism()`.
+    /// Threads for a large launch, the calling thread included (the others are a pool the
+    /// device starts on its first large launch and keeps); `None` uses
+    /// `std::thread::available_parallelism()`.
     pub threads: Option<usize>,
     /// A launch whose buffers hold at least this many bytes in total runs multi-threaded.
     pub parallel_min_bytes: usize,
@@ -69,7 +71,7 @@ struct Compiled {
 }
 
 /// Runs kernels as native code on the host CPU (Cranelift JIT, or LLVM with the `llvm` feature),
-/// compiled once per distinct kernel and cached by [`Kernel::content_hash`]; thread-safe.
+/// compiled once per distinct kernel and cached by [`Kernel::fingerprint`]; thread-safe.
 ///
 /// ```
 /// use qforge_ir::{Access, Arg, DType, Dim, KernelBuilder, Scalar, ScalarType};
@@ -94,6 +96,8 @@ pub struct CpuDevice {
     cache: Mutex<HashMap<u64, Arc<Compiled>>>,
     options: CpuOptions,
     bounds_checks: bool,
+    /// The threads of large launches, started by the first one.
+    pool: launch::Pool,
 }
 
 impl std::fmt::Debug for CpuDevice {
@@ -126,6 +130,7 @@ impl CpuDevice {
             cache: Mutex::new(HashMap::new()),
             options,
             bounds_checks: true,
+            pool: launch::Pool::new(),
         })
     }
 
@@ -142,6 +147,7 @@ impl CpuDevice {
             cache: Mutex::new(HashMap::new()),
             options,
             bounds_checks: true,
+            pool: launch::Pool::new(),
         })
     }
 
@@ -160,6 +166,7 @@ impl CpuDevice {
             cache: Mutex::new(HashMap::new()),
             options,
             bounds_checks: false,
+            pool: launch::Pool::new(),
         })
     }
 
@@ -176,7 +183,7 @@ impl CpuDevice {
 
     /// The cached compilation of `kernel`, compiling (and verifying) it first if needed.
     fn compiled(&self, kernel: &Kernel) -> Result<Arc<Compiled>> {
-        let hash = kernel.content_hash();
+        let hash = kernel.fingerprint();
         let lock_error = || Error::Device {
             device: "cpu".into(),
             message: "kernel cache lock poisoned".into(),
@@ -251,7 +258,7 @@ impl Device for CpuDevice {
 
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
         let compiled = self.compiled(kernel)?;
-        launch::launch(&compiled, &self.options, args)
+        launch::launch(&compiled, &self.options, &self.pool, args)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The CUDA device (cargo feature `cuda`): kernels lowered by [`qforge_codegen::ptx`] for the
 //! GPU's architecture (`sm_90` from compute capability 9.0, `sm_80` from 8.0), loaded as driver
 //! modules (the driver's JIT turns the PTX into machine code), cached by
-//! [`Kernel::content_hash`], and launched with the backend's [`LaunchShape`]:
+//! [`Kernel::fingerprint`], and launched with the backend's [`LaunchShape`]:
 //! [`THREADS_PER_BLOCK`] threads per block, `ceil(grid / THREADS_PER_BLOCK)` blocks.
 //!
 //! The driver library (`libcuda`) is opened at run time through cudarc's dynamic loader, so a
@@ -190,7 +190,7 @@ impl CudaDevice {
 
     /// The loaded form of `kernel`, from the cache or freshly lowered and loaded.
     fn compiled(&self, kernel: &Kernel) -> Result<Arc<Compiled>> {
-        let hash = kernel.content_hash();
+        let hash = kernel.fingerprint();
         {
             let cache = self
                 .cache

@@ -1,6 +1,6 @@
 //! The wgpu device (cargo feature `wgpu`): kernels lowered by `qforge_codegen::wgsl`, compiled
 //! into compute pipelines on any wgpu adapter (a GPU, or Mesa's lavapipe CPU Vulkan driver),
-//! cached by [`Kernel::content_hash`], and dispatched with the binding layout of
+//! cached by [`Kernel::fingerprint`], and dispatched with the binding layout of
 //! [`WgslLayout`].
 //!
 //! Every wgpu call that can fail validation runs inside error scopes, and the device's
@@ -206,7 +206,7 @@ impl WgpuDevice {
 
     /// The compiled form of `kernel`, from the cache or freshly built.
     fn compiled(&self, kernel: &Kernel) -> Result<Arc<Compiled>> {
-        let hash = kernel.content_hash();
+        let hash = kernel.fingerprint();
         {
             let cache = self
                 .cache

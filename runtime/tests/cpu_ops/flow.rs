@@ -150,6 +150,40 @@ fn out_of_range_accesses_fail_the_launch() {
 }
 
 #[test]
+fn a_multi_threaded_launch_reports_the_first_failing_work_item() {
+    // Items 500.. of `store_twice` fail, in many of the launch's chunks.
+    let store_twice = shifted("store_twice_mt", |b, x, y, i| {
+        let v = b.load(x, i);
+        let two = b.const_u32(2);
+        let j = b.mul(i, two);
+        b.store(y, j, v);
+    });
+    let dev = CpuDevice::with_options(CpuOptions {
+        threads: Some(4),
+        parallel_min_bytes: 0,
+        parallel_min_grid: 0,
+        ..CpuOptions::default()
+    })
+    .expect("cpu");
+    let n = 1000usize;
+    for _ in 0..20 {
+        let x = le_f32(&vec![1.0; n]);
+        let mut y = vec![0u8; 4 * n];
+        let mut args = [
+            qforge_ir::Arg::Scalar(Scalar::U32(n as u32)),
+            qforge_ir::Arg::Read(&x),
+            qforge_ir::Arg::Write(&mut y),
+        ];
+        match dev.launch(&store_twice, &mut args) {
+            Err(qforge_runtime::Error::Ir(qforge_ir::Error::Execution { work_item, .. })) => {
+                assert_eq!(work_item, 500)
+            }
+            other => panic!("expected an execution error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn multi_threaded_launch_equals_single_threaded() {
     let k = shifted("threads_mix", |b, x, y, i| {
         let v = b.load(x, i);
@@ -209,6 +243,25 @@ fn kernels_are_cached_by_content() {
     assert_eq!(dev.cached_kernels(), 1);
     dev.compile(&b2).expect("compiles");
     assert_eq!(dev.cached_kernels(), 2);
+    // Same name and signature as `a`, another body: a kernel of its own, with its own code.
+    let a_abs = elementwise("cache_a", &[DType::F32], DType::F32, |b, v| b.abs(v[0]));
+    dev.compile(&a_abs).expect("compiles");
+    assert_eq!(dev.cached_kernels(), 3);
+    for (k, want) in [(&a, -3.0f32), (&a_abs, 3.0), (&a, -3.0)] {
+        let out = run_on(
+            &dev,
+            k,
+            vec![
+                OwnedArg::Scalar(Scalar::U32(1)),
+                OwnedArg::Read(le_f32(&[3.0])),
+                OwnedArg::Write(vec![0; 4]),
+            ],
+        );
+        let OwnedArg::Write(y) = &out[2] else {
+            panic!("output")
+        };
+        assert_eq!(f32s(y), [want], "{} ran another kernel's code", k.name);
+    }
     let mut broken = a.clone();
     broken.body.clear();
     broken.body.push(qforge_ir::Stmt::Store {
