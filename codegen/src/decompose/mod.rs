@@ -9,7 +9,8 @@
 //! * [`SearchStrategy::Levels`] (LLVM with AVX-512): the branchless binary search, one small
 //!   table per level (`levels.rs`): 1, 2, 4, ... entries, which a backend holding tables in
 //!   vector registers reads with one or a few permutes each, where the bucket tables (hundreds
-//!   of entries) would cost tens.
+//!   of entries) would cost tens. Independent level searches of a block are interleaved level
+//!   by level (`interleave.rs`), so an out-of-order CPU has two chains in flight.
 //!
 //! Both give exactly [`Op::SearchSorted`]'s count: the buckets are proven for every bucket when
 //! they are built (a table they cannot serve falls back to levels), the levels are the binary
@@ -17,11 +18,14 @@
 //! last op of its replacement), so the rest of the kernel is untouched.
 
 mod buckets;
+mod interleave;
 mod levels;
 
 use std::borrow::Cow;
 
 use qforge_ir::{Kernel, KernelBuilder, Op, Stmt, TableId, Value};
+
+use interleave::Item;
 
 use crate::error::Result;
 
@@ -141,63 +145,70 @@ enum Declared {
 }
 
 impl Pass {
+    /// `stmts` with every search rewritten; the level searches of a block interleaved where
+    /// they are independent (`interleave.rs`).
     fn block(&mut self, b: &mut KernelBuilder, stmts: Vec<Stmt>) -> Vec<Stmt> {
         let mut out = Vec::with_capacity(stmts.len());
         for stmt in stmts {
-            match stmt {
-                Stmt::Let(v) => {
-                    match b.kernel().values.try_get(v).map(|d| d.op.clone()) {
-                        Some(Op::SearchSorted { table, value }) => {
-                            self.rewrite(b, v, table, value);
-                            out.extend(b.take_block());
+            let kept = match stmt {
+                Stmt::Let(v) => match b.kernel().values.try_get(v).map(|d| d.op.clone()) {
+                    Some(Op::SearchSorted { table, value }) => {
+                        let levels = self.rewrite(b, v, table, value);
+                        let lets = b.take_block();
+                        if levels {
+                            out.push(Item::Search(interleave::levels(b.kernel(), lets)));
+                        } else {
+                            out.extend(lets.into_iter().map(Item::Stmt));
                         }
-                        _ => out.push(Stmt::Let(v)),
-                    };
-                }
+                        continue;
+                    }
+                    _ => Stmt::Let(v),
+                },
                 Stmt::If {
                     cond,
                     then_body,
                     else_body,
-                } => out.push(Stmt::If {
+                } => Stmt::If {
                     cond,
                     then_body: self.block(b, then_body),
                     else_body: self.block(b, else_body),
-                }),
+                },
                 Stmt::For {
                     index,
                     start,
                     end,
                     step,
                     body,
-                } => out.push(Stmt::For {
+                } => Stmt::For {
                     index,
                     start,
                     end,
                     step,
                     body: self.block(b, body),
-                }),
+                },
                 Stmt::Accumulate {
                     index,
                     len,
                     order,
                     body,
                     accs,
-                } => out.push(Stmt::Accumulate {
+                } => Stmt::Accumulate {
                     index,
                     len,
                     order,
                     body: self.block(b, body),
                     accs,
-                }),
-                s @ (Stmt::Store { .. } | Stmt::Assign { .. }) => out.push(s),
-            }
+                },
+                s @ (Stmt::Store { .. } | Stmt::Assign { .. }) => s,
+            };
+            out.push(Item::Stmt(kept));
         }
-        out
+        interleave::schedule(b.kernel(), out)
     }
 
     /// Emits the replacement of `v = search_sorted table, value`, ending with `v`'s new
-    /// definition.
-    fn rewrite(&mut self, b: &mut KernelBuilder, v: Value, table: TableId, value: Value) {
+    /// definition; whether it is a level search.
+    fn rewrite(&mut self, b: &mut KernelBuilder, v: Value, table: TableId, value: Value) -> bool {
         let declared = match self.declared.iter().find(|(t, _)| *t == table) {
             Some((_, d)) => d.clone(),
             None => {
@@ -215,11 +226,12 @@ impl Pass {
                 d
             }
         };
-        let last = match &declared {
-            Declared::Buckets(t) => buckets::emit(b, value, t),
-            Declared::Levels(t) => levels::emit(b, value, t),
+        let (last, levels) = match &declared {
+            Declared::Buckets(t) => (buckets::emit(b, value, t), false),
+            Declared::Levels(t) => (levels::emit(b, value, t), true),
         };
         b.define(v, last);
+        levels
     }
 }
 

@@ -299,3 +299,63 @@ fn generated_tables_take_free_names_and_unread_tables_go() {
         assert!(!names.contains(&"t"), "{strategy:?}: {names:?}");
     }
 }
+
+/// The value each level compare of `k`'s body (top level, in order) compares with: the searched
+/// value of the search it belongs to.
+fn compared_values(k: &Kernel) -> Vec<Value> {
+    k.body
+        .iter()
+        .filter_map(|s| match s {
+            Stmt::Let(v) => match k.values[*v].op {
+                Op::Cmp(qforge_ir::CmpOp::Lt, _, x) if k.values[x].ty == ScalarType::F32 => Some(x),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn independent_level_searches_interleave_and_dependent_ones_wait() {
+    let mut b = KernelBuilder::new("interleave");
+    let n = b.scalar_param("n", ScalarType::U32);
+    let x = b.buffer_param("x", DType::F32, &[Dim::Param(n)], Access::Read);
+    let q = b.buffer_param("q", DType::U32, &[Dim::Param(n)], Access::Write);
+    b.set_grid(Dim::Param(n));
+    let t = b.table_f32("t", &[-3.0, -1.0, 0.0, 0.5, 2.0, 4.0, 8.0]);
+    let i = b.work_item();
+    let v = b.load(x, i);
+    let c1 = b.search_sorted(t, v);
+    // Independent of c1: moves ahead and interleaves.
+    let w = b.neg(v);
+    let c2 = b.search_sorted(t, w);
+    // Reads c1: waits for it.
+    let c1f = b.int_to_float(c1);
+    let u = b.add(c1f, w);
+    let c3 = b.search_sorted(t, u);
+    let s = b.add(c2, c3);
+    b.store(q, i, s);
+    // After a store: its own run.
+    let z = b.mul(v, v);
+    let c4 = b.search_sorted(t, z);
+    let c5 = b.search_sorted(t, v);
+    let s2 = b.add(s, c4);
+    let s3 = b.add(s2, c5);
+    b.store(q, i, s3);
+    let k = b.finish();
+    let values = [-5.0, -3.0, -1.0, -0.25, 0.0, 0.5, 1.0, 3.0, 9.0, f32::NAN];
+    let want = run(&k, &values);
+    let d = search(&k, SearchStrategy::Levels).unwrap().into_owned();
+    assert_eq!(run(&d, &values), want);
+    let order = compared_values(&d);
+    // Three levels each (7 entries: 2^3 > 7).
+    assert_eq!(
+        order,
+        [v, w, v, w, v, w, u, u, u, z, v, z, v, z, v],
+        "{}",
+        qforge_ir::text::print(&d)
+    );
+    // Buckets (no level structure) keep the program order.
+    let bk = search(&k, SearchStrategy::Buckets).unwrap().into_owned();
+    assert_eq!(run(&bk, &values), want);
+}
