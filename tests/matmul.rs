@@ -14,8 +14,9 @@ mod golden_support;
 use std::path::Path;
 
 use golden_support::*;
+use qforge::ir::library::matmul4::{DX_ORDER, K_ORDER};
 use qforge::ir::library::QuantType;
-use qforge::ir::DType;
+use qforge::ir::{DType, ReduceOrder};
 use qforge::runtime::ops::{self, Absmax4, QuantState4};
 use qforge::runtime::{CpuDevice, HostTensor};
 use safetensors::SafeTensors;
@@ -29,11 +30,12 @@ fn unit_roundoff(dtype: DType) -> f64 {
     }
 }
 
-/// The documented error bound of one output: the K-sum runs `ceil(len / 8)` fused steps in each
-/// of 8 partials and 3 tree adds, each at most one f32 rounding of a partial sum bounded by
-/// `sum |a_i w_i|`; then one rounding to the dtype.
-fn bound(len: usize, abs_sum: f64, exact: f64, dtype: DType) -> f64 {
-    let steps = len.div_ceil(8) as f64 + 3.0;
+/// The documented error bound of one output: a sum in `order` (`W` strided partials) runs
+/// `ceil(len / W)` fused steps in each partial and `log2(W)` tree adds, each at most one f32
+/// rounding of a partial sum bounded by `sum |a_i w_i|`; then one rounding to the dtype.
+fn bound(len: usize, order: ReduceOrder, abs_sum: f64, exact: f64, dtype: DType) -> f64 {
+    let ways = order.ways();
+    let steps = len.div_ceil(ways as usize) as f64 + ways.ilog2() as f64;
     let sum = steps * 2f64.powi(-24) * abs_sum;
     sum + unit_roundoff(dtype) * (exact.abs() + sum) + f64::MIN_POSITIVE
 }
@@ -65,10 +67,16 @@ fn reference(
 }
 
 /// Largest `|got - exact| / bound` over the outputs (must stay at most 1).
-fn worst_ratio(got: &[f32], exact: &[f64], abs: &[f64], len: usize, dtype: DType) -> f64 {
+fn worst_ratio(
+    got: &[f32],
+    exact: &[f64],
+    abs: &[f64],
+    (len, order): (usize, ReduceOrder),
+    dtype: DType,
+) -> f64 {
     got.iter()
         .zip(exact.iter().zip(abs))
-        .map(|(g, (e, a))| (*g as f64 - e).abs() / bound(len, *a, *e, dtype))
+        .map(|(g, (e, a))| (*g as f64 - e).abs() / bound(len, order, *a, *e, dtype))
         .fold(0.0, f64::max)
 }
 
@@ -139,9 +147,9 @@ fn golden_matmul_4bit_decodes_w_exactly_and_stays_within_the_bound() {
                 .to_f32()
                 .unwrap();
             let (exact, abs) = reference(&xs, rows, k, n, |o, i| w_dequant[o * k + i]);
-            worst[0] = worst[0].max(worst_ratio(&y, &exact, &abs, k, dtype));
+            worst[0] = worst[0].max(worst_ratio(&y, &exact, &abs, (k, K_ORDER), dtype));
             let theirs = case.field(&format!("out_{m}")).f32s();
-            worst[1] = worst[1].max(vs_blas(&y, &theirs, &exact, &abs, k, dtype));
+            worst[1] = worst[1].max(vs_blas(&y, &theirs, &exact, &abs, (k, K_ORDER), dtype));
             let dy = case.field(&format!("grad_out_{m}"));
             let dys = dy.f32s();
             let dx = ops::matmul_4bit_backward_input(&dev, &dy.host(), &packed, &state, None)
@@ -149,9 +157,9 @@ fn golden_matmul_4bit_decodes_w_exactly_and_stays_within_the_bound() {
                 .to_f32()
                 .unwrap();
             let (exact, abs) = reference(&dys, rows, n, k, |o, i| w_dequant[i * k + o]);
-            worst[2] = worst[2].max(worst_ratio(&dx, &exact, &abs, n, dtype));
+            worst[2] = worst[2].max(worst_ratio(&dx, &exact, &abs, (n, DX_ORDER), dtype));
             let theirs = case.field(&format!("dx_{m}")).f32s();
-            worst[3] = worst[3].max(vs_blas(&dx, &theirs, &exact, &abs, n, dtype));
+            worst[3] = worst[3].max(vs_blas(&dx, &theirs, &exact, &abs, (n, DX_ORDER), dtype));
         }
         report.push(format!(
             "{name}: error/bound forward {:.3}, dX {:.3}; difference from bitsandbytes / (our bound + a sequential BLAS bound): out {:.3}, dx {:.3}",
@@ -174,7 +182,7 @@ fn vs_blas(
     theirs: &[f32],
     exact: &[f64],
     abs: &[f64],
-    len: usize,
+    (len, order): (usize, ReduceOrder),
     dtype: DType,
 ) -> f64 {
     ours.iter()
@@ -182,7 +190,7 @@ fn vs_blas(
         .zip(exact.iter().zip(abs))
         .map(|((o, t), (e, a))| {
             let blas = len as f64 * 2f64.powi(-24) * a + unit_roundoff(dtype) * e.abs();
-            (*o as f64 - *t as f64).abs() / (bound(len, *a, *e, dtype) + blas)
+            (*o as f64 - *t as f64).abs() / (bound(len, order, *a, *e, dtype) + blas)
         })
         .fold(0.0, f64::max)
 }
@@ -235,7 +243,7 @@ fn minilm_every_linear_weight_matches_f64_within_the_bound() {
         let xt = HostTensor::from_f32(vec![rows, k], &x).unwrap();
         let y = layer.forward(&dev, &xt).unwrap().to_f32().unwrap();
         let (exact, abs) = reference(&x, rows, k, n, |o, i| wd[o * k + i]);
-        let r = worst_ratio(&y, &exact, &abs, k, DType::F32);
+        let r = worst_ratio(&y, &exact, &abs, (k, K_ORDER), DType::F32);
         assert!(r <= 1.0, "{name}: forward error/bound {r}");
         worst = worst.max(r);
         let dy: Vec<f32> = (0..rows * n)
@@ -244,7 +252,7 @@ fn minilm_every_linear_weight_matches_f64_within_the_bound() {
         let dyt = HostTensor::from_f32(vec![rows, n], &dy).unwrap();
         let dx = layer.backward_input(&dev, &dyt).unwrap().to_f32().unwrap();
         let (exact, abs) = reference(&dy, rows, n, k, |o, i| wd[i * k + o]);
-        let r = worst_ratio(&dx, &exact, &abs, n, DType::F32);
+        let r = worst_ratio(&dx, &exact, &abs, (n, DX_ORDER), DType::F32);
         assert!(r <= 1.0, "{name}: dX error/bound {r}");
         worst = worst.max(r);
         checked += 1;

@@ -14,7 +14,7 @@
 //!   product `1 * dY` is exact, so this is the pinned-order sum of the column).
 //!
 //! Semantics, per output: operands widened exactly to `f32`; the sum over `l` is one
-//! [`crate::Stmt::Accumulate`] in [`K_ORDER`] (element `l` fused with `fma` into partial `l % 8`,
+//! [`crate::Stmt::Accumulate`] in [`DOT_ORDER`] (element `l` fused with `fma` into partial `l % 8`,
 //! partials from `-0.0`, the halving tree), so tiling never changes a bit; with a bias, one `f32`
 //! add of `f32(bias[j])`; with a residual, then one `f32` add of `f32(R[i, j])`; one rounding
 //! (nearest even) to the output dtype. For `f32` this is PyTorch's `h + (a @ W.T + b)`: each
@@ -31,8 +31,9 @@ use crate::builder::KernelBuilder;
 use crate::error::Result;
 use crate::kernel::{Access, Dim, Kernel, ParamId, Value, VarId};
 use crate::library::check_float_dtype;
-use crate::library::matmul4::{TileConfig, K_ORDER};
+use crate::library::matmul4::TileConfig;
 use crate::library::tile::{store_tile, tile_of, TileRow};
+use crate::library::DOT_ORDER;
 use crate::types::{DType, ScalarType};
 
 /// How a logical `[rows, L]` operand is stored.
@@ -132,7 +133,7 @@ impl Gemm {
             .collect();
         let a_op = Operand::new(&mut b, a, self.a, &rows, mv, lv);
         let b_op = Operand::new(&mut b, w, self.b, &outs, nv, lv);
-        b.accumulate(lv, K_ORDER, &vars, |b, i| {
+        b.accumulate(lv, DOT_ORDER, &vars, |b, i| {
             let av = a_op.load_all(b, i);
             let bv = b_op.load_all(b, i);
             let mut factors = Vec::with_capacity(av.len() * bv.len());

@@ -19,7 +19,7 @@
 //!   outlier column list `cols[0..n_outliers]`:
 //!   `fp = sum_o x[i, cols[o]] * w(j, cols[o])` with the weight decoded as
 //!   `int8_vectorwise_dequant` decodes it, `w(j, c) = round_dtype((f32(CB[j, c]) * SCB[j]) *
-//!   f32(1/127))`, summed by one [`crate::Stmt::Accumulate`] in [`K_ORDER`] (element `o` fused
+//!   f32(1/127))`, summed by one [`crate::Stmt::Accumulate`] in [`DOT_ORDER`] (element `o` fused
 //!   into partial `o % 8`, the halving tree); finally `y = round_dtype(t + fp)`. This is
 //!   bitsandbytes' `output.addmm(subA, subB)` on the dtype-rounded int8 result: two roundings to
 //!   the dtype (a single rounding differs from bitsandbytes in about a quarter of the golden
@@ -28,7 +28,7 @@
 //!   `dX[i, k] = round_dtype(sum_n dY[i, n] * w(n, k))` with
 //!   `w(n, k) = round_dtype(f32(CB[n, k]) * (SCB[n] * f32(1/127)))` (bitsandbytes'
 //!   `CB.to(dtype).mul_(SCB.unsqueeze(1).mul(1.0 / 127.0))`: the scale is formed first), the
-//!   sum one [`crate::Stmt::Accumulate`] over `n` in [`K_ORDER`].
+//!   sum one [`crate::Stmt::Accumulate`] over `n` in [`DOT_ORDER`].
 //!
 //! Tiling (the `_t{TM}x{TN}` suffix) only changes which work item computes an output, never its
 //! bits: work item `t` computes rows `(t / n_tiles) * TM ..` and outputs `(t % n_tiles) * TN ..`;
@@ -54,9 +54,10 @@ use crate::error::Result;
 use crate::kernel::{Access, Dim, Kernel, ParamId, Value, VarId};
 use crate::library::check_float_dtype;
 use crate::library::int8::DEQUANT_SCALE;
-use crate::library::matmul4::{TileConfig, K_ORDER};
+use crate::library::matmul4::TileConfig;
 use crate::library::round::round_to;
 use crate::library::tile::{last_index, row_bases, store_tile, tile_of};
+use crate::library::DOT_ORDER;
 use crate::ops::{BinaryOp, CmpOp};
 use crate::types::{DType, ScalarType};
 
@@ -256,7 +257,7 @@ pub fn int8_mixed_scaled_mm(dtype: DType, bias: bool, tile: TileConfig) -> Resul
         .collect();
     let last_col = last_index(&mut b, kv);
     let nov = b.param(n_out);
-    b.accumulate(nov, K_ORDER, &fp_vars, |b, o| {
+    b.accumulate(nov, DOT_ORDER, &fp_vars, |b, o| {
         let raw = b.load(cols, o);
         let col = b.min(raw, last_col);
         let xs: Vec<Value> = x_bases
@@ -324,7 +325,7 @@ pub fn int8_mixed_scaled_mm_dx(dtype: DType, tile: TileConfig) -> Result<Kernel>
     let vars: Vec<VarId> = (0..rows.len() * outs.len())
         .map(|i| b.var(&format!("acc{i}"), ScalarType::F32))
         .collect();
-    b.accumulate(nv, K_ORDER, &vars, |b, nn| {
+    b.accumulate(nv, DOT_ORDER, &vars, |b, nn| {
         let ds: Vec<Value> = dy_bases
             .iter()
             .map(|base| {

@@ -1,5 +1,5 @@
 //! The fused 4-bit matmul kernels on the interpreter against a plain Rust model written from
-//! the module docs (decode `table[nibble] * absmax`, `mul_add` into partial `i % 8`, halving
+//! the module docs (decode `table[nibble] * absmax`, `mul_add` into partial `i % 16` forward, `i % 8` backward, halving
 //! tree, bias, one rounding), and the tile property: every tile gives the same bits.
 
 use crate::args::OwnedArg;
@@ -100,7 +100,12 @@ impl Problem {
         let mut y = Vec::new();
         for mi in 0..self.m {
             for o in 0..outs {
-                let mut p = [-0.0f32; 8];
+                // 16 partials forward (K_ORDER), 8 backward (DX_ORDER).
+                let w_parts = match spec.direction {
+                    Direction::Forward { .. } => 16,
+                    Direction::BackwardInput => 8,
+                };
+                let mut p = [-0.0f32; 16];
                 for i in 0..len {
                     let (a, w) = match spec.direction {
                         Direction::Forward { .. } => {
@@ -108,11 +113,13 @@ impl Problem {
                         }
                         Direction::BackwardInput => (self.act[mi * self.n + i], self.w(spec, i, o)),
                     };
-                    p[i % 8] = a.mul_add(w, p[i % 8]);
+                    p[i % w_parts] = a.mul_add(w, p[i % w_parts]);
                 }
-                for w in [4, 2, 1] {
-                    for j in 0..w {
-                        p[j] += p[j + w];
+                let mut half = w_parts;
+                while half > 1 {
+                    half /= 2;
+                    for j in 0..half {
+                        p[j] += p[j + half];
                     }
                 }
                 let mut v = p[0];

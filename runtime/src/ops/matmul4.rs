@@ -70,7 +70,7 @@ impl DeviceCaps {
 ///   against 55 ms for 4x1 and 99 ms for 1x4) and 4x4 on LLVM (4.0-5.0 ms against 6.7-13 ms
 ///   for 8x4). The tile shrinks (`tn` first) while there would be fewer than 4 work items per
 ///   thread.
-/// * GPU: one thread keeps 8 scalar partials per output; `tm = min(M, 4)`, `tn = 1`, shrunk
+/// * GPU: one thread keeps 16 scalar partials per output (`K_ORDER`); `tm = min(M, 4)`, `tn = 1`, shrunk
 ///   while there would be fewer work items than half the resident threads.
 pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
     let _ = k; // the K reduction is never tiled (its order is fixed)
