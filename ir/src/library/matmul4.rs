@@ -19,8 +19,9 @@
 //! * The reduction is one [`crate::Stmt::Accumulate`]: over `k` forward in [`K_ORDER`]
 //!   (element `i` fused with `fma` into partial `i % 16`), over `n` backward in [`DX_ORDER`]
 //!   (partial `i % 8`); the partials start at `-0.0` and are combined by the halving tree
-//!   (`p[j] += p[j + W/2]` for `j < W/2`, then `W/4`, ..., 1). Tiling over `M`, `N` (forward) or `M`, `K` (backward) only changes which work item
-//!   computes an element, never its order, so every [`TileConfig`] gives identical bits.
+//!   (`p[j] += p[j + W/2]` for `j < W/2`, then `W/4`, ..., 1). Tiling over `M`, `N`
+//!   (forward) or `M`, `K` (backward) only changes which work item computes an element, never
+//!   its order, so every [`TileConfig`] gives identical bits.
 //! * Forward with bias: `sum + f32(bias[n])` (one `f32` add); then one rounding (nearest even)
 //!   to the output dtype. An empty reduction (`K = 0`) sums to `-0.0`.
 //!
@@ -49,8 +50,9 @@ use crate::ops::{BinaryOp, ReduceOrder};
 use crate::types::{DType, ScalarType};
 
 /// The canonical order of the forward K reduction: 16 strided partials and the halving tree. A
-/// CPU SIMD loop of 4, 8 or 16 lanes, or 16 lanes of a GPU warp per output (butterfly offsets
-/// 8, 4, 2, 1), reproduce it exactly. 16 partials are one AVX-512 vector per output: on the
+/// CPU SIMD loop of 4, 8 or 16 lanes, a GPU thread keeping the 16 partials (the PTX and WGSL
+/// kernels), or 16 lanes of a warp per output (butterfly offsets 8, 4, 2, 1) reproduce it
+/// exactly. 16 partials are one AVX-512 vector per output: on the
 /// development machine (Zen 4, `cpu-llvm`) the NF4 GEMV ran 15 to 30% faster than with 8
 /// partials, whose two 256-bit halves each step had to extract, and the M = 16 GEMM the same or
 /// faster.

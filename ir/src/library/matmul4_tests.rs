@@ -1,6 +1,7 @@
 //! The fused 4-bit matmul kernels on the interpreter against a plain Rust model written from
-//! the module docs (decode `table[nibble] * absmax`, `mul_add` into partial `i % 16` forward, `i % 8` backward, halving
-//! tree, bias, one rounding), and the tile property: every tile gives the same bits.
+//! the module docs (decode `table[nibble] * absmax`, `mul_add` into partial `i % 16` forward
+//! and `i % 8` backward, halving tree, bias, one rounding), and the tile property: every tile
+//! gives the same bits.
 
 use crate::args::OwnedArg;
 use crate::library::matmul4::{Direction, Matmul4, TileConfig};

@@ -118,7 +118,7 @@ pub const BLOCKSIZES_8BIT: [u32; 7] = [64, 128, 256, 512, 1024, 2048, 4096];
 pub const NESTED_BLOCKSIZE: u32 = 256;
 /// The order of the library's dot products unless a kernel names another (the forward 4-bit
 /// matmul uses [`matmul4::K_ORDER`]): 8 strided partials and the halving tree, as a CPU loop of 4
-/// or 8 lanes, or 8 lanes of a GPU warp per output, compute it.
+/// or 8 lanes, or a GPU thread keeping the 8 partials, compute it.
 pub const DOT_ORDER: crate::ops::ReduceOrder = crate::ops::ReduceOrder::Strided(8);
 /// Input/output dtypes of the quantization kernels.
 pub const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];

@@ -55,11 +55,9 @@ pub(super) fn launch(
         unsafe { compiled.entry.run(&slots, begin, end) };
         status
     };
-    let first_failure = if threads <= 1 {
-        run_chunk((0, grid))
-    } else {
-        let pool = pool
-            .get_or_init(|| {
+    let pool = (threads > 1)
+        .then(|| {
+            pool.get_or_init(|| {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(pool_threads(options) - 1)
                     .thread_name(|i| format!("qforge-cpu-{i}"))
@@ -67,32 +65,30 @@ pub(super) fn launch(
                     .map_err(|e| e.to_string())
             })
             .as_ref()
-            .map_err(|e| Error::Device {
-                device: "cpu".into(),
-                message: format!("cannot start the launch threads: {e}"),
-            })?;
-        // Every thread, the caller included, takes the next chunk until none is left; the
-        // smallest failing status wins (each chunk reports its first failing item).
-        let chunks = chunks(grid, threads * CHUNKS_PER_THREAD);
-        let next = AtomicUsize::new(0);
-        let failure = AtomicU32::new(u32::MAX);
-        let work = || {
-            while let Some(&c) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
-                let status = run_chunk(c);
-                if status != 0 {
-                    failure.fetch_min(status, Ordering::Relaxed);
+            .ok()
+        })
+        .flatten();
+    let first_failure = match pool {
+        // One thread, or no pool (the system refused its threads): the caller runs everything.
+        None => run_chunk((0, grid)),
+        Some(pool) => {
+            // Every thread, the caller included, takes the next chunk until none is left; the
+            // smallest failing status wins (each chunk reports its first failing item).
+            let chunks = chunks(grid, threads * CHUNKS_PER_THREAD);
+            let next = AtomicUsize::new(0);
+            let failure = FirstFailure::default();
+            let work = || {
+                while let Some(&c) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    failure.record(run_chunk(c));
                 }
-            }
-        };
-        pool.in_place_scope(|scope| {
-            for _ in 1..threads {
-                scope.spawn(|_| work());
-            }
-            work();
-        });
-        match failure.into_inner() {
-            u32::MAX => 0,
-            s => s,
+            };
+            pool.in_place_scope(|scope| {
+                for _ in 1..threads {
+                    scope.spawn(|_| work());
+                }
+                work();
+            });
+            failure.status()
         }
     };
     match first_failure {
@@ -126,6 +122,29 @@ fn slots(compiled: &Compiled, binding: &Binding, args: &mut [Arg<'_>]) -> Vec<u6
     slots
 }
 
+/// The smallest non-zero status the chunks of a launch report (0: none failed), shared by the
+/// threads. Every `u32` but 0 is a status (failing item + 1, up to `u32::MAX`).
+#[derive(Default)]
+struct FirstFailure(AtomicU32);
+
+impl FirstFailure {
+    /// Keeps `status` if it is non-zero and below the smallest kept so far.
+    fn record(&self, status: u32) {
+        if status != 0 {
+            let _ = self
+                .0
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |kept| {
+                    (kept == 0 || status < kept).then_some(status)
+                });
+        }
+    }
+
+    /// The smallest status recorded, or 0.
+    fn status(self) -> u32 {
+        self.0.into_inner()
+    }
+}
+
 /// How many threads a launch of `grid` work items over `bytes` of buffers uses.
 fn thread_count(options: &CpuOptions, grid: u32, bytes: usize) -> usize {
     if grid < 2 || (bytes < options.parallel_min_bytes && grid < options.parallel_min_grid) {
@@ -154,7 +173,31 @@ fn chunks(grid: u32, n: usize) -> Vec<(u32, u32)> {
 
 #[cfg(test)]
 mod tests {
-    use super::chunks;
+    use super::{chunks, FirstFailure};
+
+    #[test]
+    fn the_smallest_failing_status_wins_including_the_largest_item() {
+        let f = FirstFailure::default();
+        assert_eq!(f.status(), 0);
+        for statuses in [
+            vec![0, u32::MAX, 0],
+            vec![u32::MAX, 7, 0, 9],
+            vec![0, 0],
+            vec![5, u32::MAX - 1, 5],
+        ] {
+            let f = FirstFailure::default();
+            for s in &statuses {
+                f.record(*s);
+            }
+            let want = statuses
+                .iter()
+                .copied()
+                .filter(|s| *s != 0)
+                .min()
+                .unwrap_or(0);
+            assert_eq!(f.status(), want, "{statuses:?}");
+        }
+    }
 
     #[test]
     fn chunks_cover_the_grid_in_order() {

@@ -23,8 +23,9 @@ use jit::{Entry, Jit};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CpuOptions {
     /// Threads for a large launch, the calling thread included (the others are a pool the
-    /// device starts on its first large launch and keeps); `None` uses
-    /// `std::thread::available_parallelism()`.
+    /// device starts on its first large launch and keeps, whatever that launch's size); `None`
+    /// uses `std::thread::available_parallelism()`. If the system refuses the pool's threads,
+    /// launches run on the calling thread alone (same bits, slower).
     pub threads: Option<usize>,
     /// A launch whose buffers hold at least this many bytes in total runs multi-threaded.
     pub parallel_min_bytes: usize,
