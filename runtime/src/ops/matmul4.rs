@@ -381,7 +381,8 @@ pub struct Linear4bit {
     pub packed: Vec<u8>,
     /// The weight's quant state (shape `[N, K]`).
     pub state: QuantState4,
-    /// Optional bias `[N]`, in the activation dtype.
+    /// Optional bias `[N]`, any float dtype: [`Linear4bit::forward`] rounds it to the
+    /// activation dtype (nearest even) when they differ, as bitsandbytes' `bias.to(x.dtype)`.
     pub bias: Option<HostTensor>,
 }
 
@@ -434,12 +435,21 @@ impl Linear4bit {
         self.state.shape.first().copied().unwrap_or(0)
     }
 
-    /// `y = x @ dequant(W).T + bias` ([`matmul_4bit`]).
+    /// `y = x @ dequant(W).T + bias` ([`matmul_4bit`]), the bias first rounded to `x`'s dtype
+    /// (nearest even) when it has another float dtype, as bitsandbytes' `Linear4bit` does.
     ///
     /// # Errors
     /// As [`matmul_4bit`].
     pub fn forward(&self, dev: &dyn Device, x: &HostTensor) -> Result<HostTensor> {
-        matmul_4bit(dev, x, &self.packed, &self.state, self.bias.as_ref(), None)
+        let cast;
+        let bias = match &self.bias {
+            Some(b) if b.dtype != x.dtype && b.dtype.is_float() && x.dtype.is_float() => {
+                cast = HostTensor::from_f32_as(x.dtype, b.shape.clone(), &b.to_f32()?)?;
+                Some(&cast)
+            }
+            other => other.as_ref(),
+        };
+        matmul_4bit(dev, x, &self.packed, &self.state, bias, None)
     }
 
     /// `dX = dY @ dequant(W)` ([`matmul_4bit_backward_input`]).
@@ -454,6 +464,48 @@ impl Linear4bit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn linear4bit_rounds_a_bias_of_another_dtype_to_the_activation_dtype() {
+        let dev = crate::InterpreterDevice;
+        let (n, k) = (5, 32);
+        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let w = HostTensor::from_f32(vec![n, k], &w).expect("weight");
+        // Biases that bf16 and f16 round (1 + 2^-10 is exact in f16, not in bf16).
+        let bias: Vec<f32> = vec![1.0 + 2f32.powi(-10), -3.3, 0.1, 65504.0, 1e-8];
+        let x: Vec<f32> = (0..2 * k).map(|i| (i as f32 * 0.11).cos()).collect();
+        for (bias_dtype, x_dtype) in [
+            (DType::F32, DType::BF16),
+            (DType::F32, DType::F16),
+            (DType::F16, DType::F32),
+            (DType::BF16, DType::F16),
+        ] {
+            let b = HostTensor::from_f32_as(bias_dtype, vec![n], &bias).expect("bias");
+            let layer = Linear4bit::quantize(
+                &dev,
+                &w,
+                super::super::QuantType::Nf4,
+                32,
+                false,
+                Some(b.clone()),
+            )
+            .expect("layer");
+            let x = HostTensor::from_f32_as(x_dtype, vec![2, k], &x).expect("x");
+            let got = layer.forward(&dev, &x).expect("forward");
+            // The model: the bias rounded to x's dtype first, then the plain op.
+            let rounded = HostTensor::from_f32_as(x_dtype, vec![n], &b.to_f32().expect("f32"))
+                .expect("rounded");
+            let want = matmul_4bit(&dev, &x, &layer.packed, &layer.state, Some(&rounded), None)
+                .expect("matmul");
+            assert_eq!(got, want, "bias {bias_dtype} with x {x_dtype}");
+            // Not the same as ignoring the rounding: the unrounded f32 bias is not accepted.
+            if bias_dtype != x_dtype {
+                assert!(
+                    matmul_4bit(&dev, &x, &layer.packed, &layer.state, Some(&b), None).is_err()
+                );
+            }
+        }
+    }
 
     #[test]
     fn tile_heuristic_follows_its_documented_rule() {
