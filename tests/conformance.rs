@@ -50,7 +50,23 @@ fn lengths(blocksize: usize) -> Vec<usize> {
 
 #[test]
 fn every_library_kernel_is_bit_exact_on_every_device() {
-    let (devices, unavailable) = available_devices();
+    let (mut devices, unavailable) = available_devices();
+    let mut labels: Vec<String> = devices.iter().map(|d| d.backend().to_string()).collect();
+    // On an AVX-512 host, the AVX2 code of `cpu-llvm` too (another host runs it natively).
+    #[cfg(all(feature = "llvm", target_arch = "x86_64"))]
+    if std::is_x86_feature_detected!("avx512f") {
+        let avx2 = qforge::runtime::CpuOptions {
+            avx512: false,
+            ..Default::default()
+        };
+        match qforge::runtime::CpuDevice::llvm(avx2) {
+            Ok(d) => {
+                devices.push(Box::new(d));
+                labels.push("llvm without AVX-512".into());
+            }
+            Err(e) => println!("skipped cpu-llvm without AVX-512: {e}"),
+        }
+    }
     for u in &unavailable {
         println!("skipped on {}: {}", u.backend, u.reason);
     }
@@ -79,7 +95,7 @@ fn every_library_kernel_is_bit_exact_on_every_device() {
             InterpreterDevice
                 .launch(&kernel, &mut OwnedArg::borrow_all(&mut reference))
                 .expect("interpreter runs");
-            for device in &devices {
+            for (device, label) in devices.iter().zip(&labels) {
                 let mut args = fresh.clone();
                 device
                     .launch(&kernel, &mut OwnedArg::borrow_all(&mut args))
@@ -90,7 +106,7 @@ fn every_library_kernel_is_bit_exact_on_every_device() {
                     0,
                     "{} on {}: {} of {} elements differ (n = {})",
                     kernel.name,
-                    device.backend(),
+                    label,
                     bad,
                     total,
                     values.len()

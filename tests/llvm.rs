@@ -27,18 +27,21 @@ fn llvm_text_is_deterministic_and_exact_for_every_library_kernel() {
     for entry in library::catalog() {
         let kernel = entry.build().expect("library kernels build");
         let combos = [
-            (0, false, false),
-            (8, false, false),
-            (16, false, false),
-            (16, true, false),
-            (16, true, true),
+            (0, false, false, false),
+            (8, false, false, false),
+            (8, false, false, true),
+            (16, false, false, false),
+            (16, false, false, true),
+            (16, true, false, true),
+            (16, true, true, true),
         ];
-        for (lanes, x86_avx512, x86_avx512_vbmi) in combos {
+        for (lanes, x86_avx512, x86_avx512_vbmi, x86_avx2) in combos {
             let options = LlvmOptions {
                 bounds_checks: true,
                 lanes,
                 x86_avx512,
                 x86_avx512_vbmi,
+                x86_avx2,
             };
             let text = lower(&kernel, &options).expect("lowers");
             assert_eq!(text, lower(&kernel, &options).unwrap(), "{}", kernel.name);
@@ -63,7 +66,7 @@ fn llvm_text_is_deterministic_and_exact_for_every_library_kernel() {
             checked += 1;
         }
     }
-    assert!(checked >= 5 * 400, "only {checked} kernels lowered");
+    assert!(checked >= 7 * 400, "only {checked} kernels lowered");
     // The fused 4-bit decode must reach the kernels it exists for.
     for name in [
         "matmul_4bit_fp4_nested_bs64_bf16_t4x1",
@@ -84,6 +87,7 @@ fn llvm_rejects_unsupported_lane_counts() {
                 lanes,
                 x86_avx512: false,
                 x86_avx512_vbmi: false,
+                x86_avx2: false,
             },
         )
         .unwrap_err();
@@ -501,8 +505,16 @@ mod device {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 
-    /// Runs `kernel` on the interpreter, the LLVM device with vectors and without, and the
-    /// Cranelift device: the same
+    /// Whether the host has AVX-512F (x86-64 only).
+    fn host_avx512() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return std::is_x86_feature_detected!("avx512f");
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// Runs `kernel` on the interpreter, the LLVM device with vectors and without (and, on an
+    /// AVX-512 host, without AVX-512), and the Cranelift device: the same
     /// outputs under the numeric contract (bit for bit, except that any two NaNs are equal, as
     /// `count_mismatches` and the conformance suite compare), or the same out-of-range work item.
     fn same_everywhere(kernel: &Kernel, scalars: &[u32], inputs: &[Vec<u8>], outputs: &[usize]) {
@@ -513,9 +525,25 @@ mod device {
         })
         .unwrap();
         let cranelift = CpuDevice::new().unwrap();
-        let devices: [&dyn Device; 4] = [&InterpreterDevice, &vector, &scalar, &cranelift];
+        let mut devices: Vec<(&dyn Device, &str)> = vec![
+            (&InterpreterDevice, "interpreter"),
+            (&vector, "cpu-llvm"),
+            (&scalar, "cpu-llvm (scalar)"),
+            (&cranelift, "cpu (Cranelift)"),
+        ];
+        // On an AVX-512 host, the AVX2 code too (an AVX2 host runs it as `vector`).
+        let avx2 = host_avx512().then(|| {
+            CpuDevice::llvm(CpuOptions {
+                avx512: false,
+                ..CpuOptions::default()
+            })
+            .unwrap()
+        });
+        if let Some(d) = &avx2 {
+            devices.push((d, "cpu-llvm (AVX2)"));
+        }
         let mut results = Vec::new();
-        for dev in devices {
+        for (dev, _) in &devices {
             let mut args: Vec<OwnedArg> = scalars
                 .iter()
                 .map(|&s| OwnedArg::Scalar(Scalar::U32(s)))
@@ -531,11 +559,7 @@ mod device {
             };
             results.push(r);
         }
-        for (r, name) in
-            results[1..]
-                .iter()
-                .zip(["cpu-llvm", "cpu-llvm (scalar)", "cpu (Cranelift)"])
-        {
+        for (r, (_, name)) in results[1..].iter().zip(&devices[1..]) {
             match (&results[0], r) {
                 (Ok(want), Ok(got)) => {
                     let (bad, total) = count_mismatches(kernel, want, got);

@@ -49,6 +49,7 @@ fn llvm_text_of_representative_kernels() {
         lanes: 16,
         x86_avx512: true,
         x86_avx512_vbmi: true,
+        x86_avx2: true,
     };
     let names = [
         "dequantize_4bit_nf4_bs64_f32",

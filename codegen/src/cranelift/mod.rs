@@ -194,13 +194,16 @@ pub fn lower(kernel: &Kernel, options: &LowerOptions) -> Result<LoweredKernel> {
 }
 
 /// The kernel this backend lowers: `kernel` with [`qforge_ir::Op::SearchSorted`] rewritten into
-/// a bucket search ([`crate::decompose`]). Its tables are the ones the lowered code reads, in
+/// the packed bucket search ([`crate::decompose`]: one table read). Its tables are the ones the lowered code reads, in
 /// [`ArgLayout::table`] order (a runtime passes these, not the original kernel's).
 ///
 /// # Errors
 /// [`Error::Ir`] when the kernel does not verify.
 pub fn prepare(kernel: &Kernel) -> Result<std::borrow::Cow<'_, Kernel>> {
-    crate::decompose::search(kernel, crate::decompose::SearchStrategy::Buckets)
+    crate::decompose::search(
+        kernel,
+        crate::decompose::SearchStrategy::Packed { levels_up_to: 0 },
+    )
 }
 
 /// The Cranelift IR text of `kernel` lowered with [`LowerOptions::default`] (target

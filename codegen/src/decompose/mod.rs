@@ -2,24 +2,32 @@
 //! does. Today that is [`Op::SearchSorted`], which every backend receives as table lookups and
 //! compares, in the form that suits it ([`SearchStrategy`]):
 //!
-//! * [`SearchStrategy::Buckets`] (Cranelift, PTX, WGSL, LLVM without AVX-512): a bucket table
+//! * [`SearchStrategy::Buckets`] (PTX, WGSL): a bucket table
 //!   indexed by the top bits of the value gives a first candidate, and at most
 //!   [`buckets::BUCKET_COMPARES`] threshold compares finish the search (`buckets.rs`): three
 //!   memory reads, the fewest for backends that read tables from memory.
+//! * [`SearchStrategy::Packed`] (Cranelift, LLVM without AVX-512): a finer bucket table whose entry packs
+//!   the bucket's first count with the low bits of the one threshold it may hold, so one table
+//!   read and integer arithmetic finish the search (`packed.rs`): for CPUs, which read a large
+//!   table one lane at a time from the data cache, where a read costs more than the arithmetic
+//!   and a table of a few thousand words is cheap. With LLVM and AVX2, small tables take
+//!   levels, whose tables are register permutes there.
 //! * [`SearchStrategy::Levels`] (LLVM with AVX-512): the branchless binary search, one small
 //!   table per level (`levels.rs`): 1, 2, 4, ... entries, which a backend holding tables in
 //!   vector registers reads with one or a few permutes each, where the bucket tables (hundreds
 //!   of entries) would cost tens. Independent level searches of a block are interleaved level
 //!   by level (`interleave.rs`), so an out-of-order CPU has two chains in flight.
 //!
-//! Both give exactly [`Op::SearchSorted`]'s count: the buckets are proven for every bucket when
-//! they are built (a table they cannot serve falls back to levels), the levels are the binary
+//! All give exactly [`Op::SearchSorted`]'s count: the buckets are proven for every bucket when
+//! they are built (a table the packed buckets cannot serve falls back to buckets, one the
+//! buckets cannot serve to levels), the levels are the binary
 //! search itself. The pass keeps every value's handle (the search's value is redefined as the
 //! last op of its replacement), so the rest of the kernel is untouched.
 
 mod buckets;
 mod interleave;
 mod levels;
+mod packed;
 
 use std::borrow::Cow;
 
@@ -36,6 +44,13 @@ pub use buckets::BUCKET_COMPARES;
 pub enum SearchStrategy {
     /// Bucket table plus a fixed number of compares (levels when the table does not allow it).
     Buckets,
+    /// One read of a packed bucket table (buckets when the table does not allow it); a table of
+    /// at most `levels_up_to` counted (non-`+inf`) entries takes the level search instead, for a
+    /// backend that reads small tables with register permutes (LLVM with AVX2: `vpermd`).
+    Packed {
+        /// Largest count of entries searched by levels.
+        levels_up_to: usize,
+    },
     /// Binary search with one table per level.
     Levels,
 }
@@ -141,6 +156,7 @@ struct Pass {
 #[derive(Clone)]
 enum Declared {
     Buckets(buckets::BucketTables),
+    Packed(packed::PackedTables),
     Levels(levels::LevelTables),
 }
 
@@ -215,12 +231,30 @@ impl Pass {
                 let t = &b.kernel().tables[table];
                 let (name, data) = (t.name.clone(), t.data.clone());
                 let sorted: Vec<f32> = data.iter().map(|x| f32::from_bits(*x)).collect();
-                let d = match self.strategy {
-                    SearchStrategy::Buckets => match buckets::Buckets::new(&sorted) {
-                        Some(bk) => Declared::Buckets(buckets::declare(b, &name, table, &bk)),
-                        None => Declared::Levels(levels::declare(b, &name, &sorted)),
-                    },
-                    SearchStrategy::Levels => Declared::Levels(levels::declare(b, &name, &sorted)),
+                let strategy = match self.strategy {
+                    SearchStrategy::Packed { levels_up_to }
+                        if counted(&sorted).len() <= levels_up_to =>
+                    {
+                        SearchStrategy::Levels
+                    }
+                    s => s,
+                };
+                let packed = match strategy {
+                    SearchStrategy::Packed { .. } => packed::Packed::new(&sorted),
+                    SearchStrategy::Buckets | SearchStrategy::Levels => None,
+                };
+                let buckets = match strategy {
+                    SearchStrategy::Buckets | SearchStrategy::Packed { .. } if packed.is_none() => {
+                        buckets::Buckets::new(&sorted)
+                    }
+                    _ => None,
+                };
+                let d = if let Some(pk) = packed {
+                    Declared::Packed(packed::declare(b, &name, &pk))
+                } else if let Some(bk) = buckets {
+                    Declared::Buckets(buckets::declare(b, &name, table, &bk))
+                } else {
+                    Declared::Levels(levels::declare(b, &name, &sorted))
                 };
                 self.declared.push((table, d.clone()));
                 d
@@ -228,6 +262,7 @@ impl Pass {
         };
         let (last, levels) = match &declared {
             Declared::Buckets(t) => (buckets::emit(b, value, t), false),
+            Declared::Packed(t) => (packed::emit(b, value, t), false),
             Declared::Levels(t) => (levels::emit(b, value, t), true),
         };
         b.define(v, last);

@@ -3,6 +3,7 @@ use qforge_ir::library::{nearest, BlockwiseMap};
 use qforge_ir::{Access, DType, Dim, Kernel, OwnedArg, Scalar, ScalarType};
 
 use super::buckets::{count_below, Buckets};
+use super::packed::Packed;
 use super::*;
 
 /// The searched thresholds of a bitsandbytes map (255 midpoints and two `+inf`).
@@ -118,19 +119,118 @@ fn buckets_match_the_binary_search_on_a_strided_sweep() {
     }
 }
 
-/// All 2^32 inputs of each map (a few minutes in the optimized test profile:
-/// `cargo test --release -p qforge-codegen -- --ignored buckets_exhaustive`).
+/// All 2^32 inputs of each map, for the buckets and the packed buckets (minutes in the
+/// optimized test profile: `cargo test --release -p qforge-codegen -- --ignored
+/// buckets_exhaustive`).
 #[test]
-#[ignore = "all 2^32 inputs of 3 maps: about 6 minutes; run with --release --ignored"]
+#[ignore = "all 2^32 inputs of 3 maps, two searches: about 10 minutes; run with --release --ignored"]
 fn buckets_exhaustive() {
     for map in BlockwiseMap::ALL {
         let t = map_thresholds(map);
         let bk = Buckets::new(&t).unwrap();
+        let pk = Packed::new(&t).unwrap();
         for bits in 0..=u32::MAX {
             let v = f32::from_bits(bits);
-            assert_eq!(bk.count(v), reference(&t, v), "{map}: bits {bits:#010x}");
+            let want = reference(&t, v);
+            assert_eq!(bk.count(v), want, "{map}: bits {bits:#010x}");
+            assert_eq!(pk.count(v), want, "{map} packed: bits {bits:#010x}");
         }
     }
+}
+
+/// Values around every bucket boundary of `pk` (its thresholds are in [`edge_values`]).
+fn packed_edge_values(pk: &Packed) -> Vec<f32> {
+    let mut v = Vec::new();
+    for j in 0..=pk.per_sign {
+        let m = ((pk.first + j) as u64) << pk.shift;
+        if m <= 0x7f80_0000 {
+            let x = f32::from_bits(m as u32);
+            for y in [x, x.next_up(), x.next_down()] {
+                v.extend([y, -y]);
+            }
+        }
+    }
+    v
+}
+
+#[test]
+fn packed_buckets_of_bitsandbytes_maps_hold_one_threshold_and_fit_the_cache() {
+    for map in BlockwiseMap::ALL {
+        let t = map_thresholds(map);
+        let pk = Packed::new(&t).unwrap();
+        let halves = if pk.signed { 2 } else { 1 };
+        assert_eq!(pk.signed, map != BlockwiseMap::DynamicUnsigned, "{map}");
+        assert_eq!(pk.entries.len(), halves * pk.per_sign as usize);
+        // The sizes the module docs quote.
+        match map {
+            BlockwiseMap::Dynamic => assert_eq!(pk.entries.len(), 2802),
+            BlockwiseMap::DynamicUnsigned => assert_eq!(pk.entries.len(), 2900),
+            BlockwiseMap::Linear => {}
+        }
+        // Every bucket's candidate is the count at its lowest value, and its low part the
+        // complement of a threshold's low bits (or 0 where it holds none).
+        let mask = (1u32 << pk.shift) - 1;
+        for (i, e) in pk.entries.iter().enumerate() {
+            assert!(e >> pk.shift <= 255, "{map}: bucket {i}");
+            if (e & mask) != 0 {
+                let j = i as u32 % pk.per_sign;
+                assert!(
+                    j > 0 && j + 1 < pk.per_sign,
+                    "{map}: edge bucket {i} holds a threshold"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_buckets_match_the_binary_search_on_edge_values_and_a_strided_sweep() {
+    for map in BlockwiseMap::ALL {
+        let t = map_thresholds(map);
+        let pk = Packed::new(&t).unwrap();
+        let mut values = edge_values(&Buckets::new(&t).unwrap());
+        values.extend(packed_edge_values(&pk));
+        values.extend(
+            (0..=u32::MAX)
+                .step_by(4099)
+                .flat_map(|x| [x, x ^ 1])
+                .map(f32::from_bits),
+        );
+        for v in values {
+            assert_eq!(
+                pk.count(v),
+                reference(&t, v),
+                "{map}: v = {v:e} ({:#010x})",
+                v.to_bits()
+            );
+        }
+    }
+}
+
+/// A table the packed buckets cannot serve (an entry `0.0`, which the first bucket would
+/// hold) falls back to the buckets, with the same counts.
+#[test]
+fn a_table_with_a_zero_entry_falls_back_from_packed_buckets() {
+    let data = [-1.0, 0.0, 0.5, 1.0];
+    assert!(Packed::new(&data).is_none());
+    assert!(Buckets::new(&data).is_some());
+    let values = [
+        -2.0,
+        -1.0,
+        -0.5,
+        -0.0,
+        0.0,
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+        2.0,
+        f32::NAN,
+    ];
+    check_table(&data, &values).unwrap();
+    let k = probe(&data);
+    let d = search(&k, SearchStrategy::Packed { levels_up_to: 0 }).unwrap();
+    assert!(d.tables.iter().any(|(_, t)| t.name.ends_with("_buckets")));
 }
 
 /// `q[i] = search_sorted(t, x[i])` over a table with `data`.
@@ -182,7 +282,12 @@ fn check_table(data: &[f32], values: &[f32]) -> Result<(), TestCaseError> {
         let c = reference(data, *v);
         prop_assert_eq!(*w, 1000 * c + c + reference(data, -*v), "v = {:e}", v);
     }
-    for strategy in [SearchStrategy::Buckets, SearchStrategy::Levels] {
+    for strategy in [
+        SearchStrategy::Buckets,
+        SearchStrategy::Packed { levels_up_to: 0 },
+        SearchStrategy::Packed { levels_up_to: 7 },
+        SearchStrategy::Levels,
+    ] {
         let d = search(&k, strategy).unwrap();
         let d = d.into_owned();
         let left = d
@@ -200,7 +305,8 @@ fn check_table(data: &[f32], values: &[f32]) -> Result<(), TestCaseError> {
 fn both_strategies_give_the_count_on_bitsandbytes_maps() {
     for map in BlockwiseMap::ALL {
         let t = map_thresholds(map);
-        let values = edge_values(&Buckets::new(&t).unwrap());
+        let mut values = edge_values(&Buckets::new(&t).unwrap());
+        values.extend(packed_edge_values(&Packed::new(&t).unwrap()));
         check_table(&t, &values).unwrap();
     }
 }
@@ -239,8 +345,9 @@ fn entry() -> impl Strategy<Value = f32> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
-    /// Random sorted tables of 1 to 300 entries (duplicates, both zeros, infinities): both
-    /// strategies, including the levels fallback of tables the buckets cannot serve.
+    /// Random sorted tables of 1 to 300 entries (duplicates, both zeros, infinities): every
+    /// strategy, including the fallbacks of tables the packed buckets or the buckets cannot
+    /// serve.
     #[test]
     fn both_strategies_give_the_count_on_random_tables(
         mut data in prop::collection::vec(entry(), 1..300),

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use qforge_ir::{BinaryOp, Kernel, Op, ScalarType, Value};
+use qforge_ir::{BinaryOp, DType, Kernel, Op, ParamKind, ScalarType, Value};
 
 /// Deepest chain of ops followed; a deeper value is unbounded.
 const MAX_DEPTH: u32 = 32;
@@ -14,7 +14,7 @@ const MAX_DEPTH: u32 = 32;
 /// values of other types): constants; `add` and `mul` (saturating: a bound that could wrap is
 /// no bound); `and` and `min` (the smaller bound); `or` and `xor` (all ones up to the larger
 /// bound's top bit); `shl` by a constant without overflow; `shr` (by a constant: the bound
-/// shifted); `select` (the larger arm). `seed` is the value a vector body replaces by
+/// shifted); `select` (the larger arm); the load of a `u8` element (255). `seed` is the value a vector body replaces by
 /// `seed + lane` (`Emitter::lanes_seed`): it has no bound there, whatever its ops.
 pub(super) fn upper_bound(k: &Kernel, v: Value, seed: Option<Value>) -> u32 {
     bound(k, v, seed, MAX_DEPTH, &mut HashMap::new())
@@ -59,6 +59,13 @@ fn bound(
                 None => u32::MAX,
             },
             BinaryOp::Shr => of(a) >> constant(b).unwrap_or(0),
+            _ => u32::MAX,
+        },
+        // A `u8` element, zero-extended.
+        Op::Load { buf, .. } => match k.params.try_get(buf).map(|p| &p.kind) {
+            Some(ParamKind::Buffer {
+                dtype: DType::U8, ..
+            }) => u32::from(u8::MAX),
             _ => u32::MAX,
         },
         _ => u32::MAX,

@@ -48,6 +48,9 @@ pub(super) struct Emitter<'a> {
     pub(super) vals: Vec<Option<Opnd>>,
     /// The deferred lookups of the vector body being lowered, by arena index (`deferred.rs`).
     pub(super) deferred: HashMap<usize, Deferred>,
+    /// The `<N x i8>` vector each zero-extended `u8` vector load was widened from, by the
+    /// widened operand: a per-lane table read indexes with its bytes (`memory.rs`).
+    pub(super) widened_bytes: HashMap<String, String>,
     /// The value a vector body replaces by `seed + lane` (its loop index, or the column of
     /// accumulators run as lanes), while one is lowered: its bounds (`bounds.rs`) are not its
     /// ops' bounds there.
@@ -154,6 +157,7 @@ pub(super) fn module(kernel: &Kernel, opts: &LlvmOptions) -> Result<String> {
         next: 0,
         vals: vec![None; kernel.values.len()],
         deferred: HashMap::new(),
+        widened_bytes: HashMap::new(),
         lanes_seed: None,
         params: Vec::new(),
         tables: Vec::new(),

@@ -21,6 +21,10 @@ pub(super) fn elem_ty(dtype: DType) -> &'static str {
 /// Tables of at most this many entries are looked up in registers (see [`Emitter::lookup`]).
 const SMALL_TABLE: usize = 16;
 
+/// Largest table an AVX2 lookup reads with permutes (4 `vpermd` and 3 selects per 8 lanes);
+/// a larger one is read one lane at a time.
+const AVX2_PERMUTE_TABLE: usize = 32;
+
 impl Emitter<'_> {
     /// A pointer of type `elem*` (`elem` may be a vector type) to element `index` (`i64`) of
     /// the buffer at `base` (`i8*`) holding `dtype` elements.
@@ -88,7 +92,13 @@ impl Emitter<'_> {
         let src = vec_of(elem_ty(dtype), lanes);
         match dtype {
             DType::F32 | DType::I32 | DType::U32 => raw.to_string(),
-            DType::U8 => self.ins(format!("zext {src} {raw} to {i32t}")),
+            DType::U8 => {
+                let wide = self.ins(format!("zext {src} {raw} to {i32t}"));
+                if lanes > 1 {
+                    self.widened_bytes.insert(wide.clone(), raw.to_string());
+                }
+                wide
+            }
             DType::I8 => self.ins(format!("sext {src} {raw} to {i32t}")),
             DType::F16 => {
                 let h = self.ins(format!("zext {src} {raw} to {i32t}"));
@@ -217,6 +227,12 @@ impl Emitter<'_> {
         {
             let data = t.data.clone();
             self.permute_lookup_wide(&data, &clamped, lanes)
+        } else if self.opts.x86_avx2
+            && lanes.is_multiple_of(8)
+            && t.data.len() <= AVX2_PERMUTE_TABLE
+        {
+            let data = t.data.clone();
+            self.avx2_permute_lookup(&data, &clamped, lanes)
         } else if t.data.len() <= SMALL_TABLE {
             // The table as a vector constant, indexed lane by lane: a variable permute.
             let entries: Vec<String> = (0..SMALL_TABLE)
@@ -230,6 +246,8 @@ impl Emitter<'_> {
                 acc = self.ins(format!("insertelement {it} {acc}, i32 {x}, i32 {l}"));
             }
             acc
+        } else if !self.opts.x86_avx512 {
+            self.lane_loads(&base, &clamped, lanes)
         } else {
             self.gather("i32", &base, &clamped, lanes, None)
         };
@@ -273,7 +291,7 @@ impl Emitter<'_> {
                 &[(vt, &table), (vt, index)],
             );
         }
-        let mut level: Vec<String> = (0..data.len().div_ceil(CHUNK))
+        let level: Vec<String> = (0..data.len().div_ceil(CHUNK))
             .map(|c| {
                 let (lo, hi) = (half(c * CHUNK), half(c * CHUNK + 16));
                 self.call(
@@ -283,21 +301,82 @@ impl Emitter<'_> {
                 )
             })
             .collect();
-        let mut bit = CHUNK as u32;
+        self.select_chunk(level, index, 16, CHUNK as u32)
+    }
+
+    /// The entry of chunk `index / chunk` among `level` (one lookup result per chunk of the
+    /// table, `lanes` lanes each): a tree of selects on index bits `chunk`, `2 * chunk`, ...
+    /// An unpaired chunk at the end of a tree level moves up unchanged: every index that
+    /// reaches it has that level's bit clear.
+    fn select_chunk(
+        &mut self,
+        mut level: Vec<String>,
+        index: &str,
+        lanes: u32,
+        chunk: u32,
+    ) -> String {
+        let vt = vec_of("i32", lanes);
+        let mut bit = chunk;
         while level.len() > 1 {
-            let m = literal(ScalarType::U32, 16, bit);
+            let m = literal(ScalarType::U32, lanes, bit);
             let masked = self.ins(format!("and {vt} {index}, {m}"));
             let set = self.ins(format!("icmp ne {vt} {masked}, zeroinitializer"));
             let mut pairs = std::mem::take(&mut level).into_iter();
             while let Some(clear) = pairs.next() {
                 level.push(match pairs.next() {
-                    Some(with_bit) => self.select(&set, ScalarType::U32, 16, &with_bit, &clear),
+                    Some(with_bit) => self.select(&set, ScalarType::U32, lanes, &with_bit, &clear),
                     None => clear,
                 });
             }
             bit <<= 1;
         }
         level.pop().unwrap_or_else(|| "zeroinitializer".into())
+    }
+
+    /// `data[index]` on a multiple of 8 lanes with AVX2 (`index`: `i32` lanes, already clamped
+    /// to the table), 8 lanes at a time: each 8-entry chunk of the table (a vector constant,
+    /// the tail padded with the last entry) gives `chunk[index & 7]` with one permute
+    /// (`vpermd`, which ignores the index bits above 2), and [`Self::select_chunk`] picks the
+    /// chunk.
+    fn avx2_permute_lookup(&mut self, data: &[u32], index: &str, lanes: u32) -> String {
+        const CHUNK: usize = 8;
+        let vt = "<8 x i32>";
+        let parts: Vec<String> = (0..lanes / 8)
+            .map(|p| {
+                let part = self.lanes_of(index, lanes, 8 * p, 8);
+                let level: Vec<String> = (0..data.len().div_ceil(CHUNK))
+                    .map(|c| {
+                        let e: Vec<String> = (c * CHUNK..(c + 1) * CHUNK)
+                            .map(|j| format!("i32 {}", data[j.min(data.len() - 1)] as i32))
+                            .collect();
+                        let table = format!("<{}>", e.join(", "));
+                        self.call("llvm.x86.avx2.permd", vt, &[(vt, &table), (vt, &part)])
+                    })
+                    .collect();
+                self.select_chunk(level, &part, 8, CHUNK as u32)
+            })
+            .collect();
+        self.concat(parts, 8)
+    }
+
+    /// `base[index]` on `lanes` lanes as one scalar load per lane (`index`: `i32` lanes). An
+    /// index widened from loaded bytes is read from the bytes, so that LLVM loads each lane's
+    /// byte as a scalar instead of extracting it from a vector.
+    fn lane_loads(&mut self, base: &str, index: &str, lanes: u32) -> String {
+        let (src, et) = match self.widened_bytes.get(index) {
+            Some(bytes) => (bytes.clone(), "i8"),
+            None => (index.to_string(), "i32"),
+        };
+        let (it, st) = (vec_of("i32", lanes), vec_of(et, lanes));
+        let mut acc = "undef".to_string();
+        for l in 0..lanes {
+            let at = self.ins(format!("extractelement {st} {src}, i32 {l}"));
+            let wide = self.ins(format!("zext {et} {at} to i64"));
+            let p = self.ins(format!("getelementptr i32, i32* {base}, i64 {wide}"));
+            let x = self.ins(format!("load i32, i32* {p}, align 4"));
+            acc = self.ins(format!("insertelement {it} {acc}, i32 {x}, i32 {l}"));
+        }
+        acc
     }
 
     /// A gather of `lanes` elements of LLVM type `elem` at `base` (`elem*`) + `index` (`i32`

@@ -72,6 +72,12 @@ pub struct LlvmOptions {
     /// fast body decodes with `vpmultishiftqb` + `vpermd` (`nibble.rs`). Must be `false` for any
     /// other target.
     pub x86_avx512_vbmi: bool,
+    /// The target is x86-64 with AVX2: with a multiple of 8 lanes, a lookup in a 32-bit table
+    /// of up to 32 entries selects from the table held in vector constants with `vpermd` (8
+    /// entries each) and a select tree, instead of one read per lane. Implied by
+    /// [`Self::x86_avx512`] for tables the AVX-512 permutes do not take. Must be `false` for
+    /// any other target.
+    pub x86_avx2: bool,
 }
 
 /// Whether `lanes` is a lane count [`LlvmOptions::lanes`] takes: 0 (scalar code only) or a
@@ -92,6 +98,7 @@ impl Default for LlvmOptions {
             lanes: 16,
             x86_avx512: false,
             x86_avx512_vbmi: false,
+            x86_avx2: false,
         }
     }
 }
@@ -142,7 +149,8 @@ pub fn lower(kernel: &Kernel, options: &LlvmOptions) -> Result<String> {
 /// The kernel this backend lowers with `options`: `kernel` with [`qforge_ir::Op::SearchSorted`]
 /// rewritten ([`crate::decompose`]) into the level search when lookups are permutes
 /// ([`LlvmOptions::x86_avx512`] and a multiple of 16 lanes: small tables cost one permute),
-/// else into the bucket search (three gathers). Its tables are the ones the lowered code reads,
+/// else into the packed bucket search (one table read per lane), or with AVX2 for tables of
+/// at most 31 entries into the level search (register permutes). Its tables are the ones the lowered code reads,
 /// in order (a runtime passes these, not the original kernel's).
 ///
 /// # Errors
@@ -152,7 +160,13 @@ pub fn prepare<'k>(kernel: &'k Kernel, options: &LlvmOptions) -> Result<Cow<'k, 
     let strategy = if permutes {
         SearchStrategy::Levels
     } else {
-        SearchStrategy::Buckets
+        // With AVX2, level tables of up to 16 entries are one or two `vpermd` each.
+        let levels_up_to = if options.x86_avx2 && options.lanes.is_multiple_of(8) {
+            31
+        } else {
+            0
+        };
+        SearchStrategy::Packed { levels_up_to }
     };
     crate::decompose::search(kernel, strategy)
 }

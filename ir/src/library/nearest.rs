@@ -6,8 +6,9 @@
 //! (`dQuantize`'s binary search over the code with ties to the lower code, NaN to 0).
 //!
 //! How the search runs is the backend's choice (`qforge_codegen::decompose`): a bucket table
-//! plus two compares on backends that read tables from memory, a binary search with one small
-//! table per level where tables live in vector registers.
+//! plus two compares, or a finer packed bucket table read once, on backends that read tables
+//! from memory, a binary search with one small table per level where tables live in vector
+//! registers.
 
 use crate::builder::KernelBuilder;
 use crate::error::{Error, Result};

@@ -53,14 +53,17 @@ pub(super) struct LlvmJit {
     avx512: bool,
     /// The target also has AVX-512 VBMI: fused 4-bit decodes (`LlvmOptions::x86_avx512_vbmi`).
     vbmi: bool,
+    /// The target has AVX2 (x86-64): small-table permute lookups (`LlvmOptions::x86_avx2`).
+    avx2: bool,
 }
 
 static INIT: Once = Once::new();
 
 impl LlvmJit {
-    /// A JIT for the host CPU (`native_features`: its name and all its extensions; otherwise
-    /// the architecture's baseline, e.g. x86-64 with SSE2).
-    pub(super) fn new(native_features: bool) -> Result<Self> {
+    /// A JIT for the host CPU (`native_features`: its name and all its extensions, without
+    /// the AVX-512 ones unless `avx512`; otherwise the architecture's baseline, e.g. x86-64
+    /// with SSE2).
+    pub(super) fn new(native_features: bool, avx512: bool) -> Result<Self> {
         let mut init_error = None;
         INIT.call_once(|| {
             if let Err(e) = Target::initialize_native(&InitializationConfig::default()) {
@@ -74,10 +77,13 @@ impl LlvmJit {
         let target = Target::from_triple(&triple)
             .map_err(|e| device_error(format!("LLVM target for {triple}: {e}")))?;
         let (cpu, features) = if native_features {
-            (
-                TargetMachine::get_host_cpu_name().to_string(),
-                TargetMachine::get_host_cpu_features().to_string(),
-            )
+            let features = TargetMachine::get_host_cpu_features().to_string();
+            let features = if avx512 {
+                features
+            } else {
+                features.replace("+avx512", "-avx512")
+            };
+            (TargetMachine::get_host_cpu_name().to_string(), features)
         } else {
             ("generic".to_string(), String::new())
         };
@@ -94,6 +100,7 @@ impl LlvmJit {
         let has = |f: &str| features.split(',').any(|x| x == format!("+{f}"));
         let avx512 = cfg!(target_arch = "x86_64") && has("avx512f");
         let vbmi = avx512 && has("avx512vbmi");
+        let avx2 = cfg!(target_arch = "x86_64") && has("avx2");
         let lanes = if has("avx512f") {
             16
         } else if has("avx2") {
@@ -128,6 +135,7 @@ impl LlvmJit {
             lanes,
             avx512,
             vbmi,
+            avx2,
         })
     }
 
@@ -144,6 +152,11 @@ impl LlvmJit {
     /// Whether kernels may use AVX-512 VBMI intrinsics on this host.
     pub(super) fn vbmi(&self) -> bool {
         self.vbmi
+    }
+
+    /// Whether kernels may use AVX2 intrinsics on this host.
+    pub(super) fn avx2(&self) -> bool {
+        self.avx2
     }
 
     /// Optimizes and compiles the module text of one kernel into executable memory.

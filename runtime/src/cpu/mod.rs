@@ -38,6 +38,10 @@ pub struct CpuOptions {
     /// Allow vector code (the default): [`LowerOptions::simd`] on targets with 128-bit vectors
     /// (x86_64, aarch64). `false` gives purely scalar code, e.g. to compare the two bit for bit.
     pub simd: bool,
+    /// Use AVX-512 where the host has it (the default; the `cpu-llvm` device only). `false`
+    /// compiles x86-64 kernels for the host without its AVX-512 extensions (at most AVX2,
+    /// 8 lanes), e.g. to check the AVX2 code on an AVX-512 host bit for bit.
+    pub avx512: bool,
 }
 
 impl Default for CpuOptions {
@@ -50,6 +54,7 @@ impl Default for CpuOptions {
             parallel_min_grid: 1 << 16,
             native_features: true,
             simd: true,
+            avx512: true,
         }
     }
 }
@@ -144,7 +149,10 @@ impl CpuDevice {
     #[cfg(feature = "llvm")]
     pub fn llvm(options: CpuOptions) -> Result<Self> {
         Ok(CpuDevice {
-            compiler: Compiler::Llvm(llvm_jit::LlvmJit::new(options.native_features)?),
+            compiler: Compiler::Llvm(llvm_jit::LlvmJit::new(
+                options.native_features,
+                options.avx512,
+            )?),
             cache: Mutex::new(HashMap::new()),
             options,
             bounds_checks: true,
@@ -215,6 +223,7 @@ impl CpuDevice {
                     lanes: if self.options.simd { jit.lanes() } else { 0 },
                     x86_avx512: jit.avx512(),
                     x86_avx512_vbmi: jit.vbmi(),
+                    x86_avx2: jit.avx2(),
                 };
                 let lowered = qforge_codegen::llvm::prepare(kernel, &options)?;
                 let text = qforge_codegen::llvm::lower(&lowered, &options)?;
