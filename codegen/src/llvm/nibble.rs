@@ -29,15 +29,21 @@ const MAX_NIBBLE_SHIFT: u32 = 4;
 
 impl Emitter<'_> {
     /// The permute indices of the fused decode of the module docs for `table[index]` on
-    /// `lanes` lanes (a multiple of 16): one `<16 x i32>` per 16 lanes whose bits 0-3 are the
-    /// nibble (the bits above are not), or `None` when the options or the shape of `index`
-    /// do not allow it. Chunk `c` reads the 8 bytes at `(first >> 1) + 8c`.
+    /// `lanes` lanes (a multiple of `width`): one `<width x i32>` per `width` lanes whose bits
+    /// 0-3 are the nibble (the bits above are not), or `None` when the options or the shape of
+    /// `index` do not allow it. With AVX-512 VBMI (`width` 16) chunk `c` reads the 8 bytes at
+    /// `(first >> 1) + 8c`; with AVX2 (`width` 8, [`Self::avx2_nibble_indices`]) the 4 bytes at
+    /// `(first >> 1) + 4c`.
     pub(super) fn nibble_indices(
         &mut self,
         index: Value,
         forms: &HashMap<usize, Form>,
         lanes: u32,
+        width: u32,
     ) -> Result<Option<Vec<String>>> {
+        if width == 8 {
+            return self.avx2_nibble_indices(index, forms, lanes);
+        }
         if !self.opts.x86_avx512_vbmi || !lanes.is_multiple_of(16) {
             return Ok(None);
         }
@@ -93,6 +99,54 @@ impl Emitter<'_> {
                 &[("<64 x i8>", &ctrl), ("<64 x i8>", &bytes)],
             );
             chunks.push(self.ins(format!("bitcast <64 x i8> {moved} to <16 x i32>")));
+        }
+        Ok(Some(chunks))
+    }
+
+    /// The AVX2 form of [`Self::nibble_indices`], 8 lanes per chunk, when the shifts depend on
+    /// the element only through its parity: the chunk's 4 bytes loaded once as an `i32` and
+    /// broadcast, and one variable shift right (`vpsrlvd`) by the constant `8 * (l >> 1) + s_l`
+    /// that moves lane `l`'s nibble to its low bits.
+    fn avx2_nibble_indices(
+        &mut self,
+        index: Value,
+        forms: &HashMap<usize, Form>,
+        lanes: u32,
+    ) -> Result<Option<Vec<String>>> {
+        if !self.opts.x86_avx2 || !lanes.is_multiple_of(8) {
+            return Ok(None);
+        }
+        let Some((buf, first, shift, at)) = self.nibble_of(index, forms) else {
+            return Ok(None);
+        };
+        let Some(shifts) = self.element_of(at, forms).and_then(|e| {
+            let mut p = Parity {
+                k: self.k,
+                e,
+                seed: self.lanes_seed,
+                memo: HashMap::new(),
+            };
+            p.shifts(shift)
+        }) else {
+            return Ok(None);
+        };
+        let (base, _, _, _) = self.buffer(buf)?;
+        let at = self.ins(format!("lshr i32 {first}, 1"));
+        let at64 = self.ins(format!("zext i32 {at} to i64"));
+        let ctrl: Vec<String> = (0..8u32)
+            .map(|l| format!("i32 {}", shifts[(l % 2) as usize] + 8 * (l / 2)))
+            .collect();
+        let ctrl = format!("<{}>", ctrl.join(", "));
+        let mut chunks = Vec::new();
+        for c in 0..lanes / 8 {
+            let byte = self.ins(format!("add i64 {at64}, {}", 4 * c));
+            let p = self.element_ptr(&base, &byte, DType::U8, "i32");
+            let q = self.ins(format!("load i32, i32* {p}, align 1"));
+            let one = self.ins(format!("insertelement <8 x i32> undef, i32 {q}, i32 0"));
+            let all = self.ins(format!(
+                "shufflevector <8 x i32> {one}, <8 x i32> undef, <8 x i32> zeroinitializer"
+            ));
+            chunks.push(self.ins(format!("lshr <8 x i32> {all}, {ctrl}")));
         }
         Ok(Some(chunks))
     }
