@@ -51,8 +51,16 @@ pub(super) struct Buckets {
     /// The first candidate of each bucket: `per_sign` buckets of positive values (sign bit
     /// clear), then, when `signed`, `per_sign` of negative ones.
     pub(super) buckets: Vec<u32>,
+    /// How a value's bits give its bucket.
+    pub(super) index: BucketIndex,
+}
+
+/// The bucket of an `f32` by its sign and the top bits of its magnitude (see the module docs),
+/// shared by these buckets and the packed ones (`packed.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct BucketIndex {
     /// Whether some entry is `<= 0`, so that negative values need buckets of their own
-    /// (otherwise every `v <= 0` counts 0).
+    /// (otherwise every `v <= 0` counts 0, and negative values land in the last bucket).
     pub(super) signed: bool,
     /// Right shift of the magnitude bits giving the unclamped bucket number.
     pub(super) shift: u32,
@@ -62,47 +70,19 @@ pub(super) struct Buckets {
     pub(super) per_sign: u32,
 }
 
-/// The number of entries of the sorted `t` below `v` (a binary search; 0 for NaN).
-pub(super) fn count_below(t: &[f32], v: f32) -> u32 {
-    t.partition_point(|x| *x < v) as u32
+/// A bucket index emitted in IR ([`BucketIndex::emit`]).
+pub(super) struct EmittedIndex {
+    /// The magnitude bits `x & 0x7fff_ffff` (`x` itself for an unsigned index).
+    pub(super) mag: Value,
+    /// The bucket number (negative values' buckets after the positive ones).
+    pub(super) bucket: Value,
+    /// `x >= 0x8000_0000` (signed indices only).
+    pub(super) neg: Option<Value>,
+    /// The `u32` constant 0.
+    pub(super) zero: Value,
 }
 
-impl Buckets {
-    /// The coarsest bucket index (fewest mantissa bits) under which no bucket spans more than
-    /// [`BUCKET_COMPARES`] entries of `sorted` (sorted, NaN-free), proven for every bucket, or
-    /// `None` when there is none with at most 12 mantissa bits and 8192 buckets per sign, or
-    /// when more than 255 or no entries count.
-    pub(super) fn new(sorted: &[f32]) -> Option<Buckets> {
-        let t = super::counted(sorted);
-        if t.is_empty() || t.len() > MAX_ENTRIES {
-            return None;
-        }
-        let mags = t.iter().map(|x| x.to_bits() & 0x7fff_ffff);
-        let (min_mag, max_mag) = mags.fold((u32::MAX, 0), |(lo, hi), m| (lo.min(m), hi.max(m)));
-        let signed = t[0] <= 0.0;
-        for bits in 0..=MAX_MANTISSA_BITS {
-            let shift = 23 - bits;
-            let first = min_mag >> shift;
-            let per_sign = (max_mag >> shift) - first + 1;
-            if per_sign > MAX_BUCKETS_PER_SIGN {
-                break;
-            }
-            if let Some(buckets) = candidates(t, shift, first, per_sign, signed) {
-                let mut thresholds = t.to_vec();
-                thresholds.extend(std::iter::repeat_n(f32::INFINITY, BUCKET_COMPARES as usize));
-                return Some(Buckets {
-                    thresholds,
-                    buckets,
-                    signed,
-                    shift,
-                    first,
-                    per_sign,
-                });
-            }
-        }
-        None
-    }
-
+impl BucketIndex {
     /// The bucket of `v` (see the module docs).
     #[cfg(test)]
     pub(super) fn bucket(&self, v: f32) -> u32 {
@@ -118,23 +98,175 @@ impl Buckets {
         off + j
     }
 
+    /// The magnitudes `[lo, hi]` of bucket `j` of one sign, clamped to the non-NaN range (the
+    /// first bucket from 0, the last up to `+inf`), or `None` when it holds only NaN
+    /// magnitudes.
+    pub(super) fn magnitudes(&self, j: u32) -> Option<(f32, f32)> {
+        let start = if j == 0 {
+            0
+        } else {
+            u64::from(self.first + j) << self.shift
+        };
+        let end = if j + 1 == self.per_sign {
+            u64::from(INF_BITS)
+        } else {
+            ((u64::from(self.first + j + 1) << self.shift) - 1).min(u64::from(INF_BITS))
+        };
+        (start <= end).then(|| (f32::from_bits(start as u32), f32::from_bits(end as u32)))
+    }
+
+    /// Emits the bucket of the `f32` value `v`; every op's result is provably in range (a
+    /// clamped bucket number plus `per_sign` at most).
+    pub(super) fn emit(&self, b: &mut KernelBuilder, v: Value) -> EmittedIndex {
+        let x = b.bitcast(v, ScalarType::U32);
+        let mag = if self.signed {
+            let mask = b.const_u32(0x7fff_ffff);
+            b.and(x, mask)
+        } else {
+            x
+        };
+        let shift = b.const_u32(self.shift);
+        let q = b.shr(mag, shift);
+        let first = b.const_u32(self.first);
+        let q = b.max(q, first);
+        let j = b.sub(q, first);
+        let last = b.const_u32(self.per_sign - 1);
+        let j = b.min(j, last);
+        let zero = b.const_u32(0);
+        if !self.signed {
+            return EmittedIndex {
+                mag,
+                bucket: j,
+                neg: None,
+                zero,
+            };
+        }
+        let sign_bit = b.const_u32(0x8000_0000);
+        let neg = b.cmp(CmpOp::Ge, x, sign_bit);
+        let per_sign = b.const_u32(self.per_sign);
+        let off = b.select(neg, per_sign, zero);
+        EmittedIndex {
+            mag,
+            bucket: b.add(off, j),
+            neg: Some(neg),
+            zero,
+        }
+    }
+}
+
+/// The final select of a search's count `r` of `v`: NaN counts 0 (the `u32` constant `zero`),
+/// and for an unsigned table (every entry positive) so does every `v <= 0`.
+pub(super) fn zero_select(b: &mut KernelBuilder, v: Value, r: Value, ix: &EmittedIndex) -> Op {
+    let zero = ix.zero;
+    if ix.neg.is_some() {
+        let nan = b.cmp(CmpOp::Ne, v, v);
+        Op::Select {
+            cond: nan,
+            if_true: zero,
+            if_false: r,
+        }
+    } else {
+        let fzero = b.const_f32(0.0);
+        let pos = b.cmp(CmpOp::Gt, v, fzero);
+        Op::Select {
+            cond: pos,
+            if_true: r,
+            if_false: zero,
+        }
+    }
+}
+
+/// Whether a search's count of `v` is selected to 0 ([`zero_select`] on the host).
+#[cfg(test)]
+pub(super) fn counts_zero(v: f32, signed: bool) -> bool {
+    v.is_nan() || (!signed && v <= 0.0)
+}
+
+/// The entries of a searched table that can count, as the bucket searches see them.
+pub(super) struct Counted<'a> {
+    /// The table without its trailing `+inf` entries.
+    pub(super) t: &'a [f32],
+    /// Bits of the smallest magnitude among them.
+    pub(super) min_mag: u32,
+    /// Bits of the largest magnitude among them.
+    pub(super) max_mag: u32,
+    /// Whether some entry is `<= 0`.
+    pub(super) signed: bool,
+}
+
+impl Counted<'_> {
+    /// The counted entries of `sorted` (sorted, NaN-free), or `None` when none or more than
+    /// 255 count (a candidate count is stored in 8 bits).
+    pub(super) fn of(sorted: &[f32]) -> Option<Counted<'_>> {
+        let t = super::counted(sorted);
+        if t.is_empty() || t.len() > MAX_ENTRIES {
+            return None;
+        }
+        let mags = t.iter().map(|x| x.to_bits() & 0x7fff_ffff);
+        let (min_mag, max_mag) = mags.fold((u32::MAX, 0), |(lo, hi), m| (lo.min(m), hi.max(m)));
+        Some(Counted {
+            t,
+            min_mag,
+            max_mag,
+            signed: t[0] <= 0.0,
+        })
+    }
+}
+
+/// The number of entries of the sorted `t` below `v` (a binary search; 0 for NaN).
+pub(super) fn count_below(t: &[f32], v: f32) -> u32 {
+    t.partition_point(|x| *x < v) as u32
+}
+
+impl Buckets {
+    /// The coarsest bucket index (fewest mantissa bits) under which no bucket spans more than
+    /// [`BUCKET_COMPARES`] entries of `sorted` (sorted, NaN-free), proven for every bucket, or
+    /// `None` when there is none with at most 12 mantissa bits and 8192 buckets per sign, or
+    /// when more than 255 or no entries count.
+    pub(super) fn new(sorted: &[f32]) -> Option<Buckets> {
+        let Counted {
+            t,
+            min_mag,
+            max_mag,
+            signed,
+        } = Counted::of(sorted)?;
+        for bits in 0..=MAX_MANTISSA_BITS {
+            let shift = 23 - bits;
+            let first = min_mag >> shift;
+            let per_sign = (max_mag >> shift) - first + 1;
+            if per_sign > MAX_BUCKETS_PER_SIGN {
+                break;
+            }
+            let index = BucketIndex {
+                signed,
+                shift,
+                first,
+                per_sign,
+            };
+            if let Some(buckets) = candidates(t, &index) {
+                let mut thresholds = t.to_vec();
+                thresholds.extend(std::iter::repeat_n(f32::INFINITY, BUCKET_COMPARES as usize));
+                return Some(Buckets {
+                    thresholds,
+                    buckets,
+                    index,
+                });
+            }
+        }
+        None
+    }
+
     /// The count the emitted search yields for `v`, computed on the host the same way.
     #[cfg(test)]
     pub(super) fn count(&self, v: f32) -> u32 {
-        let cand = self.buckets[self.bucket(v) as usize];
+        let cand = self.buckets[self.index.bucket(v) as usize];
         let mut r = cand;
         for k in 0..BUCKET_COMPARES {
             if self.thresholds[(cand + k) as usize] < v {
                 r = cand + k + 1;
             }
         }
-        // Unsigned: zero, negatives and NaN (not greater than 0) count 0.
-        let zero = if self.signed {
-            v.is_nan()
-        } else {
-            v.is_nan() || v <= 0.0
-        };
-        if zero {
+        if counts_zero(v, self.index.signed) {
             0
         } else {
             r
@@ -157,28 +289,16 @@ impl Buckets {
 
 /// The candidate of every bucket (the negative ones only when `signed`), or `None` when some
 /// bucket spans more than [`BUCKET_COMPARES`] entries.
-fn candidates(t: &[f32], shift: u32, first: u32, per_sign: u32, signed: bool) -> Option<Vec<u32>> {
-    let mut pos = Vec::with_capacity(per_sign as usize);
-    let mut neg = Vec::with_capacity(per_sign as usize);
-    for j in 0..per_sign {
-        // The magnitudes of bucket j: [start, end], clamped to the non-NaN range.
-        let start = if j == 0 {
-            0
-        } else {
-            ((first + j) as u64) << shift
-        };
-        let end = if j + 1 == per_sign {
-            INF_BITS as u64
-        } else {
-            ((((first + j + 1) as u64) << shift) - 1).min(INF_BITS as u64)
-        };
-        if start > end {
+fn candidates(t: &[f32], index: &BucketIndex) -> Option<Vec<u32>> {
+    let mut pos = Vec::with_capacity(index.per_sign as usize);
+    let mut neg = Vec::with_capacity(index.per_sign as usize);
+    for j in 0..index.per_sign {
+        let Some((lo, hi)) = index.magnitudes(j) else {
             // Only NaN magnitudes.
             pos.push(0);
             neg.push(0);
             continue;
-        }
-        let (lo, hi) = (f32::from_bits(start as u32), f32::from_bits(end as u32));
+        };
         for (low, high, out) in [(lo, hi, &mut pos), (-hi, -lo, &mut neg)] {
             let cand = count_below(t, low);
             if count_below(t, high) - cand > BUCKET_COMPARES {
@@ -187,7 +307,7 @@ fn candidates(t: &[f32], shift: u32, first: u32, per_sign: u32, signed: bool) ->
             out.push(cand);
         }
     }
-    if signed {
+    if index.signed {
         pos.extend(neg);
     }
     Some(pos)
@@ -201,10 +321,7 @@ pub(super) struct BucketTables {
     thresholds: TableId,
     /// [`Buckets::packed`].
     buckets: TableId,
-    shift: u32,
-    first: u32,
-    per_sign: u32,
-    signed: bool,
+    index: BucketIndex,
 }
 
 /// Declares the tables of `bk`, the bucket search of table `table` called `name`:
@@ -236,10 +353,7 @@ pub(super) fn declare(
             &super::fresh_name(b, &format!("{name}_buckets")),
             &bk.packed(),
         ),
-        shift: bk.shift,
-        first: bk.first,
-        per_sign: bk.per_sign,
-        signed: bk.signed,
+        index: bk.index,
     }
 }
 
@@ -248,30 +362,8 @@ pub(super) fn declare(
 /// (a clamped bucket number shifted right by 2, and a candidate masked to 8 bits plus a constant
 /// below the padding).
 pub(super) fn emit(b: &mut KernelBuilder, v: Value, t: &BucketTables) -> Op {
-    let x = b.bitcast(v, ScalarType::U32);
-    let mag = if t.signed {
-        let mask = b.const_u32(0x7fff_ffff);
-        b.and(x, mask)
-    } else {
-        x
-    };
-    let shift = b.const_u32(t.shift);
-    let q = b.shr(mag, shift);
-    let first = b.const_u32(t.first);
-    let q = b.max(q, first);
-    let j = b.sub(q, first);
-    let last = b.const_u32(t.per_sign - 1);
-    let j = b.min(j, last);
-    let zero = b.const_u32(0);
-    let bucket = if t.signed {
-        let sign_bit = b.const_u32(0x8000_0000);
-        let neg = b.cmp(CmpOp::Ge, x, sign_bit);
-        let per_sign = b.const_u32(t.per_sign);
-        let off = b.select(neg, per_sign, zero);
-        b.add(off, j)
-    } else {
-        j
-    };
+    let ix = t.index.emit(b, v);
+    let bucket = ix.bucket;
     // The candidate: byte `bucket % 4` of packed word `bucket / 4`.
     let two = b.const_u32(2);
     let word_at = b.shr(bucket, two);
@@ -296,21 +388,5 @@ pub(super) fn emit(b: &mut KernelBuilder, v: Value, t: &BucketTables) -> Op {
         let next = b.add(cand, next_k);
         r = b.select(below, next, r);
     }
-    if t.signed {
-        let nan = b.cmp(CmpOp::Ne, v, v);
-        Op::Select {
-            cond: nan,
-            if_true: zero,
-            if_false: r,
-        }
-    } else {
-        // No entry is <= 0: NaN and every v <= 0 count 0.
-        let fzero = b.const_f32(0.0);
-        let pos = b.cmp(CmpOp::Gt, v, fzero);
-        Op::Select {
-            cond: pos,
-            if_true: r,
-            if_false: zero,
-        }
-    }
+    zero_select(b, v, r, &ix)
 }

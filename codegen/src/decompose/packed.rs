@@ -28,18 +28,14 @@
 //! backends that read tables from memory one lane at a time and keep them in the data cache
 //! (CPUs without vector permutes of whole tables); GPU backends keep the smaller bucket tables.
 
-use qforge_ir::{CmpOp, KernelBuilder, Op, ScalarType, TableId, Value};
+use qforge_ir::{KernelBuilder, Op, TableId, Value};
 
-use super::buckets::count_below;
+#[cfg(test)]
+use super::buckets::counts_zero;
+use super::buckets::{count_below, zero_select, BucketIndex, Counted};
 
 /// Largest number of buckets (both signs): 32 KiB of table.
 const MAX_BUCKETS: u32 = 1 << 13;
-
-/// Most counted (non-`+inf`) entries: a candidate is shifted into the top bits of a word.
-const MAX_ENTRIES: usize = 255;
-
-/// Bits of `+inf`: the largest non-NaN magnitude.
-const INF_BITS: u32 = 0x7f80_0000;
 
 /// The one-read search of one sorted table (see the module docs).
 #[derive(Clone, Debug, PartialEq)]
@@ -47,15 +43,8 @@ pub(super) struct Packed {
     /// The packed entry of each bucket: `per_sign` buckets of positive values, then, when
     /// `signed`, `per_sign` of negative ones.
     pub(super) entries: Vec<u32>,
-    /// Whether some entry is `<= 0`, so that negative values need buckets of their own.
-    pub(super) signed: bool,
-    /// Right shift of the magnitude bits giving the unclamped bucket number; the low `shift`
-    /// bits are compared.
-    pub(super) shift: u32,
-    /// The unclamped bucket number of the first bucket (smaller magnitudes join it).
-    pub(super) first: u32,
-    /// Buckets per sign (larger magnitudes join the last one).
-    pub(super) per_sign: u32,
+    /// How a value's bits give its bucket; the low `shift` bits of the magnitude are compared.
+    pub(super) index: BucketIndex,
 }
 
 impl Packed {
@@ -63,13 +52,12 @@ impl Packed {
     /// `None` when none fits in [`MAX_BUCKETS`] buckets, or when more than 255 or no entries
     /// count, or an entry is `±0.0` (the first bucket would hold it).
     pub(super) fn new(sorted: &[f32]) -> Option<Packed> {
-        let t = super::counted(sorted);
-        if t.is_empty() || t.len() > MAX_ENTRIES {
-            return None;
-        }
-        let mags = t.iter().map(|x| x.to_bits() & 0x7fff_ffff);
-        let (min_mag, max_mag) = mags.fold((u32::MAX, 0), |(lo, hi), m| (lo.min(m), hi.max(m)));
-        let signed = t[0] <= 0.0;
+        let Counted {
+            t,
+            min_mag,
+            max_mag,
+            signed,
+        } = Counted::of(sorted)?;
         let halves = if signed { 2 } else { 1 };
         // From the finest index up, the last that works: coarser buckets are fewer.
         let mut best = None;
@@ -83,56 +71,35 @@ impl Packed {
             if u64::from(per_sign) * halves > u64::from(MAX_BUCKETS) {
                 continue;
             }
-            match entries(t, shift, first, per_sign, signed) {
-                Some(entries) => {
-                    best = Some(Packed {
-                        entries,
-                        signed,
-                        shift,
-                        first,
-                        per_sign,
-                    })
-                }
+            let index = BucketIndex {
+                signed,
+                shift,
+                first,
+                per_sign,
+            };
+            match entries(t, &index) {
+                Some(entries) => best = Some(Packed { entries, index }),
                 None => break,
             }
         }
         best
     }
 
-    /// The bucket of `v` (see the module docs).
-    #[cfg(test)]
-    pub(super) fn bucket(&self, v: f32) -> u32 {
-        let x = v.to_bits();
-        let mag = if self.signed { x & 0x7fff_ffff } else { x };
-        let j = (mag >> self.shift).max(self.first) - self.first;
-        let j = j.min(self.per_sign - 1);
-        let off = if self.signed && x >= 0x8000_0000 {
-            self.per_sign
-        } else {
-            0
-        };
-        off + j
-    }
-
     /// The count the emitted search yields for `v`, computed on the host the same way.
     #[cfg(test)]
     pub(super) fn count(&self, v: f32) -> u32 {
+        let ix = &self.index;
         let x = v.to_bits();
-        let mask = low_mask(self.shift);
-        let mag = if self.signed { x & 0x7fff_ffff } else { x };
+        let mask = low_mask(ix.shift);
+        let mag = if ix.signed { x & 0x7fff_ffff } else { x };
         let low = mag & mask;
-        let key = if self.signed && x >= 0x8000_0000 {
+        let key = if ix.signed && x >= 0x8000_0000 {
             mask - low
         } else {
             low
         };
-        let r = (self.entries[self.bucket(v) as usize] + key) >> self.shift;
-        let zero = if self.signed {
-            v.is_nan()
-        } else {
-            v.is_nan() || v <= 0.0
-        };
-        if zero {
+        let r = (self.entries[ix.bucket(v) as usize] + key) >> ix.shift;
+        if counts_zero(v, ix.signed) {
             0
         } else {
             r
@@ -147,30 +114,19 @@ fn low_mask(shift: u32) -> u32 {
 
 /// The packed entry of every bucket (the negative ones only when `signed`), or `None` when
 /// some bucket holds more than one entry of `t`, or an edge bucket one.
-fn entries(t: &[f32], shift: u32, first: u32, per_sign: u32, signed: bool) -> Option<Vec<u32>> {
+fn entries(t: &[f32], index: &BucketIndex) -> Option<Vec<u32>> {
+    let (shift, per_sign) = (index.shift, index.per_sign);
     let mask = low_mask(shift);
     let mut pos = Vec::with_capacity(per_sign as usize);
     let mut neg = Vec::with_capacity(per_sign as usize);
     for j in 0..per_sign {
         let edge = j == 0 || j + 1 == per_sign;
-        // The magnitudes of bucket j: [start, end], clamped to the non-NaN range.
-        let start = if j == 0 {
-            0
-        } else {
-            u64::from(first + j) << shift
-        };
-        let end = if j + 1 == per_sign {
-            u64::from(INF_BITS)
-        } else {
-            ((u64::from(first + j + 1) << shift) - 1).min(u64::from(INF_BITS))
-        };
-        if start > end {
+        let Some((lo, hi)) = index.magnitudes(j) else {
             // Only NaN magnitudes.
             pos.push(0);
             neg.push(0);
             continue;
-        }
-        let (lo, hi) = (f32::from_bits(start as u32), f32::from_bits(end as u32));
+        };
         for (low, high, flip, out) in [(lo, hi, 0, &mut pos), (-hi, -lo, mask, &mut neg)] {
             let cand = count_below(t, low);
             // The entries in [low, high].
@@ -183,7 +139,7 @@ fn entries(t: &[f32], shift: u32, first: u32, per_sign: u32, signed: bool) -> Op
             out.push((cand << shift) | (mask - l));
         }
     }
-    if signed {
+    if index.signed {
         pos.extend(neg);
     }
     Some(pos)
@@ -194,10 +150,7 @@ fn entries(t: &[f32], shift: u32, first: u32, per_sign: u32, signed: bool) -> Op
 pub(super) struct PackedTables {
     /// [`Packed::entries`].
     entries: TableId,
-    shift: u32,
-    first: u32,
-    per_sign: u32,
-    signed: bool,
+    index: BucketIndex,
 }
 
 /// Declares `{name}_packed`, the table of `pk`, the packed search of the table called `name`.
@@ -207,61 +160,27 @@ pub(super) fn declare(b: &mut KernelBuilder, name: &str, pk: &Packed) -> PackedT
             &super::fresh_name(b, &format!("{name}_packed")),
             &pk.entries,
         ),
-        shift: pk.shift,
-        first: pk.first,
-        per_sign: pk.per_sign,
-        signed: pk.signed,
+        index: pk.index,
     }
 }
 
 /// Emits the search of `v` (`f32`) up to its last op, which it returns: [`Packed::count`] in
 /// IR. The table index is a clamped bucket number, provably in range.
 pub(super) fn emit(b: &mut KernelBuilder, v: Value, t: &PackedTables) -> Op {
-    let x = b.bitcast(v, ScalarType::U32);
-    let mask = b.const_u32(low_mask(t.shift));
-    let mag = if t.signed {
-        let abs = b.const_u32(0x7fff_ffff);
-        b.and(x, abs)
-    } else {
-        x
-    };
-    let shift = b.const_u32(t.shift);
-    let q = b.shr(mag, shift);
-    let first = b.const_u32(t.first);
-    let q = b.max(q, first);
-    let j = b.sub(q, first);
-    let last = b.const_u32(t.per_sign - 1);
-    let j = b.min(j, last);
-    let low = b.and(mag, mask);
-    let zero = b.const_u32(0);
-    let (bucket, key) = if t.signed {
-        let sign_bit = b.const_u32(0x8000_0000);
-        let neg = b.cmp(CmpOp::Ge, x, sign_bit);
-        let per_sign = b.const_u32(t.per_sign);
-        let off = b.select(neg, per_sign, zero);
+    let ix = t.index.emit(b, v);
+    let mask = b.const_u32(low_mask(t.index.shift));
+    let low = b.and(ix.mag, mask);
+    let key = match ix.neg {
         // `low ^ mask` as `mask - low` (`low <= mask`).
-        let flipped = b.sub(mask, low);
-        (b.add(off, j), b.select(neg, flipped, low))
-    } else {
-        (j, low)
+        Some(neg) => {
+            let flipped = b.sub(mask, low);
+            b.select(neg, flipped, low)
+        }
+        None => low,
     };
-    let entry = b.lookup(t.entries, bucket);
+    let entry = b.lookup(t.entries, ix.bucket);
     let sum = b.add(entry, key);
+    let shift = b.const_u32(t.index.shift);
     let r = b.shr(sum, shift);
-    if t.signed {
-        let nan = b.cmp(CmpOp::Ne, v, v);
-        Op::Select {
-            cond: nan,
-            if_true: zero,
-            if_false: r,
-        }
-    } else {
-        let fzero = b.const_f32(0.0);
-        let pos = b.cmp(CmpOp::Gt, v, fzero);
-        Op::Select {
-            cond: pos,
-            if_true: r,
-            if_false: zero,
-        }
-    }
+    zero_select(b, v, r, &ix)
 }

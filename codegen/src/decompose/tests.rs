@@ -40,8 +40,8 @@ fn edge_values(bk: &Buckets) -> Vec<f32> {
             v.extend([up, down]);
         }
     }
-    for j in 0..=bk.per_sign {
-        let m = ((bk.first + j) as u64) << bk.shift;
+    for j in 0..=bk.index.per_sign {
+        let m = ((bk.index.first + j) as u64) << bk.index.shift;
         if m <= 0x7f80_0000 {
             let x = f32::from_bits(m as u32);
             for y in [x, x.next_up(), x.next_down()] {
@@ -66,9 +66,13 @@ fn buckets_of_bitsandbytes_maps_meet_the_bound_and_stay_small() {
     for map in BlockwiseMap::ALL {
         let bk = Buckets::new(&map_thresholds(map)).unwrap();
         assert_eq!(bk.thresholds.len(), 255 + BUCKET_COMPARES as usize);
-        let halves = if bk.signed { 2 } else { 1 };
-        assert_eq!(bk.signed, map != BlockwiseMap::DynamicUnsigned, "{map}");
-        assert_eq!(bk.buckets.len(), halves * bk.per_sign as usize);
+        let halves = if bk.index.signed { 2 } else { 1 };
+        assert_eq!(
+            bk.index.signed,
+            map != BlockwiseMap::DynamicUnsigned,
+            "{map}"
+        );
+        assert_eq!(bk.buckets.len(), halves * bk.index.per_sign as usize);
         assert!(bk.buckets.iter().all(|c| *c <= 255));
         let packed = bk.packed();
         assert_eq!(packed.len(), bk.buckets.len().div_ceil(4));
@@ -141,8 +145,8 @@ fn buckets_exhaustive() {
 /// Values around every bucket boundary of `pk` (its thresholds are in [`edge_values`]).
 fn packed_edge_values(pk: &Packed) -> Vec<f32> {
     let mut v = Vec::new();
-    for j in 0..=pk.per_sign {
-        let m = ((pk.first + j) as u64) << pk.shift;
+    for j in 0..=pk.index.per_sign {
+        let m = ((pk.index.first + j) as u64) << pk.index.shift;
         if m <= 0x7f80_0000 {
             let x = f32::from_bits(m as u32);
             for y in [x, x.next_up(), x.next_down()] {
@@ -158,9 +162,13 @@ fn packed_buckets_of_bitsandbytes_maps_hold_one_threshold_and_fit_the_cache() {
     for map in BlockwiseMap::ALL {
         let t = map_thresholds(map);
         let pk = Packed::new(&t).unwrap();
-        let halves = if pk.signed { 2 } else { 1 };
-        assert_eq!(pk.signed, map != BlockwiseMap::DynamicUnsigned, "{map}");
-        assert_eq!(pk.entries.len(), halves * pk.per_sign as usize);
+        let halves = if pk.index.signed { 2 } else { 1 };
+        assert_eq!(
+            pk.index.signed,
+            map != BlockwiseMap::DynamicUnsigned,
+            "{map}"
+        );
+        assert_eq!(pk.entries.len(), halves * pk.index.per_sign as usize);
         // The sizes the module docs quote.
         match map {
             BlockwiseMap::Dynamic => assert_eq!(pk.entries.len(), 2802),
@@ -169,13 +177,13 @@ fn packed_buckets_of_bitsandbytes_maps_hold_one_threshold_and_fit_the_cache() {
         }
         // Every bucket's candidate is the count at its lowest value, and its low part the
         // complement of a threshold's low bits (or 0 where it holds none).
-        let mask = (1u32 << pk.shift) - 1;
+        let mask = (1u32 << pk.index.shift) - 1;
         for (i, e) in pk.entries.iter().enumerate() {
-            assert!(e >> pk.shift <= 255, "{map}: bucket {i}");
+            assert!(e >> pk.index.shift <= 255, "{map}: bucket {i}");
             if (e & mask) != 0 {
-                let j = i as u32 % pk.per_sign;
+                let j = i as u32 % pk.index.per_sign;
                 assert!(
-                    j > 0 && j + 1 < pk.per_sign,
+                    j > 0 && j + 1 < pk.index.per_sign,
                     "{map}: edge bucket {i} holds a threshold"
                 );
             }
