@@ -76,6 +76,56 @@ fn llvm_text_is_deterministic_and_exact_for_every_library_kernel() {
     }
 }
 
+/// `prepare` picks the search per target: levels with AVX-512 permutes, levels for a small
+/// table with AVX2 vectors (`vpermd` level tables), the packed buckets otherwise, scalar code
+/// included.
+#[test]
+fn llvm_prepare_picks_the_search_per_target() {
+    use qforge::codegen::llvm::prepare;
+    use qforge::ir::{Access, DType, Dim, KernelBuilder, ScalarType};
+    let kernel = |len: usize| {
+        let mut b = KernelBuilder::new("search");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let x = b.buffer_param("x", DType::F32, &[Dim::Param(n)], Access::Read);
+        let y = b.buffer_param("y", DType::U32, &[Dim::Param(n)], Access::Write);
+        b.set_grid(Dim::Param(n));
+        let data: Vec<f32> = (1..=len).map(|i| i as f32 / len as f32).collect();
+        let t = b.table_f32("t", &data);
+        let i = b.work_item();
+        let v = b.load(x, i);
+        let c = b.search_sorted(t, v);
+        b.store(y, i, c);
+        b.finish()
+    };
+    let options = |lanes, x86_avx512, x86_avx2| LlvmOptions {
+        bounds_checks: true,
+        lanes,
+        x86_avx512,
+        x86_avx512_vbmi: false,
+        x86_avx2,
+    };
+    let cases = [
+        (15, options(16, true, true), "t_level1"),
+        (255, options(16, true, true), "t_level1"),
+        (15, options(8, false, true), "t_level1"),
+        (31, options(8, false, true), "t_level1"),
+        (32, options(8, false, true), "t_packed"),
+        (255, options(8, false, true), "t_packed"),
+        (15, options(0, false, true), "t_packed"),
+        (15, options(8, false, false), "t_packed"),
+        (15, options(4, false, false), "t_packed"),
+    ];
+    for (len, o, want) in cases {
+        let k = kernel(len);
+        let p = prepare(&k, &o).unwrap();
+        let names: Vec<&str> = p.tables.iter().map(|(_, t)| t.name.as_str()).collect();
+        assert!(
+            names.contains(&want),
+            "{len} entries, {o:?}: tables {names:?}"
+        );
+    }
+}
+
 #[test]
 fn llvm_rejects_unsupported_lane_counts() {
     let kernel = library::catalog()[0].build().unwrap();

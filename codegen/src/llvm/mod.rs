@@ -161,11 +161,12 @@ pub fn prepare<'k>(kernel: &'k Kernel, options: &LlvmOptions) -> Result<Cow<'k, 
         SearchStrategy::Levels
     } else {
         // With AVX2, level tables of up to 16 entries are one or two `vpermd` each.
-        let levels_up_to = if options.x86_avx2 && options.lanes.is_multiple_of(8) {
-            31
-        } else {
-            0
-        };
+        let levels_up_to =
+            if options.x86_avx2 && options.lanes >= 8 && options.lanes.is_multiple_of(8) {
+                31
+            } else {
+                0
+            };
         SearchStrategy::Packed { levels_up_to }
     };
     crate::decompose::search(kernel, strategy)
