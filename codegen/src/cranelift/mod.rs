@@ -194,8 +194,9 @@ pub fn lower(kernel: &Kernel, options: &LowerOptions) -> Result<LoweredKernel> {
 }
 
 /// The kernel this backend lowers: `kernel` with [`qforge_ir::Op::SearchSorted`] rewritten into
-/// the packed bucket search ([`crate::decompose`]: one table read). Its tables are the ones the lowered code reads, in
-/// [`ArgLayout::table`] order (a runtime passes these, not the original kernel's).
+/// the packed bucket search ([`crate::decompose`]: one table read). Its tables are the ones
+/// the lowered code reads, in [`ArgLayout::table`] order (a runtime passes these, not the
+/// original kernel's).
 ///
 /// # Errors
 /// [`Error::Ir`] when the kernel does not verify.

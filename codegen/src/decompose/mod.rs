@@ -2,16 +2,16 @@
 //! does. Today that is [`Op::SearchSorted`], which every backend receives as table lookups and
 //! compares, in the form that suits it ([`SearchStrategy`]):
 //!
-//! * [`SearchStrategy::Buckets`] (PTX, WGSL): a bucket table
-//!   indexed by the top bits of the value gives a first candidate, and at most
-//!   [`buckets::BUCKET_COMPARES`] threshold compares finish the search (`buckets.rs`): three
-//!   memory reads, the fewest for backends that read tables from memory.
-//! * [`SearchStrategy::Packed`] (Cranelift, LLVM without AVX-512): a finer bucket table whose entry packs
-//!   the bucket's first count with the low bits of the one threshold it may hold, so one table
-//!   read and integer arithmetic finish the search (`packed.rs`): for CPUs, which read a large
-//!   table one lane at a time from the data cache, where a read costs more than the arithmetic
-//!   and a table of a few thousand words is cheap. With LLVM and AVX2, small tables take
-//!   levels, whose tables are register permutes there.
+//! * [`SearchStrategy::Buckets`] (PTX, WGSL): a bucket table indexed by the top bits of the
+//!   value gives a first candidate, and at most [`buckets::BUCKET_COMPARES`] threshold compares
+//!   finish the search (`buckets.rs`): three memory reads from small tables (GPU backends keep
+//!   tables in constant memory or per-thread arrays).
+//! * [`SearchStrategy::Packed`] (Cranelift, LLVM without AVX-512): a finer bucket table whose
+//!   entry packs the bucket's first count with the low bits of the one threshold it may hold,
+//!   so one table read and integer arithmetic finish the search (`packed.rs`): for CPUs, which
+//!   read a large table one lane at a time from the data cache, where a read costs more than
+//!   the arithmetic and a table of a few thousand words is cheap. With LLVM and AVX2, small
+//!   tables take levels, whose tables are register permutes there.
 //! * [`SearchStrategy::Levels`] (LLVM with AVX-512): the branchless binary search, one small
 //!   table per level (`levels.rs`): 1, 2, 4, ... entries, which a backend holding tables in
 //!   vector registers reads with one or a few permutes each, where the bucket tables (hundreds
@@ -20,9 +20,9 @@
 //!
 //! All give exactly [`Op::SearchSorted`]'s count: the buckets are proven for every bucket when
 //! they are built (a table the packed buckets cannot serve falls back to buckets, one the
-//! buckets cannot serve to levels), the levels are the binary
-//! search itself. The pass keeps every value's handle (the search's value is redefined as the
-//! last op of its replacement), so the rest of the kernel is untouched.
+//! buckets cannot serve to levels), the levels are the binary search itself. The pass keeps
+//! every value's handle (the search's value is redefined as the last op of its replacement),
+//! so the rest of the kernel is untouched.
 
 mod buckets;
 mod interleave;

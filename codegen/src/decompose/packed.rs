@@ -24,9 +24,10 @@
 //! the last bucket, as in [`super::buckets`]).
 //!
 //! One read replaces [`super::buckets`]' three, at the price of a larger table: for the
-//! midpoints of bitsandbytes' dynamic maps 2802 (signed) and 2900 (unsigned) words (11 KiB). It suits
-//! backends that read tables from memory one lane at a time and keep them in the data cache
-//! (CPUs without vector permutes of whole tables); GPU backends keep the smaller bucket tables.
+//! midpoints of bitsandbytes' dynamic maps 2802 (signed) and 2900 (unsigned) words (11 KiB).
+//! It suits backends that read tables from memory one lane at a time and keep them in the data
+//! cache (CPUs without vector permutes of whole tables); GPU backends keep the smaller bucket
+//! tables.
 
 use qforge_ir::{KernelBuilder, Op, TableId, Value};
 

@@ -127,7 +127,7 @@ fn buckets_match_the_binary_search_on_a_strided_sweep() {
 /// optimized test profile: `cargo test --release -p qforge-codegen -- --ignored
 /// buckets_exhaustive`).
 #[test]
-#[ignore = "all 2^32 inputs of 3 maps, two searches: about 10 minutes; run with --release --ignored"]
+#[ignore = "all 2^32 inputs of 3 maps, two searches: 7-17 minutes; run with --release --ignored"]
 fn buckets_exhaustive() {
     for map in BlockwiseMap::ALL {
         let t = map_thresholds(map);

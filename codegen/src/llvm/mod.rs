@@ -149,9 +149,9 @@ pub fn lower(kernel: &Kernel, options: &LlvmOptions) -> Result<String> {
 /// The kernel this backend lowers with `options`: `kernel` with [`qforge_ir::Op::SearchSorted`]
 /// rewritten ([`crate::decompose`]) into the level search when lookups are permutes
 /// ([`LlvmOptions::x86_avx512`] and a multiple of 16 lanes: small tables cost one permute),
-/// else into the packed bucket search (one table read per lane), or with AVX2 for tables of
-/// at most 31 entries into the level search (register permutes). Its tables are the ones the lowered code reads,
-/// in order (a runtime passes these, not the original kernel's).
+/// else into the packed bucket search (one table read per lane), or with AVX2 vectors for
+/// tables of at most 31 entries into the level search (register permutes). Its tables are the
+/// ones the lowered code reads, in order (a runtime passes these, not the original kernel's).
 ///
 /// # Errors
 /// [`crate::Error::Ir`] when the kernel does not verify.
