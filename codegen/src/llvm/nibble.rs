@@ -54,15 +54,7 @@ impl Emitter<'_> {
         // The shifts as constants when they depend on the element only through its parity
         // (`first` is even in the fast body, so element `first + l` has parity `l & 1`): the
         // permute control is then a constant, where it took four vector ops per 16 lanes.
-        let parity_shifts = self.element_of(at, forms).and_then(|e| {
-            let mut p = Parity {
-                k: self.k,
-                e,
-                seed: self.lanes_seed,
-                memo: HashMap::new(),
-            };
-            p.shifts(shift)
-        });
+        let parity_shifts = self.parity_shifts(at, shift, forms);
         let s = match parity_shifts {
             Some(_) => String::new(),
             None => self.get(shift, lanes)?,
@@ -119,15 +111,7 @@ impl Emitter<'_> {
         let Some((buf, first, shift, at)) = self.nibble_of(index, forms) else {
             return Ok(None);
         };
-        let Some(shifts) = self.element_of(at, forms).and_then(|e| {
-            let mut p = Parity {
-                k: self.k,
-                e,
-                seed: self.lanes_seed,
-                memo: HashMap::new(),
-            };
-            p.shifts(shift)
-        }) else {
+        let Some(shifts) = self.parity_shifts(at, shift, forms) else {
             return Ok(None);
         };
         let (base, _, _, _) = self.buffer(buf)?;
@@ -183,6 +167,24 @@ impl Emitter<'_> {
         (dtype == DType::U8
             && super::bounds::upper_bound(self.k, *s, self.lanes_seed) <= MAX_NIBBLE_SHIFT)
             .then(|| (*buf, form.first.clone(), *s, *at))
+    }
+
+    /// The shift `s` for an even and an odd element when the byte index `at` is `e >> 1` with
+    /// `e` a run and `s` reads `e` only through its parity ([`Parity`]), or `None`.
+    fn parity_shifts(
+        &self,
+        at: Value,
+        shift: Value,
+        forms: &HashMap<usize, Form>,
+    ) -> Option<[u32; 2]> {
+        let e = self.element_of(at, forms)?;
+        Parity {
+            k: self.k,
+            e,
+            seed: self.lanes_seed,
+            memo: HashMap::new(),
+        }
+        .shifts(shift)
     }
 
     /// The element `e` of a byte index `at = e >> 1` whose lane `l` is `first + l` (a run, the
