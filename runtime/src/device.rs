@@ -25,6 +25,13 @@ pub trait Device: Send + Sync {
     /// Verification, argument mismatch (see [`qforge_ir::bind`]), code generation or device
     /// failure.
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()>;
+
+    /// The `f32` lanes of the device's vector code: 4 for Cranelift's 128-bit vectors, 8 or 16
+    /// for the LLVM backend (AVX2 or AVX-512), 1 for scalar code or when unknown (the
+    /// default). Tile heuristics read it (`ops::DeviceCaps`); results never depend on it.
+    fn vector_lanes(&self) -> u32 {
+        1
+    }
 }
 
 /// The reference interpreter as a device: slow, sequential, and by definition exact.

@@ -12,10 +12,10 @@
 //! in order (lane `j` of chunk `c` is element `g0 + c*w + j`, whose partial is `j` because `w`
 //! divides `g0`). That is the scalar order for each partial, so the bits are the scalar bits.
 //! The partials vector is then stored into the array and the last `len % g` elements run the
-//! scalar body. `g` is 64 for a 4-bit decode on AVX-512 ([`Emitter::wide_group`]); when a
-//! loop's rows are not aligned to 64, its groups are 16 wide (the same elements in the same
-//! order). Accumulators that differ only in one column value run as the lanes of one vector
-//! instead, when their columns are consecutive (`outer.rs`).
+//! scalar body. `g` is 64 for a 4-bit decode on AVX-512 and AVX2
+//! ([`Emitter::wide_group`]); when a loop's rows are not aligned to 64, its groups are 16 wide
+//! (the same elements in the same order). Accumulators that differ only in one column value
+//! run as the lanes of one vector instead, when their columns are consecutive (`outer.rs`).
 
 use qforge_ir::{Accum, Op, ReduceOrder, Stmt, Value};
 
@@ -24,8 +24,9 @@ use super::reduce::NEG_ZERO;
 use crate::error::Result;
 
 /// The group of an `accumulate` whose lookups are deferred (see [`Emitter::wide_group`]): one
-/// 4-bit absmax block of the default blocksize. NF4 GEMV, one thread, K = N = 4096: f32 1.28
-/// to 1.12 ms, bf16 2.2 to 1.4 ms against 16-lane groups.
+/// 4-bit absmax block of the default blocksize. NF4 GEMV, one thread, K = N = 4096, against
+/// 16-lane groups: AVX-512, f32 1.28 to 1.12 ms, bf16 2.2 to 1.4 ms; AVX2 (Zen 3), f32 the
+/// same, bf16 4.4-4.5 to 3.1-3.3 ms.
 const WIDE_GROUP: u32 = 64;
 
 impl Emitter<'_> {
@@ -111,14 +112,14 @@ impl Emitter<'_> {
     }
 
     /// Whether groups of [`WIDE_GROUP`] elements pay: lookups are deferred permutes
-    /// (`deferred.rs`: AVX-512 at 16 lanes), the body looks up a table of at most 16 entries
-    /// and loads a value shared by [`WIDE_GROUP`] consecutive elements (a block's absmax), so
-    /// that a decode such as a 4-bit weight's `code[nibble] * absmax`, rounded, is computed once
-    /// per group on the 16-entry table. (Where the weights are gathered, as in the input
-    /// gradient, 64 lanes were 1.5x slower than 16.)
+    /// (`deferred.rs`: AVX-512 at 16 lanes, AVX2 at 8), the body looks up a table of at most
+    /// 16 entries and loads a value shared by [`WIDE_GROUP`] consecutive elements (a block's
+    /// absmax), so that a decode such as a 4-bit weight's `code[nibble] * absmax`, rounded, is
+    /// computed once per group on the 16-entry table. (Where the weights are gathered, as in
+    /// the input gradient, 64 lanes were 1.5x slower than 16.)
     fn wide_group(&self, index: Value, body: &[Stmt]) -> bool {
-        self.opts.x86_avx512
-            && self.opts.lanes == 16
+        ((self.opts.x86_avx512 && self.opts.lanes == 16)
+            || (self.opts.x86_avx2 && self.opts.lanes == 8))
             && super::lanes::loads_per_block(self.k, index, body, WIDE_GROUP)
             && body.iter().any(|s| {
                 let Stmt::Let(v) = s else { return false };

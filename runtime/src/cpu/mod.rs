@@ -270,6 +270,22 @@ impl Device for CpuDevice {
         let compiled = self.compiled(kernel)?;
         launch::launch(&compiled, &self.options, &self.pool, args)
     }
+
+    fn vector_lanes(&self) -> u32 {
+        if !self.options.simd {
+            return 1;
+        }
+        match &self.compiler {
+            Compiler::Cranelift(_)
+                if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) =>
+            {
+                4
+            }
+            Compiler::Cranelift(_) => 1,
+            #[cfg(feature = "llvm")]
+            Compiler::Llvm(jit) => jit.lanes().max(1),
+        }
+    }
 }
 
 /// Whether the host CPU has x86's SSSE3 (`pshufb`), which native code may then use directly.

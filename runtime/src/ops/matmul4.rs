@@ -32,20 +32,15 @@ pub enum DeviceCaps {
 }
 
 impl DeviceCaps {
-    /// The capabilities of `dev`, from its backend: `cranelift` is a CPU with the machine's
-    /// threads and 4 lanes, `llvm` the same with 16 (the tile rules assume its AVX-512 code:
-    /// on a host without it, or with `QFORGE_LLVM_LANES` set lower, the tiles are still valid,
-    /// only tuned for the wider code); `ptx` and `wgsl` are GPUs (assumed 64 Ki resident threads);
-    /// anything else (the interpreter) a one-thread CPU.
+    /// The capabilities of `dev`, from its backend: `cranelift` and `llvm` are CPUs with the
+    /// machine's threads and the device's [`Device::vector_lanes`] (4 for Cranelift; 16 for
+    /// LLVM with AVX-512, 8 with AVX2); `ptx` and `wgsl` are GPUs (assumed 64 Ki resident
+    /// threads); anything else (the interpreter) a one-thread CPU.
     pub fn of(dev: &dyn Device) -> DeviceCaps {
         match dev.backend() {
-            "cranelift" => DeviceCaps::Cpu {
+            "cranelift" | "llvm" => DeviceCaps::Cpu {
                 threads: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
-                lanes: 4,
-            },
-            "llvm" => DeviceCaps::Cpu {
-                threads: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
-                lanes: 16,
+                lanes: dev.vector_lanes(),
             },
             "ptx" | "wgsl" => DeviceCaps::Gpu {
                 parallel_threads: 65536,
@@ -63,13 +58,16 @@ impl DeviceCaps {
 ///
 /// * CPU: decoding a weight (nibble, table, absmax, rounding) costs far more than the fused
 ///   multiply-adds it feeds, so rows of the activation share each decode: `tm = min(M, 8)`,
-///   `tn = 4` (at most 32 outputs per work item), and `tm = min(M, 4)` with 16 lanes or more
-///   (the LLVM backend's 64-element groups hold 4x more values per output, so 8x4 spills).
+///   `tn = 4` (at most 32 outputs per work item), `tm = min(M, 4)` with 16 lanes or more
+///   (the LLVM backend's 64-element groups hold 4x more values per output, so 8x4 spills),
+///   and `tm = min(M, 4)`, `tn = 2` with 8 (LLVM with AVX2: 16 `ymm` registers).
 ///   Measured with `QFORGE_MATMUL_TILE` on the 2-core development machine at K = N = 4096:
 ///   M = 1 runs fastest with 1x4 (1x1..1x16 within 15%), M = 16 with 8x4 on Cranelift (20 ms,
-///   against 55 ms for 4x1 and 99 ms for 1x4) and 4x4 on LLVM (4.0-5.0 ms against 6.7-13 ms
-///   for 8x4). The tile shrinks (`tn` first) while there would be fewer than 4 work items per
-///   thread.
+///   against 55 ms for 4x1 and 99 ms for 1x4) and 4x4 on LLVM with AVX-512 (4.0-5.0 ms against
+///   6.7-13 ms for 8x4). With AVX2 (Zen 3, 2 threads) M = 16 took 9.7-12.6 ms (f32) and
+///   13.4-13.8 ms (bf16) with 4x2, 11.7-14.1 and 15.0-19.7 ms with 4x4, 15.3-18.6 and
+///   15.8-21.4 ms with 8x4; M = 1 times the same with 1x2 and 1x4. The tile shrinks (`tn`
+///   first) while there would be fewer than 4 work items per thread.
 /// * GPU: one thread keeps 16 scalar partials per output (`K_ORDER`); `tm = min(M, 4)`, `tn = 1`, shrunk
 ///   while there would be fewer work items than half the resident threads.
 pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
@@ -78,10 +76,14 @@ pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> Til
     let n = n.max(1);
     let (tm, tn, want_items) = match caps {
         DeviceCaps::Cpu { threads, lanes } => {
-            let rows = if lanes >= 16 { 4 } else { 8 };
+            let (rows, cols) = match lanes {
+                16.. => (4, 4),
+                8..=15 => (4, 2),
+                _ => (8, 4),
+            };
             (
                 m.min(rows),
-                4,
+                cols,
                 4usize.saturating_mul(threads.max(1) as usize),
             )
         }
@@ -115,18 +117,18 @@ fn shrink(
 /// The tile of the input gradient `dX = dY @ dequant(W)` (`[M, N] x [N, K]`, outputs `M x K`)
 /// on a device. Tiles never change results, only speed.
 ///
-/// * CPU with 16 lanes or more (the LLVM backend): `min(M, 2) x 16`, rows of `dY` against 16
-///   consecutive columns of `W`, which the backend runs with the 16 columns as vector lanes
-///   and one vector per row (`codegen/src/llvm/outer.rs`: the weights of one `n` are 8
-///   contiguous bytes, decoded once for both rows, where a loop over `n` gathers them `K / 2`
-///   bytes apart). Measured on one thread at K = N = 4096: M = 1 f32 34 ms with 1x4 over `n`
+/// * CPU with 8 lanes or more (the LLVM backend, AVX2 or AVX-512): `min(M, 2) x 16`, rows of
+///   `dY` against 16 consecutive columns of `W`, which the backend runs with the 16 columns as
+///   vector lanes and one vector per row (`codegen/src/llvm/outer.rs`: the weights of one `n`
+///   are 8 contiguous bytes, decoded once for both rows, where a loop over `n` gathers them
+///   `K / 2` bytes apart). Measured on one thread at K = N = 4096: M = 1 f32 34 ms with 1x4 over `n`
 ///   against 3.8 ms; M = 16 156 ms with 4x4, 65-84 ms with 1x16, 40-51 ms with 2x16, 61 ms
 ///   with 4x8 (8 lanes: no fused decode); 2x16 is the largest 16-column tile (32 outputs). `tm`
 ///   halves, then `tn`, while there would be fewer than 4 work items per thread.
 /// * Otherwise [`suggest_tile_sizes`] for `M x K` outputs.
 pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
     match caps {
-        DeviceCaps::Cpu { threads, lanes } if lanes >= 16 => {
+        DeviceCaps::Cpu { threads, lanes } if lanes >= 8 => {
             let want = 4usize.saturating_mul(threads.max(1) as usize);
             let (m, k) = (m.max(1), k.max(1));
             shrink((m, k), (m.min(2), 16), want, true)
@@ -549,6 +551,15 @@ mod tests {
         assert_eq!(t(1, 4096, wide), (1, 4));
         assert_eq!(t(16, 4096, wide), (4, 4));
         assert_eq!(t(3, 11008, wide), (3, 4));
+        let avx2 = DeviceCaps::Cpu {
+            threads: 2,
+            lanes: 8,
+        };
+        assert_eq!(t(1, 4096, avx2), (1, 2));
+        assert_eq!(t(16, 4096, avx2), (4, 2));
+        assert_eq!(t(16, 4, avx2), (4, 2));
+        assert_eq!(t(4, 4, avx2), (2, 1), "4 x 4 outputs: 8 work items at 2x1");
+        assert_eq!(back(16, 4096, avx2), (2, 16));
         let gpu = DeviceCaps::Gpu {
             parallel_threads: 65536,
         };
