@@ -66,7 +66,7 @@ impl DeviceCaps {
 ///   against 55 ms for 4x1 and 99 ms for 1x4) and 4x4 on LLVM with AVX-512 (4.0-5.0 ms against
 ///   6.7-13 ms for 8x4). With AVX2 (Zen 3, 2 threads) M = 16 took 9.7-12.6 ms (f32) and
 ///   13.4-13.8 ms (bf16) with 4x2, 11.7-14.1 and 15.0-19.7 ms with 4x4, 15.3-18.6 and
-///   15.8-21.4 ms with 8x4; M = 1 times the same with 1x2 and 1x4. The tile shrinks (`tn`
+///   15.8-20.2 ms with 8x4; M = 1 times the same with 1x2 and 1x4. The tile shrinks (`tn`
 ///   first) while there would be fewer than 4 work items per thread.
 /// * GPU: one thread keeps 16 scalar partials per output (`K_ORDER`); `tm = min(M, 4)`, `tn = 1`, shrunk
 ///   while there would be fewer work items than half the resident threads.
