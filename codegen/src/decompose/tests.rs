@@ -2,7 +2,7 @@ use proptest::prelude::*;
 use qforge_ir::library::{nearest, BlockwiseMap};
 use qforge_ir::{Access, DType, Dim, Kernel, OwnedArg, Scalar, ScalarType};
 
-use super::buckets::{count_below, Buckets};
+use super::buckets::{count_below, BucketIndex, Buckets};
 use super::packed::Packed;
 use super::*;
 
@@ -61,18 +61,20 @@ fn reference(t: &[f32], v: f32) -> u32 {
     }
 }
 
+/// A bucket index of `map` is signed exactly for the signed maps, and its table has
+/// `per_sign` entries per sign (`len` in all).
+fn assert_index_covers(index: &BucketIndex, map: BlockwiseMap, len: usize) {
+    assert_eq!(index.signed, map != BlockwiseMap::DynamicUnsigned, "{map}");
+    let halves = if index.signed { 2 } else { 1 };
+    assert_eq!(len, halves * index.per_sign as usize, "{map}");
+}
+
 #[test]
 fn buckets_of_bitsandbytes_maps_meet_the_bound_and_stay_small() {
     for map in BlockwiseMap::ALL {
         let bk = Buckets::new(&map_thresholds(map)).unwrap();
         assert_eq!(bk.thresholds.len(), 255 + BUCKET_COMPARES as usize);
-        let halves = if bk.index.signed { 2 } else { 1 };
-        assert_eq!(
-            bk.index.signed,
-            map != BlockwiseMap::DynamicUnsigned,
-            "{map}"
-        );
-        assert_eq!(bk.buckets.len(), halves * bk.index.per_sign as usize);
+        assert_index_covers(&bk.index, map, bk.buckets.len());
         assert!(bk.buckets.iter().all(|c| *c <= 255));
         let packed = bk.packed();
         assert_eq!(packed.len(), bk.buckets.len().div_ceil(4));
@@ -162,13 +164,7 @@ fn packed_buckets_of_bitsandbytes_maps_hold_one_threshold_and_fit_the_cache() {
     for map in BlockwiseMap::ALL {
         let t = map_thresholds(map);
         let pk = Packed::new(&t).unwrap();
-        let halves = if pk.index.signed { 2 } else { 1 };
-        assert_eq!(
-            pk.index.signed,
-            map != BlockwiseMap::DynamicUnsigned,
-            "{map}"
-        );
-        assert_eq!(pk.entries.len(), halves * pk.index.per_sign as usize);
+        assert_index_covers(&pk.index, map, pk.entries.len());
         // The sizes the module docs quote.
         match map {
             BlockwiseMap::Dynamic => assert_eq!(pk.entries.len(), 2802),
