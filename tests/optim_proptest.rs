@@ -99,6 +99,9 @@ fn families() -> Vec<Family> {
                 | OptimExtSpec::Norm8(OptimNorm8Spec::Partials { .. }),
             ) => None,
             KernelSpec::OptimExt(OptimExtSpec::Norm1(a)) => Some(Family::Unorm1(a)),
+            // Run by the Adam families' steps on CPU devices and the interpreter
+            // (`adam_step_8bit` launches the staged form there).
+            KernelSpec::OptimStaged(_) => None,
             KernelSpec::Quantize4 { .. }
             | KernelSpec::Dequantize4 { .. }
             | KernelSpec::Dequantize4Nested { .. }

@@ -182,6 +182,7 @@ pub fn spec_dtype(spec: KernelSpec) -> DType {
         KernelSpec::Gemm(g) => g.dtype,
         KernelSpec::Int8(s) => s.dtype(),
         KernelSpec::Optim(s) => s.dtype,
+        KernelSpec::OptimStaged(s) => s.spec.dtype,
         KernelSpec::Optim1(s) => s.dtype,
         KernelSpec::Ademamix(s) => s.dtype,
         KernelSpec::QAdam(s) => s.dtype,
@@ -248,6 +249,9 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
             };
             2 * n * s.dtype.size_bytes() + state
         }
+        // The plain kernel's buffers and the two f32 stages (written, then read back from the
+        // cache).
+        KernelSpec::OptimStaged(s) => bytes_moved(KernelSpec::Optim(s.spec), n)? + 2 * 4 * n,
         // The `_gs` variants move what their plain kernels move; the gradient norm reads the
         // gradient and writes one f32 per block.
         KernelSpec::OptimExt(e) => match e {

@@ -23,6 +23,7 @@ use qforge_ir::library::{
     OPTIM_BLOCKSIZE,
 };
 use qforge_ir::{Arg, DType, Kernel, Scalar};
+use qforge_runtime::ops::{launch_adam8, Adam8Buffers};
 use qforge_runtime::Device;
 
 use super::baselines::{memcpy_baseline, pseudo_random};
@@ -169,9 +170,18 @@ fn step_runner(which: StepKind, n: usize) -> Runner {
     })
 }
 
+/// How a [`Step`] runs.
+enum Launch {
+    /// One launch of this kernel.
+    Kernel(Kernel),
+    /// The runtime's 8-bit step ([`qforge_runtime::ops::launch_adam8`]): on a CPU device the
+    /// staged kernel over chunks with a bounded workspace, as `adam_step_8bit` runs it.
+    Adam8(OptimSpec),
+}
+
 /// One optimizer's kernel and buffers.
 struct Step {
-    kernel: Kernel,
+    launch: Launch,
     /// `n`, `n_blocks` and the hyperparameter scalars of the timed step.
     scalars: Vec<Scalar>,
     params: Vec<u8>,
@@ -188,7 +198,10 @@ impl Step {
     /// Builds the kernel and the buffers (zero moments), then runs [`WARMUP_STEPS`] steps.
     fn prepare(dev: &dyn Device, state: StateBits, n: usize) -> Result<Step> {
         let spec = spec(state);
-        let kernel = spec.build()?;
+        let launch = match state {
+            StateBits::Bits32 => Launch::Kernel(spec.build()?),
+            StateBits::Bits8 => Launch::Adam8(spec),
+        };
         let params = f32_bytes(pseudo_random(n, 10).into_iter().map(|v| v * PARAM_SCALE));
         let grads = f32_bytes(pseudo_random(n, 11).into_iter().map(|v| v * GRAD_SCALE));
         let n_blocks = n.div_ceil(OPTIM_BLOCKSIZE as usize);
@@ -208,7 +221,7 @@ impl Step {
             Ok(s)
         };
         let mut step = Step {
-            kernel,
+            launch,
             scalars: Vec::new(),
             params,
             grads,
@@ -244,7 +257,7 @@ impl Step {
             Ok(s)
         };
         let mut step = Step {
-            kernel,
+            launch: Launch::Kernel(kernel),
             scalars: Vec::new(),
             params,
             grads,
@@ -260,11 +273,32 @@ impl Step {
 
     /// One step on the preallocated buffers.
     fn launch(&mut self, dev: &dyn Device) -> Result<()> {
+        let kernel = match &self.launch {
+            Launch::Kernel(k) => k,
+            Launch::Adam8(spec) => {
+                let [s1, a1, s2, a2] = &mut self.state[..] else {
+                    return Err(crate::error::Error::Usage(
+                        "bench: an 8-bit step needs four state buffers".into(),
+                    ));
+                };
+                let bufs = Adam8Buffers {
+                    params: &mut self.params,
+                    grads: &self.grads,
+                    state1: s1,
+                    absmax1: a1,
+                    state2: s2,
+                    absmax2: a2,
+                };
+                // The scalars after `n` and `n_blocks`.
+                launch_adam8(dev, *spec, &self.scalars[2..], &[], bufs)?;
+                return Ok(());
+            }
+        };
         let mut args: Vec<Arg> = self.scalars.iter().map(|s| Arg::Scalar(*s)).collect();
         args.push(Arg::Write(&mut self.params));
         args.push(Arg::Read(&self.grads));
         args.extend(self.state.iter_mut().map(|b| Arg::Write(b)));
-        dev.launch(&self.kernel, &mut args)?;
+        dev.launch(kernel, &mut args)?;
         Ok(())
     }
 }

@@ -17,6 +17,7 @@ use crate::library::optim_ademamix::{self, AdemamixSpec};
 use crate::library::optim_ext::{self, OptimExtSpec};
 use crate::library::optim_norm::{self, NormRule, OptimNormSpec};
 use crate::library::optim_norm8::{self, OptimNorm8Spec};
+use crate::library::optim_staged::{self, OptimStagedSpec};
 use crate::library::{
     blockwise8, doublequant, quant4, BlockwiseMap, QuantType, BLOCKSIZES_4BIT, BLOCKSIZES_8BIT,
     FLOAT_DTYPES, NESTED_BLOCKSIZE,
@@ -86,6 +87,9 @@ pub enum KernelSpec {
     Int8(Int8Spec),
     /// [`OptimSpec::build`]: a 32-bit or 8-bit blockwise Adam / AdamW update.
     Optim(OptimSpec),
+    /// [`OptimStagedSpec::build`]: an 8-bit blockwise Adam / AdamW update in the staged form
+    /// (the updated moments kept in `f32` workspace buffers between its two passes).
+    OptimStaged(OptimStagedSpec),
     /// [`Optim1Spec::build`]: a 32-bit or 8-bit blockwise one-state update (Lion, SGD with
     /// momentum, RMSprop, Adagrad).
     Optim1(Optim1Spec),
@@ -235,6 +239,11 @@ pub fn catalog() -> Vec<KernelSpec> {
     }
     out.extend(int8_catalog().into_iter().map(KernelSpec::Int8));
     out.extend(optim_catalog().into_iter().map(KernelSpec::Optim));
+    out.extend(
+        optim_staged_catalog()
+            .into_iter()
+            .map(KernelSpec::OptimStaged),
+    );
     out.extend(optim1_catalog().into_iter().map(KernelSpec::Optim1));
     for state in [StateBits::Bits32, StateBits::Bits8] {
         out.push(KernelSpec::Ademamix(AdemamixSpec {
@@ -353,6 +362,31 @@ fn optim_catalog() -> Vec<OptimSpec> {
     out
 }
 
+/// The staged 8-bit Adam / AdamW kernels of the catalog: both rules on f32 and bf16, and the
+/// `_gs` variants of the `_gs` catalog's 8-bit pairs (AdamW on f32, Adam on bf16).
+fn optim_staged_catalog() -> Vec<OptimStagedSpec> {
+    let mut out = Vec::new();
+    for (algo, dtype, gs) in [
+        (OptimAlgo::Adam, DType::F32, false),
+        (OptimAlgo::Adam, DType::BF16, false),
+        (OptimAlgo::AdamW, DType::F32, false),
+        (OptimAlgo::AdamW, DType::BF16, false),
+        (OptimAlgo::AdamW, DType::F32, true),
+        (OptimAlgo::Adam, DType::BF16, true),
+    ] {
+        let spec = OptimSpec {
+            algo,
+            state: StateBits::Bits8,
+            dtype,
+        };
+        out.push(OptimStagedSpec {
+            spec,
+            grad_opts: gs,
+        });
+    }
+    out
+}
+
 /// The one-state optimizer kernels of the catalog: each rule with 32-bit and 8-bit state on f32.
 fn optim1_catalog() -> Vec<Optim1Spec> {
     let mut out = Vec::new();
@@ -457,6 +491,7 @@ impl KernelSpec {
             KernelSpec::Gemm(g) => g.name(),
             KernelSpec::Int8(s) => s.name(),
             KernelSpec::Optim(s) => s.name(),
+            KernelSpec::OptimStaged(s) => s.name(),
             KernelSpec::Optim1(s) => s.name(),
             KernelSpec::Ademamix(s) => s.name(),
             KernelSpec::Activation(s) => s.name(),
@@ -482,6 +517,7 @@ impl KernelSpec {
             }
             KernelSpec::Int8(s) => s.blocksize(),
             KernelSpec::Optim(_)
+            | KernelSpec::OptimStaged(_)
             | KernelSpec::Optim1(_)
             | KernelSpec::Ademamix(_)
             | KernelSpec::OptimNorm(_)
@@ -537,6 +573,7 @@ impl KernelSpec {
             KernelSpec::Gemm(g) => g.build(),
             KernelSpec::Int8(s) => s.build(),
             KernelSpec::Optim(s) => s.build(),
+            KernelSpec::OptimStaged(s) => s.build(),
             KernelSpec::Optim1(s) => s.build(),
             KernelSpec::Ademamix(s) => s.build(),
             KernelSpec::Activation(s) => s.build(),
@@ -578,6 +615,7 @@ impl KernelSpec {
         Ok(match *self {
             KernelSpec::Int8(s) => s.example_args(values)?,
             KernelSpec::Optim(s) => optim::example_args(&s, values, mix, float_bytes)?,
+            KernelSpec::OptimStaged(s) => optim_staged::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::Optim1(s) => optim1::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::Ademamix(s) => optim_ademamix::example_args(&s, values, mix, float_bytes)?,
             KernelSpec::Activation(s) => s.example_args(values, float_bytes),
@@ -809,6 +847,8 @@ mod tests {
                 + 2
                 + 6
                 + 4
+                // Staged 8-bit Adam / AdamW (4 plain, 2 `_gs`).
+                + 6
         );
         let mut names = std::collections::HashSet::new();
         let values = [

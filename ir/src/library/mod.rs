@@ -87,6 +87,9 @@ mod optim_norm8_tests;
 mod optim_norm_hyper;
 #[cfg(test)]
 mod optim_norm_tests;
+pub mod optim_staged;
+#[cfg(test)]
+mod optim_staged_tests;
 #[cfg(test)]
 mod optim_tests;
 pub mod philox;
@@ -109,6 +112,7 @@ pub use optim_ademamix::{AdemamixHyper, AdemamixScalars, AdemamixSpec};
 pub use optim_ext::OptimExtSpec;
 pub use optim_norm::{LambHyper, LambScalars, LarsHyper, LarsScalars, NormRule, OptimNormSpec};
 pub use optim_norm8::OptimNorm8Spec;
+pub use optim_staged::OptimStagedSpec;
 
 /// Blocksizes supported by the 4-bit kernels.
 pub const BLOCKSIZES_4BIT: [u32; 8] = [32, 64, 128, 256, 512, 1024, 2048, 4096];

@@ -315,7 +315,7 @@ impl OptimSpec {
         check_float_dtype(self.dtype)?;
         match self.state {
             StateBits::Bits32 => build32(self, None),
-            StateBits::Bits8 => build8(self, &self.name(), false, false),
+            StateBits::Bits8 => build8(self, &self.name(), Form::default()),
         }
     }
 
@@ -329,7 +329,14 @@ impl OptimSpec {
         check_float_dtype(self.dtype)?;
         match self.state {
             StateBits::Bits32 => build32(self, Some(name)),
-            StateBits::Bits8 => build8(self, name, true, false),
+            StateBits::Bits8 => build8(
+                self,
+                name,
+                Form {
+                    grad_opts: true,
+                    ..Form::default()
+                },
+            ),
         }
     }
 
@@ -344,7 +351,15 @@ impl OptimSpec {
     pub(crate) fn build_scaled(&self, name: &str, gs: bool) -> Result<Kernel> {
         check_float_dtype(self.dtype)?;
         match self.state {
-            StateBits::Bits8 => build8(self, name, gs, true),
+            StateBits::Bits8 => build8(
+                self,
+                name,
+                Form {
+                    grad_opts: gs,
+                    scaled: true,
+                    staged: false,
+                },
+            ),
             StateBits::Bits32 => Err(Error::Unsupported(format!(
                 "{name}: the scaled Adam kernel needs 8-bit state (32-bit: optim_norm)"
             ))),
@@ -443,13 +458,18 @@ fn read_scalars(b: &mut KernelBuilder, spec: &OptimSpec, ps: &[ParamId]) -> (Hyp
 fn moments(b: &mut KernelBuilder, h: &Hyper, g: Value, m_old: Value, v_old: Value) -> [Value; 3] {
     let betas = [h.beta1, h.one_minus_beta1, h.beta2, h.one_minus_beta2];
     let [m, v] = moment_update(b, betas, g, m_old, v_old);
-    let ag = b.abs(g);
-    let inf = b.const_f32(f32::INFINITY);
-    let finite = b.cmp(CmpOp::Lt, ag, inf);
+    let finite = is_finite(b, g);
     let zero = b.const_f32(0.0);
     let m = b.select(finite, m, zero);
     let v = b.select(finite, v, zero);
     [finite, m, v]
+}
+
+/// `|g| < inf`: `g` is neither NaN nor ±inf.
+fn is_finite(b: &mut KernelBuilder, g: Value) -> Value {
+    let ag = b.abs(g);
+    let inf = b.const_f32(f32::INFINITY);
+    b.cmp(CmpOp::Lt, ag, inf)
 }
 
 /// The Adam moments of one element before the non-finite rule, from
@@ -548,13 +568,25 @@ pub(crate) fn state_tables(
     })
 }
 
-/// The 8-bit kernel named `name`; `grad_opts`: the `_gs` scalar `gnorm_scale`; `scaled`: the
-/// trust-ratio buffer `scale: f32[1]` last ([`OptimSpec::build_scaled`]).
-fn build8(spec: &OptimSpec, name: &str, grad_opts: bool, scaled: bool) -> Result<Kernel> {
+/// The variant of an 8-bit kernel [`build8`] builds.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Form {
+    /// The `_gs` scalar `gnorm_scale` ([`OptimSpec::build_ext`]).
+    pub(crate) grad_opts: bool,
+    /// The trust-ratio buffer `scale: f32[1]` last ([`OptimSpec::build_scaled`]).
+    pub(crate) scaled: bool,
+    /// The staged form ([`crate::library::optim_staged`]): the first pass stores the updated
+    /// moments in the workspace buffers `m_stage`, `v_stage` (`f32[n]`, after the others) and the
+    /// second pass reads them back instead of decoding the codes again.
+    pub(crate) staged: bool,
+}
+
+/// The 8-bit kernel named `name` in the variant `form`.
+pub(crate) fn build8(spec: &OptimSpec, name: &str, form: Form) -> Result<Kernel> {
     let mut b = KernelBuilder::new(name);
     let (n, n_blocks, ps) = declare_scalars(&mut b, spec, &["step_size", "c2", "eps"]);
     // bitsandbytes' 8-bit two-state kernel ignores `skip_zeros`: only `gnorm_scale`.
-    let opts = grad_opts.then(|| declare_grad_opts(&mut b, false));
+    let opts = form.grad_opts.then(|| declare_grad_opts(&mut b, false));
     let shape = [Dim::Param(n)];
     let blocks = [Dim::Param(n_blocks)];
     let p = b.buffer_param("p", spec.dtype, &shape, Access::ReadWrite);
@@ -563,7 +595,12 @@ fn build8(spec: &OptimSpec, name: &str, grad_opts: bool, scaled: bool) -> Result
     let a1 = b.buffer_param("absmax1", DType::F32, &blocks, Access::ReadWrite);
     let s2 = b.buffer_param("state2", DType::U8, &shape, Access::ReadWrite);
     let a2 = b.buffer_param("absmax2", DType::F32, &blocks, Access::ReadWrite);
-    let scale = scaled.then(|| b.buffer_param("scale", DType::F32, &[Dim::Const(1)], Access::Read));
+    let scale = form
+        .scaled
+        .then(|| b.buffer_param("scale", DType::F32, &[Dim::Const(1)], Access::Read));
+    let stage = form.staged.then(|| {
+        ["m_stage", "v_stage"].map(|s| b.buffer_param(s, DType::F32, &shape, Access::ReadWrite))
+    });
     b.set_grid(Dim::Param(n_blocks));
     let t1 = state_tables(&mut b, BlockwiseMap::Dynamic, "1")?;
     let t2 = state_tables(&mut b, BlockwiseMap::DynamicUnsigned, "2")?;
@@ -581,12 +618,17 @@ fn build8(spec: &OptimSpec, name: &str, grad_opts: bool, scaled: bool) -> Result
     let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);
     let old_a1 = b.load(a1, block);
     let old_a2 = b.load(a2, block);
+    // The gradient of element `e` (scaled by `gnorm_scale` in a `_gs` kernel).
+    let grad = |b: &mut KernelBuilder, e: Value| -> Value {
+        let gv = b.load(g, e);
+        match opts {
+            Some(o) => b.mul(gv, o.scale),
+            None => gv,
+        }
+    };
     // The updated moments of element `e`, from the (unchanged) old codes.
     let update = |b: &mut KernelBuilder, e: Value| -> [Value; 3] {
-        let mut gv = b.load(g, e);
-        if let Some(o) = opts {
-            gv = b.mul(gv, o.scale);
-        }
+        let gv = grad(b, e);
         let q1 = b.load(s1, e);
         let c1 = b.lookup(t1.code, q1);
         let m_old = b.mul(c1, old_a1);
@@ -597,9 +639,13 @@ fn build8(spec: &OptimSpec, name: &str, grad_opts: bool, scaled: bool) -> Result
     };
     let acc1 = b.var("absmax1_acc", ScalarType::F32);
     let acc2 = b.var("absmax2_acc", ScalarType::F32);
-    // Pass 1: the new absmax of each moment.
+    // Pass 1: the new absmax of each moment (and, staged, the moments themselves).
     b.for_range(start, end, 1, |b, e| {
         let [_, m, v] = update(b, e);
+        if let Some([ms, vs]) = stage {
+            b.store(ms, e, m);
+            b.store(vs, e, v);
+        }
         for (acc, x) in [(acc1, m), (acc2, v)] {
             let a = b.abs(x);
             let cur = b.read_var(acc);
@@ -614,10 +660,17 @@ fn build8(spec: &OptimSpec, name: &str, grad_opts: bool, scaled: bool) -> Result
     b.store(a2, block, new_a2);
     let inv1 = inv_absmax(&mut b, new_a1);
     let inv2 = inv_absmax(&mut b, new_a2);
-    // Pass 2 (straight-line): the same moments again (bit-identical), the parameter, and the
-    // moments requantized with the new absmax.
+    // Pass 2 (straight-line): the same moments again (recomputed bit-identically, or read back
+    // from the stage), the parameter, and the moments requantized with the new absmax.
     b.for_range(start, end, 1, |b, e| {
-        let [finite, m, v] = update(b, e);
+        let [finite, m, v] = match stage {
+            None => update(b, e),
+            Some([ms, vs]) => {
+                let gv = grad(b, e);
+                let finite = is_finite(b, gv);
+                [finite, b.load(ms, e), b.load(vs, e)]
+            }
+        };
         let pv = b.load(p, e);
         let pd = decayed(b, &h, pv);
         let num = b.mul(step_size, m);

@@ -42,6 +42,7 @@ mod optim_clip;
 mod optim_norm;
 mod optim_norm1;
 mod optim_norm8;
+mod optim_staged;
 mod quant4;
 
 pub use activation::{act_beta, act_beta_backward};
@@ -92,6 +93,7 @@ pub use optim_norm8::{
     lamb8_norm_partials_opts, lamb_step_8bit_opts, lamb_update_8bit_opts, lars8_norm_partials_opts,
     lars_step_8bit_opts, lars_update_8bit_opts,
 };
+pub use optim_staged::{launch_adam8, Adam8Buffers, STAGE_CHUNK};
 pub use qforge_ir::library::Layout;
 pub use qforge_ir::library::TileConfig;
 pub use qforge_ir::library::{AdamHyper, OptimAlgo};

@@ -7,6 +7,7 @@ use qforge_ir::library::{
 };
 use qforge_ir::{Arg, DType, Kernel};
 
+use super::optim_staged::{launch_adam8, Adam8Buffers};
 use super::{cached_kernel, count_u32, f32_le, float_input, le_f32, scalar_u32};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -240,7 +241,8 @@ pub fn adam_step_32bit_opts(
 /// One Adam8bit / AdamW8bit step with blockwise 8-bit state (blocksize 256), in place: each block
 /// dequantizes its moments, updates them and the parameters, and requantizes the moments with a
 /// new absmax and the exact nearest code. `step` is 1-based. Non-finite gradient elements as in
-/// [`adam_step_32bit`].
+/// [`adam_step_32bit`]. CPU devices run the staged kernel in chunks
+/// ([`qforge_ir::library::optim_staged`]; the same bits, a workspace of at most 4 MiB).
 ///
 /// # Errors
 /// As [`adam_step_32bit`], with the 8-bit state's lengths (codes per element, absmax per block).
@@ -294,26 +296,23 @@ pub fn adam_step_8bit_opts(
         skip_zeros: false,
         ..*opts
     };
-    let (kernel, extra) = kernel_for(
-        OP,
-        (spec.name(), &|| spec.build()),
-        OptimExtSpec::Adam(spec),
-        &opts,
-    )?;
+    opts.check(OP)?;
+    let extra = if opts.is_default() {
+        Vec::new()
+    } else {
+        OptimExtSpec::Adam(spec).ext_args(opts.gnorm_scale, false)
+    };
     let mut a1 = f32_le(&state.absmax1);
     let mut a2 = f32_le(&state.absmax2);
-    let mut args = vec![scalar_u32(n), scalar_u32(blocks)];
-    args.extend(scalars.kernel_args(&spec).into_iter().map(Arg::Scalar));
-    args.extend(extra.into_iter().map(Arg::Scalar));
-    args.extend([
-        Arg::Write(&mut params.data),
-        Arg::Read(&grads.data),
-        Arg::Write(&mut state.state1),
-        Arg::Write(&mut a1),
-        Arg::Write(&mut state.state2),
-        Arg::Write(&mut a2),
-    ]);
-    dev.launch(&kernel, &mut args)?;
+    let bufs = Adam8Buffers {
+        params: &mut params.data,
+        grads: &grads.data,
+        state1: &mut state.state1,
+        absmax1: &mut a1,
+        state2: &mut state.state2,
+        absmax2: &mut a2,
+    };
+    launch_adam8(dev, spec, &scalars.kernel_args(&spec), &extra, bufs)?;
     state.absmax1 = le_f32(&a1);
     state.absmax2 = le_f32(&a2);
     Ok(())
