@@ -194,6 +194,7 @@ fn run_case(dev: &dyn Device, g: &Golden, name: &str, case: &serde_json::Value) 
         m2: m2s,
         dtype: DType::F32,
         uniforms: UniformSource::Buffer,
+        staged: false,
     };
     let kernel = spec.build().expect("build");
     let sizes = spec.sizes(n as u32);
@@ -431,7 +432,8 @@ fn qadam_catalog_kernels_bit_exact_on_every_device() {
         .into_iter()
         .filter(|s| matches!(s, KernelSpec::QAdam(_)))
         .collect();
-    assert_eq!(specs.len(), 6);
+    // Six plain kernels and five staged ones.
+    assert_eq!(specs.len(), 11);
     let edge = [
         0.0f32,
         -0.0,

@@ -75,6 +75,9 @@ fn families() -> Vec<Family> {
             KernelSpec::Optim(s) => Some(Family::Adam(s)),
             KernelSpec::Optim1(s) => Some(Family::One(s)),
             KernelSpec::Ademamix(s) => Some(Family::Ademamix(s)),
+            // The staged forms run in the plain families' steps on CPU devices and the
+            // interpreter (`qadamw_step` launches them there).
+            KernelSpec::QAdam(s) if s.staged => None,
             KernelSpec::QAdam(s) => Some(Family::QAdam(s)),
             // One family per rule and dtype: its update kernel (the step also runs the norm
             // and scale kernels).

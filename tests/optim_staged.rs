@@ -1,11 +1,14 @@
-//! The runtime's 8-bit Adam / AdamW step on a CPU device (the staged kernel launched over
-//! chunks of `STAGE_CHUNK` elements sharing one workspace, `ops::launch_adam8`) against the plain
-//! kernel in one launch on the same device, over several steps and across chunk boundaries: every
-//! buffer bit for bit. And `launch_adam8`'s checks of its raw buffers.
+//! The runtime's 8-bit Adam / AdamW and quantized-AdamW steps on a CPU device (the staged
+//! kernels launched over chunks of `STAGE_CHUNK` elements sharing one workspace,
+//! `ops::launch_adam8`, `ops::launch_qadam`) against the plain kernels in one launch on the same
+//! device, over several steps and across chunk boundaries: every buffer bit for bit. And the
+//! launchers' checks of their raw buffers.
 
-use qforge::ir::library::{AdamHyper, OptimAlgo, OptimExtSpec, OptimSpec, StateBits};
+use qforge::ir::library::{AdamHyper, MomentScheme, OptimAlgo, OptimExtSpec, OptimSpec};
+use qforge::ir::library::{QAdamScalars, QAdamSpec, StateBits};
 use qforge::ir::{Arg, DType, Scalar};
-use qforge::runtime::ops::{launch_adam8, Adam8Buffers, STAGE_CHUNK};
+use qforge::runtime::ops::STAGE_CHUNK;
+use qforge::runtime::ops::{launch_adam8, launch_qadam, Adam8Buffers, QAdamBuffers, QAdamRng};
 use qforge::runtime::{CpuDevice, Device, InterpreterDevice};
 
 /// Parameter, gradient, codes and absmax of one 8-bit step, as bytes.
@@ -158,4 +161,123 @@ fn launch_adam8_names_the_bad_buffer() {
     b.grads.clear();
     let e = launch_adam8(&dev, spec, &scalars, &[], b.adam8()).unwrap_err();
     assert!(e.to_string().contains("0 codes"), "{e}");
+}
+
+impl Bufs {
+    /// Quantized-AdamW buffers: the reference's initial state of each scheme.
+    fn qadam(n: usize, spec: QAdamSpec) -> Bufs {
+        let mut b = Bufs::new(n, spec.dtype);
+        let mut state = Vec::new();
+        for s in [spec.m1, spec.m2] {
+            let (codes, absmax) = s.initial_state(n);
+            state.push(codes);
+            state.push(absmax.iter().flat_map(|a| a.to_le_bytes()).collect());
+        }
+        b.state = state.try_into().expect("four buffers");
+        b
+    }
+
+    fn qadam_bufs(&mut self) -> QAdamBuffers<'_> {
+        let [c1, a1, c2, a2] = &mut self.state;
+        QAdamBuffers {
+            params: &mut self.params,
+            grads: &self.grads,
+            m1_codes: c1,
+            m1_absmax: a1,
+            m2_codes: c2,
+            m2_absmax: a2,
+        }
+    }
+}
+
+#[test]
+fn the_chunked_staged_qadam_step_equals_the_plain_kernel() {
+    let dev = match CpuDevice::new() {
+        Ok(d) => d,
+        Err(e) => {
+            println!("skipped: no CPU device ({e})");
+            return;
+        }
+    };
+    // Two chunks; a multiple of every block.
+    let n = STAGE_CHUNK + 256;
+    let hyper = AdamHyper {
+        weight_decay: 0.01,
+        ..AdamHyper::default()
+    };
+    for (m1, m2, dtype) in [
+        (MomentScheme::Nf4, MomentScheme::Dyn4Sr, DType::F32),
+        (MomentScheme::Nf4Sr, MomentScheme::Dyn4NzEden, DType::BF16),
+        (MomentScheme::Linear8, MomentScheme::Fp32, DType::F32),
+    ] {
+        let spec = QAdamSpec::new(m1, m2, dtype);
+        let kernel = spec.build().expect("builds");
+        let rng = QAdamRng {
+            seed: 0x1234_5678_9abc,
+            param_id: 3,
+            offset: 1 << 20,
+        };
+        let mut staged = Bufs::qadam(n, spec);
+        let mut reference = staged.clone();
+        for t in 1..=3 {
+            let sc = QAdamScalars::new(&hyper, t).expect("scalars");
+            launch_qadam(&dev, spec, &sc, rng, staged.qadam_bufs()).expect("staged step");
+            let mut args: Vec<Arg> = spec
+                .sizes(n as u32)
+                .args()
+                .into_iter()
+                .map(Arg::Scalar)
+                .collect();
+            let s = sc.kernel_args(rng.seed, rng.param_id, rng.offset);
+            args.extend(s.into_iter().map(Arg::Scalar));
+            let [c1, a1, c2, a2] = &mut reference.state;
+            args.extend([
+                Arg::Write(&mut reference.params),
+                Arg::Read(&reference.grads),
+            ]);
+            args.push(Arg::Write(c1));
+            if m1 != MomentScheme::Fp32 {
+                args.push(Arg::Write(a1));
+            }
+            args.push(Arg::Write(c2));
+            if m2 != MomentScheme::Fp32 {
+                args.push(Arg::Write(a2));
+            }
+            dev.launch(&kernel, &mut args).expect("plain kernel runs");
+            assert!(
+                staged == reference,
+                "{}: step {t} differs from the plain kernel",
+                spec.name()
+            );
+        }
+        assert!(staged.state[0].iter().any(|b| *b != staged.state[0][0]));
+    }
+}
+
+#[test]
+fn launch_qadam_names_the_bad_buffer() {
+    let spec = QAdamSpec::new(MomentScheme::Nf4, MomentScheme::Dyn4Sr, DType::F32);
+    let sc = QAdamScalars::new(&AdamHyper::default(), 1).expect("scalars");
+    let dev = InterpreterDevice;
+    let rng = QAdamRng::default();
+    let mut b = Bufs::qadam(256, spec);
+    b.state[2].pop();
+    let e = launch_qadam(&dev, spec, &sc, rng, b.qadam_bufs()).unwrap_err();
+    assert!(e.to_string().contains("m2 has 127 bytes"), "{e}");
+    let mut b = Bufs::qadam(256, spec);
+    let odd = QAdamRng { offset: 3, ..rng };
+    let e = launch_qadam(&dev, spec, &sc, odd, b.qadam_bufs()).unwrap_err();
+    assert!(e.to_string().contains("offset 3"), "{e}");
+    let late = QAdamRng {
+        offset: u32::MAX - 1,
+        ..rng
+    };
+    let e = launch_qadam(&dev, spec, &sc, late, b.qadam_bufs()).unwrap_err();
+    assert!(e.to_string().contains("within u32"), "{e}");
+    let e = launch_qadam(&dev, spec.staged(), &sc, rng, b.qadam_bufs()).unwrap_err();
+    assert!(e.to_string().contains("plain Philox"), "{e}");
+    let mut b = Bufs::qadam(384, spec);
+    b.params.truncate(4 * 300);
+    let e = launch_qadam(&dev, spec, &sc, rng, b.qadam_bufs()).unwrap_err();
+    assert!(e.to_string().contains("params has 1200 bytes"), "{e}");
 }

@@ -294,7 +294,12 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
                 let code_bytes = if m.bits() == 32 { 4 * codes } else { codes };
                 code_bytes + 4 * scales
             };
-            2 * n * s.dtype.size_bytes() + moment(s.m1) + moment(s.m2)
+            // Staged: one f32 stage per quantized moment (written, then read back).
+            let stages = [s.m1, s.m2]
+                .iter()
+                .filter(|m| s.staged && m.bits() != 32)
+                .count();
+            2 * n * s.dtype.size_bytes() + moment(s.m1) + moment(s.m2) + 4 * n * stages
         }
         // Reads z (and dy for the backward); writes y (dz).
         KernelSpec::Activation(s) => {

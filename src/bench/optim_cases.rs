@@ -4,11 +4,13 @@
 //! (`qadamw_nf4_dyn4_nz_eden_f32`), each against the 32-bit step itself (`adamw32`) and a memcpy
 //! of the bytes the step touches (`memcpy`).
 //!
-//! Each case launches the library kernel directly on preallocated buffers: parameters in
-//! `±0.02` (an initialisation scale), gradients of standard deviation about `1e-3` (uniform in
-//! `±`[`GRAD_SCALE`]), and moments that start at zero and are filled by [`WARMUP_STEPS`] steps
-//! on the untimed warm-up call. Every timed run is one more step on the same buffers with the
-//! scalars of step `WARMUP_STEPS + 1`, so no allocation is timed.
+//! Each case runs on preallocated buffers: parameters in `±0.02` (an initialisation scale),
+//! gradients of standard deviation about `1e-3` (uniform in `±`[`GRAD_SCALE`]), and moments
+//! that start at zero and are filled by [`WARMUP_STEPS`] steps on the untimed warm-up call.
+//! Every timed run is one more step on the same buffers with the scalars of step
+//! `WARMUP_STEPS + 1`. `adamw32` launches its kernel; the quantized steps go through the
+//! runtime's launchers (`ops::launch_adam8`, `ops::launch_qadam`), which on a CPU device run the
+//! staged kernels over 512 Ki-element chunks and allocate their workspace in the timed call.
 //!
 //! Bytes per case ([`bytes_per_step`]) count each buffer the step touches once, as
 //! `KernelSpec::Optim`'s `bytes_moved` does (the memcpy baseline reads and writes that many):
@@ -23,7 +25,7 @@ use qforge_ir::library::{
     OPTIM_BLOCKSIZE,
 };
 use qforge_ir::{Arg, DType, Kernel, Scalar};
-use qforge_runtime::ops::{launch_adam8, Adam8Buffers};
+use qforge_runtime::ops::{launch_adam8, launch_qadam, Adam8Buffers, QAdamBuffers, QAdamRng};
 use qforge_runtime::Device;
 
 use super::baselines::{memcpy_baseline, pseudo_random};
@@ -177,6 +179,10 @@ enum Launch {
     /// The runtime's 8-bit step ([`qforge_runtime::ops::launch_adam8`]): on a CPU device the
     /// staged kernel over chunks with a bounded workspace, as `adam_step_8bit` runs it.
     Adam8(OptimSpec),
+    /// The runtime's quantized-AdamW step ([`qforge_runtime::ops::launch_qadam`], seed 0,
+    /// parameter id 0) with the scalars of one step: on a CPU device the staged kernel over
+    /// chunks, as `qadamw_step` runs it.
+    QAdam(QAdamSpec, QAdamScalars),
 }
 
 /// One optimizer's kernel and buffers.
@@ -238,36 +244,27 @@ impl Step {
     /// Builds a quantized-AdamW kernel and its buffers (the reference's initial state), then
     /// runs [`WARMUP_STEPS`] steps (seed 0, parameter id 0).
     fn prepare_qadam(dev: &dyn Device, spec: QAdamSpec, n: usize) -> Result<Step> {
-        let kernel = spec.build()?;
         let params = f32_bytes(pseudo_random(n, 10).into_iter().map(|v| v * PARAM_SCALE));
         let grads = f32_bytes(pseudo_random(n, 11).into_iter().map(|v| v * GRAD_SCALE));
-        let n32 = u32::try_from(n)
-            .map_err(|_| crate::error::Error::Usage(format!("bench: {n} parameters exceed u32")))?;
         let mut state = Vec::new();
         for s in [spec.m1, spec.m2] {
             let (codes, absmax) = s.initial_state(n);
             state.push(codes);
-            if s != MomentScheme::Fp32 {
-                state.push(f32_bytes(absmax.into_iter()));
-            }
+            state.push(f32_bytes(absmax.into_iter()));
         }
-        let scalars_of = |t: u32| -> Result<Vec<Scalar>> {
-            let mut s = spec.sizes(n32).args().to_vec();
-            s.extend(QAdamScalars::new(&hyper(), t)?.kernel_args(0, 0, 0));
-            Ok(s)
-        };
         let mut step = Step {
-            launch: Launch::Kernel(kernel),
+            launch: Launch::QAdam(spec, QAdamScalars::new(&hyper(), 1)?),
             scalars: Vec::new(),
             params,
             grads,
             state,
         };
-        for t in 1..=WARMUP_STEPS {
-            step.scalars = scalars_of(t)?;
-            step.launch(dev)?;
+        for t in 1..=WARMUP_STEPS + 1 {
+            step.launch = Launch::QAdam(spec, QAdamScalars::new(&hyper(), t)?);
+            if t <= WARMUP_STEPS {
+                step.launch(dev)?;
+            }
         }
-        step.scalars = scalars_of(WARMUP_STEPS + 1)?;
         Ok(step)
     }
 
@@ -291,6 +288,23 @@ impl Step {
                 };
                 // The scalars after `n` and `n_blocks`.
                 launch_adam8(dev, *spec, &self.scalars[2..], &[], bufs)?;
+                return Ok(());
+            }
+            Launch::QAdam(spec, scalars) => {
+                let [c1, a1, c2, a2] = &mut self.state[..] else {
+                    return Err(crate::error::Error::Usage(
+                        "bench: a quantized step needs four state buffers".into(),
+                    ));
+                };
+                let bufs = QAdamBuffers {
+                    params: &mut self.params,
+                    grads: &self.grads,
+                    m1_codes: c1,
+                    m1_absmax: a1,
+                    m2_codes: c2,
+                    m2_absmax: a2,
+                };
+                launch_qadam(dev, *spec, scalars, QAdamRng::default(), bufs)?;
                 return Ok(());
             }
         };

@@ -340,6 +340,17 @@ fn qadam_catalog() -> Vec<QAdamSpec> {
         MomentScheme::Dyn4Nz,
         DType::F32,
     ));
+    // The staged forms: both recipes, the 8-bit pair, SR in both moments' value spaces, and an
+    // f32 first moment (no stage for it).
+    for (m1, m2, dtype) in [
+        (MomentScheme::Nf4, MomentScheme::Dyn4Sr, DType::F32),
+        (MomentScheme::Nf4, MomentScheme::Dyn4NzEden, DType::BF16),
+        (MomentScheme::Linear8, MomentScheme::Linear8, DType::F32),
+        (MomentScheme::Nf4Sr, MomentScheme::Dyn4Nz, DType::F32),
+        (MomentScheme::Fp32, MomentScheme::Dyn4Sr, DType::F32),
+    ] {
+        out.push(QAdamSpec::new(m1, m2, dtype).staged());
+    }
     out
 }
 
@@ -847,8 +858,9 @@ mod tests {
                 + 2
                 + 6
                 + 4
-                // Staged 8-bit Adam / AdamW (4 plain, 2 `_gs`).
+                // Staged 8-bit Adam / AdamW (4 plain, 2 `_gs`), staged quantized AdamW.
                 + 6
+                + 5
         );
         let mut names = std::collections::HashSet::new();
         let values = [

@@ -26,7 +26,9 @@
 //! (no branch, so a vectorizing backend can take it whole) updates the parameter (selecting the
 //! old value where the gradient is not finite) and requantizes the moments exactly as
 //! [`crate::library::blockwise8`] does (`x * (1 / max(absmax, 1e-38))`, exact nearest code in
-//! O(1) by [`crate::library::nearest`], ties to the lower code).
+//! O(1) by [`crate::library::nearest`], ties to the lower code). The staged form
+//! ([`crate::library::optim_staged`]) keeps the first pass's moments in two `f32` workspace
+//! buffers instead of recomputing them (same bits; what the runtime runs on CPUs).
 //!
 //! The `_gs` variants ([`crate::library::optim_ext`]) add `gnorm_scale` (and, for 32-bit state,
 //! `skip_zeros`) scalars after the others: `g` is multiplied by `gnorm_scale` first, and a skipped

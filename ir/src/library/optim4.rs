@@ -31,7 +31,9 @@
 //! moment `k` in 1, 2: `m{k}: f32[n]` (fp32), or `m{k}_code: u8[n_packed]` and
 //! `m{k}_absmax: f32[n_blocks{k}]` (4-bit), or `m{k}_code: i8[n]` and `m{k}_absmax:
 //! f32[n_blocks{k}]` (8-bit), all readwrite; then, with [`UniformSource::Buffer`] only,
-//! `m{k}_uniform: f32[n] read` for each stochastically rounded moment `k`)`. Grid `n_items`.
+//! `m{k}_uniform: f32[n] read` for each stochastically rounded moment `k`; then, in the staged
+//! form ([`QAdamSpec::staged`]), `m{k}_stage: f32[n] readwrite` for each quantized moment `k`
+//! (contents on entry never read; on exit the updated values))`. Grid `n_items`.
 //!
 //! # Random bits
 //! A stochastically rounded element `e` of moment `k`, at `i = offset + e` in the whole tensor,
@@ -78,6 +80,11 @@ pub struct QAdamSpec {
     pub dtype: DType,
     /// Where stochastic rounding draws its uniforms.
     pub uniforms: UniformSource,
+    /// The staged form: pass 1 also stores each quantized moment's updated values in a
+    /// workspace buffer `m{k}_stage: f32[n] readwrite` (after the other parameters), and the
+    /// absmax, EDEN and code passes read them back instead of decoding and updating the moment
+    /// again. Same bits as the plain kernel; what the runtime runs on CPUs.
+    pub staged: bool,
 }
 
 impl QAdamSpec {
@@ -88,17 +95,30 @@ impl QAdamSpec {
             m2,
             dtype,
             uniforms: UniformSource::Philox,
+            staged: false,
         }
     }
 
-    /// The kernel name, e.g. `qadamw_nf4_dyn4_sr_f32` (`_ubuf` appended for
-    /// [`UniformSource::Buffer`]).
+    /// This spec in the staged form ([`QAdamSpec::staged`]).
+    pub fn staged(self) -> QAdamSpec {
+        QAdamSpec {
+            staged: true,
+            ..self
+        }
+    }
+
+    /// The kernel name, e.g. `qadamw_nf4_dyn4_sr_f32` (`_staged` appended for the staged form,
+    /// then `_ubuf` for [`UniformSource::Buffer`]).
     pub fn name(&self) -> String {
+        let staged = if self.staged { "_staged" } else { "" };
         let tail = match self.uniforms {
             UniformSource::Philox => "",
             UniformSource::Buffer => "_ubuf",
         };
-        format!("qadamw_{}_{}_{}{tail}", self.m1, self.m2, self.dtype)
+        format!(
+            "qadamw_{}_{}_{}{staged}{tail}",
+            self.m1, self.m2, self.dtype
+        )
     }
 
     /// Elements per work item: 256 when a moment is 8-bit linear, else 128.
@@ -165,6 +185,8 @@ struct Moment {
     uniform: Option<ParamId>,
     table: Option<TableId>,
     n_blocks: ParamId,
+    /// The staged form's workspace of the updated values.
+    stage: Option<ParamId>,
 }
 
 /// Values every element computation reads.
@@ -230,6 +252,7 @@ fn declare_moment(
         uniform: None,
         table,
         n_blocks,
+        stage: None,
     }
 }
 
@@ -324,7 +347,8 @@ fn update(
 }
 
 /// The updated value of moment `m` (`which` = 1 or 2) of element `e` alone (the store passes
-/// need one moment; same bits as [`update`]); `byte` as for [`load_moment`].
+/// need one moment; same bits as [`update`]), read back from the stage in the staged form;
+/// `byte` as for [`load_moment`].
 fn moment_value(
     b: &mut KernelBuilder,
     cx: &Ctx,
@@ -333,6 +357,9 @@ fn moment_value(
     e: Value,
     byte: Option<Value>,
 ) -> Value {
+    if let Some(stage) = m.stage {
+        return b.load(stage, e);
+    }
     let g = b.load(cx.g, e);
     let prev = load_moment(b, cx, m, old, e, byte);
     let new = if m.which == 1 {
@@ -455,6 +482,14 @@ fn build(spec: &QAdamSpec) -> Result<Kernel> {
             }
         }
     }
+    if spec.staged {
+        for m in [&mut m1, &mut m2] {
+            if m.scheme != MomentScheme::Fp32 {
+                let name = format!("m{}_stage", m.which);
+                m.stage = Some(b.buffer_param(&name, DType::F32, &shape, Access::ReadWrite));
+            }
+        }
+    }
     b.set_grid(Dim::Param(n_items));
     let f: Vec<Value> = fs.iter().map(|p| b.param(*p)).collect();
     let (decay, neg_step, sqrt_c2, eps, c2) = (f[2], f[3], f[4], f[5], f[6]);
@@ -479,12 +514,16 @@ fn build(spec: &QAdamSpec) -> Result<Kernel> {
     let ms = (&m1, &m2);
     let olds = (old1.as_slice(), old2.as_slice());
 
-    // Pass 1: the parameters (and the f32 moments, stored in place).
+    // Pass 1: the parameters (and the f32 moments, stored in place; staged, the quantized
+    // moments' values too).
     b.for_range(start, end, 1, |b, e| {
         let [finite, v1, v2] = update(b, &cx, ms, olds, e);
         for (m, v) in [(&m1, v1), (&m2, v2)] {
             if m.scheme == MomentScheme::Fp32 {
                 b.store(m.state, e, v);
+            }
+            if let Some(stage) = m.stage {
+                b.store(stage, e, v);
             }
         }
         // Straight-line (a vectorizing backend takes the loop whole): a non-finite gradient

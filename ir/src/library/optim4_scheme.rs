@@ -415,5 +415,13 @@ pub(crate) fn example_args(
             }
         }
     }
+    // Staged: the workspace of each quantized moment, filled with NaN the kernel must not read.
+    if spec.staged {
+        for scheme in [spec.m1, spec.m2] {
+            if scheme != MomentScheme::Fp32 {
+                args.push(OwnedArg::Write(float_bytes(DType::F32, &vec![f32::NAN; n])));
+            }
+        }
+    }
     Ok(args)
 }

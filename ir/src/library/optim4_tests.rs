@@ -333,6 +333,14 @@ fn check(spec: QAdamSpec, n: usize, steps: u32) {
                 }
             }
         }
+        // Staged: each quantized moment's workspace, stale NaN the kernel must not read.
+        if spec.staged {
+            for m in [spec.m1, spec.m2] {
+                if m != S::Fp32 {
+                    args.push(OwnedArg::Write(bytes(DType::F32, &vec![f32::NAN; n])));
+                }
+            }
+        }
         run(&kernel, &mut args);
         let u1 = move |e: usize| uni(e, t, 1);
         let u2 = move |e: usize| uni(e, t, 2);
@@ -395,8 +403,27 @@ fn library_optim4_kernels_match_host_model() {
             m2,
             dtype: DType::F32,
             uniforms: UniformSource::Buffer,
+            staged: false,
         };
         check(spec, 640, 3);
+    }
+}
+
+#[test]
+fn library_optim4_staged_kernels_match_host_model() {
+    for (m1, m2) in recipes() {
+        let spec = QAdamSpec {
+            m1,
+            m2,
+            dtype: DType::F32,
+            uniforms: UniformSource::Buffer,
+            staged: true,
+        };
+        assert!(spec.name().ends_with("_staged_ubuf"), "{}", spec.name());
+        check(spec, 640, 3);
+    }
+    for (m1, m2) in [(S::Nf4, S::Dyn4Sr), (S::Nf4Sr, S::Dyn4NzEden)] {
+        check(QAdamSpec::new(m1, m2, DType::BF16).staged(), 301, 2);
     }
 }
 

@@ -12,11 +12,11 @@
 //! `f32` store and load each, which a work item's block (256 elements, 2 KiB of stage) keeps in
 //! the data cache.
 //!
-//! Parameters: the plain kernel's ([`OptimSpec::build`], [`OptimSpec::build_ext`] for `_gs`),
-//! then `m_stage: f32[n] readwrite` and `v_stage: f32[n] readwrite`. Their contents on entry are
-//! never read; on exit they hold the updated moments before requantization (`+0.0` for both
-//! where the gradient is not finite). The runtime launches the kernel over chunks of the
-//! parameter with one reused workspace, so the stage stays small.
+//! Parameters: the plain kernel's ([`OptimSpec::build`]; `_gs` adds `gnorm_scale` after its
+//! scalars), then `m_stage: f32[n] readwrite` and `v_stage: f32[n] readwrite`. Their contents on
+//! entry are never read; on exit they hold the updated moments before requantization (`+0.0`
+//! for both where the gradient is not finite). The runtime launches the kernel over chunks of
+//! the parameter with one reused workspace, so the stage stays small.
 
 use crate::args::OwnedArg;
 use crate::error::{Error, Result};

@@ -37,6 +37,7 @@ mod matmul4;
 mod optim;
 mod optim1;
 mod optim4;
+mod optim4_launch;
 mod optim_ademamix;
 mod optim_clip;
 mod optim_norm;
@@ -66,6 +67,7 @@ pub use optim::{adam_step_32bit_opts, adam_step_8bit_opts, GradOptions};
 pub use optim1::{optim1_step_32bit, optim1_step_8bit, Optim1State8};
 pub use optim1::{optim1_step_32bit_opts, optim1_step_8bit_opts};
 pub use optim4::{qadamw_step, MomentState, QAdamRng, QAdamState};
+pub use optim4_launch::{launch_qadam, QAdamBuffers};
 pub use optim_ademamix::{
     ademamix_step_32bit, ademamix_step_8bit, AdemamixState32, AdemamixState8,
 };

@@ -3,9 +3,9 @@
 //! [`qforge_ir::library::optim4`] and `docs/optimizers.md` ("4-bit AdamW").
 
 use qforge_ir::library::{AdamHyper, MomentScheme, QAdamScalars, QAdamSpec};
-use qforge_ir::Arg;
 
-use super::{cached_kernel, f32_le, le_f32};
+use super::optim4_launch::{launch_qadam, QAdamBuffers};
+use super::{f32_le, le_f32};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
@@ -119,7 +119,8 @@ pub struct QAdamRng {
 /// One quantized-AdamW step (step number `step`, 1-based) in place on `params` and `state`.
 /// Gradient elements that are NaN or ±inf zero that element's moments and leave its parameter
 /// unchanged. A quantized moment needs `n` to be a multiple of its block (the small-tensor rule
-/// of [`QAdamState::new`] guarantees it).
+/// of [`QAdamState::new`] guarantees it). CPU devices run the staged kernel in chunks
+/// ([`launch_qadam`]; the same bits).
 ///
 /// # Errors
 /// [`Error::Invalid`] for an empty or non-float parameter, a gradient of another dtype or shape,
@@ -154,31 +155,18 @@ pub fn qadamw_step(
         }
     }
     let spec = QAdamSpec::new(state.m1.scheme, state.m2.scheme, params.dtype);
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
     let scalars = QAdamScalars::new(hyper, step)?;
     let mut a1 = f32_le(&state.m1.absmax);
     let mut a2 = f32_le(&state.m2.absmax);
-    let mut args: Vec<Arg> = spec.sizes(n).args().into_iter().map(Arg::Scalar).collect();
-    args.extend(
-        scalars
-            .kernel_args(rng.seed, rng.param_id, rng.offset)
-            .into_iter()
-            .map(Arg::Scalar),
-    );
-    args.push(Arg::Write(&mut params.data));
-    args.push(Arg::Read(&grads.data));
-    let quantized1 = state.m1.scheme != MomentScheme::Fp32;
-    let quantized2 = state.m2.scheme != MomentScheme::Fp32;
-    args.push(Arg::Write(&mut state.m1.codes));
-    if quantized1 {
-        args.push(Arg::Write(&mut a1));
-    }
-    args.push(Arg::Write(&mut state.m2.codes));
-    if quantized2 {
-        args.push(Arg::Write(&mut a2));
-    }
-    dev.launch(&kernel, &mut args)?;
-    drop(args);
+    let bufs = QAdamBuffers {
+        params: &mut params.data,
+        grads: &grads.data,
+        m1_codes: &mut state.m1.codes,
+        m1_absmax: &mut a1,
+        m2_codes: &mut state.m2.codes,
+        m2_absmax: &mut a2,
+    };
+    launch_qadam(dev, spec, &scalars, rng, bufs)?;
     state.m1.absmax = le_f32(&a1);
     state.m2.absmax = le_f32(&a2);
     Ok(())

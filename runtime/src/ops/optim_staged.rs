@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 pub const STAGE_CHUNK: usize = 512 * 1024;
 
 /// Whether `dev` runs the staged form: the CPU backends and the interpreter.
-fn stages(dev: &dyn Device) -> bool {
+pub(super) fn stages(dev: &dyn Device) -> bool {
     matches!(DeviceCaps::of(dev), DeviceCaps::Cpu { .. })
 }
 
