@@ -188,7 +188,9 @@ enum Launch {
 /// One optimizer's kernel and buffers.
 struct Step {
     launch: Launch,
-    /// `n`, `n_blocks` and the hyperparameter scalars of the timed step.
+    /// The scalars of the timed step: for [`Launch::Kernel`] all of them (`n`, `n_blocks` and
+    /// the hyperparameters), for [`Launch::Adam8`] the hyperparameters; unused by
+    /// [`Launch::QAdam`], which holds its own.
     scalars: Vec<Scalar>,
     params: Vec<u8>,
     grads: Vec<u8>,
@@ -221,8 +223,13 @@ impl Step {
                 vec![0u8; 4 * n_blocks],
             ],
         };
+        // `n` and `n_blocks` first for a kernel launched directly; `launch_adam8` takes the rest.
+        let sizes = match state {
+            StateBits::Bits32 => vec![Scalar::U32(n as u32), Scalar::U32(n_blocks as u32)],
+            StateBits::Bits8 => Vec::new(),
+        };
         let scalars_of = |t: u32| -> Result<Vec<Scalar>> {
-            let mut s = vec![Scalar::U32(n as u32), Scalar::U32(n_blocks as u32)];
+            let mut s = sizes.clone();
             s.extend(hyper().scalars(&spec, t)?.kernel_args(&spec));
             Ok(s)
         };
@@ -259,12 +266,11 @@ impl Step {
             grads,
             state,
         };
-        for t in 1..=WARMUP_STEPS + 1 {
+        for t in 1..=WARMUP_STEPS {
             step.launch = Launch::QAdam(spec, QAdamScalars::new(&hyper(), t)?);
-            if t <= WARMUP_STEPS {
-                step.launch(dev)?;
-            }
+            step.launch(dev)?;
         }
+        step.launch = Launch::QAdam(spec, QAdamScalars::new(&hyper(), WARMUP_STEPS + 1)?);
         Ok(step)
     }
 
@@ -286,8 +292,7 @@ impl Step {
                     state2: s2,
                     absmax2: a2,
                 };
-                // The scalars after `n` and `n_blocks`.
-                launch_adam8(dev, *spec, &self.scalars[2..], &[], bufs)?;
+                launch_adam8(dev, *spec, &self.scalars, &[], bufs)?;
                 return Ok(());
             }
             Launch::QAdam(spec, scalars) => {

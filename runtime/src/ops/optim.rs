@@ -147,6 +147,24 @@ impl GradOptions {
     }
 }
 
+/// The extra scalars of `ext`'s `_gs` variant for `opts`: none for the defaults (the plain
+/// kernel runs).
+///
+/// # Errors
+/// [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+pub(super) fn ext_scalars(
+    op: &str,
+    ext: OptimExtSpec,
+    opts: &GradOptions,
+) -> Result<Vec<qforge_ir::Scalar>> {
+    opts.check(op)?;
+    Ok(if opts.is_default() {
+        Vec::new()
+    } else {
+        ext.ext_args(opts.gnorm_scale, opts.skip_zeros)
+    })
+}
+
 /// The kernel of `plain` (with its name) or, for non-default options, of its `_gs` variant;
 /// and the extra scalars the variant takes.
 pub(super) fn kernel_for(
@@ -155,11 +173,10 @@ pub(super) fn kernel_for(
     ext: OptimExtSpec,
     opts: &GradOptions,
 ) -> Result<(std::sync::Arc<Kernel>, Vec<qforge_ir::Scalar>)> {
-    opts.check(op)?;
-    if opts.is_default() {
-        return Ok((cached_kernel(&plain.0, plain.1)?, Vec::new()));
+    let extra = ext_scalars(op, ext, opts)?;
+    if extra.is_empty() {
+        return Ok((cached_kernel(&plain.0, plain.1)?, extra));
     }
-    let extra = ext.ext_args(opts.gnorm_scale, opts.skip_zeros);
     Ok((cached_kernel(&ext.name(), || ext.build())?, extra))
 }
 
@@ -296,12 +313,7 @@ pub fn adam_step_8bit_opts(
         skip_zeros: false,
         ..*opts
     };
-    opts.check(OP)?;
-    let extra = if opts.is_default() {
-        Vec::new()
-    } else {
-        OptimExtSpec::Adam(spec).ext_args(opts.gnorm_scale, false)
-    };
+    let extra = ext_scalars(OP, OptimExtSpec::Adam(spec), &opts)?;
     let mut a1 = f32_le(&state.absmax1);
     let mut a2 = f32_le(&state.absmax2);
     let bufs = Adam8Buffers {

@@ -125,8 +125,8 @@ pub struct QAdamRng {
 /// # Errors
 /// [`Error::Invalid`] for an empty or non-float parameter, a gradient of another dtype or shape,
 /// state of the wrong size, a quantized moment whose block does not divide `n`, an odd
-/// `rng.offset`, schemes the kernel does not take, invalid hyperparameters or step 0; any
-/// device error.
+/// `rng.offset` or one that with `n` overflows `u32`, schemes the kernel does not take, invalid
+/// hyperparameters or step 0; any device error.
 pub fn qadamw_step(
     dev: &dyn Device,
     params: &mut HostTensor,

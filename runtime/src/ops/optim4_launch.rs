@@ -1,7 +1,7 @@
 //! One quantized-AdamW step over raw buffers ([`launch_qadam`]): on CPU devices the staged
 //! kernel ([`QAdamSpec::staged`]: each quantized moment's updated values kept in an `f32`
 //! workspace instead of being decoded and updated again by the absmax, EDEN and code passes;
-//! the same bits, 1.2x to 1.5x faster there) over chunks of [`STAGE_CHUNK`] elements sharing one
+//! the same bits, 1.05x to 1.2x faster there) over chunks of [`STAGE_CHUNK`] elements sharing one
 //! workspace; elsewhere the plain kernel in one launch. Chunking changes nothing: every block
 //! lies in one chunk and the random bits are keyed by the element's index in the whole
 //! parameter (`offset`).
@@ -96,17 +96,27 @@ pub fn launch_qadam(
         ("params", bufs.params.len(), n * es),
         ("grads", bufs.grads.len(), n * es),
     ];
-    for (which, s, codes, absmax) in [
-        ("m1", spec.m1, &bufs.m1_codes, &bufs.m1_absmax),
-        ("m2", spec.m2, &bufs.m2_codes, &bufs.m2_absmax),
+    for (names, s, codes, absmax) in [
+        (
+            ["m1_codes", "m1_absmax"],
+            spec.m1,
+            &bufs.m1_codes,
+            &bufs.m1_absmax,
+        ),
+        (
+            ["m2_codes", "m2_absmax"],
+            spec.m2,
+            &bufs.m2_codes,
+            &bufs.m2_absmax,
+        ),
     ] {
-        lens.push((which, codes.len(), code_bytes(s, &all).len()));
-        lens.push((which, absmax.len(), absmax_bytes(s, &all).len()));
+        lens.push((names[0], codes.len(), code_bytes(s, &all).len()));
+        lens.push((names[1], absmax.len(), absmax_bytes(s, &all).len()));
     }
     for (what, got, want) in lens {
         if got != want {
             return Err(Error::Invalid(format!(
-                "{OP}: a buffer of {what} has {got} bytes, {n} elements of {} need {want}",
+                "{OP}: {what} has {got} bytes, {n} elements of {} need {want}",
                 spec.name()
             )));
         }

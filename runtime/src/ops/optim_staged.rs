@@ -9,7 +9,6 @@
 use qforge_ir::library::{OptimExtSpec, OptimSpec, OptimStagedSpec, StateBits, OPTIM_BLOCKSIZE};
 use qforge_ir::{Arg, Scalar};
 
-use super::matmul4::DeviceCaps;
 use super::{cached_kernel, scalar_u32};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -18,9 +17,14 @@ use crate::error::{Error, Result};
 /// stages) is at most 4 MiB, as `OptimizerOptions::workspace_elems`' default chunk.
 pub const STAGE_CHUNK: usize = 512 * 1024;
 
-/// Whether `dev` runs the staged form: the CPU backends and the interpreter.
+// Chunks must not split a block (256 for 8-bit state and 8-bit linear moments, 128 for 4-bit)
+// and must start on an even element (one Philox call per element pair).
+const _: () = assert!(STAGE_CHUNK.is_multiple_of(256));
+
+/// Whether `dev` runs the staged form: every backend but the GPU ones (`ptx`, `wgsl`), as
+/// `ops::DeviceCaps::of` tells CPUs from GPUs.
 pub(super) fn stages(dev: &dyn Device) -> bool {
-    matches!(DeviceCaps::of(dev), DeviceCaps::Cpu { .. })
+    !matches!(dev.backend(), "ptx" | "wgsl")
 }
 
 /// The buffers of one 8-bit Adam / AdamW step as the kernels take them (little-endian bytes):
@@ -44,7 +48,8 @@ pub struct Adam8Buffers<'a> {
 
 /// Launches one 8-bit Adam / AdamW step of `spec` on `bufs`, as [`super::adam_step_8bit_opts`]
 /// does: the staged kernel over chunks of [`STAGE_CHUNK`] elements on CPU devices, the plain
-/// kernel (`adam{,w}8bit_{dtype}`) in one launch elsewhere. `scalars` are
+/// kernel (`adam{,w}8bit_{dtype}`, or its `_gs` variant when `extra` is not empty) in one launch
+/// elsewhere. `scalars` are
 /// [`qforge_ir::library::AdamScalars::kernel_args`]; `extra` the `_gs` scalars
 /// ([`qforge_ir::library::OptimExtSpec::ext_args`]: `gnorm_scale`), empty for the plain kernel.
 ///
