@@ -395,30 +395,28 @@ fn recipes() -> Vec<(S, S)> {
     ]
 }
 
+/// An f32 recipe with buffer uniforms, plain or staged.
+fn buffer_spec(m1: S, m2: S, staged: bool) -> QAdamSpec {
+    QAdamSpec {
+        m1,
+        m2,
+        dtype: DType::F32,
+        uniforms: UniformSource::Buffer,
+        staged,
+    }
+}
+
 #[test]
 fn library_optim4_kernels_match_host_model() {
     for (m1, m2) in recipes() {
-        let spec = QAdamSpec {
-            m1,
-            m2,
-            dtype: DType::F32,
-            uniforms: UniformSource::Buffer,
-            staged: false,
-        };
-        check(spec, 640, 3);
+        check(buffer_spec(m1, m2, false), 640, 3);
     }
 }
 
 #[test]
 fn library_optim4_staged_kernels_match_host_model() {
     for (m1, m2) in recipes() {
-        let spec = QAdamSpec {
-            m1,
-            m2,
-            dtype: DType::F32,
-            uniforms: UniformSource::Buffer,
-            staged: true,
-        };
+        let spec = buffer_spec(m1, m2, true);
         assert!(spec.name().ends_with("_staged_ubuf"), "{}", spec.name());
         check(spec, 640, 3);
     }
