@@ -5,8 +5,9 @@ use qforge_runtime::{CpuDevice, Device, InterpreterDevice};
 use crate::error::{Error, Result};
 
 /// Device names accepted by `--device` in this build: `cpu` (Cranelift), `interpreter`, and with
-/// their features `cpu-llvm` (LLVM), `wgpu` (the first wgpu adapter, WGSL backend) and `cuda`
-/// (GPU 0 through the CUDA driver, PTX backend).
+/// their features `cpu-llvm` (LLVM), `wgpu` (the first wgpu adapter, WGSL backend), `cuda`
+/// (GPU 0 through the CUDA driver, PTX backend) and `stablehlo` (the StableHLO reference
+/// interpreter through jaxlib).
 pub const DEVICE_NAMES: &[&str] = &[
     "cpu",
     "interpreter",
@@ -16,6 +17,8 @@ pub const DEVICE_NAMES: &[&str] = &[
     "wgpu",
     #[cfg(feature = "cuda")]
     "cuda",
+    #[cfg(feature = "stablehlo")]
+    "stablehlo",
 ];
 
 /// The device called `name` (`cpu`: Cranelift JIT on all cores; `interpreter`: the reference;
@@ -33,12 +36,19 @@ pub fn device_by_name(name: &str) -> Result<Box<dyn Device>> {
         "wgpu" => Ok(Box::new(qforge_runtime::WgpuDevice::new()?)),
         #[cfg(feature = "cuda")]
         "cuda" => Ok(Box::new(qforge_runtime::CudaDevice::new()?)),
+        #[cfg(feature = "stablehlo")]
+        "stablehlo" => Ok(Box::new(qforge_runtime::StableHloDevice::new()?)),
         other => {
-            let missing: Vec<String> = [("cpu-llvm", "llvm"), ("wgpu", "wgpu"), ("cuda", "cuda")]
-                .iter()
-                .filter(|(d, _)| !DEVICE_NAMES.contains(d))
-                .map(|(d, f)| format!("{d} needs `--features {f}`"))
-                .collect();
+            let missing: Vec<String> = [
+                ("cpu-llvm", "llvm"),
+                ("wgpu", "wgpu"),
+                ("cuda", "cuda"),
+                ("stablehlo", "stablehlo"),
+            ]
+            .iter()
+            .filter(|(d, _)| !DEVICE_NAMES.contains(d))
+            .map(|(d, f)| format!("{d} needs `--features {f}`"))
+            .collect();
             let hint = if missing.is_empty() {
                 String::new()
             } else {
@@ -94,6 +104,14 @@ pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
         Ok(cuda) => devices.push(Box::new(cuda)),
         Err(e) => unavailable.push(Unavailable {
             backend: qforge_codegen::ptx::BACKEND,
+            reason: e.to_string(),
+        }),
+    }
+    #[cfg(feature = "stablehlo")]
+    match qforge_runtime::StableHloDevice::new() {
+        Ok(d) => devices.push(Box::new(d)),
+        Err(e) => unavailable.push(Unavailable {
+            backend: qforge_codegen::stablehlo::BACKEND,
             reason: e.to_string(),
         }),
     }

@@ -9,6 +9,7 @@ mod error;
 pub mod llvm;
 pub mod ptx;
 mod running;
+pub mod stablehlo;
 pub mod wgsl;
 
 pub use backend::Backend;

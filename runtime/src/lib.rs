@@ -11,6 +11,8 @@ mod device;
 mod error;
 pub mod ops;
 pub mod optim;
+#[cfg(feature = "stablehlo")]
+mod stablehlo;
 mod tensor;
 #[cfg(feature = "wgpu")]
 mod wgpu;
@@ -22,4 +24,6 @@ pub use cpu::{CpuDevice, CpuOptions};
 pub use cuda::CudaDevice;
 pub use device::{Device, InterpreterDevice};
 pub use error::{Error, Result};
+#[cfg(feature = "stablehlo")]
+pub use stablehlo::StableHloDevice;
 pub use tensor::{bytes_f32, f32_bytes, HostTensor};

@@ -132,6 +132,12 @@ fn codegen_only(
             time(&|| qforge_codegen::wgsl::WgslBackend.emit_text(kernel)),
         ));
     }
+    if !has_device(qforge_codegen::stablehlo::BACKEND) {
+        rows.push((
+            qforge_codegen::stablehlo::BACKEND,
+            time(&|| qforge_codegen::stablehlo::StableHloBackend.emit_text(kernel)),
+        ));
+    }
     rows
 }
 
@@ -140,6 +146,7 @@ fn built_in(backend: &str) -> bool {
     let device = match backend {
         "ptx" => "cuda",
         "wgsl" => "wgpu",
+        "stablehlo" => "stablehlo",
         _ => return false,
     };
     crate::devices::DEVICE_NAMES.contains(&device)

@@ -1,0 +1,240 @@
+//! The `stablehlo` device: runs the StableHLO backend's modules with the StableHLO reference
+//! interpreter (`stablehlo.eval_module` of jaxlib's MLIR bindings) in one Python process that
+//! lives as long as the device.
+//!
+//! Each launch binds the arguments, lowers the kernel for exactly those shapes
+//! (`qforge_codegen::stablehlo::lower`), writes the module and the raw argument bytes to a fresh
+//! temporary folder, asks the runner (`scripts/stablehlo_runner.py`) to evaluate it, and copies
+//! the results into the writable arguments. The reference interpreter computes with IEEE
+//! semantics and keeps subnormals, so this device is bit-exact; it is slow (an interpreter),
+//! meant for conformance, not speed.
+//!
+//! The Python interpreter is `QFORGE_STABLEHLO_PYTHON` when set, else
+//! `target/stablehlo-venv/bin/python` of this workspace, which `scripts/install-stablehlo.sh`
+//! creates (jax and jaxlib from PyPI).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use qforge_codegen::stablehlo::{lower, Shapes, BACKEND};
+use qforge_ir::{Arg, Kernel, ParamKind};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+const NAME: &str = "stablehlo";
+const RUNNER: &str = include_str!("../../scripts/stablehlo_runner.py");
+
+/// The device (see the module docs).
+pub struct StableHloDevice {
+    runner: Mutex<Runner>,
+}
+
+/// Numbers the launch folders of every device in this process.
+static NEXT_FOLDER: AtomicU64 = AtomicU64::new(0);
+
+struct Runner {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn device_error(message: String) -> Error {
+    Error::Device {
+        device: NAME.into(),
+        message,
+    }
+}
+
+/// The Python that runs the runner: `QFORGE_STABLEHLO_PYTHON`, or the workspace's venv.
+fn python() -> PathBuf {
+    match std::env::var_os("QFORGE_STABLEHLO_PYTHON") {
+        Some(p) => PathBuf::from(p),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/stablehlo-venv/bin/python"),
+    }
+}
+
+impl StableHloDevice {
+    /// Starts the runner.
+    ///
+    /// # Errors
+    /// [`Error::Device`] when the Python interpreter is missing or cannot import jax's MLIR
+    /// bindings (run `scripts/install-stablehlo.sh`), with its message.
+    pub fn new() -> Result<StableHloDevice> {
+        let py = python();
+        if !py.exists() {
+            return Err(device_error(format!(
+                "no Python at {} (run scripts/install-stablehlo.sh, or set QFORGE_STABLEHLO_PYTHON)",
+                py.display()
+            )));
+        }
+        let mut child = Command::new(&py)
+            .arg("-u")
+            .arg("-c")
+            .arg(RUNNER)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| device_error(format!("cannot start {}: {e}", py.display())))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(device_error("the runner has no pipes".into()));
+        };
+        let mut runner = Runner {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+        };
+        let mut first = String::new();
+        let _ = runner.stdout.read_line(&mut first);
+        if first.trim() != "ready" {
+            let mut err = String::new();
+            if let Some(mut e) = runner.child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            let last: Vec<&str> = err.lines().rev().take(3).collect();
+            return Err(device_error(format!(
+                "the StableHLO runner ({}) did not start: {}",
+                py.display(),
+                last.into_iter().rev().collect::<Vec<_>>().join(" | ")
+            )));
+        }
+        Ok(StableHloDevice {
+            runner: Mutex::new(runner),
+        })
+    }
+
+    fn folder(&self) -> Result<PathBuf> {
+        let n = NEXT_FOLDER.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("qforge-stablehlo-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| device_error(format!("cannot create {}: {e}", dir.display())))?;
+        Ok(dir)
+    }
+
+    fn request(&self, kernel: &Kernel, dir: &Path, args: &str) -> Result<()> {
+        let req = format!(
+            "{{\"dir\": {}, \"args\": {args}}}\n",
+            json_string(&dir.to_string_lossy())
+        );
+        let mut runner = self
+            .runner
+            .lock()
+            .map_err(|_| device_error("the runner lock is poisoned".into()))?;
+        runner
+            .stdin
+            .write_all(req.as_bytes())
+            .and_then(|_| runner.stdin.flush())
+            .map_err(|e| device_error(format!("the runner stopped: {e}")))?;
+        let mut answer = String::new();
+        runner
+            .stdout
+            .read_line(&mut answer)
+            .map_err(|e| device_error(format!("the runner stopped: {e}")))?;
+        match answer.trim() {
+            "ok" => Ok(()),
+            "" => Err(device_error("the runner stopped".into())),
+            other => Err(device_error(format!("{}: {other}", kernel.name))),
+        }
+    }
+}
+
+/// A JSON string literal.
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+impl Device for StableHloDevice {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn compile(&self, kernel: &Kernel) -> Result<()> {
+        Ok(qforge_ir::verify(kernel)?)
+    }
+
+    fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
+        let binding = qforge_ir::bind(kernel, args)?;
+        if binding.grid == 0 {
+            return Ok(());
+        }
+        let shapes = Shapes {
+            grid: binding.grid,
+            elements: binding.elements.clone(),
+        };
+        let module = lower(kernel, &shapes)?;
+        let dir = self.folder()?;
+        let result = (|| {
+            let io = |e: std::io::Error| device_error(format!("{}: {e}", dir.display()));
+            std::fs::write(dir.join("module.mlir"), module).map_err(io)?;
+            let mut list = Vec::new();
+            for (i, ((_, p), arg)) in kernel.params.iter().zip(args.iter()).enumerate() {
+                match (&p.kind, arg) {
+                    (ParamKind::Buffer { dtype, .. }, Arg::Read(b)) => {
+                        std::fs::write(dir.join(format!("in{i}.bin")), b).map_err(io)?;
+                        list.push(buffer_arg(i, dtype.size_bytes()));
+                    }
+                    (ParamKind::Buffer { dtype, .. }, Arg::Write(b)) => {
+                        std::fs::write(dir.join(format!("in{i}.bin")), &**b).map_err(io)?;
+                        list.push(buffer_arg(i, dtype.size_bytes()));
+                    }
+                    (_, Arg::Scalar(s)) => list.push(format!("{{\"value\": {}}}", s.bits())),
+                    _ => return Err(device_error(format!("{}: argument {i}", kernel.name))),
+                }
+            }
+            self.request(kernel, &dir, &format!("[{}]", list.join(", ")))?;
+            let mut k = 0;
+            for arg in args.iter_mut() {
+                if let Arg::Write(b) = arg {
+                    let out = std::fs::read(dir.join(format!("out{k}.bin"))).map_err(io)?;
+                    if out.len() != b.len() {
+                        return Err(device_error(format!(
+                            "{}: result {k} has {} bytes, expected {}",
+                            kernel.name,
+                            out.len(),
+                            b.len()
+                        )));
+                    }
+                    b.copy_from_slice(&out);
+                    k += 1;
+                }
+            }
+            Ok(())
+        })();
+        let _ = std::fs::remove_dir_all(&dir);
+        result
+    }
+}
+
+fn buffer_arg(i: usize, size: usize) -> String {
+    let dtype = match size {
+        1 => "uint8",
+        2 => "uint16",
+        _ => "uint32",
+    };
+    format!("{{\"file\": \"in{i}.bin\", \"dtype\": \"{dtype}\"}}")
+}
