@@ -2,11 +2,13 @@
 //! `snapshots/<kernel>.stablehlo.snap` (create new ones locally with
 //! `INSTA_UPDATE=always cargo test --test stablehlo`; CI never writes snapshots), every library
 //! kernel lowers deterministically, and with the `stablehlo` feature the modules run on the
-//! StableHLO reference interpreter bit for bit like qforge's interpreter: every op and rounding
-//! on edge values and random bits, and `fma` on the cases where rounding twice goes wrong.
-//! The library kernels themselves run in the shared conformance suite (`tests/conformance.rs`).
+//! StableHLO reference interpreter bit for bit like qforge's interpreter: every arithmetic,
+//! compare and conversion op with every rounding on edge values and random bits, `fma` on the
+//! cases where rounding twice goes wrong, and the control-flow, reduction and memory corners
+//! (see `control_kernel`). The library kernels themselves run in the shared conformance suite
+//! (`tests/conformance.rs`).
 
-use qforge::codegen::stablehlo::{lower, Shapes, StableHloBackend, TEXT_DIM};
+use qforge::codegen::stablehlo::{lower, Shapes, StableHloBackend, MAX_ELEMENTS, TEXT_DIM};
 use qforge::codegen::{Backend, Error};
 use qforge::ir::{library, Access, DType, Dim, Kernel, KernelBuilder, ScalarType};
 
@@ -67,6 +69,23 @@ fn shapes_that_do_not_fit_the_kernel_are_an_error() {
         Err(Error::Unsupported { backend, op }) => {
             assert_eq!(backend, "stablehlo");
             assert!(op.contains(&kernel.name), "{op}");
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    // A buffer too large for u32 indices and the spare element.
+    let mut shapes = Shapes::with_dims(&kernel, TEXT_DIM);
+    let k = shapes
+        .elements
+        .iter()
+        .position(|n| *n > 0)
+        .expect("a buffer");
+    shapes.elements[k] = MAX_ELEMENTS;
+    match lower(&kernel, &shapes) {
+        Err(Error::Unsupported { op, .. }) => {
+            assert!(
+                op.contains(&format!("parameter {k} has {MAX_ELEMENTS} elements")),
+                "{op}"
+            );
         }
         other => panic!("expected an error, got {other:?}"),
     }
@@ -207,6 +226,148 @@ fn ops_kernel() -> (Kernel, usize, usize) {
         }
     }
     (b.finish(), wf as usize, wu as usize)
+}
+
+/// Width of a work item's row of `x` in [`control_kernel`].
+const ROW: u32 = 16;
+
+/// Per work item `i`, with `lo = lo[i]`, `hi = hi[i]`, `len = len[i]` (at most [`ROW`]) and the
+/// row `x[16i .. 16i + 16]`:
+/// * a `for j in (lo..hi).step_by(3)` loop (empty when `lo >= hi`; stopping before `j + 3`
+///   passes `u32::MAX`) whose body branches on `j`: `if j % 2 == 0` counts into `c`, else `if`
+///   `j % 4 == 1` adds `j` as f32 into `a`, else stores `j` into `seen[i]`; nested assignments
+///   under masks;
+/// * `accumulate` over `len` (`Strided(4)`) of `x * x`, and over `len` (`Sequential`) of `x * c`;
+/// * every `reduce`: sums in `Sequential` and `Strided(8)` order, `max |x|` with NaN kept and
+///   skipped, all over the first `len` elements of the row;
+/// * loads of every dtype at `i`, narrowed back with an op, stored to the outputs; a lookup
+///   clamped past its table.
+///
+/// Writes `f32` results to `outf[8i..]`, `u32` results to `outu[4i..]`, and the narrow ones to
+/// their own buffers.
+fn control_kernel() -> Kernel {
+    use qforge::ir::{BinaryOp, CmpOp, NanMode, ReduceOrder, Rounding};
+    let mut b = KernelBuilder::new("stablehlo_control");
+    let n = b.scalar_param("n", ScalarType::U32);
+    let d = Dim::Param(n);
+    let lo = b.buffer_param("lo", DType::U32, &[d], Access::Read);
+    let hi = b.buffer_param("hi", DType::U32, &[d], Access::Read);
+    let lens = b.buffer_param("len", DType::U32, &[d], Access::Read);
+    let x = b.buffer_param("x", DType::F32, &[d, Dim::Const(ROW)], Access::Read);
+    let narrow: Vec<_> = [DType::F16, DType::BF16, DType::U8, DType::I8, DType::I32]
+        .iter()
+        .map(|dt| {
+            let r = b.buffer_param(&format!("in_{}", dt.name()), *dt, &[d], Access::Read);
+            let w = b.buffer_param(&format!("out_{}", dt.name()), *dt, &[d], Access::ReadWrite);
+            (*dt, r, w)
+        })
+        .collect();
+    let seen = b.buffer_param("seen", DType::U32, &[d], Access::ReadWrite);
+    let outf = b.buffer_param("outf", DType::F32, &[d, Dim::Const(8)], Access::Write);
+    let outu = b.buffer_param("outu", DType::U32, &[d, Dim::Const(4)], Access::Write);
+    b.set_grid(d);
+    let table = b.table_u32("small", &[7, 11, 13]);
+    let (cv, av, s1, s2) = (
+        b.var("c", ScalarType::U32),
+        b.var("a", ScalarType::F32),
+        b.var("s1", ScalarType::F32),
+        b.var("s2", ScalarType::F32),
+    );
+    let i = b.work_item();
+    let (lo_v, hi_v, len_v) = (b.load(lo, i), b.load(hi, i), b.load(lens, i));
+    let row = b.const_u32(ROW);
+    let base = b.mul(i, row);
+    b.for_range(lo_v, hi_v, 3, |b, j| {
+        let one = b.const_u32(1);
+        let parity = b.and(j, one);
+        let zero = b.const_u32(0);
+        let even = b.cmp(CmpOp::Eq, parity, zero);
+        b.if_else(
+            even,
+            |b| {
+                let c = b.read_var(cv);
+                let c1 = b.add(c, one);
+                b.assign(cv, c1);
+            },
+            |b| {
+                let three = b.const_u32(3);
+                let q = b.and(j, three);
+                let is1 = b.cmp(CmpOp::Eq, q, one);
+                b.if_else(
+                    is1,
+                    |b| {
+                        let a = b.read_var(av);
+                        let jf = b.int_to_float(j);
+                        let a1 = b.add(a, jf);
+                        b.assign(av, a1);
+                    },
+                    |b| b.store(seen, i, j),
+                );
+            },
+        );
+    });
+    let c_final = b.read_var(cv);
+    let cf = b.int_to_float(c_final);
+    b.accumulate(len_v, ReduceOrder::Strided(4), &[s1], |b, k| {
+        let at = b.add(base, k);
+        let xv = b.load(x, at);
+        vec![(xv, xv)]
+    });
+    b.accumulate(len_v, ReduceOrder::Sequential, &[s2], |b, k| {
+        let at = b.add(base, k);
+        let xv = b.load(x, at);
+        vec![(xv, cf)]
+    });
+    let mut floats = vec![b.read_var(av), b.read_var(s1), b.read_var(s2)];
+    floats.push(b.reduce_sum(x, base, len_v, ReduceOrder::Sequential));
+    floats.push(b.reduce_sum(x, base, len_v, ReduceOrder::Strided(8)));
+    floats.push(b.reduce_absmax(x, base, len_v, NanMode::Propagate));
+    floats.push(b.reduce_absmax(x, base, len_v, NanMode::Ignore));
+    let mut ints = vec![c_final];
+    let five = b.const_u32(5);
+    let far = b.mul(c_final, five);
+    ints.push(b.lookup(table, far));
+    for (dt, r, w) in narrow {
+        let v = b.load(r, i);
+        let out = match dt {
+            DType::F16 | DType::BF16 => {
+                let k = b.const_f32(1.5);
+                b.mul(v, k)
+            }
+            DType::U8 => {
+                let k = b.const_u32(200);
+                b.add(v, k)
+            }
+            DType::I8 | DType::I32 => {
+                let k = b.const_i32(-3);
+                b.binary(BinaryOp::Mul, v, k)
+            }
+            _ => v,
+        };
+        if dt.is_float() {
+            b.store_rounded(w, i, out, Rounding::NearestEven);
+        } else {
+            b.store(w, i, out);
+        }
+    }
+    let f_at = |b: &mut KernelBuilder, k: u32| {
+        let eight = b.const_u32(8);
+        let r = b.mul(i, eight);
+        let kk = b.const_u32(k);
+        b.add(r, kk)
+    };
+    for (k, v) in floats.iter().enumerate() {
+        let at = f_at(&mut b, k as u32);
+        b.store(outf, at, *v);
+    }
+    for (k, v) in ints.iter().enumerate() {
+        let four = b.const_u32(4);
+        let r = b.mul(i, four);
+        let kk = b.const_u32(k as u32);
+        let at = b.add(r, kk);
+        b.store(outu, at, *v);
+    }
+    b.finish()
 }
 
 #[cfg(feature = "stablehlo")]
@@ -381,6 +542,99 @@ mod device {
         }
         let flat: Vec<u32> = rows.iter().flatten().map(|v| v.to_bits()).collect();
         both(&dev, &kernel, rows.len() as u32, &[flat], &[rows.len()]);
+    }
+
+    /// [`control_kernel`] on edge bounds, lengths and values, and with a grid of 0.
+    #[test]
+    fn control_flow_reductions_and_memory_match_the_interpreter() {
+        let Some(dev) = device() else { return };
+        let kernel = control_kernel();
+        let mut rng = Rng(7);
+        for n in [0usize, 1, 5, 200] {
+            let bounds = [
+                (0, 0),
+                (5, 3),
+                (0, 1),
+                (2, 40),
+                (u32::MAX - 7, u32::MAX),
+                (u32::MAX - 1, u32::MAX),
+                (100, 161),
+            ];
+            let (mut lo, mut hi, mut len) = (Vec::new(), Vec::new(), Vec::new());
+            for w in 0..n {
+                let (l, h) = if w < bounds.len() {
+                    bounds[w]
+                } else {
+                    let l = rng.next() % 50;
+                    (l, l + rng.next() % 60)
+                };
+                lo.push(l);
+                hi.push(h);
+                len.push(if w == 0 { 0 } else { rng.next() % (ROW + 1) });
+            }
+            let edge = [
+                0.0f32,
+                -0.0,
+                f32::NAN,
+                f32::INFINITY,
+                -1.5,
+                2.5,
+                1e-40,
+                -3.0e38,
+                65504.0,
+                1e-8,
+            ];
+            let x: Vec<u32> = (0..n * ROW as usize)
+                .map(|_| {
+                    let r = rng.next();
+                    if r.is_multiple_of(4) {
+                        edge[(r as usize / 4) % edge.len()].to_bits()
+                    } else {
+                        ((r % 2000) as f32 / 100.0 - 10.0).to_bits()
+                    }
+                })
+                .collect();
+            let words = |rng: &mut Rng| (0..n).map(|_| rng.next()).collect::<Vec<u32>>();
+            let halves = |rng: &mut Rng| -> Vec<u8> {
+                (0..n)
+                    .flat_map(|_| (rng.next() as u16).to_le_bytes())
+                    .collect()
+            };
+            let bytes_of =
+                |rng: &mut Rng| -> Vec<u8> { (0..n).map(|_| rng.next() as u8).collect() };
+            let mut args = vec![
+                OwnedArg::Scalar(Scalar::U32(n as u32)),
+                OwnedArg::Read(bytes(&lo)),
+                OwnedArg::Read(bytes(&hi)),
+                OwnedArg::Read(bytes(&len)),
+                OwnedArg::Read(bytes(&x)),
+            ];
+            for make in [0, 0, 1, 1, 2] {
+                let data = match make {
+                    0 => halves(&mut rng),
+                    1 => bytes_of(&mut rng),
+                    _ => bytes(&words(&mut rng)),
+                };
+                let out = match make {
+                    0 => halves(&mut rng),
+                    1 => bytes_of(&mut rng),
+                    _ => bytes(&words(&mut rng)),
+                };
+                args.push(OwnedArg::Read(data));
+                args.push(OwnedArg::Write(out));
+            }
+            args.push(OwnedArg::Write(bytes(&words(&mut rng))));
+            args.push(OwnedArg::Write(vec![0; n * 8 * 4]));
+            args.push(OwnedArg::Write(vec![0; n * 4 * 4]));
+            let mut reference = args.clone();
+            InterpreterDevice
+                .launch(&kernel, &mut OwnedArg::borrow_all(&mut reference))
+                .expect("interpreter runs");
+            dev.launch(&kernel, &mut OwnedArg::borrow_all(&mut args))
+                .expect("device runs");
+            let (bad, total) = qforge::ir::count_mismatches(&kernel, &reference, &args);
+            assert_eq!(bad, 0, "n = {n}: {bad} of {total} elements differ");
+        }
     }
 
     #[test]

@@ -40,12 +40,24 @@ struct Runner {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// The runner's stderr (a file, so a chatty runner can never block on a full pipe).
+    log: PathBuf,
+}
+
+impl Runner {
+    /// The last lines of the runner's stderr, for an error message.
+    fn last_words(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let last: Vec<&str> = text.lines().rev().take(3).collect();
+        last.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
 }
 
 impl Drop for Runner {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -78,13 +90,20 @@ impl StableHloDevice {
                 py.display()
             )));
         }
+        let n = NEXT_FOLDER.fetch_add(1, Ordering::Relaxed);
+        let log = std::env::temp_dir().join(format!(
+            "qforge-stablehlo-runner-{}-{n}.log",
+            std::process::id()
+        ));
+        let stderr = std::fs::File::create(&log)
+            .map_err(|e| device_error(format!("cannot create {}: {e}", log.display())))?;
         let mut child = Command::new(&py)
             .arg("-u")
             .arg("-c")
             .arg(RUNNER)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(stderr)
             .spawn()
             .map_err(|e| device_error(format!("cannot start {}: {e}", py.display())))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
@@ -94,19 +113,15 @@ impl StableHloDevice {
             child,
             stdin,
             stdout: BufReader::new(stdout),
+            log,
         };
         let mut first = String::new();
         let _ = runner.stdout.read_line(&mut first);
         if first.trim() != "ready" {
-            let mut err = String::new();
-            if let Some(mut e) = runner.child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            let last: Vec<&str> = err.lines().rev().take(3).collect();
             return Err(device_error(format!(
                 "the StableHLO runner ({}) did not start: {}",
                 py.display(),
-                last.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                runner.last_words()
             )));
         }
         Ok(StableHloDevice {
@@ -122,11 +137,9 @@ impl StableHloDevice {
         Ok(dir)
     }
 
-    fn request(&self, kernel: &Kernel, dir: &Path, args: &str) -> Result<()> {
-        let req = format!(
-            "{{\"dir\": {}, \"args\": {args}}}\n",
-            json_string(&dir.to_string_lossy())
-        );
+    fn request(&self, kernel: &Kernel, dir: &Path, args: Vec<serde_json::Value>) -> Result<()> {
+        let req = serde_json::json!({ "dir": dir.to_string_lossy(), "args": args });
+        let req = format!("{req}\n");
         let mut runner = self
             .runner
             .lock()
@@ -143,25 +156,14 @@ impl StableHloDevice {
             .map_err(|e| device_error(format!("the runner stopped: {e}")))?;
         match answer.trim() {
             "ok" => Ok(()),
-            "" => Err(device_error("the runner stopped".into())),
+            "" => Err(device_error(format!(
+                "{}: the runner stopped: {} (a new device starts a new runner)",
+                kernel.name,
+                runner.last_words()
+            ))),
             other => Err(device_error(format!("{}: {other}", kernel.name))),
         }
     }
-}
-
-/// A JSON string literal.
-fn json_string(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 impl Device for StableHloDevice {
@@ -178,6 +180,7 @@ impl Device for StableHloDevice {
     }
 
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
+        qforge_ir::verify(kernel)?;
         let binding = qforge_ir::bind(kernel, args)?;
         if binding.grid == 0 {
             return Ok(());
@@ -202,11 +205,11 @@ impl Device for StableHloDevice {
                         std::fs::write(dir.join(format!("in{i}.bin")), &**b).map_err(io)?;
                         list.push(buffer_arg(i, dtype.size_bytes()));
                     }
-                    (_, Arg::Scalar(s)) => list.push(format!("{{\"value\": {}}}", s.bits())),
+                    (_, Arg::Scalar(s)) => list.push(serde_json::json!({ "value": s.bits() })),
                     _ => return Err(device_error(format!("{}: argument {i}", kernel.name))),
                 }
             }
-            self.request(kernel, &dir, &format!("[{}]", list.join(", ")))?;
+            self.request(kernel, &dir, list)?;
             let mut k = 0;
             for arg in args.iter_mut() {
                 if let Arg::Write(b) = arg {
@@ -230,11 +233,12 @@ impl Device for StableHloDevice {
     }
 }
 
-fn buffer_arg(i: usize, size: usize) -> String {
+/// A buffer argument of the runner's request: its file and numpy dtype (raw bits).
+fn buffer_arg(i: usize, size: usize) -> serde_json::Value {
     let dtype = match size {
         1 => "uint8",
         2 => "uint16",
         _ => "uint32",
     };
-    format!("{{\"file\": \"in{i}.bin\", \"dtype\": \"{dtype}\"}}")
+    serde_json::json!({ "file": format!("in{i}.bin"), "dtype": dtype })
 }

@@ -47,6 +47,8 @@ pub(super) struct Emitter<'k> {
     pub(super) g: u32,
     /// Element count per parameter.
     pub(super) elements: Vec<usize>,
+    /// The dtype of each buffer parameter (`None` for scalars).
+    dtypes: Vec<Option<DType>>,
     /// Constants and parameter broadcasts, emitted at the top of `main` (visible everywhere).
     prologue: String,
     /// The body of `main` after the prologue.
@@ -71,6 +73,14 @@ pub(super) fn module(k: &Kernel, shapes: &Shapes) -> Result<String> {
         k,
         g: shapes.grid,
         elements: shapes.elements.clone(),
+        dtypes: k
+            .params
+            .iter()
+            .map(|(_, p)| match &p.kind {
+                ParamKind::Buffer { dtype, .. } => Some(*dtype),
+                ParamKind::Scalar(_) => None,
+            })
+            .collect(),
         prologue: String::new(),
         body: String::new(),
         depth: 2,
@@ -133,7 +143,7 @@ pub(super) fn module(k: &Kernel, shapes: &Shapes) -> Result<String> {
     let mut names = Vec::new();
     for (i, ty) in &results {
         let n = e.elements[*i];
-        let raw = raw_elt(buffer_dtype(k, *i));
+        let raw = raw_elt(e.dtype(*i));
         let out = e.fresh();
         e.line(format!(
             "{out} = stablehlo.slice {} [0:{n}] : (tensor<{}x{raw}>) -> {ty}",
@@ -171,15 +181,21 @@ fn module_name(name: &str) -> String {
     format!("qforge_{s}")
 }
 
-/// The dtype of buffer parameter `i`.
-pub(super) fn buffer_dtype(k: &Kernel, i: usize) -> DType {
-    match k.params.iter().nth(i).map(|(_, p)| &p.kind) {
-        Some(ParamKind::Buffer { dtype, .. }) => *dtype,
-        _ => DType::U32,
-    }
-}
-
 impl Emitter<'_> {
+    /// The dtype of buffer parameter `i` (verified kernels load and store only buffers).
+    pub(super) fn dtype(&self, i: usize) -> DType {
+        self.dtypes[i].unwrap_or(DType::U32)
+    }
+
+    /// The raw tensor type of buffer `i`, with its spare element.
+    pub(super) fn buf_type(&self, i: usize) -> String {
+        format!(
+            "tensor<{}x{}>",
+            self.elements[i] + 1,
+            raw_elt(self.dtype(i))
+        )
+    }
+
     /// A fresh SSA name.
     pub(super) fn fresh(&mut self) -> String {
         self.next += 1;
@@ -390,12 +406,7 @@ impl Emitter<'_> {
         }
         for buf in &effects.bufs {
             let i = buf.index();
-            let ty = format!(
-                "tensor<{}x{}>",
-                self.elements[i] + 1,
-                raw_elt(buffer_dtype(self.k, i))
-            );
-            inits.push((self.bufs[i].clone(), ty));
+            inits.push((self.bufs[i].clone(), self.buf_type(i)));
         }
         let iters: Vec<String> = inits.iter().map(|_| self.fresh()).collect();
         let result = self.fresh();

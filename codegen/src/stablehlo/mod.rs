@@ -36,7 +36,7 @@
 //! with Knuth's TwoSum, and the sum is moved to the odd neighbour when inexact (round to odd)
 //! before the one rounding to `f32`, which then equals the single rounding of `a * b + c`
 //! (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms using
-//! rounding to odd", IEEE TC 2008: `f64` has more than `2 * 24 + 1` bits). Integer division,
+//! rounding to odd", IEEE TC 2008: `f64` has at least `24 + 2` bits). Integer division,
 //! shifts, `min`/`max`, float-to-int conversions and roundings other than to nearest even are
 //! spelled out with compares and selects so that every corner is the IR's (`eval.rs` of the
 //! interpreter), never the implementation's.
@@ -52,10 +52,10 @@
 //!
 //! # Where it runs
 //!
-//! Codegen needs no device. The tests parse and verify every module with the MLIR StableHLO
-//! dialect and run it with the StableHLO reference interpreter (`stablehlo.eval_module`, which
-//! computes with IEEE semantics, subnormals kept); the runtime's `stablehlo` device does the
-//! same (`docs/backends/stablehlo.md`). XLA's CPU compiler is not a conformant executor: it
+//! Codegen needs no device. The runtime's `stablehlo` device (feature `stablehlo`) parses and
+//! verifies each module with the MLIR StableHLO dialect and runs it with the StableHLO reference
+//! interpreter (`stablehlo.eval_module`, which computes with IEEE semantics, subnormals kept);
+//! the conformance suite does that for every library kernel (`docs/backends/stablehlo.md`). XLA's CPU compiler is not a conformant executor: it
 //! flushes subnormals to zero and contracts `multiply` + `add` into an FMA.
 
 mod emit;
@@ -88,13 +88,16 @@ impl Shapes {
             Dim::Const(c) => *c as usize,
             Dim::Param(_) => dim as usize,
         };
+        // Saturating, as `qforge_ir::bind`: `lower` rejects what does not fit.
         Shapes {
             grid: eval(&kernel.grid) as u32,
             elements: kernel
                 .params
                 .iter()
                 .map(|(_, p)| match &p.kind {
-                    ParamKind::Buffer { shape, .. } => shape.iter().map(eval).product(),
+                    ParamKind::Buffer { shape, .. } => {
+                        shape.iter().map(eval).fold(1, usize::saturating_mul)
+                    }
                     ParamKind::Scalar(_) => 0,
                 })
                 .collect(),
@@ -105,6 +108,10 @@ impl Shapes {
 /// The StableHLO backend. Stateless; see the module docs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StableHloBackend;
+
+/// Buffers must have fewer elements: indices are `u32`, and the spare element after the last
+/// needs an index too.
+pub const MAX_ELEMENTS: usize = u32::MAX as usize;
 
 /// The dimension value [`Backend::emit_text`] gives every `u32` dimension parameter.
 pub const TEXT_DIM: u32 = 4;
@@ -131,20 +138,32 @@ impl Backend for StableHloBackend {
 ///
 /// # Errors
 /// [`Error::Ir`] when the kernel does not verify; [`Error::Unsupported`] when `shapes` does not
-/// give one element count per parameter, or for an op on `bool` other than the logical ones,
-/// compares and `select` (the verifier rejects those too).
+/// give one element count per parameter, or a buffer has [`MAX_ELEMENTS`] elements or more, or
+/// for an op on `bool` other than the logical ones, compares and `select` (the verifier rejects
+/// those too).
 pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<String> {
     qforge_ir::verify(kernel)?;
+    let unsupported = |what: String| Error::Unsupported {
+        backend: BACKEND,
+        op: format!("{}: {what}", kernel.name),
+    };
     if shapes.elements.len() != kernel.params.len() {
-        return Err(Error::Unsupported {
-            backend: BACKEND,
-            op: format!(
-                "{}: {} element counts for {} parameters",
-                kernel.name,
-                shapes.elements.len(),
-                kernel.params.len()
-            ),
-        });
+        return Err(unsupported(format!(
+            "{} element counts for {} parameters",
+            shapes.elements.len(),
+            kernel.params.len()
+        )));
+    }
+    if let Some((i, n)) = shapes
+        .elements
+        .iter()
+        .enumerate()
+        .find(|(_, n)| **n >= MAX_ELEMENTS)
+    {
+        return Err(unsupported(format!(
+            "parameter {i} has {n} elements (at most {} with u32 indices and the spare element)",
+            MAX_ELEMENTS - 1
+        )));
     }
     let kernel = &*crate::decompose::search(kernel, SearchStrategy::Buckets)?;
     emit::module(kernel, shapes)

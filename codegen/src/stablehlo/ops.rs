@@ -1,12 +1,12 @@
 //! Ops as lane values: arithmetic with the IR's corner cases, memory (gather / scatter on the raw
-//! buffers), table lookups and searches, and `reduce`.
+//! buffers), table lookups, and `reduce` (`search_sorted` arrives decomposed into lookups).
 
 use qforge_ir::{
     BinaryOp, CmpOp, DType, NanMode, Op, ParamId, ReduceKind, ReduceOrder, ScalarType, UnaryOp,
     Value,
 };
 
-use super::emit::{buffer_dtype, raw_elt, Effects, Emitter};
+use super::emit::{raw_elt, Effects, Emitter};
 use crate::error::Result;
 
 const SIGN: u32 = 0x8000_0000;
@@ -40,11 +40,7 @@ impl Emitter<'_> {
                 let n = t.data.len();
                 let data: Vec<String> = t.data.iter().map(|b| b.to_string()).collect();
                 let table_t = format!("tensor<{n}xui32>");
-                let c = self.fresh();
-                self.line(format!(
-                    "{c} = stablehlo.constant dense<[{}]> : {table_t}",
-                    data.join(", ")
-                ));
+                let c = self.constant(&table_t, &format!("[{}]", data.join(", ")));
                 let idx = self.val(*index);
                 let raw = self.gather(&c, &table_t, &idx, "ui32");
                 self.bits_as(&raw, t.ty)
@@ -154,19 +150,10 @@ impl Emitter<'_> {
         r
     }
 
-    /// The raw tensor type of buffer `i` (with its spare element).
-    fn buf_type(&self, i: usize) -> String {
-        format!(
-            "tensor<{}x{}>",
-            self.elements[i] + 1,
-            raw_elt(buffer_dtype(self.k, i))
-        )
-    }
-
     /// `load buf[idx]`, widened to the dtype's value type.
     fn load(&mut self, buf: ParamId, idx: &str) -> String {
         let i = buf.index();
-        let dtype = buffer_dtype(self.k, i);
+        let dtype = self.dtype(i);
         let raw_e = raw_elt(dtype);
         let bt = self.buf_type(i);
         let src = self.bufs[i].clone();
@@ -203,7 +190,7 @@ impl Emitter<'_> {
     /// write the spare element.
     pub(super) fn store(&mut self, buf: ParamId, idx: &str, value: &str) {
         let i = buf.index();
-        let dtype = buffer_dtype(self.k, i);
+        let dtype = self.dtype(i);
         let n = self.elements[i];
         let g = self.g;
         let raw_e = raw_elt(dtype);
