@@ -1,6 +1,6 @@
 //! The `stablehlo` device: runs the StableHLO backend's modules with the StableHLO reference
-//! interpreter (`stablehlo.eval_module` of jaxlib's MLIR bindings) in one Python process that
-//! lives as long as the device.
+//! interpreter (`stablehlo.eval_module` of jaxlib's MLIR bindings) in one Python process, which
+//! every device of the process shares (launches take turns).
 //!
 //! Each launch binds the arguments, lowers the kernel for exactly those shapes
 //! (`qforge_codegen::stablehlo::lower`), writes the module and the raw argument bytes to a fresh
@@ -13,11 +13,12 @@
 //! `target/stablehlo-venv/bin/python` of this workspace, which `scripts/install-stablehlo.sh`
 //! creates (jax and jaxlib from PyPI).
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use qforge_codegen::stablehlo::{lower, Shapes, BACKEND};
 use qforge_ir::{Arg, Kernel, ParamKind};
@@ -28,10 +29,14 @@ use crate::error::{Error, Result};
 const NAME: &str = "stablehlo";
 const RUNNER: &str = include_str!("../../scripts/stablehlo_runner.py");
 
-/// The device (see the module docs).
+/// The device (see the module docs). Every device of a process shares one runner.
 pub struct StableHloDevice {
-    runner: Mutex<Runner>,
+    _shared: (),
 }
+
+/// The runner of this process: started by the first [`StableHloDevice::new`], started again by
+/// a later one when it has stopped.
+static SHARED: Mutex<Option<Runner>> = Mutex::new(None);
 
 /// Numbers the launch folders of every device in this process.
 static NEXT_FOLDER: AtomicU64 = AtomicU64::new(0);
@@ -40,16 +45,75 @@ struct Runner {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
-    /// The runner's stderr (a file, so a chatty runner can never block on a full pipe).
-    log: PathBuf,
+    /// The last lines the runner wrote to stderr, which a thread drains (so a chatty runner can
+    /// never block on a full pipe).
+    stderr: Arc<Mutex<VecDeque<String>>>,
 }
 
+/// Lines of the runner's stderr kept for error messages.
+const KEPT_LINES: usize = 3;
+
 impl Runner {
+    /// Starts the runner with `py` and waits for its `ready`.
+    fn start(py: &Path) -> Result<Runner> {
+        let mut child = Command::new(py)
+            .arg("-u")
+            .arg("-c")
+            .arg(RUNNER)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| device_error(format!("cannot start {}: {e}", py.display())))?;
+        let (Some(stdin), Some(stdout), Some(err)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(device_error("the runner has no pipes".into()));
+        };
+        let stderr = Arc::new(Mutex::new(VecDeque::new()));
+        let sink = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(|l| l.ok()) {
+                if let Ok(mut kept) = sink.lock() {
+                    if kept.len() == KEPT_LINES {
+                        kept.pop_front();
+                    }
+                    kept.push_back(line);
+                }
+            }
+        });
+        let mut runner = Runner {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+            stderr,
+        };
+        let mut first = String::new();
+        let _ = runner.stdout.read_line(&mut first);
+        if first.trim() != "ready" {
+            // Stop it, and let the stderr thread catch its last words.
+            let _ = runner.child.kill();
+            let _ = runner.child.wait();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            return Err(device_error(format!(
+                "the StableHLO runner ({}) did not start: {}",
+                py.display(),
+                runner.last_words()
+            )));
+        }
+        Ok(runner)
+    }
+
     /// The last lines of the runner's stderr, for an error message.
     fn last_words(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let last: Vec<&str> = text.lines().rev().take(3).collect();
-        last.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        match self.stderr.lock() {
+            Ok(kept) => kept.iter().cloned().collect::<Vec<_>>().join(" | "),
+            Err(_) => String::new(),
+        }
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 }
 
@@ -57,7 +121,6 @@ impl Drop for Runner {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -77,56 +140,26 @@ fn python() -> PathBuf {
 }
 
 impl StableHloDevice {
-    /// Starts the runner.
+    /// A device on the process's runner, which this starts (again) when it is not running.
     ///
     /// # Errors
     /// [`Error::Device`] when the Python interpreter is missing or cannot import jax's MLIR
     /// bindings (run `scripts/install-stablehlo.sh`), with its message.
     pub fn new() -> Result<StableHloDevice> {
-        let py = python();
-        if !py.exists() {
-            return Err(device_error(format!(
-                "no Python at {} (run scripts/install-stablehlo.sh, or set QFORGE_STABLEHLO_PYTHON)",
-                py.display()
-            )));
+        let mut shared = SHARED
+            .lock()
+            .map_err(|_| device_error("the runner lock is poisoned".into()))?;
+        if !shared.as_mut().is_some_and(Runner::alive) {
+            let py = python();
+            if !py.exists() {
+                return Err(device_error(format!(
+                    "no Python at {} (run scripts/install-stablehlo.sh, or set QFORGE_STABLEHLO_PYTHON)",
+                    py.display()
+                )));
+            }
+            *shared = Some(Runner::start(&py)?);
         }
-        let n = NEXT_FOLDER.fetch_add(1, Ordering::Relaxed);
-        let log = std::env::temp_dir().join(format!(
-            "qforge-stablehlo-runner-{}-{n}.log",
-            std::process::id()
-        ));
-        let stderr = std::fs::File::create(&log)
-            .map_err(|e| device_error(format!("cannot create {}: {e}", log.display())))?;
-        let mut child = Command::new(&py)
-            .arg("-u")
-            .arg("-c")
-            .arg(RUNNER)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .map_err(|e| device_error(format!("cannot start {}: {e}", py.display())))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            return Err(device_error("the runner has no pipes".into()));
-        };
-        let mut runner = Runner {
-            child,
-            stdin,
-            stdout: BufReader::new(stdout),
-            log,
-        };
-        let mut first = String::new();
-        let _ = runner.stdout.read_line(&mut first);
-        if first.trim() != "ready" {
-            return Err(device_error(format!(
-                "the StableHLO runner ({}) did not start: {}",
-                py.display(),
-                runner.last_words()
-            )));
-        }
-        Ok(StableHloDevice {
-            runner: Mutex::new(runner),
-        })
+        Ok(StableHloDevice { _shared: () })
     }
 
     fn folder(&self) -> Result<PathBuf> {
@@ -140,10 +173,12 @@ impl StableHloDevice {
     fn request(&self, kernel: &Kernel, dir: &Path, args: Vec<serde_json::Value>) -> Result<()> {
         let req = serde_json::json!({ "dir": dir.to_string_lossy(), "args": args });
         let req = format!("{req}\n");
-        let mut runner = self
-            .runner
+        let mut shared = SHARED
             .lock()
             .map_err(|_| device_error("the runner lock is poisoned".into()))?;
+        let Some(runner) = shared.as_mut() else {
+            return Err(device_error("the runner is not running".into()));
+        };
         runner
             .stdin
             .write_all(req.as_bytes())
@@ -157,7 +192,7 @@ impl StableHloDevice {
         match answer.trim() {
             "ok" => Ok(()),
             "" => Err(device_error(format!(
-                "{}: the runner stopped: {} (a new device starts a new runner)",
+                "{}: the runner stopped: {} (a new device starts it again)",
                 kernel.name,
                 runner.last_words()
             ))),
