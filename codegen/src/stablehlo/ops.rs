@@ -437,14 +437,7 @@ impl Emitter<'_> {
         let r = self.while_loop(
             state,
             &Effects::default(),
-            |e, s| {
-                let r = e.fresh();
-                e.line(format!(
-                    "{r} = stablehlo.compare LT, {}, {limit}, UNSIGNED : (tensor<ui32>, tensor<ui32>) -> tensor<i1>",
-                    s[0]
-                ));
-                Ok(r)
-            },
+            |e, s| Ok(e.cmp("LT", &s[0], &limit, "tensor<ui32>", "UNSIGNED")),
             |e, s| {
                 let i = e.broadcast(&s[0], "ui32");
                 let inside = e.cmp("LT", &i, len, &u, "UNSIGNED");
