@@ -637,6 +637,25 @@ mod device {
         }
     }
 
+    /// A kernel that writes nothing gives a module with an empty `return`, which runs.
+    #[test]
+    fn a_kernel_without_outputs_runs() {
+        let Some(dev) = device() else { return };
+        let mut b = KernelBuilder::new("stablehlo_no_outputs");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let x = b.buffer_param("x", DType::F32, &[Dim::Param(n)], Access::Read);
+        b.set_grid(Dim::Param(n));
+        let i = b.work_item();
+        let _ = b.load(x, i);
+        let kernel = b.finish();
+        let data = bytes(&[1.0f32.to_bits(), 2.0f32.to_bits()]);
+        dev.launch(
+            &kernel,
+            &mut [Arg::Scalar(Scalar::U32(2)), Arg::Read(&data)],
+        )
+        .expect("runs");
+    }
+
     #[test]
     fn launch_errors_name_the_problem() {
         let Some(dev) = device() else { return };

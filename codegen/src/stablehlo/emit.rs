@@ -163,12 +163,13 @@ pub(super) fn module(k: &Kernel, shapes: &Shapes) -> Result<String> {
     );
     text.push_str(&e.prologue);
     text.push_str(&e.body);
-    let _ = writeln!(
-        text,
-        "    return {} : {}\n  }}\n}}",
-        names.join(", "),
-        types.join(", ")
-    );
+    // A kernel without writable buffers returns nothing (`return` takes no `:` then).
+    let ret = if names.is_empty() {
+        "return".to_string()
+    } else {
+        format!("return {} : {}", names.join(", "), types.join(", "))
+    };
+    let _ = writeln!(text, "    {ret}\n  }}\n}}");
     Ok(text)
 }
 
