@@ -65,6 +65,8 @@ pub fn device_by_name(name: &str) -> Result<Box<dyn Device>> {
 /// A backend compiled in whose device cannot run on this machine, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unavailable {
+    /// The device's `--device` name (`cpu`, `cpu-llvm`, `wgpu`, `cuda`, `stablehlo`).
+    pub device: &'static str,
     /// Backend column name.
     pub backend: &'static str,
     /// Why its device could not start.
@@ -79,6 +81,7 @@ pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
     match CpuDevice::new() {
         Ok(cpu) => devices.push(Box::new(cpu)),
         Err(e) => unavailable.push(Unavailable {
+            device: "cpu",
             backend: "cranelift",
             reason: e.to_string(),
         }),
@@ -87,6 +90,7 @@ pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
     match CpuDevice::llvm(Default::default()) {
         Ok(cpu) => devices.push(Box::new(cpu)),
         Err(e) => unavailable.push(Unavailable {
+            device: "cpu-llvm",
             backend: qforge_codegen::llvm::BACKEND,
             reason: e.to_string(),
         }),
@@ -95,6 +99,7 @@ pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
     match qforge_runtime::WgpuDevice::new() {
         Ok(wgpu) => devices.push(Box::new(wgpu)),
         Err(e) => unavailable.push(Unavailable {
+            device: "wgpu",
             backend: "wgsl",
             reason: e.to_string(),
         }),
@@ -103,6 +108,7 @@ pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
     match qforge_runtime::CudaDevice::new() {
         Ok(cuda) => devices.push(Box::new(cuda)),
         Err(e) => unavailable.push(Unavailable {
+            device: "cuda",
             backend: qforge_codegen::ptx::BACKEND,
             reason: e.to_string(),
         }),
@@ -111,6 +117,7 @@ pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
     match qforge_runtime::StableHloDevice::new() {
         Ok(d) => devices.push(Box::new(d)),
         Err(e) => unavailable.push(Unavailable {
+            device: "stablehlo",
             backend: qforge_codegen::stablehlo::BACKEND,
             reason: e.to_string(),
         }),

@@ -7,11 +7,15 @@
 
 pub use qforge_codegen as codegen;
 pub use qforge_ir as ir;
+/// `#[qforge::kernel]` and `#[qforge::func]`: kernels written in a subset of Rust
+/// (`docs/custom-ops.md`).
+pub use qforge_macros::{func, kernel};
 pub use qforge_runtime as runtime;
 
 pub mod bench;
 pub mod checkpoint;
 pub mod cli;
+pub mod conformance;
 pub mod devices;
 mod error;
 pub mod finetune;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use qforge::checkpoint::{self, QuantizeOptions, WeightFormat};
-use qforge::cli::check::{run_check, CheckRow};
+use qforge::cli::check::{self, CheckRow};
 use qforge::devices::{available_devices, device_by_name};
 use qforge::ir::DType;
 use qforge::{Error, Result};
@@ -33,16 +33,23 @@ enum Command {
         /// device that cannot start is an error (exit code 2). Default: every device that can.
         #[arg(long)]
         device: Option<String>,
+        /// Check only the kernels whose name contains this string (exit code 2 when none does).
+        #[arg(long)]
+        filter: Option<String>,
     },
-    /// Quantize the 2-D float `.weight` tensors of a safetensors checkpoint (bitsandbytes 4-bit
-    /// layout that transformers loads, or 8-bit blockwise); other tensors are copied.
+    /// Quantize the Linear weights of a safetensors checkpoint or Hugging Face model folder
+    /// (bitsandbytes 4-bit or LLM.int8, which transformers loads, or qforge's 8-bit blockwise);
+    /// other tensors are copied and config.json says which modules stayed in full precision.
     Quantize {
-        /// Input safetensors file.
+        /// A safetensors file, a model folder (config.json with model.safetensors or
+        /// model.safetensors.index.json and its shards) or an index file.
         input: PathBuf,
-        /// Output safetensors file (must differ from the input).
+        /// Output: a file for a file input, a folder for a folder (created; see --overwrite).
+        /// `-` (stdout) is refused.
         #[arg(short, long)]
         output: PathBuf,
-        /// nf4, fp4 or int8-blockwise.
+        /// nf4, fp4, int8 (LLM.int8, transformers' load_in_8bit) or int8-blockwise (qforge's own
+        /// layout, not loadable by transformers).
         #[arg(long, default_value = "nf4")]
         quant_type: String,
         /// Elements per absmax block (default 64 for 4-bit, 4096 for int8-blockwise).
@@ -54,26 +61,53 @@ enum Command {
         /// Compute dtype written to config.json: f32, f16 or bf16.
         #[arg(long, default_value = "f32")]
         compute_dtype: String,
-        /// Regex of weight names to leave unquantized.
-        #[arg(long, default_value = checkpoint::DEFAULT_SKIP)]
-        skip: String,
+        /// Dtype the packed 4-bit codes are stored as (bnb_4bit_quant_storage): uint8, float16,
+        /// bfloat16 (FSDP-QLoRA) or float32.
+        #[arg(long, default_value = "uint8")]
+        quant_storage: String,
+        /// Regex of weight names to keep in full precision (listed in llm_int8_skip_modules).
+        /// Embeddings, output heads and norms are kept anyway, as transformers keeps them.
+        #[arg(long)]
+        skip: Option<String>,
         /// Quantize weights that contain NaN or inf instead of refusing.
         #[arg(long)]
         allow_nonfinite: bool,
+        /// Largest output shard of a model folder (transformers' default 5GB; KB/MB/GB are powers
+        /// of 1000, KiB/MiB/GiB of 1024).
+        #[arg(long, default_value = "5GB")]
+        max_shard_size: String,
+        /// Replace an existing output folder, or a config.json beside an output file that would
+        /// not describe it.
+        #[arg(long)]
+        overwrite: bool,
+        /// Elements per kernel launch (tensors are processed in chunks; default 4 Mi; rounded up
+        /// to whole quantization blocks).
+        #[arg(long, default_value_t = 0, hide_default_value = true)]
+        chunk_elements: usize,
         /// Device: cpu, interpreter, cpu-llvm (`llvm` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
     },
-    /// Restore full-precision weights from a checkpoint written by `qforge quantize`.
+    /// Restore full-precision weights from a quantized checkpoint (bitsandbytes 4-bit, LLM.int8,
+    /// or qforge's int8-blockwise; a file or a model folder).
     Dequantize {
-        /// Input safetensors file.
+        /// A safetensors file, a model folder or an index file.
         input: PathBuf,
-        /// Output safetensors file (must differ from the input).
+        /// Output: a file for a file input, a folder for a folder. `-` (stdout) is refused.
         #[arg(short, long)]
         output: PathBuf,
         /// Output dtype f32, f16 or bf16 (default: each weight's original dtype).
         #[arg(long)]
         dtype: Option<String>,
+        /// Largest output shard of a model folder.
+        #[arg(long, default_value = "5GB")]
+        max_shard_size: String,
+        /// Replace an existing output folder or config.json.
+        #[arg(long)]
+        overwrite: bool,
+        /// Elements per kernel launch (default 4 Mi).
+        #[arg(long, default_value_t = 0, hide_default_value = true)]
+        chunk_elements: usize,
         /// Device: cpu, interpreter, cpu-llvm (`llvm` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "cpu")]
         device: String,
@@ -156,7 +190,7 @@ fn float_dtype(name: &str) -> Result<DType> {
     }
 }
 
-fn check(json: bool, device: Option<&str>) -> Result<bool> {
+fn check(json: bool, device: Option<&str>, filter: Option<&str>) -> Result<bool> {
     let (devices, unavailable) = match device {
         // The interpreter is the reference every row is compared with: nothing else to run.
         Some("interpreter") => (Vec::new(), Vec::new()),
@@ -168,115 +202,110 @@ fn check(json: bool, device: Option<&str>) -> Result<bool> {
             out!("{}", r.to_json());
         }
     };
-    let rows = run_check(&devices, &unavailable, &mut on_row)?;
-    let failed = rows.iter().filter(|r| r.status == "mismatch").count();
+    let rows = check::run_check(&devices, &unavailable, filter, &mut on_row)?;
     if !json {
-        let mut backends: Vec<&str> = Vec::new();
-        for r in &rows {
-            if !backends.contains(&r.backend.as_str()) {
-                backends.push(&r.backend);
-            }
-        }
-        let width = rows.iter().map(|r| r.kernel.len()).max().unwrap_or(6);
-        let mut header = format!("{:width$}", "kernel");
-        for b in &backends {
-            header += &format!("  {b:>14}");
-        }
-        out!("{header}");
-        let mut kernels: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
-        kernels.dedup();
-        for k in kernels {
-            let mut line = format!("{k:width$}");
-            for b in &backends {
-                let cell = match rows.iter().find(|r| r.kernel == k && r.backend == *b) {
-                    Some(r) if r.status == "exact" => "bit-exact".to_string(),
-                    Some(r) if generated_only(r) => "generated".to_string(),
-                    Some(r) if r.status == "skipped" => "not runnable".to_string(),
-                    Some(r) if r.reason.is_some() => "error".to_string(),
-                    Some(r) => format!("{} mismatches", r.mismatches),
-                    None => "not built".to_string(),
-                };
-                line += &format!("  {cell:>14}");
-            }
+        for line in check::table(&rows, &unavailable) {
             out!("{line}");
         }
-        for r in rows
-            .iter()
-            .filter(|r| r.status == "mismatch" && r.reason.is_some())
-        {
-            out!(
-                "{} on {}: {}",
-                r.kernel,
-                r.backend,
-                r.reason.as_deref().unwrap_or("")
-            );
-        }
-        for u in &unavailable {
-            out!("{}: not runnable here: {}", u.backend, u.reason);
-        }
-        let kernels = rows.iter().filter(|r| r.backend == "interpreter").count();
-        let compared: Vec<&CheckRow> = rows.iter().filter(|r| r.backend != "interpreter").collect();
-        let exact = compared.iter().filter(|r| r.status == "exact").count();
-        let generated = compared.iter().filter(|r| generated_only(r)).count();
-        let skipped = compared.iter().filter(|r| r.status == "skipped").count() - generated;
-        out!("{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact, {failed} mismatching, {generated} code generated only (no device here to run it), {skipped} not runnable", backends.len() - 1);
     }
-    Ok(failed == 0)
+    Ok(check::passed(&rows))
 }
 
-/// A row whose code generated (and, for WGSL, validated) but had no device here to run on.
-fn generated_only(r: &CheckRow) -> bool {
-    r.status == "skipped"
-        && r.reason
-            .as_deref()
-            .is_some_and(|m| m.starts_with("code generated"))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn quantize(
-    input: PathBuf,
-    output: PathBuf,
-    quant_type: &str,
+/// Options of the `quantize` command as typed.
+struct QuantizeArgs {
+    quant_type: String,
     blocksize: Option<usize>,
     double_quant: bool,
-    compute_dtype: &str,
-    skip: &str,
+    compute_dtype: String,
+    quant_storage: String,
+    skip: Option<String>,
     allow_nonfinite: bool,
-    device: &str,
-) -> Result<()> {
-    let format = WeightFormat::from_name(quant_type).ok_or_else(|| {
+    max_shard_size: String,
+    overwrite: bool,
+    chunk_elements: usize,
+}
+
+fn storage_dtype(name: &str) -> Result<DType> {
+    match name {
+        "uint8" | "u8" => Ok(DType::U8),
+        other => float_dtype(other).map_err(|_| {
+            Error::Usage(format!(
+                "unsupported --quant-storage '{other}' (uint8, float16, bfloat16, float32)"
+            ))
+        }),
+    }
+}
+
+/// Bytes of a checkpoint path (a file, or the safetensors files of a folder), for the progress bar.
+fn input_size(input: &std::path::Path) -> u64 {
+    if input.is_dir() {
+        std::fs::read_dir(input)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    } else {
+        std::fs::metadata(input).map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+/// The peak resident set of this process (VmHWM), where /proc tells it.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn quantize(input: PathBuf, output: PathBuf, a: QuantizeArgs, device: &str) -> Result<()> {
+    let format = WeightFormat::from_name(&a.quant_type).ok_or_else(|| {
         Error::Usage(format!(
-            "unsupported quant type '{quant_type}' (nf4, fp4, int8-blockwise)"
+            "unsupported quant type '{}' (nf4, fp4, int8, int8-blockwise)",
+            a.quant_type
         ))
     })?;
-    let skip = regex::Regex::new(skip).map_err(|e| {
-        let detail = e
-            .to_string()
-            .lines()
-            .rfind(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        Error::Usage(format!("--skip '{skip}' is not a valid regex: {detail}"))
-    })?;
+    let skip = a
+        .skip
+        .as_deref()
+        .map(|skip| {
+            regex::Regex::new(skip).map_err(|e| {
+                let detail = e
+                    .to_string()
+                    .lines()
+                    .rfind(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                Error::Usage(format!("--skip '{skip}' is not a valid regex: {detail}"))
+            })
+        })
+        .transpose()?;
     let opts = QuantizeOptions {
         format,
-        blocksize: blocksize.unwrap_or(format.default_blocksize()),
-        double_quant,
-        compute_dtype: float_dtype(compute_dtype)?,
+        blocksize: a.blocksize.unwrap_or(format.default_blocksize()),
+        double_quant: a.double_quant,
+        compute_dtype: float_dtype(&a.compute_dtype)?,
+        quant_storage: storage_dtype(&a.quant_storage)?,
         skip,
-        allow_nonfinite,
+        allow_nonfinite: a.allow_nonfinite,
+        max_shard_size: checkpoint::emit::parse_size(&a.max_shard_size)?,
+        overwrite: a.overwrite,
+        chunk_elements: a.chunk_elements,
     };
     let device = device_by_name(device)?;
-    let size = std::fs::metadata(&input).map(|m| m.len()).unwrap_or(0);
-    let bar = (size > 100 << 20).then(|| indicatif::ProgressBar::new(0));
+    let bar = (input_size(&input) > 100 << 20).then(|| indicatif::ProgressBar::new(0));
     let mut progress = |done: usize, total: usize| {
         if let Some(bar) = &bar {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         }
     };
-    let report = checkpoint::quantize_file(device.as_ref(), &input, &output, &opts, &mut progress)?;
+    let report =
+        checkpoint::quantize_model(device.as_ref(), &input, &output, &opts, &mut progress)?;
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -311,19 +340,35 @@ fn quantize(
         );
     }
     out!(
-        "{} tensors quantized, {} copied; {} -> {} bytes ({:.2}x smaller); wrote {}",
+        "{} tensors quantized, {} copied; {} -> {} bytes ({:.2}x smaller); wrote {}{}",
         report.tensors.len(),
         report.copied,
         report.bytes_before,
         report.bytes_after,
         report.bytes_before as f64 / report.bytes_after.max(1) as f64,
-        output.display()
+        output.display(),
+        if report.files.len() > 1 {
+            format!(" ({} shards)", report.files.len())
+        } else {
+            String::new()
+        }
+    );
+    out!(
+        "kept in full precision (llm_int8_skip_modules): {}",
+        if report.skip_modules.is_empty() {
+            "none".to_string()
+        } else {
+            report.skip_modules.join(", ")
+        }
     );
     if let Some(c) = &report.config {
         out!("wrote {}", c.display());
     }
     for n in &report.notes {
         out!("note: {n}");
+    }
+    if let Some(rss) = peak_rss() {
+        out!("peak RSS {rss} bytes");
     }
     Ok(())
 }
@@ -403,15 +448,19 @@ fn finetune(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // An interrupted run removes the temporary output it was writing (the real output is only
-    // ever created by a rename, so nothing partial is left).
-    let _ = ctrlc::set_handler(|| {
-        qforge::checkpoint::io::remove_pending_temps();
-        eprintln!("error: interrupted; no output written");
-        std::process::exit(130);
-    });
+    // An interrupted or terminated run removes the temporary outputs it was writing and exits
+    // 130 (Ctrl-C) or 143 (SIGTERM): the real outputs are only ever created by a rename.
+    if let Err(e) = qforge::cli::signals::install() {
+        eprintln!(
+            "warning: no signal handler ({e}): an interrupted run may leave .qforge-*.tmp files"
+        );
+    }
     let result = match cli.command {
-        Command::Check { json, device } => check(json, device.as_deref()).map(|ok| {
+        Command::Check {
+            json,
+            device,
+            filter,
+        } => check(json, device.as_deref(), filter.as_deref()).map(|ok| {
             if ok {
                 ExitCode::SUCCESS
             } else {
@@ -425,18 +474,28 @@ fn main() -> ExitCode {
             blocksize,
             double_quant,
             compute_dtype,
+            quant_storage,
             skip,
             allow_nonfinite,
+            max_shard_size,
+            overwrite,
+            chunk_elements,
             device,
         } => quantize(
             input,
             output,
-            &quant_type,
-            blocksize,
-            double_quant,
-            &compute_dtype,
-            &skip,
-            allow_nonfinite,
+            QuantizeArgs {
+                quant_type,
+                blocksize,
+                double_quant,
+                compute_dtype,
+                quant_storage,
+                skip,
+                allow_nonfinite,
+                max_shard_size,
+                overwrite,
+                chunk_elements,
+            },
             &device,
         )
         .map(|_| ExitCode::SUCCESS),
@@ -444,17 +503,32 @@ fn main() -> ExitCode {
             input,
             output,
             dtype,
+            max_shard_size,
+            overwrite,
+            chunk_elements,
             device,
         } => (|| {
-            let dtype = dtype.as_deref().map(float_dtype).transpose()?;
+            let opts = checkpoint::DequantizeOptions {
+                dtype: dtype.as_deref().map(float_dtype).transpose()?,
+                overwrite,
+                max_shard_size: Some(checkpoint::emit::parse_size(&max_shard_size)?),
+                chunk_elements,
+            };
             let device = device_by_name(&device)?;
-            let r = checkpoint::dequantize_file(device.as_ref(), &input, &output, dtype)?;
+            let r = checkpoint::dequantize_model(device.as_ref(), &input, &output, &opts)?;
             out!(
-                "{} weights restored, {} tensors copied; wrote {}",
+                "{} weights restored, {} tensors copied; {} bytes; wrote {}",
                 r.restored.len(),
                 r.copied,
+                r.bytes_after,
                 output.display()
             );
+            if let Some(c) = &r.config {
+                out!("wrote {}", c.display());
+            }
+            if let Some(rss) = peak_rss() {
+                out!("peak RSS {rss} bytes");
+            }
             Ok(ExitCode::SUCCESS)
         })(),
         Command::Bench {

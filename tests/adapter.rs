@@ -3,6 +3,8 @@
 //! against f64 finite differences, and a proptest of the forward and backward passes on every
 //! device against the interpreter, bit for bit, with extreme inputs.
 
+mod merge_support;
+
 use std::path::Path;
 
 use proptest::prelude::*;
@@ -33,12 +35,10 @@ fn layer() -> (HostTensor, HostTensor) {
             )
         }
         Err(e) => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "{} is missing under CI: {e}",
-                path.display()
+            qforge_testkit::unavailable(
+                "models",
+                format!("{} ({e}): a random layer instead", path.display()),
             );
-            println!("MiniLM missing ({e}): a random layer instead");
             (normal_f32(384 * 1536, 0.05, 1), normal_f32(384, 0.05, 2))
         }
     };
@@ -367,63 +367,9 @@ fn merged_layer_equals_the_linear_adapter_within_the_bound() {
     let (y, _) = a.forward(&dev, Act::Gelu, &h, 0.0).unwrap();
     let (w2, b2) = a.merge_into(&dev, &w, &b).unwrap();
     let y2 = gemm(&dev, (&x, N), (&w2, N), Some(&b2), None).unwrap();
-    // Both are f32 evaluations of one exact value, y = (I + U D)(W x + b) + U b_d + b_u; each
-    // is within (k + d + r + 4) eps of the sum of the magnitudes of all its terms.
-    let f = |t: &HostTensor| t.to_f32().unwrap();
-    let (xf, wf, bf, df, dbf, uf, ubf) = (
-        f(&x),
-        f(&w),
-        f(&b),
-        f(&a.down_weight),
-        f(&a.down_bias),
-        f(&a.up_weight),
-        f(&a.up_bias),
-    );
-    // |D| |W| ([r, k]) and |D| |b| + |b_d| ([r]).
-    let mut dw_abs = vec![0.0f64; r * k];
-    let mut db_abs = vec![0.0f64; r];
-    for q in 0..r {
-        for m2 in 0..d {
-            let dq = df[q * d + m2].abs() as f64;
-            for l in 0..k {
-                dw_abs[q * k + l] += dq * wf[m2 * k + l].abs() as f64;
-            }
-            db_abs[q] += dq * bf[m2].abs() as f64;
-        }
-        db_abs[q] += dbf[q].abs() as f64;
-    }
-    let (yv, y2v) = (f(&y), f(&y2));
-    let mut worst = 0.0f64;
-    for j in 0..d {
-        let w_abs: Vec<f64> = (0..k)
-            .map(|l| {
-                wf[j * k + l].abs() as f64
-                    + (0..r)
-                        .map(|q| uf[j * r + q].abs() as f64 * dw_abs[q * k + l])
-                        .sum::<f64>()
-            })
-            .collect();
-        let b_abs = bf[j].abs() as f64
-            + ubf[j].abs() as f64
-            + (0..r)
-                .map(|q| uf[j * r + q].abs() as f64 * db_abs[q])
-                .sum::<f64>();
-        for i in 0..8 {
-            let mag = (0..k)
-                .map(|l| xf[i * k + l].abs() as f64 * w_abs[l])
-                .sum::<f64>()
-                + b_abs;
-            let bound = 2.0 * (k + d + r + 4) as f64 * f32::EPSILON as f64 * mag;
-            let diff = (yv[i * d + j] as f64 - y2v[i * d + j] as f64).abs();
-            worst = worst.max(diff / bound);
-            assert!(
-                diff <= bound,
-                "y[{i},{j}]: merged {} vs adapter {}",
-                y2v[i * d + j],
-                yv[i * d + j]
-            );
-        }
-    }
+    // Both are f32 evaluations of one exact value: within the bound of docs/adapters.md.
+    let worst = merge_support::merged_within_bound(&x, &w, &b, &a, &y, &y2)
+        .unwrap_or_else(|e| panic!("{e}"));
     println!("merged vs unmerged adapter output: worst difference / bound = {worst:.2e}");
 }
 
@@ -593,22 +539,17 @@ fn first_difference(want: &HostTensor, got: &HostTensor) -> Option<(usize, f32, 
 /// in between, shapes that are not multiples of 4 or 16, and inputs mixed with edge values.
 #[test]
 fn forward_and_backward_are_bit_exact_on_every_device() {
-    use proptest::test_runner::{Config, TestRunner};
     use qforge::devices::available_devices;
     use qforge::runtime::InterpreterDevice;
     let (devices, unavailable) = available_devices();
     for u in &unavailable {
-        println!("skipped on {}: {}", u.backend, u.reason);
+        qforge_testkit::unavailable(u.device, &u.reason);
     }
     if devices.is_empty() {
         println!("skipped: no device besides the interpreter can run on this machine");
         return;
     }
-    let mut runner = TestRunner::new(Config {
-        cases: 640,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = qforge_testkit::runner(file!(), qforge_testkit::random_cases(640));
     // How many output values are NaN (the edge values should not turn every case into NaN),
     // and how many activation inputs z land where exp/erf/tanh/sigmoid change regime.
     let (nan_outputs, outputs) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0usize));

@@ -43,10 +43,20 @@ fn good_file(dir: &Path) -> PathBuf {
     write_st(
         &p,
         &[
-            ("layer.dense.weight", Dtype::F32, vec![8, 64], f32s(&w)),
-            ("layer.dense.bias", Dtype::F32, vec![8], f32s(&[0.5; 8])),
             (
-                "embeddings.word.weight",
+                "model.layers.0.mlp.down_proj.weight",
+                Dtype::F32,
+                vec![8, 64],
+                f32s(&w),
+            ),
+            (
+                "model.layers.0.mlp.down_proj.bias",
+                Dtype::F32,
+                vec![8],
+                f32s(&[0.5; 8]),
+            ),
+            (
+                "model.embed_tokens.weight",
                 Dtype::F32,
                 vec![4, 4],
                 f32s(&[1.0; 16]),
@@ -137,15 +147,16 @@ fn bad_inputs_give_clear_errors_and_no_output() {
         "offsets.safetensors",
     );
 
-    let ints = dir.path().join("ints.safetensors");
+    // A 2-D weight that no rule places (no config.json: the generic rules) names the tensor.
+    let odd = dir.path().join("odd.safetensors");
     write_st(
-        &ints,
+        &odd,
         &[("proj.weight", Dtype::I32, vec![2, 2], vec![0u8; 16])],
     );
     fails(
-        &["quantize", ints.to_str().unwrap(), "-o", o],
+        &["quantize", odd.to_str().unwrap(), "-o", o],
         &out,
-        "proj.weight",
+        "tensor 'proj.weight': shape [2, 2]: cannot tell whether",
     );
 
     fails(
@@ -163,11 +174,12 @@ fn bad_inputs_give_clear_errors_and_no_output() {
     let nan = dir.path().join("nan.safetensors");
     let mut w = vec![0.25f32; 8 * 64];
     w[77] = f32::NAN;
-    write_st(&nan, &[("a.weight", Dtype::F32, vec![8, 64], f32s(&w))]);
+    let a = "model.layers.0.self_attn.q_proj.weight";
+    write_st(&nan, &[(a, Dtype::F32, vec![8, 64], f32s(&w))]);
     fails(
         &["quantize", nan.to_str().unwrap(), "-o", o],
         &out,
-        "'a.weight' has a non-finite value NaN at flat index 77",
+        "'model.layers.0.self_attn.q_proj.weight' has a non-finite value NaN at flat index 77",
     );
     let (code, _, err) = qforge(&[
         "quantize",
@@ -202,7 +214,10 @@ fn quantize_then_dequantize_round_trips_the_layout() {
         "--double-quant",
     ]);
     assert_eq!(code, 0, "{err}");
-    assert!(stdout.contains("layer.dense.weight"), "{stdout}");
+    assert!(
+        stdout.contains("model.layers.0.mlp.down_proj.weight"),
+        "{stdout}"
+    );
     let bytes = std::fs::read(&q).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let mut names: Vec<_> = st.names().into_iter().cloned().collect();
@@ -210,23 +225,23 @@ fn quantize_then_dequantize_round_trips_the_layout() {
     assert_eq!(
         names,
         [
-            "embeddings.word.weight",
-            "layer.dense.bias",
-            "layer.dense.weight",
-            "layer.dense.weight.absmax",
-            "layer.dense.weight.nested_absmax",
-            "layer.dense.weight.nested_quant_map",
-            "layer.dense.weight.quant_map",
-            "layer.dense.weight.quant_state.bitsandbytes__nf4",
+            "model.embed_tokens.weight",
+            "model.layers.0.mlp.down_proj.bias",
+            "model.layers.0.mlp.down_proj.weight",
+            "model.layers.0.mlp.down_proj.weight.absmax",
+            "model.layers.0.mlp.down_proj.weight.nested_absmax",
+            "model.layers.0.mlp.down_proj.weight.nested_quant_map",
+            "model.layers.0.mlp.down_proj.weight.quant_map",
+            "model.layers.0.mlp.down_proj.weight.quant_state.bitsandbytes__nf4",
         ]
     );
-    let packed = st.tensor("layer.dense.weight").unwrap();
+    let packed = st.tensor("model.layers.0.mlp.down_proj.weight").unwrap();
     assert_eq!(
         (packed.dtype(), packed.shape()),
         (Dtype::U8, &[256usize, 1][..])
     );
     let json = st
-        .tensor("layer.dense.weight.quant_state.bitsandbytes__nf4")
+        .tensor("model.layers.0.mlp.down_proj.weight.quant_state.bitsandbytes__nf4")
         .unwrap();
     let json = std::str::from_utf8(json.data()).unwrap();
     assert!(json.starts_with(r#"{"quant_type": "nf4", "blocksize": 64, "dtype": "float32", "shape": [8, 64], "nested_blocksize": 256, "nested_dtype": "float32", "nested_offset": "#), "{json}");
@@ -235,7 +250,7 @@ fn quantize_then_dequantize_round_trips_the_layout() {
     let bytes = std::fs::read(&r).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     assert_eq!(st.len(), 3);
-    let w = st.tensor("layer.dense.weight").unwrap();
+    let w = st.tensor("model.layers.0.mlp.down_proj.weight").unwrap();
     assert_eq!((w.dtype(), w.shape()), (Dtype::F32, &[8usize, 64][..]));
 }
 
@@ -300,80 +315,113 @@ fn colliding_names_and_overflowing_offsets_are_errors() {
     write_st(
         &collide,
         &[
-            ("a.weight", Dtype::F32, vec![8, 64], f32s(&[0.5; 512])),
-            ("a.weight.absmax", Dtype::F32, vec![3], f32s(&[0.0; 3])),
+            (
+                "model.layers.0.mlp.up_proj.weight",
+                Dtype::F32,
+                vec![8, 64],
+                f32s(&[0.5; 512]),
+            ),
+            (
+                "model.layers.0.mlp.up_proj.weight.absmax",
+                Dtype::F32,
+                vec![3],
+                f32s(&[0.0; 3]),
+            ),
         ],
     );
     fails(
         &["quantize", collide.to_str().unwrap(), "-o", o],
         &out,
-        "'a.weight.absmax'",
+        "'model.layers.0.mlp.up_proj.weight.absmax'",
     );
 
     // Finite weights whose absmax mean overflows f32 cannot be double-quantized.
     let big = dir.path().join("big.safetensors");
     write_st(
         &big,
-        &[("b.weight", Dtype::F32, vec![8, 64], f32s(&[3e38; 512]))],
+        &[(
+            "model.layers.0.mlp.up_proj.weight",
+            Dtype::F32,
+            vec![8, 64],
+            f32s(&[3e38; 512]),
+        )],
     );
     fails(
         &["quantize", big.to_str().unwrap(), "-o", o, "--double-quant"],
         &out,
-        "'b.weight': double quantization needs a finite absmax mean",
+        "'model.layers.0.mlp.up_proj.weight': double quantization needs a finite absmax mean",
     );
 }
 
 #[test]
-fn config_json_is_written_once_and_never_overwritten() {
+fn config_json_always_describes_the_file_beside_it() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");
     let dst = dir.path().join("dst");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::create_dir_all(&dst).unwrap();
     let input = good_file(&src);
-    std::fs::write(src.join("config.json"), br#"{"hidden_size": 64}"#).unwrap();
+    std::fs::write(
+        src.join("config.json"),
+        br#"{"hidden_size": 64, "model_type": "llama"}"#,
+    )
+    .unwrap();
     let out = dst.join("model.safetensors");
-    let (code, _, err) = qforge(&[
-        "quantize",
-        input.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+    let (code, _, err) = qforge(&["quantize", i, "-o", o]);
     assert_eq!(code, 0, "{err}");
-    let config: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dst.join("config.json")).unwrap()).unwrap();
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
+    };
+    let config = read(&dst.join("config.json"));
     assert_eq!(config["quantization_config"]["bnb_4bit_quant_type"], "nf4");
     assert_eq!(config["hidden_size"], 64);
 
-    // A second run into the same folder leaves the existing config.json alone and says so.
-    std::fs::write(dst.join("config.json"), b"mine").unwrap();
-    let out2 = dst.join("model2.safetensors");
-    let (code, stdout, err) = qforge(&[
-        "quantize",
-        input.to_str().unwrap(),
-        "-o",
-        out2.to_str().unwrap(),
-    ]);
+    // The same run again: the config already says exactly this, so it is kept.
+    let (code, _, err) = qforge(&["quantize", i, "-o", o]);
     assert_eq!(code, 0, "{err}");
-    assert!(
-        stdout.contains("already exists and is left as it is"),
-        "{stdout}"
-    );
-    assert_eq!(std::fs::read(dst.join("config.json")).unwrap(), b"mine");
 
-    // Writing next to the input never replaces the input's config.json.
+    // A config.json that says something else (another quant type, or the copied original
+    // without quantization_config) is an error naming it, unless --overwrite; nothing is
+    // written then.
+    let before = std::fs::read(&out).unwrap();
+    for other in [
+        &["--quant-type", "fp4"][..],
+        &["--quant-type", "int8-blockwise"],
+    ] {
+        let mut args = vec!["quantize", i, "-o", o];
+        args.extend_from_slice(other);
+        let (code, _, err) = qforge(&args);
+        assert_ne!(
+            code, 0,
+            "{other:?}: a config.json that says something else must be refused"
+        );
+        assert!(
+            err.contains("config.json exists and does not describe the output"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&out).unwrap(), before, "{other:?}");
+    }
+    std::fs::copy(src.join("config.json"), dst.join("config.json")).unwrap();
+    let (code, _, err) = qforge(&["quantize", i, "-o", o]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--overwrite"), "{err}");
+    let (code, _, err) = qforge(&["quantize", i, "-o", o, "--overwrite"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        read(&dst.join("config.json"))["quantization_config"]["quant_method"],
+        "bitsandbytes"
+    );
+
+    // Writing next to the input never replaces the input's config.json (it describes the
+    // input's own checkpoint) and says so.
     let out3 = src.join("model-nf4.safetensors");
-    let (code, stdout, _) = qforge(&[
-        "quantize",
-        input.to_str().unwrap(),
-        "-o",
-        out3.to_str().unwrap(),
-    ]);
+    let (code, stdout, _) = qforge(&["quantize", i, "-o", out3.to_str().unwrap()]);
     assert_eq!(code, 0);
     assert!(stdout.contains("config.json not written"), "{stdout}");
     assert_eq!(
         std::fs::read(src.join("config.json")).unwrap(),
-        br#"{"hidden_size": 64}"#
+        br#"{"hidden_size": 64, "model_type": "llama"}"#
     );
 }
 
@@ -413,7 +461,7 @@ fn dequantize_rejects_inconsistent_quant_states() {
     assert_eq!(code, 0, "{err}");
     let out = dir.path().join("out.safetensors");
     let o = out.to_str().unwrap();
-    let w = "layer.dense.weight";
+    let w = "model.layers.0.mlp.down_proj.weight";
     let state = format!("{w}.quant_state.bitsandbytes__nf4");
     let json = |text: &str| Some((Dtype::U8, vec![text.len()], text.as_bytes().to_vec()));
     let cases: Vec<(&str, Option<Tensor>, &str)> = vec![
@@ -449,17 +497,17 @@ fn dequantize_rejects_inconsistent_quant_states() {
             "packed",
         ),
         (
-            "layer.dense.weight.quant_map",
+            "model.layers.0.mlp.down_proj.weight.quant_map",
             Some((Dtype::F32, vec![16], f32s(&[0.5; 16]))),
             "custom code tables are not supported",
         ),
         (
-            "layer.dense.weight.nested_absmax",
+            "model.layers.0.mlp.down_proj.weight.nested_absmax",
             None,
-            "companion tensor 'layer.dense.weight.nested_absmax' is missing",
+            "companion tensor 'model.layers.0.mlp.down_proj.weight.nested_absmax' is missing",
         ),
         (
-            "layer.dense.weight.absmax",
+            "model.layers.0.mlp.down_proj.weight.absmax",
             Some((Dtype::U8, vec![7], vec![0; 7])),
             "qabsmax",
         ),
@@ -470,7 +518,7 @@ fn dequantize_rejects_inconsistent_quant_states() {
         let (code, _, err) = qforge(&["dequantize", bad.to_str().unwrap(), "-o", o]);
         assert_ne!(code, 0, "case {i} should fail");
         assert!(
-            err.contains("'layer.dense.weight'") && err.contains(needle),
+            err.contains("'model.layers.0.mlp.down_proj.weight'") && err.contains(needle),
             "case {i}: {err}"
         );
         assert!(!out.exists());
@@ -503,7 +551,7 @@ fn quantize_on_wgpu_writes_the_same_bytes_as_cpu() {
             args.extend_from_slice(extra);
             let (code, _, err) = qforge(&args);
             if device == "wgpu" && code != 0 && err.contains("adapter") {
-                println!("skipped: no wgpu adapter here: {err}");
+                qforge_testkit::unavailable("wgpu", err);
                 return;
             }
             assert_eq!(code, 0, "{device} {extra:?}: {err}");

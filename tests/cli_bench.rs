@@ -1,18 +1,8 @@
 //! `qforge bench` as a user runs it: JSON lines with the documented fields, the ratio as the
 //! quotient of the two medians, the human table, and clear errors for a bad device or filter.
 
-use std::process::Command;
-
 fn qforge(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_qforge"))
-        .args(args)
-        .output()
-        .expect("binary runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
+    qforge_testkit::run(env!("CARGO_BIN_EXE_qforge"), args)
 }
 
 /// Within `rel` relative difference.
@@ -137,7 +127,7 @@ fn a_filter_matching_nothing_is_a_clear_error() {
 #[test]
 fn a_bad_llvm_lane_override_names_the_variable() {
     for bad in ["3", "abc", "128"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_qforge"))
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_qforge"))
             .args([
                 "bench",
                 "--device",

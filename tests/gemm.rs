@@ -24,11 +24,41 @@ fn tensor(dtype: DType, shape: Vec<usize>, seed: u32) -> HostTensor {
     HostTensor::from_f32_as(dtype, shape, &data(n, seed)).unwrap()
 }
 
+/// Asserts each element `(i, j)` of `got` (`f32 [rows, cols]`) is within `2 * count * eps`
+/// times the sum of the magnitudes of its terms (`terms(i, j)`: `count` values, each product of
+/// two `f32` exact in `f64`) of their `f64` sum: the style of the forward check, one more term
+/// for a residual. A NaN or an infinity fails.
+fn assert_near_f64(
+    what: &str,
+    got: &HostTensor,
+    (rows, cols): (usize, usize),
+    count: usize,
+    terms: impl Fn(usize, usize) -> Vec<f64>,
+) {
+    assert_eq!(got.shape, [rows, cols], "{what}: shape");
+    let g = got.to_f32().unwrap();
+    for i in 0..rows {
+        for j in 0..cols {
+            let t = terms(i, j);
+            assert_eq!(t.len(), count, "{what}: terms");
+            let exact: f64 = t.iter().sum();
+            let scale: f64 = t.iter().map(|v| v.abs()).sum();
+            let err = (g[i * cols + j] as f64 - exact).abs();
+            let bound = 2.0 * count as f64 * f32::EPSILON as f64 * scale;
+            assert!(
+                err <= bound,
+                "{what}[{i},{j}] = {} vs f64 {exact}: error {err} above {bound}",
+                g[i * cols + j]
+            );
+        }
+    }
+}
+
 #[test]
 fn linear_layer_products_are_bit_exact_on_every_device() {
     let (devices, unavailable) = available_devices();
     for u in &unavailable {
-        println!("skipped on {}: {}", u.backend, u.reason);
+        qforge_testkit::unavailable(u.device, &u.reason);
     }
     for dtype in [DType::F32, DType::BF16] {
         for (m, k, n) in [(1usize, 64usize, 16usize), (7, 33, 10), (16, 130, 9)] {
@@ -69,7 +99,7 @@ fn linear_layer_products_are_bit_exact_on_every_device() {
                     assert_eq!(g, w, "{} {dtype} {m}x{k}x{n}", dev.name());
                 }
             }
-            // The forward against f64 (f32 only: bf16 rounds the output).
+            // The forward, dX and dW against f64 sums (f32 only: bf16 rounds the output).
             if dtype == DType::F32 {
                 let (xf, wf, bf) = (
                     x.to_f32().unwrap(),
@@ -94,6 +124,21 @@ fn linear_layer_products_are_bit_exact_on_every_device() {
                         );
                     }
                 }
+                let dyf = dy.to_f32().unwrap();
+                // dX = dY @ W (+ the residual x here): [m, k], a sum over the n outputs.
+                assert_near_f64("dX", &want[1], (m, k), n + 1, |i, j| {
+                    let mut t: Vec<f64> = (0..n)
+                        .map(|l| dyf[i * n + l] as f64 * wf[l * k + j] as f64)
+                        .collect();
+                    t.push(xf[i * k + j] as f64);
+                    t
+                });
+                // dW = dY^T @ x: [n, k], a sum over the m rows.
+                assert_near_f64("dW", &want[2], (n, k), m, |i, j| {
+                    (0..m)
+                        .map(|l| dyf[l * n + i] as f64 * xf[l * k + j] as f64)
+                        .collect()
+                });
             }
         }
     }

@@ -6,7 +6,8 @@
 //!
 //! Our kernels follow the CUDA kernels' choices; bitsandbytes' CPU path differs in a few
 //! documented ways. Each allowed mismatch is PROVEN to be one of them, element by element, and
-//! counted (the counts are printed and recorded in `docs/compat.md`):
+//! counted; the counts (and the case and element counts of each file) must equal the
+//! `EXPECTED_*` tables below, which mirror `docs/compat.md`:
 //! * (a) the 4-bit tail block is divided by the absmax on CPU (`x / absmax`) instead of multiplied
 //!   by its reciprocal: bnb's code is reproduced from `x / absmax`, ours from `x * (1/absmax)`;
 //! * (b) FP4 sign of zero and tiny values: `|v|` at most the first magnitude midpoint and the two
@@ -18,15 +19,22 @@
 //!   FP4 index 8 where the native tables (and ours) have -0.0;
 //! * downstream: a dequantized element (or a decoded absmax) whose code differs by (a)-(c).
 //!
-//! Anything else fails. The double-quant nested level is checked with bitsandbytes' offset passed
-//! in, so that it is exact; our own offsets are compared in ulps.
+//! Anything else fails. The double-quant offset (torch's CPU `mean` of the absmax) is bit-exact in
+//! every case: our kernel, bnb's stored offset and an independent host model of torch's summation
+//! order (`golden_support::torch_mean_model`) agree, and other orders are counted for comparison
+//! (more offset tests, against values torch computed, in `golden_support/offset_tests.rs`).
+//! `constants/fp4_via_create_fp8_map` (a table qforge does not build) is compared with our FP4
+//! values and its one differing magnitude proven and counted.
 
 mod golden_support;
+#[path = "golden_support/offset_tests.rs"]
+mod offset_tests;
 
 use std::collections::BTreeMap;
 
 use golden_support::*;
 use qforge::ir::library::{maps, BlockwiseMap, QuantType};
+use qforge::ir::ReduceOrder;
 use qforge::runtime::ops::{self, Absmax4, QuantState4};
 use qforge::runtime::{CpuDevice, Device, InterpreterDevice};
 
@@ -35,27 +43,119 @@ fn devices() -> Vec<Box<dyn Device>> {
     let mut d: Vec<Box<dyn Device>> = vec![Box::new(InterpreterDevice)];
     match CpuDevice::new() {
         Ok(cpu) => d.push(Box::new(cpu)),
-        Err(e) => println!("CPU device unavailable, golden tests run on the interpreter only: {e}"),
+        Err(e) => qforge_testkit::unavailable(
+            "cpu",
+            format!("golden tests run on the interpreter only: {e}"),
+        ),
     }
     d
 }
 
-/// Runs `per_device` on every device and checks that all devices found the same counts.
-fn on_devices(title: &str, mut per_device: impl FnMut(&dyn Device) -> Counts) {
-    let mut first: Option<Counts> = None;
+// The counts `docs/compat.md` records, one table per golden file ("Mismatch categories": the
+// `### <file>` tables and their headings' case and element counts; "Double-quantization
+// offset": the ulp distances). Every device must find exactly these categories with exactly
+// these counts (a category not listed must not occur), so a change in behaviour fails here and
+// needs the same edit in the docs. The names are the categories `check_codes4`, `check_codes8`
+// and `check_downstream` count.
+const TAIL_INFO: &str = "info: tail elements where x/absmax != x*(1/absmax)";
+const EXPECTED_NF4: &[(&str, usize)] = &[("cases", 161), ("elements", 328_577), (TAIL_INFO, 2_291)];
+const EXPECTED_FP4: &[(&str, usize)] = &[
+    ("(b) codes: FP4 sign of zero/tiny values", 4_481),
+    ("(e) dequant(bnb codes): pure-path +0.0 at FP4 index 8", 366),
+    ("cases", 161),
+    ("downstream: dequant of a differing code", 3_653),
+    ("elements", 328_577),
+    (TAIL_INFO, 2_291),
+];
+const EXPECTED_BLOCKWISE8: &[(&str, usize)] = &[
+    ("(c) codes: LUT, exact zero element", 1_434),
+    ("(c) codes: LUT, inf block", 882),
+    ("(c) codes: LUT, not the nearest code", 2_422),
+    ("(c) codes: LUT, subnormal block (1/absmax overflows)", 640),
+    ("(c) codes: LUT, zero block (bnb codes 0)", 2_240),
+    ("cases", 108),
+    ("downstream: dequant of a differing code", 7_618),
+    ("elements", 320_029),
+];
+const EXPECTED_DOUBLEQUANT: &[(&str, usize)] = &[
+    ("(b) codes: FP4 sign of zero/tiny values", 1_637),
+    ("(c) codes: LUT, not the nearest code", 4),
+    ("cases", 60),
+    ("downstream: decoded absmax of a differing qabsmax", 4),
+    ("downstream: dequant of a differing code or qabsmax", 2_238),
+    (TAIL_INFO, 240),
+    ("offset ulps +0", 60),
+    ("qabsmax elements", 5_250),
+];
+/// `docs/compat.md`, "Double-quantization offset": the cases whose offset (ours) is not bnb's,
+/// with their number of blocks and the distance in ulps (ours - bnb). None since the offset
+/// kernel sums in torch's order; every case is exact.
+const EXPECTED_OFFSET_ULPS: &[(&str, usize, i64)] = &[];
+/// `Vectorized<float>::size()` of the torch CPU sum kernel that computed bnb's offsets (AVX2; an
+/// AVX-512 machine runs the same kernel, see `docs/compat.md`).
+const TORCH_X86_LANES: usize = 8;
+
+/// An order the offset could be summed in (the comparison table below).
+#[derive(Clone, Copy, Debug)]
+enum MeanOrder {
+    /// An IR `ReduceOrder`, as [`ordered_mean`] models it.
+    Ir(ReduceOrder),
+    /// torch's CPU cascade with `Vectorized<float>` of this many lanes.
+    Torch(usize),
+}
+
+/// `docs/compat.md`, "Other orders on the same data": per order, the cases (of 60) whose mean in
+/// that order is bnb's offset exactly, and the largest distance in ulps.
+const EXPECTED_OTHER_ORDERS: &[(MeanOrder, usize, u64)] = &[
+    (MeanOrder::Ir(ReduceOrder::Sequential), 48, 2),
+    (MeanOrder::Ir(ReduceOrder::Strided(2)), 52, 1),
+    (MeanOrder::Ir(ReduceOrder::Strided(4)), 52, 1),
+    (MeanOrder::Ir(ReduceOrder::Strided(8)), 52, 1),
+    (MeanOrder::Ir(ReduceOrder::Strided(16)), 54, 1),
+    (MeanOrder::Ir(ReduceOrder::Strided(32)), 52, 1),
+    (MeanOrder::Ir(ReduceOrder::Strided(64)), 52, 1),
+    (MeanOrder::Torch(4), 52, 1),
+    (MeanOrder::Torch(8), 60, 0),
+    (MeanOrder::Torch(16), 48, 2),
+];
+
+/// Runs `per_device` on every device and checks that each found exactly the `expected` counts.
+fn on_devices(
+    title: &str,
+    expected: &[(&str, usize)],
+    mut per_device: impl FnMut(&dyn Device) -> Counts,
+) {
+    let expected: BTreeMap<String, usize> =
+        expected.iter().map(|(k, v)| (k.to_string(), *v)).collect();
     for dev in devices() {
         let counts = per_device(dev.as_ref());
         counts.print(&format!("{title} on {}", dev.name()));
-        match &first {
-            None => first = Some(counts),
-            Some(f) => assert_eq!(
-                f.0,
-                counts.0,
-                "{title}: {} disagrees with the first device",
-                dev.name()
-            ),
+        assert_eq!(
+            counts.0,
+            expected,
+            "{title} on {}: the counts differ from docs/compat.md (left: found, right: documented)",
+            dev.name()
+        );
+    }
+}
+
+/// The `f32` mean `sum / f32(n)` with the sum in `order` as `docs/semantics.md` defines it
+/// (every accumulator starts at `-0.0`; `Strided(W)`: element `i` into `acc[i % W]`, then the
+/// halving tree), written independently of the kernels.
+fn ordered_mean(xs: &[f32], order: ReduceOrder) -> f32 {
+    let ways = order.ways() as usize;
+    let mut acc = vec![-0.0f32; ways];
+    for (i, x) in xs.iter().enumerate() {
+        acc[i % ways] += x;
+    }
+    let mut w = ways;
+    while w > 1 {
+        w /= 2;
+        for j in 0..w {
+            acc[j] += acc[j + w];
         }
     }
+    acc[0] / xs.len() as f32
 }
 
 fn assert_same_f32s(what: &str, got: &[f32], want: &[f32]) {
@@ -189,11 +289,11 @@ fn check_downstream(
     }
 }
 
-fn run_4bit_file(file: &str, qt: QuantType) {
+fn run_4bit_file(file: &str, qt: QuantType, expected: &[(&str, usize)]) {
     let (Some(cases), Some(bnb)) = (load_cases(file), bnb4(qt)) else {
         return;
     };
-    on_devices(file, |dev| {
+    on_devices(file, expected, |dev| {
         let mut counts = Counts::default();
         for (name, case) in &cases {
             let input = case.field("input");
@@ -263,12 +363,12 @@ fn run_4bit_file(file: &str, qt: QuantType) {
 
 #[test]
 fn golden_nf4() {
-    run_4bit_file("nf4.safetensors", QuantType::Nf4);
+    run_4bit_file("nf4.safetensors", QuantType::Nf4, EXPECTED_NF4);
 }
 
 #[test]
 fn golden_fp4() {
-    run_4bit_file("fp4.safetensors", QuantType::Fp4);
+    run_4bit_file("fp4.safetensors", QuantType::Fp4, EXPECTED_FP4);
 }
 
 /// Proves every 8-bit code difference is (c) and returns, per element, whether they differ.
@@ -330,7 +430,7 @@ fn golden_blockwise8() {
         .iter()
         .map(|m| (m.name(), (m.code(), Lut8::new(&m.code()))))
         .collect();
-    on_devices("blockwise8.safetensors", |dev| {
+    on_devices("blockwise8.safetensors", EXPECTED_BLOCKWISE8, |dev| {
         let mut counts = Counts::default();
         for (name, case) in &cases {
             let map = map_of(case.param_str("code"));
@@ -400,9 +500,11 @@ fn golden_doublequant() {
     };
     let code = BlockwiseMap::Dynamic.code();
     let lut = Lut8::new(&code);
-    on_devices("doublequant.safetensors", |dev| {
+    on_devices("doublequant.safetensors", EXPECTED_DOUBLEQUANT, |dev| {
         let mut counts = Counts::default();
         let mut ulps: BTreeMap<i64, usize> = BTreeMap::new();
+        // Per order of EXPECTED_OTHER_ORDERS: (exact cases, max |ulps|).
+        let mut other_orders = vec![(0usize, 0u64); EXPECTED_OTHER_ORDERS.len()];
         for (name, case) in &cases {
             let qt = QuantType::parse(case.param_str("quant_type")).unwrap();
             let bnb = if qt == QuantType::Nf4 {
@@ -434,27 +536,59 @@ fn golden_doublequant() {
             );
             counts.add("cases", 1);
 
-            // The offset: ours (strided order) in ulps from bnb's; torch's order model exact.
+            // The offset: bnb's, torch's order (host model) and ours are the same bits.
             let golden_offset = case.field("offset").f32s()[0];
+            let model = torch_mean_model(&absmax_raw, TORCH_X86_LANES);
             assert_eq!(
-                torch_mean_model(&absmax_raw).to_bits(),
+                model.to_bits(),
                 golden_offset.to_bits(),
-                "{name}: torch mean model"
+                "{name}: the host model of torch's CPU mean is not bnb's offset"
             );
             let ours = ops::absmax_mean(dev, &absmax_raw).unwrap();
-            *ulps.entry(ulp_diff(ours, golden_offset)).or_default() += 1;
+            assert_eq!(
+                ours.to_bits(),
+                model.to_bits(),
+                "{name}: the offset kernel is not torch's CPU mean (host model, docs/compat.md)"
+            );
+            let d = ulp_diff(ours, golden_offset);
+            *ulps.entry(d).or_default() += 1;
+            let documented = EXPECTED_OFFSET_ULPS
+                .iter()
+                .find(|(c, _, _)| c == name)
+                .map_or((absmax_raw.len(), 0), |(_, blocks, u)| (*blocks, *u));
+            assert_eq!(
+                (absmax_raw.len(), d),
+                documented,
+                "{name}: (blocks, offset ours - bnb in ulps) (docs/compat.md, Double-quantization \
+                 offset)"
+            );
+            for (k, (order, _, _)) in EXPECTED_OTHER_ORDERS.iter().enumerate() {
+                let mean = match *order {
+                    MeanOrder::Ir(order) => ordered_mean(&absmax_raw, order),
+                    MeanOrder::Torch(lanes) => torch_mean_model(&absmax_raw, lanes),
+                };
+                let u = ulp_diff(mean, golden_offset).unsigned_abs();
+                other_orders[k].0 += usize::from(u == 0);
+                other_orders[k].1 = other_orders[k].1.max(u);
+            }
 
-            // The nested level with bnb's offset.
-            let nested = ops::compress_absmax_with_offset(dev, &absmax_raw, golden_offset).unwrap();
+            // The nested level, with our own offset (bnb's, asserted above).
+            let nested = ops::compress_absmax(dev, &absmax_raw).unwrap();
             let Absmax4::Nested {
                 qabsmax,
                 nested_absmax,
                 nested_code,
+                offset,
                 ..
             } = &nested
             else {
                 panic!("nested absmax expected")
             };
+            assert_eq!(
+                offset.to_bits(),
+                golden_offset.to_bits(),
+                "{name}: nested offset"
+            );
             assert_same_f32s(
                 &format!("{name}: nested_absmax"),
                 nested_absmax,
@@ -535,6 +669,16 @@ fn golden_doublequant() {
             );
         }
         println!("   offset: ours - bnb in ulps -> cases: {ulps:?}");
+        for ((order, exact, max), (got_exact, got_max)) in
+            EXPECTED_OTHER_ORDERS.iter().zip(&other_orders)
+        {
+            println!("   mean in order {order:?}: {got_exact} of 60 exact, max {got_max} ulps");
+            assert_eq!(
+                (*got_exact, *got_max),
+                (*exact, *max),
+                "mean in order {order:?}: (exact cases, max ulps) differ from docs/compat.md"
+            );
+        }
         for (u, k) in &ulps {
             counts.add(&format!("offset ulps {u:+}"), *k);
         }
@@ -547,6 +691,7 @@ fn golden_constants() {
     let Some(consts) = load_cases("constants.safetensors") else {
         return;
     };
+    assert_eq!(consts.len(), 1, "constants.safetensors has one case");
     let t = &consts["tables"];
     assert_same_f32s("nf4", &maps::nf4_code(), &t.field("nf4").f32s());
     assert_same_f32s("fp4", &maps::fp4_code(), &t.field("fp4").f32s());
@@ -615,4 +760,152 @@ fn golden_constants() {
     for (k, c) in maps::FP4_MAGNITUDE_CODES.iter().enumerate() {
         assert_eq!(bnb_table[*c as usize], maps::fp4_magnitudes()[k]);
     }
+    assert_fp8_map_fp4_differs_only_in_the_subnormal(&t.field("fp4_via_create_fp8_map").f32s());
+    assert_table_numbers(t);
+    // Every table of the file was compared.
+    assert_eq!(
+        t.fields.keys().map(String::as_str).collect::<Vec<_>>(),
+        [
+            "dynamic_signed",
+            "dynamic_unsigned",
+            "fp4",
+            "fp4_quantize_midpoints",
+            "fp4_quantize_order",
+            "fp4_via_create_fp8_map",
+            "linear_signed",
+            "nf4",
+            "nf4_quantize_midpoints",
+            "nf4_quantize_order",
+            "nf4_via_create_normal_map",
+        ]
+    );
+}
+
+/// `constants/fp4_via_create_fp8_map` is bitsandbytes' `create_fp8_map(signed=True,
+/// exponent_bits=2, precision_bits=1, total_bits=4)`: an FP4 table that qforge does not build
+/// (it has no `create_fp8_map`; its FP4 is `get_4bit_type("fp4")`, `maps::fp4_code()`). Laid out
+/// like that map (16 values sorted, `+0.0` then `-0.0`, 240 `+0.0` of padding in the middle),
+/// our FP4 values equal it bit for bit except the subnormal magnitude: `create_fp8_map` scales
+/// it as `0.5 * 2^-2 / 6 = 1/48`, `get_4bit_type` has `0.0625 / 12 = 1/192`, exactly a quarter.
+/// `docs/compat.md` ("Code tables") records the 2 differing entries (+ and -).
+fn assert_fp8_map_fp4_differs_only_in_the_subnormal(theirs: &[f32]) {
+    let mags = maps::fp4_magnitudes();
+    let mut ours: Vec<f32> = mags[1..].iter().rev().map(|m| -m).collect();
+    ours.extend([mags[0], -mags[0]]);
+    ours.extend(std::iter::repeat_n(0.0f32, 240));
+    ours.extend_from_slice(&mags[1..]);
+    assert_eq!(ours.len(), theirs.len(), "fp4_via_create_fp8_map: length");
+    let mut differ = 0;
+    for (i, (o, g)) in ours.iter().zip(theirs).enumerate() {
+        if o.to_bits() == g.to_bits() {
+            continue;
+        }
+        assert!(
+            o.abs() == mags[1] && g.to_bits() == (4.0 * o).to_bits(),
+            "fp4_via_create_fp8_map[{i}]: ours {o:e}, bnb {g:e}: not the subnormal magnitude"
+        );
+        differ += 1;
+    }
+    assert_eq!(
+        differ, 2,
+        "fp4_via_create_fp8_map: entries that differ from our FP4 values (docs/compat.md)"
+    );
+}
+
+/// The numbers `docs/compat.md` states about the code tables ("8-bit blockwise" and "Code
+/// tables"), computed from the golden tables.
+fn assert_table_numbers(t: &Case) {
+    // The f32 midpoints `f32((a + b) / 2)` that are not the exact midpoint (`f64`, exact).
+    for (name, inexact) in [
+        ("dynamic_signed", 107),
+        ("dynamic_unsigned", 91),
+        ("linear_signed", 38),
+    ] {
+        let c = t.field(name).f32s();
+        let n = c
+            .windows(2)
+            .filter(|w| {
+                let exact = (w[0] as f64 + w[1] as f64) / 2.0;
+                exact as f32 as f64 != exact
+            })
+            .count();
+        assert_eq!(n, inexact, "{name}: inexact f32 midpoints (docs/compat.md)");
+    }
+    // The signed dynamic map with torch.linspace's single (fused) rounding is bnb's; with a
+    // rounded product and a rounded sum it matches only 214 of the 256 entries.
+    let golden = t.field("dynamic_signed").f32s();
+    let matching = |fused: bool| {
+        let map = dynamic_signed_map_model(fused);
+        map.iter()
+            .zip(&golden)
+            .filter(|(a, b)| a.to_bits() == b.to_bits())
+            .count()
+    };
+    assert_eq!(matching(true), 256, "the fused linspace model");
+    assert_eq!(
+        matching(false),
+        214,
+        "the two-rounding linspace model (docs/compat.md)"
+    );
+    // The 15 NF4 quantiles (`f64`, before rounding to f32) lie at least 0.058 f32-ulp away from a
+    // rounding boundary.
+    let offset = 0.967_708_3f32;
+    let quantiles = [9usize, 8].into_iter().flat_map(|steps| {
+        let q = maps::linspace_f32(offset, 0.5, steps);
+        q[..steps - 1].to_vec()
+    });
+    let margin = quantiles
+        .map(|q| {
+            let x = qforge::ir::library::normal_ppf(q as f64);
+            let f = x as f32;
+            let (down, up) = (f.next_down() as f64, f.next_up() as f64);
+            let f = f as f64;
+            let below = (x - (f + down) / 2.0) / (f - down);
+            let above = ((f + up) / 2.0 - x) / (up - f);
+            below.min(above)
+        })
+        .fold(f64::INFINITY, |m, d| if d.is_nan() { d } else { m.min(d) });
+    assert_eq!(
+        (margin * 1000.0).floor(),
+        58.0,
+        "smallest distance of an NF4 quantile from an f32 rounding boundary: {margin} ulp \
+         (docs/compat.md says 0.058)"
+    );
+}
+
+/// bnb's `create_dynamic_map(signed=True)` (7 exponent bits, 8 bits) written out for the test:
+/// per exponent `i`, the means of adjacent `linspace(0.1, 1, 2^i + 1)` values times `10^(i-6)`
+/// and their negatives, then 0 and 1, sorted. `fused`: each linspace element `start + step*k`
+/// with a single rounding (torch's FMA-contracted kernel); otherwise the product and the sum
+/// rounded separately.
+fn dynamic_signed_map_model(fused: bool) -> Vec<f32> {
+    let linspace = |start: f32, end: f32, steps: usize| -> Vec<f32> {
+        let step = (end - start) / (steps - 1) as f32;
+        (0..steps)
+            .map(|i| {
+                let (base, k) = if i < steps / 2 {
+                    (start, i as f32)
+                } else {
+                    (end, -((steps - 1 - i) as f32))
+                };
+                if fused {
+                    step.mul_add(k, base)
+                } else {
+                    base + step * k
+                }
+            })
+            .collect()
+    };
+    let mut data = Vec::new();
+    for i in 0..7 {
+        let b = linspace(0.1, 1.0, (1 << i) + 1);
+        let s = format!("1e{}", i - 6).parse::<f64>().unwrap() as f32;
+        for w in b.windows(2) {
+            let m = (w[0] + w[1]) / 2.0;
+            data.extend([s * m, -s * m]);
+        }
+    }
+    data.extend([0.0, 1.0]);
+    data.sort_by(|a, b| a.total_cmp(b));
+    data
 }

@@ -13,10 +13,12 @@
 
 use proptest::prelude::*;
 use qforge::devices::available_devices;
+use qforge::ir::dsl::{FloatIn, FloatOut};
+use qforge::ir::library::activation::ActBetaArgs;
 use qforge::ir::library::math::{MathFn, MATH_BLOCKSIZE};
 use qforge::ir::library::{Act, ActDirection, ActSpec, ACT_BLOCKSIZE};
 use qforge::ir::{Arg, Kernel, Scalar};
-use qforge::runtime::{CpuDevice, CpuOptions, Device, InterpreterDevice};
+use qforge::runtime::{launch_typed, CpuDevice, CpuOptions, Device, InterpreterDevice};
 
 /// The CPU device in its four configurations, then every available device.
 fn devices() -> Vec<Box<dyn Device>> {
@@ -316,22 +318,25 @@ fn math_exhaustive_error_of_every_f32_input() {
 fn run_act(dev: &dyn Device, spec: ActSpec, beta: f32, z: &[f32], dy: &[f32]) -> Vec<f32> {
     let k = spec.build().unwrap();
     let n = z.len();
-    let zb = f32_bytes(z);
-    let dyb = f32_bytes(dy);
-    let mut out = vec![0u8; 4 * n];
-    let mut args = vec![
-        Arg::Scalar(Scalar::U32(n as u32)),
-        Arg::Scalar(Scalar::U32(n.div_ceil(ACT_BLOCKSIZE as usize) as u32)),
-        Arg::Scalar(Scalar::f32(beta)),
-        Arg::Read(&zb),
-    ];
-    if spec.direction == ActDirection::Backward {
-        args.push(Arg::Read(&dyb));
+    let mut out = vec![0f32; n];
+    let backward = spec.direction == ActDirection::Backward;
+    let mut args = ActBetaArgs {
+        n: n as u32,
+        n_blocks: n.div_ceil(ACT_BLOCKSIZE as usize) as u32,
+        beta,
+        z: FloatIn::f32(z),
+        dy: backward.then(|| FloatIn::f32(dy)),
+        y: None,
+        dz: None,
+    };
+    let name = &k.kernel().name;
+    if backward {
+        args.dz = Some(FloatOut::f32(&mut out));
+    } else {
+        args.y = Some(FloatOut::f32(&mut out));
     }
-    args.push(Arg::Write(&mut out));
-    dev.launch(&k, &mut args)
-        .unwrap_or_else(|e| panic!("{} on {}: {e}", k.name, dev.name()));
-    bytes_f32(&out)
+    launch_typed(dev, &k, &mut args).unwrap_or_else(|e| panic!("{name} on {}: {e}", dev.name()));
+    out
 }
 
 fn spec(act: Act, direction: ActDirection) -> ActSpec {

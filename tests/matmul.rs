@@ -6,7 +6,7 @@
 //!   outputs within the sum of both bounds; the worst error is printed;
 //! * on every Linear weight of all-MiniLM-L6-v2 quantized to NF4, on real token embeddings.
 //!
-//! Needs `../shared` (fails under CI=true without it, skips with a reason elsewhere).
+//! Needs `../shared` (fails without it where `qforge_testkit` requires it, as under CI; skips with a reason elsewhere).
 
 #[path = "golden_support/mod.rs"]
 mod golden_support;
@@ -66,7 +66,9 @@ fn reference(
     (exact, abs)
 }
 
-/// Largest `|got - exact| / bound` over the outputs (must stay at most 1).
+/// Largest `|got - exact| / bound` over the outputs (must stay at most 1); infinite for a NaN or
+/// an infinity where the exact value is finite, and never drops a NaN (`error_ratio`,
+/// `nan_max`).
 fn worst_ratio(
     got: &[f32],
     exact: &[f64],
@@ -74,10 +76,12 @@ fn worst_ratio(
     (len, order): (usize, ReduceOrder),
     dtype: DType,
 ) -> f64 {
-    got.iter()
-        .zip(exact.iter().zip(abs))
-        .map(|(g, (e, a))| (*g as f64 - e).abs() / bound(len, order, *a, *e, dtype))
-        .fold(0.0, f64::max)
+    assert_eq!(got.len(), exact.len(), "output length");
+    nan_max(
+        got.iter()
+            .zip(exact.iter().zip(abs))
+            .map(|(g, (e, a))| error_ratio(*g as f64, *e, bound(len, order, *a, *e, dtype))),
+    )
 }
 
 fn state_of(case: &Case) -> (Vec<u8>, QuantState4) {
@@ -147,9 +151,10 @@ fn golden_matmul_4bit_decodes_w_exactly_and_stays_within_the_bound() {
                 .to_f32()
                 .unwrap();
             let (exact, abs) = reference(&xs, rows, k, n, |o, i| w_dequant[o * k + i]);
-            worst[0] = worst[0].max(worst_ratio(&y, &exact, &abs, (k, K_ORDER), dtype));
+            worst[0] = nan_max([worst[0], worst_ratio(&y, &exact, &abs, (k, K_ORDER), dtype)]);
             let theirs = case.field(&format!("out_{m}")).f32s();
-            worst[1] = worst[1].max(vs_blas(&y, &theirs, &exact, &abs, (k, K_ORDER), dtype));
+            let r = vs_blas(&y, &theirs, &exact, &abs, (k, K_ORDER), dtype);
+            worst[1] = nan_max([worst[1], r]);
             let dy = case.field(&format!("grad_out_{m}"));
             let dys = dy.f32s();
             let dx = ops::matmul_4bit_backward_input(&dev, &dy.host(), &packed, &state, None)
@@ -157,9 +162,13 @@ fn golden_matmul_4bit_decodes_w_exactly_and_stays_within_the_bound() {
                 .to_f32()
                 .unwrap();
             let (exact, abs) = reference(&dys, rows, n, k, |o, i| w_dequant[i * k + o]);
-            worst[2] = worst[2].max(worst_ratio(&dx, &exact, &abs, (n, DX_ORDER), dtype));
+            worst[2] = nan_max([
+                worst[2],
+                worst_ratio(&dx, &exact, &abs, (n, DX_ORDER), dtype),
+            ]);
             let theirs = case.field(&format!("dx_{m}")).f32s();
-            worst[3] = worst[3].max(vs_blas(&dx, &theirs, &exact, &abs, (n, DX_ORDER), dtype));
+            let r = vs_blas(&dx, &theirs, &exact, &abs, (n, DX_ORDER), dtype);
+            worst[3] = nan_max([worst[3], r]);
         }
         report.push(format!(
             "{name}: error/bound forward {:.3}, dX {:.3}; difference from bitsandbytes / (our bound + a sequential BLAS bound): out {:.3}, dx {:.3}",
@@ -176,7 +185,8 @@ fn golden_matmul_4bit_decodes_w_exactly_and_stays_within_the_bound() {
 }
 
 /// Largest `|ours - theirs|` over our bound plus the worst-case bound of a sequential f32 sum
-/// of `len` products (bitsandbytes' BLAS order is unknown), each rounded to the dtype.
+/// of `len` products (bitsandbytes' BLAS order is unknown), each rounded to the dtype;
+/// infinite where ours is NaN or infinite and theirs finite, never dropping a NaN.
 fn vs_blas(
     ours: &[f32],
     theirs: &[f32],
@@ -185,26 +195,27 @@ fn vs_blas(
     (len, order): (usize, ReduceOrder),
     dtype: DType,
 ) -> f64 {
-    ours.iter()
-        .zip(theirs)
-        .zip(exact.iter().zip(abs))
-        .map(|((o, t), (e, a))| {
-            let blas = len as f64 * 2f64.powi(-24) * a + unit_roundoff(dtype) * e.abs();
-            (*o as f64 - *t as f64).abs() / (bound(len, order, *a, *e, dtype) + blas)
-        })
-        .fold(0.0, f64::max)
+    assert_eq!(ours.len(), theirs.len(), "output length");
+    nan_max(
+        ours.iter()
+            .zip(theirs)
+            .zip(exact.iter().zip(abs))
+            .map(|((o, t), (e, a))| {
+                let blas = len as f64 * 2f64.powi(-24) * a + unit_roundoff(dtype) * e.abs();
+                error_ratio(
+                    *o as f64,
+                    *t as f64,
+                    bound(len, order, *a, *e, dtype) + blas,
+                )
+            }),
+    )
 }
 
 #[test]
 fn minilm_every_linear_weight_matches_f64_within_the_bound() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models/all-MiniLM-L6-v2");
     if !dir.join("model.safetensors").is_file() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{} missing under CI",
-            dir.display()
-        );
-        println!("skipped: {} is missing", dir.display());
+        qforge_testkit::unavailable("models", format!("{} is missing", dir.display()));
         return;
     }
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
@@ -245,7 +256,7 @@ fn minilm_every_linear_weight_matches_f64_within_the_bound() {
         let (exact, abs) = reference(&x, rows, k, n, |o, i| wd[o * k + i]);
         let r = worst_ratio(&y, &exact, &abs, (k, K_ORDER), DType::F32);
         assert!(r <= 1.0, "{name}: forward error/bound {r}");
-        worst = worst.max(r);
+        worst = nan_max([worst, r]);
         let dy: Vec<f32> = (0..rows * n)
             .map(|i| emb[(2001 + i / d) * d + i % d])
             .collect();
@@ -254,7 +265,7 @@ fn minilm_every_linear_weight_matches_f64_within_the_bound() {
         let (exact, abs) = reference(&dy, rows, n, k, |o, i| wd[i * k + o]);
         let r = worst_ratio(&dx, &exact, &abs, (n, DX_ORDER), DType::F32);
         assert!(r <= 1.0, "{name}: dX error/bound {r}");
-        worst = worst.max(r);
+        worst = nan_max([worst, r]);
         checked += 1;
     }
     println!("{checked} MiniLM Linear weights: worst error/bound {worst:.3}");
@@ -273,34 +284,51 @@ fn edge_value(bits: u32) -> f32 {
 }
 
 /// The fused matmul (forward with bias, plain and nested absmax, and dX) on every device bit for
-/// bit against the interpreter, at the batch sizes M in {1, 2, 7, 16, 33}, with K and N
-/// not multiples of the block (64), of 8 or of the tile, on edge-value activations and absmax.
+/// bit against the interpreter, at the batch sizes M in {1, 2, 7, 16, 33} (each in a fixed case in
+/// every run, plus `PROPTEST_CASES` (default 5) random ones), with K and N not multiples of the
+/// block (64), of 8 or of the tile, on edge-value activations and absmax.
 #[test]
 fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
     use proptest::prelude::*;
-    use proptest::test_runner::{Config, TestRunner};
     use qforge::devices::available_devices;
     use qforge::runtime::InterpreterDevice;
 
     let (devices, unavailable) = available_devices();
     for u in &unavailable {
-        println!("skipped on {}: {}", u.backend, u.reason);
+        qforge_testkit::unavailable(u.device, &u.reason);
     }
-    let mut runner = TestRunner::new(Config {
-        cases: 10,
-        failure_persistence: None,
-        ..Config::default()
+    const MS: [usize; 5] = [1, 2, 7, 16, 33];
+    const KS: [usize; 5] = [1, 5, 13, 70, 131];
+    const NS: [usize; 4] = [1, 3, 9, 65];
+    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+    // Fixed cases: every M with a K, N, dtype and absmax form that also each take all their
+    // values (5 cases), in every run; random combinations on top.
+    let fixed = (0..MS.len()).map(|i| {
+        let case = (
+            MS[i],
+            KS[(i + 2) % KS.len()],
+            NS[i % NS.len()],
+            DTYPES[i % DTYPES.len()],
+            i % 2 == 1,
+            0x9e37_79b9u32.wrapping_mul(i as u32 + 1),
+        );
+        (format!("{case:?}"), case)
     });
     let strategy = (
-        prop::sample::select(vec![1usize, 2, 7, 16, 33]),
-        prop::sample::select(vec![1usize, 5, 13, 70, 131]),
-        prop::sample::select(vec![1usize, 3, 9, 65]),
-        prop::sample::select(vec![DType::F32, DType::F16, DType::BF16]),
+        prop::sample::select(MS.to_vec()),
+        prop::sample::select(KS.to_vec()),
+        prop::sample::select(NS.to_vec()),
+        prop::sample::select(DTYPES.to_vec()),
         any::<bool>(),
         any::<u32>(),
     );
-    runner
-        .run(&strategy, |(m, k, n, dtype, nested, seed)| {
+    let random = qforge_testkit::random_cases(5);
+    qforge_testkit::run_cases(
+        file!(),
+        fixed,
+        strategy,
+        random,
+        |(m, k, n, dtype, nested, seed)| {
             let mut s = seed | 1;
             let mut next = || {
                 s ^= s << 13;
@@ -348,9 +376,14 @@ fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
                 }
             }
             Ok(())
-        })
-        .unwrap();
-    println!("checked on {} device(s)", devices.len());
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    println!(
+        "checked on {} device(s): {} fixed + {random} random cases",
+        devices.len(),
+        MS.len()
+    );
 }
 
 /// Bad input to the matmul and int8 host ops is an error naming the problem, never a panic or a

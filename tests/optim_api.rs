@@ -14,7 +14,8 @@ use qforge::ir::DType;
 use qforge::runtime::ops::{adam_step_32bit_opts, adam_step_8bit_opts, GradOptions};
 use qforge::runtime::ops::{adam_step_8bit, AdamState32, AdamState8};
 use qforge::runtime::optim::{
-    Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits, STATE_METADATA_KEY,
+    Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits, StateLayout,
+    STATE_METADATA_KEY,
 };
 use qforge::runtime::{CpuDevice, Device, HostTensor, InterpreterDevice};
 use safetensors::{Dtype, SafeTensors};
@@ -263,17 +264,20 @@ fn resume_is_bit_identical_and_matches_host_ops() {
         for name in ["a", "b", "c"] {
             assert_eq!(straight.step_count(name), Some(10));
         }
-        let want_a = case.bits;
-        assert_eq!(straight.state_bits("a"), Some(want_a), "{}", case.name);
+        let want_a = match case.bits {
+            StateBits::Bits32 => StateLayout::Bits32,
+            StateBits::Bits8 => StateLayout::Bits8,
+        };
+        assert_eq!(straight.state_layout("a"), Some(want_a), "{}", case.name);
         assert_eq!(
-            straight.state_bits("b"),
-            Some(StateBits::Bits32),
+            straight.state_layout("b"),
+            Some(StateLayout::Bits32),
             "{}",
             case.name
         );
         assert_eq!(
-            straight.state_bits("c"),
-            Some(StateBits::Bits32),
+            straight.state_layout("c"),
+            Some(StateLayout::Bits32),
             "{}",
             case.name
         );
@@ -760,7 +764,7 @@ fn malformed_tensors_extreme_hyperparameters_and_failed_steps_are_clear_errors()
         .unwrap_err()
         .to_string();
     assert_has(&e, &["injected device failure"]);
-    assert_eq!((o.step_count("x"), o.state_bits("x")), (Some(0), None));
+    assert_eq!((o.step_count("x"), o.state_layout("x")), (Some(0), None));
     let saved = o.state_dict().unwrap();
     let mut fresh = Optimizer::new(vec![ParamGroup::new(
         ["x"],

@@ -34,13 +34,13 @@
 //! `L = (sum_o w_o G w_o - 2 w_o . c_o + y_o . y_o) / (rows * 16)`,
 //! `dL/dw_o = 2 (G w_o - c_o) / (rows * 16)`; the gradient is rounded once to f32.
 //!
-//! Needs `../shared` (fails under CI=true without it, skips with a reason elsewhere).
+//! Needs `../shared` (fails without it where `qforge_testkit` requires it, as under CI; skips with a reason elsewhere).
 
 use std::path::Path;
 
-use qforge::ir::library::AdamHyper;
+use qforge::ir::library::{AdamHyper, MomentScheme};
 use qforge::runtime::optim::{
-    Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, QAdamWConfig, StateBits,
+    Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, QAdamWConfig, StateBits, StateLayout,
 };
 use qforge::runtime::{CpuDevice, HostTensor};
 use safetensors::SafeTensors;
@@ -75,20 +75,43 @@ fn hyper() -> AdamHyper {
     }
 }
 
-/// The runs compared (the first is the fp32 reference): name, rule, width.
-fn runs() -> Vec<(&'static str, OptimizerKind, StateBits)> {
+/// One compared run: name, rule, width, and the state layout W (6144 elements) must end up
+/// with.
+type Run = (&'static str, OptimizerKind, StateBits, StateLayout);
+
+/// The runs compared (the first is the fp32 reference). The 4-bit recipes must keep both
+/// moments in their 4-bit schemes (NF4 m1; Dyn4 m2 with ZIP-SR or ZE-EDEN).
+fn runs() -> Vec<Run> {
     vec![
-        ("adamw32", OptimizerKind::AdamW(hyper()), StateBits::Bits32),
-        ("adamw8bit", OptimizerKind::AdamW(hyper()), StateBits::Bits8),
+        (
+            "adamw32",
+            OptimizerKind::AdamW(hyper()),
+            StateBits::Bits32,
+            StateLayout::Bits32,
+        ),
+        (
+            "adamw8bit",
+            OptimizerKind::AdamW(hyper()),
+            StateBits::Bits8,
+            StateLayout::Bits8,
+        ),
         (
             "adamw4bit_zip_sr",
             OptimizerKind::QAdamW(QAdamWConfig::zip_sr(hyper())),
             StateBits::Bits8,
+            StateLayout::QAdamW {
+                m1: MomentScheme::Nf4,
+                m2: MomentScheme::Dyn4Sr,
+            },
         ),
         (
             "adamw4bit_ze_eden",
             OptimizerKind::QAdamW(QAdamWConfig::ze_eden(hyper())),
             StateBits::Bits8,
+            StateLayout::QAdamW {
+                m1: MomentScheme::Nf4,
+                m2: MomentScheme::Dyn4NzEden,
+            },
         ),
     ]
 }
@@ -171,13 +194,8 @@ impl Problem {
 
 /// Trains W from zero for `steps` steps; returns the loss before each step and after the last
 /// (`steps + 1` values).
-fn train(
-    dev: &CpuDevice,
-    p: &Problem,
-    steps: usize,
-    kind: OptimizerKind,
-    bits: StateBits,
-) -> Vec<f64> {
+fn train(dev: &CpuDevice, p: &Problem, steps: usize, run: &Run) -> Vec<f64> {
+    let &(name, kind, bits, want) = run;
     let options = OptimizerOptions {
         seed: 1234,
         ..OptimizerOptions::default()
@@ -192,7 +210,11 @@ fn train(
         let grads = [HostTensor::from_f32(vec![N_OUT, D], &g).unwrap()];
         opt.step(dev, &mut params, &grads).unwrap();
     }
-    assert_eq!(opt.state_bits("w"), Some(bits), "state width actually used");
+    assert_eq!(
+        opt.state_layout("w"),
+        Some(want),
+        "{name}: state layout actually used"
+    );
     losses.push(p.loss_and_grad(&params[0].to_f32().unwrap()).0);
     losses
 }
@@ -202,13 +224,10 @@ fn train(
 fn compare(what: &str, p: &Problem, steps: usize, min_drop: f64) -> Vec<(&'static str, f64, f64)> {
     let dev = CpuDevice::new().unwrap();
     let runs = runs();
-    let curves: Vec<Vec<f64>> = runs
-        .iter()
-        .map(|&(_, k, b)| train(&dev, p, steps, k, b))
-        .collect();
+    let curves: Vec<Vec<f64>> = runs.iter().map(|run| train(&dev, p, steps, run)).collect();
     println!("{what}: loss (mean squared error) by step");
     print!("{:>6}", "step");
-    for (name, _, _) in &runs {
+    for (name, _, _, _) in &runs {
         print!(" {name:>18}");
     }
     println!();
@@ -231,7 +250,7 @@ fn compare(what: &str, p: &Problem, steps: usize, min_drop: f64) -> Vec<(&'stati
         start / end
     );
     let mut out = Vec::new();
-    for (i, &(name, _, _)) in runs.iter().enumerate().skip(1) {
+    for (i, &(name, _, _, _)) in runs.iter().enumerate().skip(1) {
         let fin = curves[i][steps];
         let rel = (fin - end) / end;
         println!(
@@ -247,12 +266,7 @@ fn compare(what: &str, p: &Problem, steps: usize, min_drop: f64) -> Vec<(&'stati
 fn checkpoint() -> Option<Vec<u8>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models/all-MiniLM-L6-v2");
     if !dir.join("model.safetensors").is_file() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{} missing under CI",
-            dir.display()
-        );
-        println!("skipped: {} is missing", dir.display());
+        qforge_testkit::unavailable("models", format!("{} is missing", dir.display()));
         return None;
     }
     Some(std::fs::read(dir.join("model.safetensors")).unwrap())

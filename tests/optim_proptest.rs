@@ -635,31 +635,30 @@ fn devices(test: &str) -> Vec<Labelled> {
     };
     match CpuDevice::with_options(split) {
         Ok(cpu) => out.push(("cranelift (3 threads)".to_string(), Box::new(cpu))),
-        Err(e) => println!("{test}: skipped the split CPU device: {e}"),
+        Err(e) => qforge_testkit::unavailable("cpu", format!("{test}: the split CPU device: {e}")),
     }
     let ran: Vec<&str> = out.iter().map(|(label, _)| label.as_str()).collect();
     println!("{test}: devices {ran:?} against the interpreter");
     for u in &unavailable {
-        println!("{test}: skipped {}: {}", u.backend, u.reason);
+        qforge_testkit::unavailable(u.device, format!("{test}: {}", u.reason));
     }
     out
 }
 
-/// Runs [`CASES`] random cases of each family `select` keeps on every device.
+/// Runs [`CASES`] (or `PROPTEST_CASES`) random cases of each family `select` keeps on every device.
 fn check_families(test: &str, select: impl Fn(&Family) -> bool) {
     let devices = devices(test);
     if devices.is_empty() {
         println!("{test}: skipped, no device besides the interpreter can run here");
         return;
     }
+    let n_cases = qforge_testkit::random_cases(CASES);
     let mut failures = Vec::new();
     let mut checked = Vec::new();
     for family in families().into_iter().filter(|f| select(f)) {
         let mut runner = TestRunner::new(Config {
-            cases: CASES,
-            failure_persistence: None,
             max_shrink_iters: 16,
-            ..Config::default()
+            ..qforge_testkit::config(file!(), n_cases)
         });
         // LAMB/LARS: mostly parameters with a finite norm (the clipping path).
         let finite = matches!(
@@ -679,7 +678,7 @@ fn check_families(test: &str, select: impl Fn(&Family) -> bool) {
         }
     }
     println!(
-        "{test}: {} kernels x {CASES} cases x {STEPS} steps: {}",
+        "{test}: {} kernels x {n_cases} cases x {STEPS} steps: {}",
         checked.len(),
         checked.join(", ")
     );

@@ -14,7 +14,10 @@ fn devices() -> Vec<Box<dyn Device>> {
     let mut d: Vec<Box<dyn Device>> = vec![Box::new(InterpreterDevice)];
     match CpuDevice::new() {
         Ok(cpu) => d.push(Box::new(cpu)),
-        Err(e) => println!("CPU device unavailable, optimizer tests run on the interpreter: {e}"),
+        Err(e) => qforge_testkit::unavailable(
+            "cpu",
+            format!("optimizer tests run on the interpreter: {e}"),
+        ),
     }
     d
 }

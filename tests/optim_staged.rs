@@ -88,7 +88,7 @@ fn the_chunked_staged_step_equals_the_plain_kernel() {
     let dev = match CpuDevice::new() {
         Ok(d) => d,
         Err(e) => {
-            println!("skipped: no CPU device ({e})");
+            qforge_testkit::unavailable("cpu", e);
             return;
         }
     };
@@ -195,7 +195,7 @@ fn the_chunked_staged_qadam_step_equals_the_plain_kernel() {
     let dev = match CpuDevice::new() {
         Ok(d) => d,
         Err(e) => {
-            println!("skipped: no CPU device ({e})");
+            qforge_testkit::unavailable("cpu", e);
             return;
         }
     };

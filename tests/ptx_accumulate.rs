@@ -391,16 +391,49 @@ fn accumulate_lowers_in_the_ir_order() {
         let (body, total) = check_accumulate(&k, &text).unwrap_or_else(|e| panic!("{e}"));
         println!("nf4 tile {tm}x{tn} {order:?}: body {body} instructions, statement {total}");
     }
-    // The library's summation kernels (the fused 4-bit matmuls) keep the same order.
-    let mut library_accumulates = 0;
+    // The library's summation kernels (the fused 4-bit matmuls, the norm partials) keep the
+    // same order. Every accumulate counts, at any depth (inside `if` and `for` bodies too);
+    // `check_accumulate` reads one top-level accumulate, so a kernel with a nested or a second
+    // accumulate fails here instead of going unchecked.
+    fn accumulates(stmts: &[Stmt]) -> usize {
+        stmts
+            .iter()
+            .map(|s| match s {
+                Stmt::Accumulate { body, .. } => 1 + accumulates(body),
+                Stmt::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => accumulates(then_body) + accumulates(else_body),
+                Stmt::For { body, .. } => accumulates(body),
+                Stmt::Let(_) | Stmt::Store { .. } | Stmt::Assign { .. } => 0,
+            })
+            .sum()
+    }
+    let (mut checked, mut in_text) = (0, 0);
     for k in library_kernels() {
-        if k.body.iter().any(|s| matches!(s, Stmt::Accumulate { .. })) {
+        // Independent count: the kernel's text form (`.qir`) prints each one as `accumulate %i`.
+        let printed = qforge::ir::text::print(&k).matches("accumulate %").count();
+        in_text += usize::from(printed > 0);
+        let found = accumulates(&k.body);
+        assert_eq!(found, printed, "{}: accumulates found vs printed", k.name);
+        if found > 0 {
+            assert_eq!(
+                found, 1,
+                "{}: check_accumulate checks only one of {found}",
+                k.name
+            );
             let text = ptx_text(&k, SmTarget::Sm80).expect("lowers");
             check_accumulate(&k, &text).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-            library_accumulates += 1;
+            checked += 1;
         }
     }
-    println!("{library_accumulates} library kernels with an accumulate checked");
+    println!("{checked} library kernels with an accumulate checked");
+    assert!(in_text > 0, "no library kernel prints an accumulate");
+    assert_eq!(
+        checked, in_text,
+        "library kernels whose accumulate was checked vs kernels whose text has one"
+    );
     // Every fma of the nested kernel comes from an accumulate: 3 sums x (4 + 3) copies + 1.
     let k = nested_accumulate_kernel();
     let text = ptx_text(&k, SmTarget::Sm80).expect("lowers");
@@ -461,7 +494,10 @@ fn the_accumulate_checker_catches_broken_text() {
 #[test]
 fn ptxas_assembles_accumulate_kernels() {
     let Some(ptxas) = find_ptxas() else {
-        eprintln!("skipping ptxas test: no ptxas (QFORGE_PTXAS or scripts/install-ptxas.sh)");
+        qforge_testkit::unavailable(
+            "ptxas",
+            "not found: set QFORGE_PTXAS or run scripts/install-ptxas.sh",
+        );
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");

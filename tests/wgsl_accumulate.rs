@@ -10,7 +10,6 @@
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 use qforge::codegen::wgsl::{WgslBackend, WgslOptions};
 use qforge::codegen::Backend;
 use qforge::ir::{
@@ -224,7 +223,7 @@ fn devices() -> &'static [WgpuDevice] {
                     println!("{}: software routines {:?}", d.name(), d.soft_math());
                     v.push(d);
                 }
-                Err(e) => println!("skipped: no wgpu adapter here: {e}"),
+                Err(e) => qforge_testkit::unavailable("wgpu", e),
             }
         }
         v
@@ -399,11 +398,7 @@ fn proptest_dot_products_with_edge_values() {
     if devices().is_empty() {
         return;
     }
-    let mut runner = TestRunner::new(Config {
-        cases: 16,
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = qforge_testkit::runner(file!(), qforge_testkit::random_cases(16));
     let edge = prop_oneof![
         4 => -4.0f32..4.0,
         1 => prop::sample::select(vec![

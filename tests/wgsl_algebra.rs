@@ -112,7 +112,7 @@ fn algebraic_rewrites_do_not_change_results() {
         let dev = match WgpuDevice::with_soft_math(force) {
             Ok(d) => d,
             Err(e) => {
-                println!("skipped: no wgpu adapter here: {e}");
+                qforge_testkit::unavailable("wgpu", e);
                 return;
             }
         };

@@ -77,7 +77,7 @@ fn soft_device() -> Option<WgpuDevice> {
             Some(d)
         }
         Err(e) => {
-            println!("skipped: no wgpu adapter here: {e}");
+            qforge_testkit::unavailable("wgpu", e);
             None
         }
     }

@@ -145,6 +145,18 @@ impl OwnedArg {
             })
             .collect()
     }
+
+    /// Copies launch arguments into owned ones (e.g. the positional list a typed kernel's
+    /// named arguments produce, `dsl::TypedKernel::args`).
+    pub fn copy_all(args: &[Arg<'_>]) -> Vec<OwnedArg> {
+        args.iter()
+            .map(|a| match a {
+                Arg::Read(b) => OwnedArg::Read(b.to_vec()),
+                Arg::Write(b) => OwnedArg::Write(b.to_vec()),
+                Arg::Scalar(s) => OwnedArg::Scalar(*s),
+            })
+            .collect()
+    }
 }
 
 /// Counts the elements of the writable buffers of `kernel` that differ between two argument

@@ -6,6 +6,7 @@ use crate::kernel::{
     ValueDef, Var, VarId,
 };
 use crate::ops::{BinaryOp, CmpOp, NanMode, Op, ReduceKind, ReduceOrder, UnaryOp};
+use crate::source::{SourceLoc, SourceMap};
 use crate::types::{DType, Rounding, Scalar, ScalarType};
 
 /// The type recorded for an ill-typed op (which [`crate::verify`] reports): the type the op
@@ -40,6 +41,11 @@ fn fallback_type(op: &Op) -> ScalarType {
 pub struct KernelBuilder {
     kernel: Kernel,
     blocks: Vec<Vec<Stmt>>,
+    /// The verifier's path of each open block (`body`, `body[3].then`, ...).
+    paths: Vec<String>,
+    /// Where the code being built comes from, and what was built where.
+    location: Option<SourceLoc>,
+    source: SourceMap,
 }
 
 impl KernelBuilder {
@@ -56,7 +62,23 @@ impl KernelBuilder {
                 body: Vec::new(),
             },
             blocks: vec![Vec::new()],
+            paths: vec!["body".into()],
+            location: None,
+            source: SourceMap::default(),
         }
+    }
+
+    /// Sets the source location of what is built next (a macro-built kernel sets it before each
+    /// statement of the user's code), or clears it. Values and statements built while it is set
+    /// are recorded in the [`SourceMap`], which is kept outside the kernel (its equality and
+    /// hash do not see it).
+    pub fn set_location(&mut self, location: Option<SourceLoc>) {
+        self.location = location;
+    }
+
+    /// Where each value and statement built under [`KernelBuilder::set_location`] comes from.
+    pub fn source_map(&self) -> &SourceMap {
+        &self.source
     }
 
     /// Declares a buffer parameter.
@@ -125,20 +147,36 @@ impl KernelBuilder {
     pub fn op(&mut self, op: Op) -> Value {
         let ty = infer_type(&self.kernel, &op).unwrap_or_else(|_| fallback_type(&op));
         let v = self.kernel.values.append(ValueDef { op, ty });
+        if let Some(loc) = self.location {
+            self.source.values.insert(v, loc);
+        }
         self.push(Stmt::Let(v));
         v
     }
 
     fn push(&mut self, stmt: Stmt) {
-        self.blocks
+        let block = self
+            .blocks
             .last_mut()
-            .expect("builder always has an open block")
-            .push(stmt);
+            .expect("builder always has an open block");
+        if let (Some(loc), Some(path)) = (self.location, self.paths.last()) {
+            self.source
+                .stmts
+                .insert(format!("{path}[{}]", block.len()), loc);
+        }
+        block.push(stmt);
     }
 
-    fn nested(&mut self, f: impl FnOnce(&mut Self)) -> Vec<Stmt> {
+    /// Builds the block `kind` (`then`, `else` or `body`) of the statement that will be pushed
+    /// next into the current block.
+    fn nested(&mut self, kind: &str, f: impl FnOnce(&mut Self)) -> Vec<Stmt> {
+        let parent = self.paths.last().map_or("body", String::as_str);
+        let at = self.blocks.last().map_or(0, Vec::len);
+        let path = format!("{parent}[{at}].{kind}");
+        self.paths.push(path);
         self.blocks.push(Vec::new());
         f(self);
+        self.paths.pop();
         self.blocks.pop().expect("pushed above")
     }
 
@@ -377,7 +415,7 @@ impl KernelBuilder {
 
     /// `if cond { then }`.
     pub fn if_then(&mut self, cond: Value, then: impl FnOnce(&mut Self)) {
-        let then_body = self.nested(then);
+        let then_body = self.nested("then", then);
         self.push(Stmt::If {
             cond,
             then_body,
@@ -391,8 +429,8 @@ impl KernelBuilder {
         then: impl FnOnce(&mut Self),
         otherwise: impl FnOnce(&mut Self),
     ) {
-        let then_body = self.nested(then);
-        let else_body = self.nested(otherwise);
+        let then_body = self.nested("then", then);
+        let else_body = self.nested("else", otherwise);
         self.push(Stmt::If {
             cond,
             then_body,
@@ -411,7 +449,7 @@ impl KernelBuilder {
             op: Op::LoopIndex,
             ty: ScalarType::U32,
         });
-        let body = self.nested(|b| body(b, index));
+        let body = self.nested("body", |b| body(b, index));
         self.push(Stmt::For {
             index,
             start,
@@ -436,7 +474,7 @@ impl KernelBuilder {
             ty: ScalarType::U32,
         });
         let mut factors = Vec::new();
-        let body = self.nested(|b| factors = body(b, index));
+        let body = self.nested("body", |b| factors = body(b, index));
         let accs = vars
             .iter()
             .zip(factors)
@@ -469,6 +507,9 @@ impl KernelBuilder {
             KernelBuilder {
                 kernel,
                 blocks: vec![Vec::new()],
+                paths: vec!["body".into()],
+                location: None,
+                source: SourceMap::default(),
             },
             body,
         )

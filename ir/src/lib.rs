@@ -11,14 +11,19 @@
 //! ([`library`]) built with the public [`KernelBuilder`].
 #![deny(missing_docs)]
 
+// Lets `#[qforge::kernel]` refer to this crate as `::qforge_ir` inside it too.
+extern crate self as qforge_ir;
+
 mod args;
 mod builder;
 mod error;
 mod handle;
 mod kernel;
 mod ops;
+mod source;
 mod types;
 
+pub mod dsl;
 pub mod interp;
 pub mod library;
 pub mod text;
@@ -33,5 +38,6 @@ pub use kernel::{
     ValueDef, Var, VarId,
 };
 pub use ops::{BinaryOp, CmpOp, NanMode, Op, ReduceKind, ReduceOrder, UnaryOp};
+pub use source::{SourceLoc, SourceMap};
 pub use types::{DType, Rounding, Scalar, ScalarType};
 pub use verify::verify;

@@ -1,5 +1,6 @@
 //! The `Device` trait and the interpreter device.
 
+use qforge_ir::dsl::{Signature, TypedKernel};
 use qforge_ir::{Arg, Kernel};
 
 use crate::error::Result;
@@ -32,6 +33,21 @@ pub trait Device: Send + Sync {
     fn vector_lanes(&self) -> u32 {
         1
     }
+}
+
+/// Runs a typed kernel (built with `#[qforge::kernel]`) on `dev` with named arguments: the
+/// arguments are checked against the kernel by name, type, dtype and size first.
+///
+/// # Errors
+/// An argument mismatch naming the parameter ([`qforge_ir::Error::Argument`]), or the
+/// device's launch error.
+pub fn launch_typed<S: Signature>(
+    dev: &dyn Device,
+    kernel: &TypedKernel<S>,
+    args: &mut S::Args<'_>,
+) -> Result<()> {
+    let mut list = kernel.args(args)?;
+    dev.launch(kernel.kernel(), &mut list)
 }
 
 /// The reference interpreter as a device: slow, sequential, and by definition exact.

@@ -22,7 +22,7 @@ pub use self::wgpu::{Conformance, WgpuDevice};
 pub use cpu::{CpuDevice, CpuOptions};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaDevice;
-pub use device::{Device, InterpreterDevice};
+pub use device::{launch_typed, Device, InterpreterDevice};
 pub use error::{Error, Result};
 #[cfg(feature = "stablehlo")]
 pub use stablehlo::StableHloDevice;

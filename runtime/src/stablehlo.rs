@@ -1,6 +1,7 @@
 //! The `stablehlo` device: runs the StableHLO backend's modules with the StableHLO reference
-//! interpreter (`stablehlo.eval_module` of jaxlib's MLIR bindings) in one Python process, which
-//! every device of the process shares (launches take turns).
+//! interpreter (`stablehlo.eval_module` of jaxlib's MLIR bindings) in Python processes that every
+//! device of the process shares: a pool of runners, one per core by default
+//! (`QFORGE_STABLEHLO_RUNNERS` sets the number), so launches from several threads run at once.
 //!
 //! Each launch binds the arguments, lowers the kernel for exactly those shapes
 //! (`qforge_codegen::stablehlo::lower`), writes the module and the raw argument bytes to a fresh
@@ -18,7 +19,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use qforge_codegen::stablehlo::{lower, Shapes, BACKEND};
 use qforge_ir::{Arg, Kernel, ParamKind};
@@ -29,14 +30,52 @@ use crate::error::{Error, Result};
 const NAME: &str = "stablehlo";
 const RUNNER: &str = include_str!("../../scripts/stablehlo_runner.py");
 
-/// The device (see the module docs). Every device of a process shares one runner.
+/// The device (see the module docs). Every device of a process shares the pool of runners.
 pub struct StableHloDevice {
     _shared: (),
 }
 
-/// The runner of this process: started by the first [`StableHloDevice::new`], started again by
-/// a later one when it has stopped.
-static SHARED: Mutex<Option<Runner>> = Mutex::new(None);
+/// The runners of this process, one per slot. A launch takes the first free slot (or waits for
+/// one) and starts its runner when it has none or it has stopped; [`StableHloDevice::new`]
+/// starts the first one, so a missing Python is reported at once.
+static RUNNERS: OnceLock<Vec<Mutex<Option<Runner>>>> = OnceLock::new();
+
+/// Numbers the launches, to spread waiting threads over the slots.
+static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(0);
+
+/// The pool's slots: `QFORGE_STABLEHLO_RUNNERS`, else the number of cores, at most 16.
+fn slots() -> &'static [Mutex<Option<Runner>>] {
+    RUNNERS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let n = std::env::var("QFORGE_STABLEHLO_RUNNERS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(cores)
+            .clamp(1, 16);
+        (0..n).map(|_| Mutex::new(None)).collect()
+    })
+}
+
+/// Locks `slot` (waiting for it).
+fn lock(slot: &'static Mutex<Option<Runner>>) -> Result<MutexGuard<'static, Option<Runner>>> {
+    slot.lock()
+        .map_err(|_| device_error("a runner lock is poisoned".into()))
+}
+
+/// Puts a live runner in a locked slot: starts one when it has none or its runner stopped.
+fn make_live(runner: &mut Option<Runner>) -> Result<()> {
+    if !runner.as_mut().is_some_and(Runner::alive) {
+        let py = python();
+        if !py.exists() {
+            return Err(device_error(format!(
+                "no Python at {} (run scripts/install-stablehlo.sh, or set QFORGE_STABLEHLO_PYTHON)",
+                py.display()
+            )));
+        }
+        *runner = Some(Runner::start(&py)?);
+    }
+    Ok(())
+}
 
 /// Numbers the launch folders of every device in this process.
 static NEXT_FOLDER: AtomicU64 = AtomicU64::new(0);
@@ -140,25 +179,14 @@ fn python() -> PathBuf {
 }
 
 impl StableHloDevice {
-    /// A device on the process's runner, which this starts (again) when it is not running.
+    /// A device on the process's pool of runners; starts the first runner (again) when it is
+    /// not running, the others start at the first launches that need them.
     ///
     /// # Errors
     /// [`Error::Device`] when the Python interpreter is missing or cannot import jax's MLIR
     /// bindings (run `scripts/install-stablehlo.sh`), with its message.
     pub fn new() -> Result<StableHloDevice> {
-        let mut shared = SHARED
-            .lock()
-            .map_err(|_| device_error("the runner lock is poisoned".into()))?;
-        if !shared.as_mut().is_some_and(Runner::alive) {
-            let py = python();
-            if !py.exists() {
-                return Err(device_error(format!(
-                    "no Python at {} (run scripts/install-stablehlo.sh, or set QFORGE_STABLEHLO_PYTHON)",
-                    py.display()
-                )));
-            }
-            *shared = Some(Runner::start(&py)?);
-        }
+        make_live(&mut *lock(&slots()[0])?)?;
         Ok(StableHloDevice { _shared: () })
     }
 
@@ -173,10 +201,16 @@ impl StableHloDevice {
     fn request(&self, kernel: &Kernel, dir: &Path, args: Vec<serde_json::Value>) -> Result<()> {
         let req = serde_json::json!({ "dir": dir.to_string_lossy(), "args": args });
         let req = format!("{req}\n");
-        let mut shared = SHARED
-            .lock()
-            .map_err(|_| device_error("the runner lock is poisoned".into()))?;
-        let Some(runner) = shared.as_mut() else {
+        // The first free slot, else wait for one (spread over the slots by launch number).
+        let slots = slots();
+        let mut slot = match slots.iter().find_map(|s| s.try_lock().ok()) {
+            Some(free) => free,
+            None => {
+                lock(&slots[NEXT_LAUNCH.fetch_add(1, Ordering::Relaxed) as usize % slots.len()])?
+            }
+        };
+        make_live(&mut slot)?;
+        let Some(runner) = slot.as_mut() else {
             return Err(device_error("the runner is not running".into()));
         };
         runner
@@ -192,7 +226,7 @@ impl StableHloDevice {
         match answer.trim() {
             "ok" => Ok(()),
             "" => Err(device_error(format!(
-                "{}: the runner stopped: {} (a new device starts it again)",
+                "{}: the runner stopped: {} (the next launch starts it again)",
                 kernel.name,
                 runner.last_words()
             ))),

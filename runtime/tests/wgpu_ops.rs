@@ -18,7 +18,7 @@ fn device() -> Option<&'static WgpuDevice> {
     let d = DEVICE.get_or_init(|| match WgpuDevice::new() {
         Ok(d) => Some(d),
         Err(e) => {
-            println!("skipped: {e}");
+            qforge_testkit::unavailable("wgpu", e);
             None
         }
     });

@@ -1,18 +1,14 @@
 //! The bitsandbytes 4-bit checkpoint layout (`QuantState.as_dict(packed=True)` as transformers
-//! saves and loads it): `<name>` packed codes, `<name>.absmax`, `<name>.quant_map`, with double
-//! quantization `<name>.nested_absmax` and `<name>.nested_quant_map`, and the JSON blob
-//! `<name>.quant_state.bitsandbytes__<nf4|fp4>`. See `docs/formats.md`.
-
-use std::collections::BTreeMap;
-use std::path::Path;
+//! saves and loads it): `<name>` packed codes (in the `bnb_4bit_quant_storage` dtype),
+//! `<name>.absmax`, `<name>.quant_map`, with double quantization `<name>.nested_absmax` and
+//! `<name>.nested_quant_map`, and the JSON blob `<name>.quant_state.bitsandbytes__<nf4|fp4>`.
+//! See `docs/formats.md`.
 
 use qforge_ir::library::{BlockwiseMap, QuantType};
 use qforge_ir::DType;
-use qforge_runtime::ops::{Absmax4, QuantState4};
-use safetensors::Dtype;
+use qforge_runtime::ops::Absmax4;
 
 use super::companions::Companions;
-use super::io::{RawTensor, TensorRef};
 use super::pyrepr::float_repr;
 use crate::error::Result;
 
@@ -32,113 +28,56 @@ pub fn torch_dtype_name(dtype: DType) -> &'static str {
     }
 }
 
-/// The JSON blob, formatted as Python's `json.dumps` formats bitsandbytes' dict.
-pub fn state_json(state: &QuantState4) -> String {
-    let shape = state
-        .shape
+/// The JSON blob, formatted as Python's `json.dumps` formats bitsandbytes' dict; `offset` is the
+/// double-quantization offset (`None`: no double quantization).
+pub fn json_for(
+    qt: QuantType,
+    blocksize: usize,
+    dtype: DType,
+    shape: &[usize],
+    offset: Option<f32>,
+) -> String {
+    let shape = shape
         .iter()
         .map(|d| d.to_string())
         .collect::<Vec<_>>()
         .join(", ");
     let mut s = format!(
-        "{{\"quant_type\": \"{}\", \"blocksize\": {}, \"dtype\": \"{}\", \"shape\": [{}]",
-        state.quant_type.name(),
-        state.blocksize,
-        torch_dtype_name(state.dtype),
-        shape
+        "{{\"quant_type\": \"{}\", \"blocksize\": {blocksize}, \"dtype\": \"{}\", \"shape\": [{shape}]",
+        qt.name(),
+        torch_dtype_name(dtype),
     );
-    if let Absmax4::Nested {
-        offset,
-        nested_blocksize,
-        ..
-    } = &state.absmax
-    {
+    if let Some(offset) = offset {
         s += &format!(
-            ", \"nested_blocksize\": {nested_blocksize}, \"nested_dtype\": \"float32\", \"nested_offset\": {}",
-            float_repr(*offset as f64)
+            ", \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": {}",
+            float_repr(offset as f64)
         );
     }
     s.push('}');
     s
 }
 
-fn f32_tensor(values: &[f32]) -> RawTensor<'static> {
-    RawTensor {
-        dtype: Dtype::F32,
-        shape: vec![values.len()],
-        data: values
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect::<Vec<u8>>()
-            .into(),
-    }
+/// A 4-bit weight's quant state as read from a checkpoint (the packed codes stay in the file).
+pub struct State4 {
+    /// NF4 or FP4.
+    pub quant_type: QuantType,
+    /// Elements per block.
+    pub blocksize: usize,
+    /// Original dtype.
+    pub dtype: DType,
+    /// Original shape.
+    pub shape: Vec<usize>,
+    /// The absmax (plain or double-quantized).
+    pub absmax: Absmax4,
 }
 
-/// The tensors that replace weight `name` in a bitsandbytes 4-bit checkpoint.
-pub fn encode(
-    name: &str,
-    packed: Vec<u8>,
-    state: &QuantState4,
-) -> Vec<(String, RawTensor<'static>)> {
-    let mut out = Vec::with_capacity(6);
-    let n_packed = packed.len();
-    out.push((
-        name.to_string(),
-        RawTensor {
-            dtype: Dtype::U8,
-            shape: vec![n_packed, 1],
-            data: packed.into(),
-        },
-    ));
-    match &state.absmax {
-        Absmax4::Plain(absmax) => out.push((format!("{name}.absmax"), f32_tensor(absmax))),
-        Absmax4::Nested {
-            qabsmax,
-            nested_absmax,
-            nested_code,
-            ..
-        } => {
-            out.push((
-                format!("{name}.absmax"),
-                RawTensor {
-                    dtype: Dtype::U8,
-                    shape: vec![qabsmax.len()],
-                    data: qabsmax.clone().into(),
-                },
-            ));
-            out.push((format!("{name}.nested_absmax"), f32_tensor(nested_absmax)));
-            out.push((format!("{name}.nested_quant_map"), f32_tensor(nested_code)));
-        }
-    }
-    out.push((
-        format!("{name}.quant_map"),
-        f32_tensor(&state.quant_type.code()),
-    ));
-    let json = state_json(state).into_bytes();
-    out.push((
-        format!("{name}{STATE_MARK}{}", state.quant_type.name()),
-        RawTensor {
-            dtype: Dtype::U8,
-            shape: vec![json.len()],
-            data: json.into(),
-        },
-    ));
-    out
-}
-
-/// Reads the 4-bit weight `name` back from the tensors of a checkpoint. `tensors` maps names to
-/// borrowed tensors; `quant_type` is the suffix after [`STATE_MARK`].
+/// Reads the quant state of 4-bit weight `name` (`quant_type`: the suffix after [`STATE_MARK`])
+/// and checks its companions against it.
 ///
 /// # Errors
 /// [`Error::Tensor`] naming the weight when a companion tensor is missing, has the wrong dtype or
 /// size, or the JSON is malformed or inconsistent.
-pub fn decode(
-    path: &Path,
-    tensors: &BTreeMap<String, TensorRef<'_>>,
-    name: &str,
-    quant_type: &str,
-) -> Result<(Vec<u8>, QuantState4)> {
-    let c = Companions::new(path, tensors, name);
+pub fn decode(c: &Companions<'_>, quant_type: &str) -> Result<State4> {
     let state = c.state(&format!("{STATE_MARK}{quant_type}"))?;
     let qt_name = state.str("quant_type")?;
     let qt = QuantType::from_name(qt_name)
@@ -149,15 +88,33 @@ pub fn decode(
         )));
     }
     let (blocksize, dtype, shape) = (state.usize("blocksize")?, state.dtype()?, state.shape()?);
+    if !(32..=4096).contains(&blocksize) || !blocksize.is_power_of_two() {
+        return Err(c.error(format!(
+            "unsupported blocksize {blocksize} (32..4096, powers of two)"
+        )));
+    }
     c.expect_table(
         ".quant_map",
         &qt.code(),
         &format!("the standard {} table", qt.name()),
     )?;
-    let packed = c.get("", Dtype::U8)?;
+    let n: usize = shape.iter().product();
+    let packed = c.get("")?;
+    if packed.1.len() != n.div_ceil(2) {
+        return Err(c.error(format!(
+            "the packed codes hold {} bytes but shape {shape:?} needs {}",
+            packed.1.len(),
+            n.div_ceil(2)
+        )));
+    }
+    let nb = n.div_ceil(blocksize);
     let absmax = if state.has("nested_offset") {
-        let offset = state.f64("nested_offset")? as f32;
-        if !offset.is_finite() {
+        let offset = if state.is_null("nested_offset") {
+            f32::NAN
+        } else {
+            state.f64("nested_offset")? as f32
+        };
+        if !offset.is_finite() && n > 0 {
             return Err(c.error(format!("nested_offset {offset} is not a finite f32")));
         }
         let nested_blocksize = state.usize("nested_blocksize")?;
@@ -166,9 +123,19 @@ pub fn decode(
                 "nested_blocksize {nested_blocksize} is not supported (bitsandbytes uses 256)"
             )));
         }
+        let qabsmax = c.bytes(".absmax", "U8")?;
+        let nested_absmax = c.f32s(".nested_absmax")?;
+        if qabsmax.len() != nb || nested_absmax.len() != nb.div_ceil(256) {
+            return Err(c.error(format!(
+                "qabsmax has {} codes and nested_absmax {} values; {nb} blocks need {nb} and {}",
+                qabsmax.len(),
+                nested_absmax.len(),
+                nb.div_ceil(256)
+            )));
+        }
         Absmax4::Nested {
-            qabsmax: c.get(".absmax", Dtype::U8)?.data.to_vec(),
-            nested_absmax: c.f32s(".nested_absmax")?,
+            qabsmax,
+            nested_absmax,
             nested_code: c.expect_table(
                 ".nested_quant_map",
                 &BlockwiseMap::Dynamic.code(),
@@ -178,16 +145,20 @@ pub fn decode(
             nested_blocksize,
         }
     } else {
-        Absmax4::Plain(c.f32s(".absmax")?)
+        let absmax = c.f32s(".absmax")?;
+        if absmax.len() != nb {
+            return Err(c.error(format!(
+                "absmax has {} values; {nb} blocks need {nb}",
+                absmax.len()
+            )));
+        }
+        Absmax4::Plain(absmax)
     };
-    Ok((
-        packed.data.to_vec(),
-        QuantState4 {
-            quant_type: qt,
-            blocksize,
-            dtype,
-            shape,
-            absmax,
-        },
-    ))
+    Ok(State4 {
+        quant_type: qt,
+        blocksize,
+        dtype,
+        shape,
+        absmax,
+    })
 }

@@ -1,80 +1,84 @@
 //! Reading a quantized weight's companion tensors and JSON quant state back from a checkpoint,
 //! with every error naming the file and the weight.
 
-use std::collections::BTreeMap;
-use std::path::Path;
-
 use qforge_ir::DType;
-use safetensors::Dtype;
 use serde_json::Value;
 
 use super::bnb4::torch_dtype_name;
-use super::io::TensorRef;
+use super::model_in::ModelIn;
+use super::st_read::{StFile, TensorInfo};
 use crate::error::{Error, Result};
 
-/// The tensors named `<name><suffix>` of one quantized weight `name`.
-pub struct Companions<'t, 'a> {
-    path: &'t Path,
-    tensors: &'t BTreeMap<String, TensorRef<'a>>,
-    name: &'t str,
+/// The tensors named `<name><suffix>` of one quantized weight `name` (in any shard).
+pub struct Companions<'m> {
+    model: &'m ModelIn,
+    name: &'m str,
 }
 
-impl<'t, 'a> Companions<'t, 'a> {
-    /// The companions of weight `name` among `tensors` (read from `path`).
-    pub fn new(
-        path: &'t Path,
-        tensors: &'t BTreeMap<String, TensorRef<'a>>,
-        name: &'t str,
-    ) -> Self {
-        Companions {
-            path,
-            tensors,
-            name,
-        }
+impl<'m> Companions<'m> {
+    /// The companions of weight `name` in `model`.
+    pub fn new(model: &'m ModelIn, name: &'m str) -> Self {
+        Companions { model, name }
     }
 
     /// An [`Error::Tensor`] about this weight.
     pub fn error(&self, message: impl Into<String>) -> Error {
         Error::Tensor {
-            path: self.path.to_path_buf(),
+            path: self.model.path_of(self.name),
             tensor: self.name.to_string(),
             message: message.into(),
         }
+    }
+
+    /// The tensor `<name><suffix>` (any dtype).
+    ///
+    /// # Errors
+    /// When it is missing.
+    pub fn get(&self, suffix: &str) -> Result<(&'m StFile, &'m TensorInfo)> {
+        let key = format!("{}{suffix}", self.name);
+        self.model
+            .get(&key)
+            .ok_or_else(|| self.error(format!("companion tensor '{key}' is missing")))
     }
 
     /// The tensor `<name><suffix>` with dtype `dtype`.
     ///
     /// # Errors
     /// When it is missing or has another dtype.
-    pub fn get(&self, suffix: &str, dtype: Dtype) -> Result<&'t TensorRef<'a>> {
-        let key = format!("{}{suffix}", self.name);
-        let t = self
-            .tensors
-            .get(&key)
-            .ok_or_else(|| self.error(format!("companion tensor '{key}' is missing")))?;
-        if t.dtype != dtype {
-            return Err(self.error(format!("'{key}' must be {dtype:?}, found {:?}", t.dtype)));
+    pub fn get_typed(&self, suffix: &str, dtype: &str) -> Result<(&'m StFile, &'m TensorInfo)> {
+        let (f, t) = self.get(suffix)?;
+        if t.dtype.name() != dtype {
+            return Err(self.error(format!(
+                "'{}{suffix}' must be {dtype}, found {}",
+                self.name, t.dtype
+            )));
         }
-        Ok(t)
+        Ok((f, t))
+    }
+
+    /// The bytes of `<name><suffix>` with dtype `dtype` (copied out of the map).
+    ///
+    /// # Errors
+    /// As [`Companions::get_typed`].
+    pub fn bytes(&self, suffix: &str, dtype: &str) -> Result<Vec<u8>> {
+        let (f, t) = self.get_typed(suffix, dtype)?;
+        let b = f.bytes(t).to_vec();
+        f.release_tensor(t);
+        Ok(b)
     }
 
     /// The values of the F32 tensor `<name><suffix>`.
     ///
     /// # Errors
-    /// As [`Companions::get`].
+    /// As [`Companions::get_typed`].
     pub fn f32s(&self, suffix: &str) -> Result<Vec<f32>> {
-        Ok(self
-            .get(suffix, Dtype::F32)?
-            .data
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(super::chunks::le_f32(&self.bytes(suffix, "F32")?))
     }
 
     /// Checks that the F32 tensor `<name><suffix>` holds exactly `table` (`-0.0 == +0.0`).
     ///
     /// # Errors
-    /// As [`Companions::get`], or naming `what` when the values differ.
+    /// As [`Companions::get_typed`], or naming `what` when the values differ.
     pub fn expect_table(&self, suffix: &str, table: &[f32], what: &str) -> Result<Vec<f32>> {
         let values = self.f32s(suffix)?;
         if values.len() != table.len() || values.iter().zip(table).any(|(a, b)| a != b) {
@@ -90,8 +94,11 @@ impl<'t, 'a> Companions<'t, 'a> {
     ///
     /// # Errors
     /// When it is missing, not U8, or not a JSON object.
-    pub fn state(&self, suffix: &str) -> Result<State<'_, 't, 'a>> {
-        let json: Value = serde_json::from_slice(self.get(suffix, Dtype::U8)?.data)
+    pub fn state(&self, suffix: &str) -> Result<State<'_, 'm>> {
+        // bitsandbytes writes the offset of an empty weight as Python's `NaN`, which is not JSON.
+        let text = String::from_utf8_lossy(&self.bytes(suffix, "U8")?)
+            .replace("\"nested_offset\": NaN", "\"nested_offset\": null");
+        let json: Value = serde_json::from_str(&text)
             .map_err(|e| self.error(format!("quant state JSON is malformed: {e}")))?;
         if !json.is_object() {
             return Err(self.error("quant state JSON is not an object"));
@@ -101,12 +108,17 @@ impl<'t, 'a> Companions<'t, 'a> {
 }
 
 /// A parsed JSON quant state, with typed field access.
-pub struct State<'c, 't, 'a> {
-    owner: &'c Companions<'t, 'a>,
+pub struct State<'c, 'm> {
+    owner: &'c Companions<'m>,
     json: Value,
 }
 
-impl State<'_, '_, '_> {
+impl State<'_, '_> {
+    /// True when the key is present and `null` (an offset bitsandbytes wrote as `NaN`).
+    pub fn is_null(&self, key: &str) -> bool {
+        self.json.get(key).is_some_and(Value::is_null)
+    }
+
     /// True when the key is present.
     pub fn has(&self, key: &str) -> bool {
         self.json.get(key).is_some()

@@ -1,28 +1,37 @@
 //! qforge's 8-bit blockwise weight layout (bitsandbytes `quantize_blockwise` with the signed
 //! dynamic map): `<name>` U8 codes in the weight's shape, `<name>.absmax` F32 per block,
 //! `<name>.quant_map` F32[256], and a JSON blob `<name>.quant_state.qforge__int8_blockwise`.
-//! transformers has no loader for it; `qforge dequantize` reads it back.
-
-use std::collections::BTreeMap;
-use std::path::Path;
+//! transformers has no loader for it (and the config qforge writes makes it refuse the folder);
+//! `qforge dequantize` reads it back.
 
 use qforge_ir::library::BlockwiseMap;
-use qforge_runtime::HostTensor;
-use safetensors::Dtype;
+use qforge_ir::DType;
 
 use super::bnb4::torch_dtype_name;
 use super::companions::Companions;
-use super::io::{RawTensor, TensorRef};
 use crate::error::Result;
 
 /// Suffix of the JSON quant-state tensor of an 8-bit blockwise weight.
 pub const STATE_SUFFIX: &str = ".quant_state.qforge__int8_blockwise";
 
-/// Decoded quant state of an 8-bit blockwise weight.
+/// The JSON quant state.
+pub fn state_json(blocksize: usize, dtype: DType, shape: &[usize]) -> String {
+    let shape = shape
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "{{\"quant_type\": \"int8_blockwise\", \"code\": \"dynamic\", \"blocksize\": {blocksize}, \"dtype\": \"{}\", \"shape\": [{shape}]}}",
+        torch_dtype_name(dtype)
+    )
+}
+
+/// Decoded quant state of an 8-bit blockwise weight (the codes stay in the file).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Int8State {
     /// Original dtype.
-    pub dtype: qforge_ir::DType,
+    pub dtype: DType,
     /// Original shape.
     pub shape: Vec<usize>,
     /// Block size in elements.
@@ -31,80 +40,27 @@ pub struct Int8State {
     pub absmax: Vec<f32>,
 }
 
-/// The tensors that replace weight `name`.
-pub fn encode(
-    name: &str,
-    codes: Vec<u8>,
-    absmax: &[f32],
-    blocksize: usize,
-    original: &HostTensor,
-) -> Vec<(String, RawTensor<'static>)> {
-    let shape = original
-        .shape
-        .iter()
-        .map(|d| d.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
-    let json = format!(
-        "{{\"quant_type\": \"int8_blockwise\", \"code\": \"dynamic\", \"blocksize\": {blocksize}, \"dtype\": \"{}\", \"shape\": [{shape}]}}",
-        torch_dtype_name(original.dtype)
-    )
-    .into_bytes();
-    let f32s = |v: &[f32]| RawTensor {
-        dtype: Dtype::F32,
-        shape: vec![v.len()],
-        data: v
-            .iter()
-            .flat_map(|x| x.to_le_bytes())
-            .collect::<Vec<u8>>()
-            .into(),
-    };
-    vec![
-        (
-            name.to_string(),
-            RawTensor {
-                dtype: Dtype::U8,
-                shape: original.shape.clone(),
-                data: codes.into(),
-            },
-        ),
-        (format!("{name}.absmax"), f32s(absmax)),
-        (
-            format!("{name}.quant_map"),
-            f32s(&BlockwiseMap::Dynamic.code()),
-        ),
-        (
-            format!("{name}{STATE_SUFFIX}"),
-            RawTensor {
-                dtype: Dtype::U8,
-                shape: vec![json.len()],
-                data: json.into(),
-            },
-        ),
-    ]
-}
-
-/// Reads weight `name` back.
+/// Reads weight `name`'s state back.
 ///
 /// # Errors
 /// [`Error::Tensor`] when a companion tensor is missing or the JSON is malformed.
-pub fn decode(
-    path: &Path,
-    tensors: &BTreeMap<String, TensorRef<'_>>,
-    name: &str,
-) -> Result<(Vec<u8>, Int8State)> {
-    let c = Companions::new(path, tensors, name);
+pub fn decode(c: &Companions<'_>) -> Result<Int8State> {
     let state = c.state(STATE_SUFFIX)?;
     let (quant_type, code) = (state.str("quant_type")?, state.str("code")?);
     if quant_type != "int8_blockwise" || code != "dynamic" {
         return Err(c.error(format!("quant state says quant_type '{quant_type}' with code '{code}'; only int8_blockwise with the dynamic code is supported")));
     }
     let (blocksize, dtype, shape) = (state.usize("blocksize")?, state.dtype()?, state.shape()?);
-    let codes = c.get("", Dtype::U8)?;
-    if codes.shape != shape {
+    if !(64..=4096).contains(&blocksize) || !blocksize.is_power_of_two() {
+        return Err(c.error(format!(
+            "unsupported blocksize {blocksize} (64..4096, powers of two)"
+        )));
+    }
+    let codes = c.get_typed("", "U8")?;
+    if codes.1.shape != shape {
         return Err(c.error(format!(
             "codes have shape {:?} but the quant state says {shape:?}",
-            codes.shape
+            codes.1.shape
         )));
     }
     c.expect_table(
@@ -113,13 +69,18 @@ pub fn decode(
         "the signed dynamic map",
     )?;
     let absmax = c.f32s(".absmax")?;
-    Ok((
-        codes.data.to_vec(),
-        Int8State {
-            dtype,
-            shape,
-            blocksize,
-            absmax,
-        },
-    ))
+    let n: usize = shape.iter().product();
+    if absmax.len() != n.div_ceil(blocksize) {
+        return Err(c.error(format!(
+            "absmax has {} values; {} blocks need as many",
+            absmax.len(),
+            n.div_ceil(blocksize)
+        )));
+    }
+    Ok(Int8State {
+        dtype,
+        shape,
+        blocksize,
+        absmax,
+    })
 }

@@ -151,21 +151,35 @@ pub fn serialize(
     })
 }
 
-/// Temporary files being written, removed by [`remove_pending_temps`] (the CLI's Ctrl-C / SIGTERM
-/// handler) so an interrupted run leaves nothing behind.
-static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// Temporary files and folders being written, removed by [`remove_pending_temps`] (the CLI's
+/// Ctrl-C / SIGTERM handler) so an interrupted run leaves nothing behind. Renames into place
+/// happen while this lock is held, so the handler sees either the temporary output (and removes
+/// it) or none.
+pub(crate) static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-/// Removes every temporary file still being written; returns how many were removed.
+/// The pending list, locked (renames into place are done while holding it).
+pub(crate) fn pending() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    PENDING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Removes every temporary file or folder still being written; returns how many were removed.
 pub fn remove_pending_temps() -> usize {
-    let pending = std::mem::take(&mut *PENDING.lock().unwrap_or_else(|p| p.into_inner()));
+    let pending = std::mem::take(&mut *pending());
     pending
         .iter()
-        .filter(|p| std::fs::remove_file(p).is_ok())
+        .filter(|p| {
+            if p.is_dir() {
+                std::fs::remove_dir_all(p).is_ok()
+            } else {
+                std::fs::remove_file(p).is_ok()
+            }
+        })
         .count()
 }
 
-fn track(path: &Path, add: bool) {
-    let mut pending = PENDING.lock().unwrap_or_else(|p| p.into_inner());
+/// Adds `path` to (or removes it from) the pending temporary outputs.
+pub(crate) fn track(path: &Path, add: bool) {
+    let mut pending = pending();
     if add {
         pending.push(path.to_path_buf());
     } else {
@@ -222,6 +236,9 @@ pub fn write_files_atomic(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
         .map(|(p, _)| output_target(p))
         .collect::<Result<Vec<_>>>()?;
     let mut temps: Vec<PathBuf> = Vec::new();
+    // Each temporary file stays locked (flock) while it exists, so a later run can tell it from
+    // the leftover of a killed one (super::out::remove_stale_temps).
+    let mut open_files: Vec<std::fs::File> = Vec::new();
     let cleanup = |temps: &[PathBuf]| {
         for t in temps {
             let _ = std::fs::remove_file(t);
@@ -242,27 +259,37 @@ pub fn write_files_atomic(files: &[(PathBuf, Vec<u8>)]) -> Result<()> {
         temps.push(tmp.clone());
         let written = (|| {
             let mut f = std::fs::File::create(&tmp)?;
+            let _ = f.try_lock();
             f.write_all(bytes)?;
-            f.sync_all()
+            f.sync_all()?;
+            Ok::<_, std::io::Error>(f)
         })();
-        if let Err(source) = written {
-            cleanup(&temps);
-            return Err(Error::Io {
-                path: target.clone(),
-                source,
-            });
+        match written {
+            Ok(f) => open_files.push(f),
+            Err(source) => {
+                cleanup(&temps);
+                return Err(Error::Io {
+                    path: target.clone(),
+                    source,
+                });
+            }
         }
     }
+    let mut pending = pending();
     for (i, (tmp, target)) in temps.iter().zip(&targets).enumerate() {
         if let Err(source) = std::fs::rename(tmp, target) {
-            cleanup(&temps[i..]);
+            for t in &temps[i..] {
+                let _ = std::fs::remove_file(t);
+            }
+            pending.retain(|p| !temps.contains(p));
             return Err(Error::Io {
                 path: target.clone(),
                 source,
             });
         }
-        track(tmp, false);
+        pending.retain(|p| p != tmp);
     }
+    drop(open_files);
     Ok(())
 }
 

@@ -3,11 +3,12 @@
 
 use std::time::Instant;
 
-use qforge_ir::{count_mismatches, library, OwnedArg};
+use qforge_ir::library::{self, CatalogEntry};
+use qforge_ir::{count_mismatches, OwnedArg};
 use qforge_runtime::{Device, InterpreterDevice};
 
 use crate::devices::Unavailable;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The outcome of one kernel on one backend.
 #[derive(Clone, Debug, PartialEq)]
@@ -152,17 +153,44 @@ fn built_in(backend: &str) -> bool {
     crate::devices::DEVICE_NAMES.contains(&device)
 }
 
-/// Runs the check over the whole op library on `devices`.
+/// Runs the check over the op library on `devices`: every kernel, or those whose name contains
+/// `filter`. `on_row` sees each row as soon as it is known.
 ///
 /// # Errors
-/// Only for failures to build the library itself; kernel failures become rows.
+/// [`Error::Usage`] when `filter` matches no kernel; failures to build the library itself.
+/// Kernel failures are not errors: they become rows (see [`passed`]).
 pub fn run_check(
     devices: &[Box<dyn Device>],
     unavailable: &[Unavailable],
+    filter: Option<&str>,
+    on_row: &mut dyn FnMut(&CheckRow),
+) -> Result<Vec<CheckRow>> {
+    let catalog: Vec<_> = library::catalog()
+        .into_iter()
+        .filter(|e| filter.is_none_or(|f| e.name().contains(f)))
+        .collect();
+    if let (Some(f), true) = (filter, catalog.is_empty()) {
+        return Err(Error::Usage(format!(
+            "--filter '{f}' matches no library kernel name"
+        )));
+    }
+    let entries: Vec<&dyn CatalogEntry> = catalog.iter().map(|e| e as &dyn CatalogEntry).collect();
+    run_check_entries(devices, unavailable, &entries, on_row)
+}
+
+/// [`run_check`] over `entries`: the library's, a user's own kernels, or both (a user's kernel
+/// joins `qforge check` by implementing [`CatalogEntry`], see `examples/custom-op`).
+///
+/// # Errors
+/// Failures to build a kernel's example arguments. Kernel failures become rows.
+pub fn run_check_entries(
+    devices: &[Box<dyn Device>],
+    unavailable: &[Unavailable],
+    entries: &[&dyn CatalogEntry],
     on_row: &mut dyn FnMut(&CheckRow),
 ) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
-    for entry in library::catalog() {
+    for &entry in entries {
         let kernel = entry.build()?;
         let name = kernel.name.clone();
         let inputs = builtin_inputs(entry.blocksize());
@@ -271,4 +299,81 @@ pub fn run_check(
         }
     }
     Ok(rows)
+}
+
+/// Whether every row passed: no `mismatch` row (a wrong element, or a compile, launch or code
+/// generation failure). `qforge check` exits with 1 when this is false.
+pub fn passed(rows: &[CheckRow]) -> bool {
+    !rows.iter().any(|r| r.status == "mismatch")
+}
+
+/// A row whose code generated (and, for WGSL, validated) but had no device here to run on.
+fn generated_only(r: &CheckRow) -> bool {
+    r.status == "skipped"
+        && r.reason
+            .as_deref()
+            .is_some_and(|m| m.starts_with("code generated"))
+}
+
+/// The human-readable report of `qforge check`, one string per line: a kernel x backend table
+/// (`bit-exact`, `N mismatches`, `error`, `generated`, `not runnable`), then each failure's
+/// reason, each device that could not start, and a summary line with the counts.
+pub fn table(rows: &[CheckRow], unavailable: &[Unavailable]) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut backends: Vec<&str> = Vec::new();
+    for r in rows {
+        if !backends.contains(&r.backend.as_str()) {
+            backends.push(&r.backend);
+        }
+    }
+    let width = rows.iter().map(|r| r.kernel.len()).max().unwrap_or(6);
+    let mut header = format!("{:width$}", "kernel");
+    for b in &backends {
+        header += &format!("  {b:>14}");
+    }
+    lines.push(header);
+    let mut kernels: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
+    kernels.dedup();
+    for k in kernels {
+        let mut line = format!("{k:width$}");
+        for b in &backends {
+            let cell = match rows.iter().find(|r| r.kernel == k && r.backend == *b) {
+                Some(r) if r.status == "exact" => "bit-exact".to_string(),
+                Some(r) if generated_only(r) => "generated".to_string(),
+                Some(r) if r.status == "skipped" => "not runnable".to_string(),
+                Some(r) if r.reason.is_some() => "error".to_string(),
+                Some(r) => format!("{} mismatches", r.mismatches),
+                None => "not built".to_string(),
+            };
+            line += &format!("  {cell:>14}");
+        }
+        lines.push(line);
+    }
+    for r in rows
+        .iter()
+        .filter(|r| r.status == "mismatch" && r.reason.is_some())
+    {
+        lines.push(format!(
+            "{} on {}: {}",
+            r.kernel,
+            r.backend,
+            r.reason.as_deref().unwrap_or("")
+        ));
+    }
+    for u in unavailable {
+        lines.push(format!("{}: not runnable here: {}", u.backend, u.reason));
+    }
+    let kernels = rows.iter().filter(|r| r.backend == "interpreter").count();
+    let compared: Vec<&CheckRow> = rows.iter().filter(|r| r.backend != "interpreter").collect();
+    let exact = compared.iter().filter(|r| r.status == "exact").count();
+    let failed = compared.iter().filter(|r| r.status == "mismatch").count();
+    let generated = compared.iter().filter(|r| generated_only(r)).count();
+    let skipped = compared.iter().filter(|r| r.status == "skipped").count() - generated;
+    lines.push(format!(
+        "{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact, {failed} \
+         mismatching, {generated} code generated only (no device here to run it), {skipped} not \
+         runnable",
+        backends.len().saturating_sub(1)
+    ));
+    lines
 }

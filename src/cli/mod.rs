@@ -2,3 +2,4 @@
 //! arguments and prints).
 
 pub mod check;
+pub mod signals;

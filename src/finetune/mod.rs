@@ -140,8 +140,19 @@ impl Default for FinetuneOptions {
     }
 }
 
-/// A merged `output.dense`: `(layer, weight [d, ff], bias [d])`, `f32`.
-pub type MergedLayer = (usize, HostTensor, HostTensor);
+/// One adapted layer after training: the trained adapter, and `output.dense` with the adapter
+/// merged in (exact algebra at beta = 0, `BottleneckAdapter::merge_into`).
+#[derive(Clone, Debug)]
+pub struct MergedLayer {
+    /// Encoder layer index.
+    pub layer: usize,
+    /// The trained adapter, unmerged (it ends linear: beta = 0 after the last step).
+    pub adapter: BottleneckAdapter,
+    /// The merged `output.dense.weight`, `[d, ff]` `f32`.
+    pub weight: HostTensor,
+    /// The merged `output.dense.bias`, `[d]` `f32`.
+    pub bias: HostTensor,
+}
 
 /// One block's data: inputs, NF4 base outputs and full-precision targets.
 struct Data {
@@ -364,12 +375,17 @@ pub fn run(
     let mut merged = Vec::new();
     for (block, (layer, a)) in model.blocks.iter().zip(&trained) {
         let w = ops::dequantize_4bit(dev, &block.down.packed, &block.down.state)?;
-        let (w2, b2) = a.merge_into(dev, &w, &block.down.bias)?;
-        merged.push((*layer, w2, b2));
+        let (weight, bias) = a.merge_into(dev, &w, &block.down.bias)?;
+        merged.push(MergedLayer {
+            layer: *layer,
+            adapter: a.clone(),
+            weight,
+            bias,
+        });
     }
     let merged_block = |i: usize, requantize: bool| -> Result<Vec<f32>> {
         let block = &model.blocks[i];
-        let (_, w2, b2) = &merged[i];
+        let (w2, b2) = (&merged[i].weight, &merged[i].bias);
         let up = ops::matmul_4bit(
             dev,
             &eval_x,
@@ -500,9 +516,13 @@ pub fn write_outputs(dir: &Path, report: &FinetuneReport, merged: &[MergedLayer]
     })?;
     let written = (|| {
         let mut tensors = Vec::new();
-        for (layer, w, b) in merged {
-            tensors.push((format!("encoder.layer.{layer}.output.dense.weight"), w));
-            tensors.push((format!("encoder.layer.{layer}.output.dense.bias"), b));
+        for m in merged {
+            let layer = m.layer;
+            tensors.push((
+                format!("encoder.layer.{layer}.output.dense.weight"),
+                &m.weight,
+            ));
+            tensors.push((format!("encoder.layer.{layer}.output.dense.bias"), &m.bias));
         }
         let [csv, svg, st] = OUTPUTS.map(|n| dir.join(n));
         crate::checkpoint::io::write_files_atomic(&[

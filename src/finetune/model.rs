@@ -95,6 +95,9 @@ impl Block {
     }
 }
 
+/// Encoder layers of the built-in synthetic model (as many as all-MiniLM-L6-v2 has).
+pub const SYNTHETIC_LAYERS: usize = 6;
+
 /// The frozen model: blocks and the token embeddings their inputs come from.
 pub struct Model {
     /// Selected blocks, in the order asked.
@@ -246,12 +249,21 @@ impl Model {
         })
     }
 
-    /// A small synthetic model (`d = 64`, `ff = 256`, 2048 embedding rows, `N(0, 0.05^2)`
-    /// weights and `N(0, 1)` embeddings from `seed`) with one block per entry of `layers`.
+    /// A small synthetic model of [`SYNTHETIC_LAYERS`] encoder layers (`d = 64`, `ff = 256`,
+    /// 2048 embedding rows, `N(0, 0.05^2)` weights and `N(0, 1)` embeddings from `seed`) with one
+    /// block per entry of `layers`.
     ///
     /// # Errors
-    /// Device errors.
+    /// [`Error::Usage`] for a layer it does not have (`--layers 99` without `--model`); device
+    /// errors.
     pub fn synthetic(dev: &dyn Device, layers: &[usize], seed: u64) -> Result<Model> {
+        if let Some(l) = layers.iter().find(|&&l| l >= SYNTHETIC_LAYERS) {
+            return Err(crate::Error::Usage(format!(
+                "finetune: the built-in synthetic model has layers 0..={}; --layers {l} needs \
+                 --model with a checkpoint that has it",
+                SYNTHETIC_LAYERS - 1
+            )));
+        }
         let (d, ff, vocab) = (64usize, 256usize, 2048usize);
         let t = |shape: Vec<usize>, std: f64, s: u64| -> Result<HostTensor> {
             let n = shape.iter().product();

@@ -9,7 +9,7 @@ use qforge::ir::library::MomentScheme;
 use qforge::ir::DType;
 use qforge::runtime::ops::{qadamw_step, QAdamRng, QAdamState};
 use qforge::runtime::optim::{
-    Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, QAdamWConfig, StateBits,
+    Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, QAdamWConfig, StateBits, StateLayout,
     STATE_METADATA_KEY,
 };
 use qforge::runtime::{Device, HostTensor};
@@ -150,7 +150,22 @@ fn qadamw_resume_bit_identical_and_matches_host_op() {
         };
         assert_eq!(second.m1_quant_scheme("a"), Some(want_a), "{name}");
         assert_eq!(second.m1_quant_scheme("b"), Some(cfg.m1), "{name}");
-        assert_eq!(straight.state_bits("b"), Some(StateBits::Bits32), "{name}");
+        // The reported layout is the stored one: `a` (5120 = 40 * 128 = 20 * 256) in every
+        // scheme, `b` (300) in f32, `d` (4224 = 33 * 128, not a multiple of 256) 4-bit moments
+        // quantized and 8-bit ones in f32.
+        let qadam = |m1, m2| Some(StateLayout::QAdamW { m1, m2 });
+        let four_only = |s: MomentScheme| {
+            if s == MomentScheme::Linear8 {
+                MomentScheme::Fp32
+            } else {
+                s
+            }
+        };
+        assert_eq!(straight.state_layout("a"), qadam(want_a, cfg.m2), "{name}");
+        let fp32 = MomentScheme::Fp32;
+        assert_eq!(straight.state_layout("b"), qadam(fp32, fp32), "{name}");
+        let want_d = qadam(four_only(cfg.m1), four_only(cfg.m2));
+        assert_eq!(straight.state_layout("d"), want_d, "{name}");
         println!("{name}: 10 steps straight == 5 + load + 5 == host op");
     }
 }

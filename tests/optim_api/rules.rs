@@ -10,7 +10,9 @@ use qforge::runtime::ops::{
     ademamix_step_32bit, ademamix_step_8bit, optim1_step_32bit, optim1_step_8bit, AdemamixState32,
     AdemamixState8, Optim1State8,
 };
-use qforge::runtime::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
+use qforge::runtime::optim::{
+    Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits, StateLayout,
+};
 use qforge::runtime::{Device, HostTensor};
 use safetensors::{Dtype, SafeTensors};
 
@@ -163,8 +165,16 @@ fn new_rules_resume_bit_identical_and_match_host_ops() {
             assert_eq!(ps, pr, "{case}: parameters differ after resume");
             let sd = straight.state_dict().unwrap();
             assert_eq!(sd, second.state_dict().unwrap(), "{case}: state differs");
-            assert_eq!(straight.state_bits("a"), Some(bits), "{case}");
-            assert_eq!(straight.state_bits("b"), Some(StateBits::Bits32), "{case}");
+            let want_a = match bits {
+                StateBits::Bits32 => StateLayout::Bits32,
+                StateBits::Bits8 => StateLayout::Bits8,
+            };
+            assert_eq!(straight.state_layout("a"), Some(want_a), "{case}");
+            assert_eq!(
+                straight.state_layout("b"),
+                Some(StateLayout::Bits32),
+                "{case}"
+            );
 
             // State tensors: one per moment (+ absmax for 8-bit), named state1.. / absmax1..
             let moments = if matches!(kind, OptimizerKind::Ademamix(_)) {

@@ -35,14 +35,13 @@
 //! z: dtype[n] read, y: dtype[n] write)`; backward `(n: u32, n_blocks: u32, beta: f32,
 //! z: dtype[n] read, dy: dtype[n] read, dz: dtype[n] write)`; grid `n_blocks = ceil(n / 1024)`.
 
+use qforge_macros::{func, kernel};
+
 use crate::args::OwnedArg;
-use crate::builder::KernelBuilder;
+use crate::dsl::{Float, In, Out, TypedKernel, Val};
 use crate::error::{Error, Result};
-use crate::kernel::{Access, Dim, Kernel, Value};
-use crate::library::emit::block_range;
-use crate::library::math::{erf, exp, sigmoid, tanh};
-use crate::ops::CmpOp;
-use crate::types::{DType, Scalar, ScalarType};
+use crate::library::funcs::{block_range, erf, exp, sigmoid, tanh};
+use crate::types::{DType, Rounding, Scalar};
 
 /// Elements per work item of the activation kernels.
 pub const ACT_BLOCKSIZE: u32 = 1024;
@@ -116,95 +115,137 @@ pub struct ActSpec {
     pub direction: ActDirection,
 }
 
-fn constant(b: &mut KernelBuilder, bits: u32) -> Value {
-    b.const_f32(f32::from_bits(bits))
+/// The `f32` constant with these bits, as an IR constant.
+#[func]
+fn constant(bits: u32) -> Val<f32> {
+    val(comptime!(f32::from_bits(bits)))
 }
 
-/// Emits `act(z)` (sequences in the module documentation).
-pub fn act(b: &mut KernelBuilder, a: Act, z: Value) -> Value {
+/// `act(z)` (sequences in the module documentation).
+#[func]
+pub fn act(a: Act, z: Val<f32>) -> Val<f32> {
     match a {
         Act::Gelu => {
-            let half = b.const_f32(0.5);
-            let h = b.mul(half, z);
-            let k = constant(b, FRAC_1_SQRT_2);
-            let u = b.mul(z, k);
-            let e = erf(b, u);
-            b.fma(h, e, h)
+            let h = 0.5f32 * z;
+            let u = z * constant(FRAC_1_SQRT_2);
+            let e = erf(u);
+            fma(h, e, h)
         }
         Act::GeluTanh => {
-            let t = gelu_tanh_inner(b, z);
-            let half = b.const_f32(0.5);
-            let h = b.mul(half, z);
-            b.fma(h, t, h)
+            let t = gelu_tanh_inner(z);
+            let h = 0.5f32 * z;
+            fma(h, t, h)
         }
-        Act::Relu => {
-            let zero = b.const_f32(0.0);
-            b.max(z, zero)
-        }
+        Act::Relu => max(z, 0.0f32),
         Act::Silu => {
-            let s = sigmoid(b, z);
-            b.mul(z, s)
+            let s = sigmoid(z);
+            z * s
         }
     }
 }
 
 /// `tanh((z * SQRT_2_OVER_PI) * fma(z * z, KAPPA, 1))`.
-fn gelu_tanh_inner(b: &mut KernelBuilder, z: Value) -> Value {
-    let w = b.mul(z, z);
-    let kappa = constant(b, KAPPA);
-    let one = b.const_f32(1.0);
-    let u = b.fma(w, kappa, one);
-    let s = constant(b, SQRT_2_OVER_PI);
-    let zs = b.mul(z, s);
-    let inner = b.mul(zs, u);
-    tanh(b, inner)
+#[func]
+fn gelu_tanh_inner(z: Val<f32>) -> Val<f32> {
+    let w = z * z;
+    let u = fma(w, constant(KAPPA), 1.0f32);
+    let zs = z * constant(SQRT_2_OVER_PI);
+    let inner = zs * u;
+    tanh(inner)
 }
 
-/// Emits `act'(z)` (sequences in the module documentation).
-pub fn act_grad(b: &mut KernelBuilder, a: Act, z: Value) -> Value {
+/// `act'(z)` (sequences in the module documentation).
+#[func]
+pub fn act_grad(a: Act, z: Val<f32>) -> Val<f32> {
     match a {
         Act::Gelu => {
-            let k = constant(b, FRAC_1_SQRT_2);
-            let u = b.mul(z, k);
-            let e = erf(b, u);
-            let half = b.const_f32(0.5);
-            let cdf = b.fma(e, half, half);
-            let w = b.mul(z, z);
-            let m_half = b.const_f32(-0.5);
-            let m = b.mul(w, m_half);
-            let ex = exp(b, m);
-            let c = constant(b, INV_SQRT_2PI);
-            let pdf = b.mul(ex, c);
-            b.fma(z, pdf, cdf)
+            let u = z * constant(FRAC_1_SQRT_2);
+            let e = erf(u);
+            let half = val(0.5f32);
+            let cdf = fma(e, half, half);
+            let w = z * z;
+            let m = w * -0.5f32;
+            let ex = exp(m);
+            let pdf = ex * constant(INV_SQRT_2PI);
+            fma(z, pdf, cdf)
         }
         Act::GeluTanh => {
-            let t = gelu_tanh_inner(b, z);
-            let half = b.const_f32(0.5);
-            let h = b.mul(half, z);
-            let one = b.const_f32(1.0);
-            let minus_t = b.neg(t);
-            let sech2 = b.fma(minus_t, t, one);
-            let w = b.mul(z, z);
-            let kappa3 = constant(b, KAPPA3);
-            let du = b.fma(w, kappa3, one);
-            let s = constant(b, SQRT_2_OVER_PI);
-            let dinner = b.mul(s, du);
-            let left = b.fma(t, half, half);
-            let hs = b.mul(h, sech2);
-            b.fma(hs, dinner, left)
+            let t = gelu_tanh_inner(z);
+            let half = val(0.5f32);
+            let h = half * z;
+            let one = val(1.0f32);
+            let sech2 = fma(-t, t, one);
+            let w = z * z;
+            let du = fma(w, constant(KAPPA3), one);
+            let dinner = constant(SQRT_2_OVER_PI) * du;
+            let left = fma(t, half, half);
+            let hs = h * sech2;
+            fma(hs, dinner, left)
         }
         Act::Relu => {
-            let zero = b.const_f32(0.0);
-            let one = b.const_f32(1.0);
-            let off = b.cmp(CmpOp::Le, z, zero);
-            b.select(off, zero, one)
+            let zero = val(0.0f32);
+            let one = val(1.0f32);
+            select(z <= zero, zero, one)
         }
         Act::Silu => {
-            let s = sigmoid(b, z);
-            let one = b.const_f32(1.0);
-            let oms = b.sub(one, s);
-            let q = b.fma(z, oms, one);
-            b.mul(s, q)
+            let s = sigmoid(z);
+            let one = val(1.0f32);
+            let oms = one - s;
+            let q = fma(z, oms, one);
+            s * q
+        }
+    }
+}
+
+/// An annealed activation kernel (layout and parameters in the module documentation): forward
+/// `y = fma(beta, act(z), (1 - beta) * z)`, or backward `dz = dy * fma(beta, act'(z), 1 - beta)`
+/// with `dy` after `z` and `dz` in place of `y`.
+///
+/// # Errors
+/// [`Error::Unsupported`] when `dtype` is not `f32`, `f16` or `bf16`.
+#[kernel(name = spec.name(), grid = n_blocks)]
+pub fn act_beta(
+    #[config] spec: &ActSpec,
+    n: u32,
+    n_blocks: u32,
+    beta: f32,
+    #[shape(n)]
+    #[dtype(spec.dtype)]
+    z: In<Float>,
+    #[when(spec.direction == ActDirection::Backward)]
+    #[shape(n)]
+    #[dtype(spec.dtype)]
+    dy: In<Float>,
+    #[when(spec.direction == ActDirection::Forward)]
+    #[shape(n)]
+    #[dtype(spec.dtype)]
+    y: Out<Float>,
+    #[when(spec.direction == ActDirection::Backward)]
+    #[shape(n)]
+    #[dtype(spec.dtype)]
+    dz: Out<Float>,
+) {
+    let item = work_item();
+    let limit = n;
+    let (start, end) = block_range(item, ACT_BLOCKSIZE, limit);
+    let beta_v = beta;
+    let one = val(1.0f32);
+    let omb = one - beta_v;
+    for i in start..end {
+        let zv = z[i];
+        match (dy, y, dz) {
+            (None, Some(y), _) => {
+                let a = act(spec.act, zv);
+                let lin = omb * zv;
+                store_rounded(y, i, fma(beta_v, a, lin), Rounding::NearestEven);
+            }
+            (Some(dy), _, Some(dz)) => {
+                let g = act_grad(spec.act, zv);
+                let m = fma(beta_v, g, omb);
+                let d = dy[i];
+                store_rounded(dz, i, d * m, Rounding::NearestEven);
+            }
+            _ => {}
         }
     }
 }
@@ -241,55 +282,14 @@ impl ActSpec {
     ///
     /// # Errors
     /// [`Error::Unsupported`] when `dtype` is not `f32`, `f16` or `bf16`.
-    pub fn build(&self) -> Result<Kernel> {
+    pub fn build(&self) -> Result<TypedKernel<ActBeta>> {
         if !self.dtype.is_float() {
             return Err(Error::Unsupported(format!(
                 "dtype {} is not supported for activation kernels; allowed: f32, f16, bf16",
                 self.dtype
             )));
         }
-        let dtype = self.dtype;
-        let mut b = KernelBuilder::new(&self.name());
-        let n = b.scalar_param("n", ScalarType::U32);
-        let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
-        let beta = b.scalar_param("beta", ScalarType::F32);
-        let shape = [Dim::Param(n)];
-        let z = b.buffer_param("z", dtype, &shape, Access::Read);
-        let dy = match self.direction {
-            ActDirection::Forward => None,
-            ActDirection::Backward => Some(b.buffer_param("dy", dtype, &shape, Access::Read)),
-        };
-        let out_name = match self.direction {
-            ActDirection::Forward => "y",
-            ActDirection::Backward => "dz",
-        };
-        let out = b.buffer_param(out_name, dtype, &shape, Access::Write);
-        b.set_grid(Dim::Param(n_blocks));
-        let item = b.work_item();
-        let limit = b.param(n);
-        let (start, end) = block_range(&mut b, item, ACT_BLOCKSIZE, limit);
-        let beta_v = b.param(beta);
-        let one = b.const_f32(1.0);
-        let omb = b.sub(one, beta_v);
-        let act_fn = self.act;
-        b.for_range(start, end, 1, |b, i| {
-            let zv = b.load(z, i);
-            let r = match dy {
-                None => {
-                    let a = act(b, act_fn, zv);
-                    let lin = b.mul(omb, zv);
-                    b.fma(beta_v, a, lin)
-                }
-                Some(dy) => {
-                    let g = act_grad(b, act_fn, zv);
-                    let m = b.fma(beta_v, g, omb);
-                    let d = b.load(dy, i);
-                    b.mul(d, m)
-                }
-            };
-            b.store_auto(out, i, r);
-        });
-        Ok(b.finish())
+        act_beta(self)
     }
 
     /// Launch arguments for `values` (`n >= 1`): `z = values`, `dy = values` rotated by one,

@@ -31,7 +31,7 @@ fn floats(dtype: DType, b: &[u8]) -> Vec<f32> {
 
 /// Runs `spec` with `beta` on `z` (and `dy` for the backward) with the interpreter.
 fn run(spec: ActSpec, beta: f32, z: &[f32], dy: &[f32]) -> Vec<f32> {
-    let k = spec.build().unwrap();
+    let k = spec.build().unwrap().into_kernel();
     crate::verify(&k).unwrap();
     let n = z.len();
     let mut args = vec![
@@ -84,14 +84,17 @@ fn inputs() -> Vec<f32> {
 }
 
 #[test]
-fn activation_every_variant_builds_and_bad_dtypes_are_named() {
+fn activation_every_variant_builds_equals_the_builder_version_and_bad_dtypes_are_named() {
     let all = ActSpec::all();
     assert_eq!(all.len(), 24);
     let mut names = std::collections::HashSet::new();
     for spec in &all {
-        let k = spec.build().unwrap();
+        let k = spec.build().unwrap().into_kernel();
         crate::verify(&k).unwrap_or_else(|e| panic!("{}: {e}", k.name));
         assert!(names.insert(k.name.clone()));
+        // The macro-built kernel is the builder-built one (same IR, so the same snapshots).
+        let old = crate::library::reference::activation::build(spec).unwrap();
+        assert!(k == old, "{} differs from the builder version", k.name);
     }
     assert!(names.contains("act_beta_gelu_tanh_backward_bf16"));
     let bad = ActSpec {

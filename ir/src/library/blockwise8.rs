@@ -23,14 +23,15 @@
 //!
 //! Grid `n_blocks = ceil(n / blocksize)` for both.
 
-use crate::builder::KernelBuilder;
+use qforge_macros::{func, kernel};
+
+use crate::dsl::{Buf, Float, In, Out, TypedKernel, Val};
 use crate::error::{Error, Result};
-use crate::kernel::{Access, Dim, Kernel, Value};
-use crate::library::emit::{block_range, inv_absmax, range_len};
+use crate::library::funcs::{block_range, inv_absmax};
 use crate::library::nearest;
 use crate::library::{check_blocksize_8bit, check_float_dtype, BlockwiseMap};
 use crate::ops::NanMode;
-use crate::types::{DType, ScalarType};
+use crate::types::{DType, Rounding};
 
 /// The 255 exact midpoints between adjacent entries of a sorted 256-entry code table, each as an
 /// unevaluated pair `hi + lo` of `f32` values (`hi = f32(mid)`, `lo = mid - hi` exactly).
@@ -107,109 +108,123 @@ pub fn dequantize_name(map: BlockwiseMap, blocksize: u32, dtype: DType) -> Strin
     format!("dequantize_blockwise_{map}_bs{blocksize}_{dtype}")
 }
 
-/// The quantize body shared with the double-quantization variant: with `offset`, every loaded
-/// element becomes `x - offset` (one `f32` subtraction) before the absmax and the scaling, and
-/// the absmax is a NaN-ignoring `max` loop over those values.
-pub(crate) fn build_quantize(
-    name: &str,
-    map: BlockwiseMap,
-    blocksize: u32,
-    dtype: DType,
-    with_offset: bool,
-) -> Result<Kernel> {
-    let mut b = KernelBuilder::new(name);
-    let n = b.scalar_param("n", ScalarType::U32);
-    let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
-    let offset = with_offset.then(|| b.scalar_param("offset", ScalarType::F32));
-    let x = b.buffer_param("x", dtype, &[Dim::Param(n)], Access::Read);
-    let q = b.buffer_param("q", DType::U8, &[Dim::Param(n)], Access::Write);
-    let absmax = b.buffer_param("absmax", DType::F32, &[Dim::Param(n_blocks)], Access::Write);
-    b.set_grid(Dim::Param(n_blocks));
-    let search = nearest::declare(&mut b, &map.code(), "")?;
-    let block = b.work_item();
-    let nv = b.param(n);
-    let (start, end) = block_range(&mut b, block, blocksize, nv);
-    let off = offset.map(|o| b.param(o));
-    let load = |b: &mut KernelBuilder, e: Value| -> Value {
-        let v = b.load(x, e);
-        match off {
-            Some(o) => b.sub(v, o),
-            None => v,
-        }
-    };
-    let am = match off {
-        None => {
-            let len = range_len(&mut b, start, end);
-            b.reduce_absmax(x, start, len, NanMode::Ignore)
-        }
-        Some(_) => {
-            let acc = b.var("absmax_acc", ScalarType::F32);
-            b.for_range(start, end, 1, |b, e| {
-                let d = load(b, e);
-                let a = b.abs(d);
-                let cur = b.read_var(acc);
-                // max(cur, a) = select(a > cur, a, cur): a NaN element is skipped.
-                let m = b.max(cur, a);
-                b.assign(acc, m);
-            });
-            b.read_var(acc)
-        }
-    };
-    b.store(absmax, block, am);
-    let inv = inv_absmax(&mut b, am);
-    b.for_range(start, end, 1, |b, e| {
-        let d = load(b, e);
-        let v = b.mul(d, inv);
-        let c = nearest::emit_code(b, v, &search);
-        b.store(q, e, c);
-    });
-    Ok(b.finish())
+/// `x[e]`, minus `offset` when there is one (one `f32` subtraction).
+#[func]
+fn load_minus(x: Buf<In<Float>>, e: Val<u32>, offset: Option<Val<f32>>) -> Val<f32> {
+    let v = x[e];
+    match offset {
+        Some(o) => v - o,
+        None => v,
+    }
 }
 
-/// The dequantize body shared with the double-quantization variant (`out = code[q] * absmax`,
-/// plus `offset` in a second `f32` rounding when given).
-pub(crate) fn build_dequantize(
-    name: &str,
-    map: BlockwiseMap,
-    blocksize: u32,
-    dtype: DType,
-    with_offset: bool,
-) -> Result<Kernel> {
-    let mut b = KernelBuilder::new(name);
-    let n = b.scalar_param("n", ScalarType::U32);
-    let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
-    let offset = with_offset.then(|| b.scalar_param("offset", ScalarType::F32));
-    let q = b.buffer_param("q", DType::U8, &[Dim::Param(n)], Access::Read);
-    let absmax = b.buffer_param("absmax", DType::F32, &[Dim::Param(n_blocks)], Access::Read);
-    let out = b.buffer_param("out", dtype, &[Dim::Param(n)], Access::Write);
-    b.set_grid(Dim::Param(n_blocks));
-    let code = b.table_f32("code", &map.code());
-    let block = b.work_item();
-    let nv = b.param(n);
-    let (start, end) = block_range(&mut b, block, blocksize, nv);
-    let scale = b.load(absmax, block);
-    let off = offset.map(|o| b.param(o));
-    b.for_range(start, end, 1, |b, e| {
-        let c = b.load(q, e);
-        let value = b.lookup(code, c);
-        let y = b.mul(value, scale);
+/// The 8-bit blockwise quantize kernel called `name`, also the double-quantization variant:
+/// with `with_offset`, the scalar `offset: f32` follows `n_blocks`, every loaded element becomes
+/// `x - offset` (one `f32` subtraction) before the absmax and the scaling, and the absmax is a
+/// NaN-ignoring `max` loop over those values. Parameters and semantics: the module docs.
+///
+/// # Errors
+/// [`Error::Unsupported`] for a non-float dtype or a map whose midpoints are not exact.
+#[kernel(name = name, grid = n_blocks)]
+pub fn blockwise_quantize(
+    #[config] name: &str,
+    #[config] map: BlockwiseMap,
+    #[config] blocksize: u32,
+    #[config] dtype: DType,
+    #[config] with_offset: bool,
+    n: u32,
+    n_blocks: u32,
+    #[when(with_offset)] offset: f32,
+    #[shape(n)]
+    #[dtype(dtype)]
+    x: In<Float>,
+    #[shape(n)] q: Out<u8>,
+    #[shape(n_blocks)] absmax: Out<f32>,
+) {
+    let search = table_f32(
+        "mid_thresholds",
+        &comptime!(nearest::thresholds(&map.code()))?,
+    );
+    let block = work_item();
+    let nv = n;
+    let (start, end) = block_range(block, blocksize, nv);
+    let off = read_option(offset);
+    let am = match off {
+        None => {
+            let len = end - start;
+            reduce_absmax(x, start, len, NanMode::Ignore)
+        }
+        Some(_) => {
+            let acc = var::<f32>("absmax_acc");
+            for e in start..end {
+                let d = load_minus(x, e, off);
+                let a = abs(d);
+                // max(acc, a) = select(a > acc, a, acc): a NaN element is skipped.
+                acc = max(acc, a);
+            }
+            acc
+        }
+    };
+    absmax[block] = am;
+    let inv = inv_absmax(am);
+    for e in start..end {
+        let d = load_minus(x, e, off);
+        let v = d * inv;
+        q[e] = search_sorted(search, v);
+    }
+}
+
+/// The 8-bit blockwise dequantize kernel called `name` (`out = code[q] * absmax`, plus
+/// `offset` in a second `f32` rounding with `with_offset`, whose scalar follows `n_blocks`).
+///
+/// # Errors
+/// [`Error::Unsupported`] for a non-float dtype.
+#[kernel(name = name, grid = n_blocks)]
+pub fn blockwise_dequantize(
+    #[config] name: &str,
+    #[config] map: BlockwiseMap,
+    #[config] blocksize: u32,
+    #[config] dtype: DType,
+    #[config] with_offset: bool,
+    n: u32,
+    n_blocks: u32,
+    #[when(with_offset)] offset: f32,
+    #[shape(n)] q: In<u8>,
+    #[shape(n_blocks)] absmax: In<f32>,
+    #[shape(n)]
+    #[dtype(dtype)]
+    out: Out<Float>,
+) {
+    let code = table_f32("code", &map.code());
+    let block = work_item();
+    let nv = n;
+    let (start, end) = block_range(block, blocksize, nv);
+    let scale = absmax[block];
+    let off = read_option(offset);
+    for e in start..end {
+        let c = q[e];
+        let value = code[c];
+        let y = value * scale;
         let y = match off {
-            Some(o) => b.add(y, o),
+            Some(o) => y + o,
             None => y,
         };
-        b.store_auto(out, e, y);
-    });
-    Ok(b.finish())
+        store_rounded(out, e, y, Rounding::NearestEven);
+    }
 }
 
 /// Builds `quantize_blockwise_{map}_bs{blocksize}_{dtype}` (see the module docs).
 ///
 /// # Errors
 /// [`Error::Unsupported`] for a blocksize outside 64..=4096 (powers of two) or a non-float dtype.
-pub fn quantize_blockwise(map: BlockwiseMap, blocksize: u32, dtype: DType) -> Result<Kernel> {
+pub fn quantize_blockwise(
+    map: BlockwiseMap,
+    blocksize: u32,
+    dtype: DType,
+) -> Result<TypedKernel<BlockwiseQuantize>> {
     check_blocksize_8bit(blocksize)?;
     check_float_dtype(dtype)?;
-    build_quantize(
+    blockwise_quantize(
         &quantize_name(map, blocksize, dtype),
         map,
         blocksize,
@@ -222,14 +237,45 @@ pub fn quantize_blockwise(map: BlockwiseMap, blocksize: u32, dtype: DType) -> Re
 ///
 /// # Errors
 /// [`Error::Unsupported`] for an unsupported blocksize or dtype.
-pub fn dequantize_blockwise(map: BlockwiseMap, blocksize: u32, dtype: DType) -> Result<Kernel> {
+pub fn dequantize_blockwise(
+    map: BlockwiseMap,
+    blocksize: u32,
+    dtype: DType,
+) -> Result<TypedKernel<BlockwiseDequantize>> {
     check_blocksize_8bit(blocksize)?;
     check_float_dtype(dtype)?;
-    build_dequantize(
+    blockwise_dequantize(
         &dequantize_name(map, blocksize, dtype),
         map,
         blocksize,
         dtype,
         false,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::library::reference::blockwise8 as reference;
+    use crate::library::{BLOCKSIZES_8BIT, FLOAT_DTYPES};
+
+    /// The macro-built kernels are the builder-built ones (same IR, so the same snapshots), for
+    /// every map, blocksize and dtype, with and without the double-quantization offset.
+    #[test]
+    fn blockwise8_kernels_equal_the_builder_versions() {
+        for map in BlockwiseMap::ALL {
+            for bs in BLOCKSIZES_8BIT {
+                for dtype in FLOAT_DTYPES {
+                    for with_offset in [false, true] {
+                        let q = blockwise_quantize("q", map, bs, dtype, with_offset).unwrap();
+                        let old = reference::build_quantize("q", map, bs, dtype, with_offset);
+                        assert!(q.kernel() == &old.unwrap(), "quantize {map} {bs} {dtype}");
+                        let d = blockwise_dequantize("d", map, bs, dtype, with_offset).unwrap();
+                        let old = reference::build_dequantize("d", map, bs, dtype, with_offset);
+                        assert!(d.kernel() == &old.unwrap(), "dequantize {map} {bs} {dtype}");
+                    }
+                }
+            }
+        }
+    }
 }

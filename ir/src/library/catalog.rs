@@ -4,6 +4,7 @@
 use half::{bf16, f16};
 
 use crate::args::OwnedArg;
+use crate::dsl::TypedKernel;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::library::activation::{ActSpec, ACT_BLOCKSIZE};
@@ -556,30 +557,40 @@ impl KernelSpec {
                 quant_type,
                 blocksize,
                 dtype,
-            } => quant4::quantize_4bit(quant_type, blocksize, dtype),
+            } => quant4::quantize_4bit(quant_type, blocksize, dtype).map(TypedKernel::into_kernel),
             KernelSpec::Dequantize4 {
                 quant_type,
                 blocksize,
                 dtype,
-            } => quant4::dequantize_4bit(quant_type, blocksize, dtype),
+            } => {
+                quant4::dequantize_4bit(quant_type, blocksize, dtype).map(TypedKernel::into_kernel)
+            }
             KernelSpec::Dequantize4Nested {
                 quant_type,
                 blocksize,
                 dtype,
-            } => quant4::dequantize_4bit_nested(quant_type, blocksize, dtype),
+            } => quant4::dequantize_4bit_nested(quant_type, blocksize, dtype)
+                .map(TypedKernel::into_kernel),
             KernelSpec::QuantizeBlockwise {
                 map,
                 blocksize,
                 dtype,
-            } => blockwise8::quantize_blockwise(map, blocksize, dtype),
+            } => {
+                blockwise8::quantize_blockwise(map, blocksize, dtype).map(TypedKernel::into_kernel)
+            }
             KernelSpec::DequantizeBlockwise {
                 map,
                 blocksize,
                 dtype,
-            } => blockwise8::dequantize_blockwise(map, blocksize, dtype),
+            } => blockwise8::dequantize_blockwise(map, blocksize, dtype)
+                .map(TypedKernel::into_kernel),
             KernelSpec::AbsmaxMean => Ok(doublequant::absmax_mean()),
-            KernelSpec::QuantizeNested => doublequant::quantize_nested(),
-            KernelSpec::DequantizeNested => doublequant::dequantize_nested(),
+            KernelSpec::QuantizeNested => {
+                doublequant::quantize_nested().map(TypedKernel::into_kernel)
+            }
+            KernelSpec::DequantizeNested => {
+                doublequant::dequantize_nested().map(TypedKernel::into_kernel)
+            }
             KernelSpec::Matmul4(m) => m.build(),
             KernelSpec::Gemm(g) => g.build(),
             KernelSpec::Int8(s) => s.build(),
@@ -587,7 +598,7 @@ impl KernelSpec {
             KernelSpec::OptimStaged(s) => s.build(),
             KernelSpec::Optim1(s) => s.build(),
             KernelSpec::Ademamix(s) => s.build(),
-            KernelSpec::Activation(s) => s.build(),
+            KernelSpec::Activation(s) => s.build().map(TypedKernel::into_kernel),
             KernelSpec::QAdam(s) => s.build(),
             KernelSpec::OptimNorm(s) => s.build(),
             KernelSpec::OptimNorm8(s) => s.build(),

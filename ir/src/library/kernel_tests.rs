@@ -197,7 +197,9 @@ fn library_quant4_kernels_match_host_model_on_interpreter() {
             let (n_packed, n_blocks) = (n.div_ceil(2), n.div_ceil(bs));
             let (want_packed, want_absmax) = host_quantize4(qt, bs, &x);
 
-            let k = quant4::quantize_4bit(qt, bs as u32, dtype).unwrap();
+            let k = quant4::quantize_4bit(qt, bs as u32, dtype)
+                .unwrap()
+                .into_kernel();
             let mut args = vec![
                 u32a(n),
                 u32a(n_packed),
@@ -231,7 +233,9 @@ fn library_quant4_kernels_match_host_model_on_interpreter() {
 
             // dequantize our codes and compare with table[code] * absmax rounded to the dtype
             let code = qt.dequant_table();
-            let k = quant4::dequantize_4bit(qt, bs as u32, dtype).unwrap();
+            let k = quant4::dequantize_4bit(qt, bs as u32, dtype)
+                .unwrap()
+                .into_kernel();
             let mut args = vec![
                 u32a(n),
                 u32a(n_packed),
@@ -262,7 +266,9 @@ fn library_quant4_kernels_match_host_model_on_interpreter() {
             let qabsmax: Vec<u8> = (0..n_blocks).map(|b| (b * 37 + 11) as u8).collect();
             let nested = [0.75f32];
             let offset = 0.125f32;
-            let k = quant4::dequantize_4bit_nested(qt, bs as u32, dtype).unwrap();
+            let k = quant4::dequantize_4bit_nested(qt, bs as u32, dtype)
+                .unwrap()
+                .into_kernel();
             let mut args = vec![
                 u32a(n),
                 u32a(n_packed),
@@ -393,7 +399,9 @@ fn library_blockwise8_search_is_the_exact_nearest_code() {
         }
         let n = x.len();
         let n_blocks = n.div_ceil(256);
-        let k = quantize_blockwise(map, 256, DType::F32).unwrap();
+        let k = quantize_blockwise(map, 256, DType::F32)
+            .unwrap()
+            .into_kernel();
         let mut args = vec![
             u32a(n),
             u32a(n_blocks),
@@ -441,7 +449,9 @@ fn library_blockwise8_kernels_match_host_model_on_interpreter() {
             let x: Vec<f32> = raw.iter().map(|v| to_dtype(dtype, *v)).collect();
             let n = x.len();
             let n_blocks = n.div_ceil(bs);
-            let k = quantize_blockwise(map, bs as u32, dtype).unwrap();
+            let k = quantize_blockwise(map, bs as u32, dtype)
+                .unwrap()
+                .into_kernel();
             let mut args = vec![
                 u32a(n),
                 u32a(n_blocks),
@@ -466,8 +476,9 @@ fn library_blockwise8_kernels_match_host_model_on_interpreter() {
                     );
                 }
             }
-            let k =
-                crate::library::blockwise8::dequantize_blockwise(map, bs as u32, dtype).unwrap();
+            let k = crate::library::blockwise8::dequantize_blockwise(map, bs as u32, dtype)
+                .unwrap()
+                .into_kernel();
             let mut args = vec![
                 u32a(n),
                 u32a(n_blocks),
@@ -485,47 +496,127 @@ fn library_blockwise8_kernels_match_host_model_on_interpreter() {
     }
 }
 
-/// Host model of `ReduceOrder::Strided(w)` followed by the division by `n`.
-fn host_strided_mean(xs: &[f32], w: usize) -> f32 {
-    let mut acc = vec![-0.0f32; w];
-    for (i, x) in xs.iter().enumerate() {
-        acc[i % w] += x;
-    }
-    let mut w = w;
-    while w > 1 {
-        w /= 2;
-        for j in 0..w {
-            acc[j] += acc[j + w];
+/// Host model of torch's CPU `float32` `mean` of a contiguous 1-D tensor on one thread, written
+/// from torch's `SumKernel.cpp` (`vectorized_inner_sum`, `row_sum`, `multi_row_sum`) with
+/// `Vectorized<float>` of `lanes` lanes, then one division by `f32(n)`.
+fn host_torch_mean(xs: &[f32], lanes: usize) -> f32 {
+    fn vadd(a: &mut [f32], b: &[f32]) {
+        for (x, y) in a.iter_mut().zip(b) {
+            *x += y;
         }
     }
-    acc[0] / xs.len() as f32
+    fn multi_row_sum(
+        size: usize,
+        width: usize,
+        row: &dyn Fn(usize, usize) -> Vec<f32>,
+    ) -> Vec<Vec<f32>> {
+        let ceil_log2 = if size <= 2 {
+            1
+        } else {
+            (usize::BITS - (size - 1).leading_zeros()) as usize
+        };
+        let level_power = 4.max(ceil_log2 / 4);
+        let level_step = 1usize << level_power;
+        let level_mask = level_step - 1;
+        let mut acc = vec![vec![vec![0.0f32; width]; 4]; 4];
+        let mut i = 0;
+        while i + level_step <= size {
+            for _ in 0..level_step {
+                for (k, a) in acc[0].iter_mut().enumerate() {
+                    vadd(a, &row(i, k));
+                }
+                i += 1;
+            }
+            for j in 1..4 {
+                for k in 0..4 {
+                    let lower = std::mem::replace(&mut acc[j - 1][k], vec![0.0; width]);
+                    vadd(&mut acc[j][k], &lower);
+                }
+                if i & (level_mask << (j * level_power)) != 0 {
+                    break;
+                }
+            }
+        }
+        while i < size {
+            for (k, a) in acc[0].iter_mut().enumerate() {
+                vadd(a, &row(i, k));
+            }
+            i += 1;
+        }
+        for j in 1..4 {
+            for k in 0..4 {
+                let upper = acc[j][k].clone();
+                vadd(&mut acc[0][k], &upper);
+            }
+        }
+        acc.swap_remove(0)
+    }
+    fn row_sum(size: usize, width: usize, load: &dyn Fn(usize) -> Vec<f32>) -> Vec<f32> {
+        let size_ilp = size / 4;
+        let mut partial = multi_row_sum(size_ilp, width, &|i, k| load(i * 4 + k));
+        for i in size_ilp * 4..size {
+            vadd(&mut partial[0], &load(i));
+        }
+        for k in 1..4 {
+            let p = partial[k].clone();
+            vadd(&mut partial[0], &p);
+        }
+        partial.swap_remove(0)
+    }
+    let n = xs.len();
+    let total = if n >= lanes {
+        let vec_size = n / lanes;
+        let vec_acc = row_sum(vec_size, lanes, &|v| {
+            xs[v * lanes..(v + 1) * lanes].to_vec()
+        });
+        let mut final_acc = 0.0f32;
+        for x in &xs[vec_size * lanes..] {
+            final_acc += x;
+        }
+        for p in &vec_acc {
+            final_acc += p;
+        }
+        final_acc
+    } else {
+        row_sum(n, 1, &|i| vec![xs[i]])[0]
+    };
+    (0.0 + total) / n as f32
 }
 
 #[test]
 fn library_doublequant_kernels_match_host_model_on_interpreter() {
-    let crate::ops::ReduceOrder::Strided(ways) = doublequant::OFFSET_ORDER else {
-        panic!("the host model assumes a strided order");
+    let mean_kernel = doublequant::absmax_mean();
+    let mean = |xs: &[f32]| {
+        let mut args = vec![
+            u32a(xs.len()),
+            OwnedArg::Read(bytes_of(DType::F32, xs)),
+            OwnedArg::Write(vec![0; 4]),
+        ];
+        run(&mean_kernel, &mut args);
+        f32s(write(&args[2]))[0]
     };
+    // The scalar path, vectors with tails and leftovers, and cascade levels 1 (512 values and
+    // more), 2 (8192) and 3 (131072).
+    for n in (1..=40usize).chain([700, 8195, 131_109]) {
+        let xs: Vec<f32> = (0..n)
+            .map(|i| 0.5 + ((i * 104_729) % 1000) as f32 / 333.0)
+            .collect();
+        let lanes = doublequant::TORCH_SUM_LANES as usize;
+        assert_eq!(
+            mean(&xs).to_bits(),
+            host_torch_mean(&xs, lanes).to_bits(),
+            "n = {n}"
+        );
+    }
     let absmax: Vec<f32> = (0..700)
         .map(|i| 0.5 + ((i * 104_729) % 1000) as f32 / 333.0)
         .collect();
-    let k = doublequant::absmax_mean();
-    let mut args = vec![
-        u32a(absmax.len()),
-        OwnedArg::Read(bytes_of(DType::F32, &absmax)),
-        OwnedArg::Write(vec![0; 4]),
-    ];
-    run(&k, &mut args);
-    let offset = f32s(write(&args[2]))[0];
-    assert_eq!(
-        offset.to_bits(),
-        host_strided_mean(&absmax, ways as usize).to_bits()
-    );
+    let offset = mean(&absmax);
 
     // nested quantize == quantize_blockwise_dynamic_bs256 of (absmax - offset)
     let n = absmax.len();
     let n_blocks = n.div_ceil(256);
-    let k = doublequant::quantize_nested().unwrap();
+    let k = doublequant::quantize_nested().unwrap().into_kernel();
     let mut args = vec![
         u32a(n),
         u32a(n_blocks),
@@ -536,7 +627,9 @@ fn library_doublequant_kernels_match_host_model_on_interpreter() {
     ];
     run(&k, &mut args);
     let diff: Vec<f32> = absmax.iter().map(|a| a - offset).collect();
-    let k2 = quantize_blockwise(BlockwiseMap::Dynamic, 256, DType::F32).unwrap();
+    let k2 = quantize_blockwise(BlockwiseMap::Dynamic, 256, DType::F32)
+        .unwrap()
+        .into_kernel();
     let mut args2 = vec![
         u32a(n),
         u32a(n_blocks),
@@ -551,7 +644,7 @@ fn library_doublequant_kernels_match_host_model_on_interpreter() {
     // decode: code[q] * nested_absmax + offset
     let q = write(&args[4]).to_vec();
     let nested = f32s(write(&args[5]));
-    let k = doublequant::dequantize_nested().unwrap();
+    let k = doublequant::dequantize_nested().unwrap().into_kernel();
     let mut args = vec![
         u32a(n),
         u32a(n_blocks),

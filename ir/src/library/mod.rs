@@ -43,6 +43,8 @@ pub mod blockwise8;
 mod catalog;
 pub mod doublequant;
 mod emit;
+mod entry;
+pub mod funcs;
 pub mod gemm;
 #[cfg(test)]
 mod gemm_tests;
@@ -71,6 +73,7 @@ pub mod optim4_quant;
 mod optim4_scheme;
 #[cfg(test)]
 mod optim4_tests;
+pub mod optim8;
 pub mod optim_ademamix;
 #[cfg(test)]
 mod optim_ademamix_tests;
@@ -94,6 +97,8 @@ mod optim_staged_tests;
 mod optim_tests;
 pub mod philox;
 pub mod quant4;
+#[cfg(test)]
+mod reference;
 mod round;
 #[cfg(test)]
 mod test_util;
@@ -101,6 +106,7 @@ mod tile;
 
 pub use activation::{Act, ActDirection, ActSpec, ACT_BLOCKSIZE};
 pub use catalog::{catalog, KernelSpec};
+pub use entry::CatalogEntry;
 pub use gemm::{Gemm, Layout};
 pub use int8::Int8Spec;
 pub use matmul4::{Direction, Matmul4, TileConfig};

@@ -46,8 +46,11 @@
 use crate::builder::KernelBuilder;
 use crate::error::{Error, Result};
 use crate::kernel::{Access, Dim, Kernel, ParamId, TableId, Value};
-use crate::library::emit::{block_range, inv_absmax};
+use crate::library::emit::block_range;
+#[cfg(test)]
+use crate::library::emit::inv_absmax;
 use crate::library::nearest::{self, Nearest8Tables};
+use crate::library::optim8::build8;
 use crate::library::{check_float_dtype, BlockwiseMap};
 use crate::ops::CmpOp;
 use crate::types::{DType, Scalar, ScalarType};
@@ -572,7 +575,7 @@ pub(crate) fn state_tables(
 
 /// The variant of an 8-bit kernel [`build8`] builds.
 #[derive(Clone, Copy, Default)]
-pub(crate) struct Form {
+pub struct Form {
     /// The `_gs` scalar `gnorm_scale` ([`OptimSpec::build_ext`]).
     pub(crate) grad_opts: bool,
     /// The trust-ratio buffer `scale: f32[1]` last ([`OptimSpec::build_scaled`]).
@@ -583,8 +586,11 @@ pub(crate) struct Form {
     pub(crate) staged: bool,
 }
 
-/// The 8-bit kernel named `name` in the variant `form`.
-pub(crate) fn build8(spec: &OptimSpec, name: &str, form: Form) -> Result<Kernel> {
+/// The builder version of the 8-bit kernel named `name` in the variant `form`, as it was before
+/// the kernel moved to the kernel language ([`crate::library::optim8`]); tests prove the two
+/// equal.
+#[cfg(test)]
+pub(crate) fn build8_builder(spec: &OptimSpec, name: &str, form: Form) -> Result<Kernel> {
     let mut b = KernelBuilder::new(name);
     let (n, n_blocks, ps) = declare_scalars(&mut b, spec, &["step_size", "c2", "eps"]);
     // bitsandbytes' 8-bit two-state kernel ignores `skip_zeros`: only `gnorm_scale`.

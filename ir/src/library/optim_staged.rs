@@ -21,7 +21,8 @@
 use crate::args::OwnedArg;
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
-use crate::library::optim::{build8, Form, OptimSpec, StateBits};
+use crate::library::optim::{Form, OptimSpec, StateBits};
+use crate::library::optim8::build8;
 use crate::library::optim_ext::{self, OptimExtSpec};
 use crate::types::DType;
 

@@ -2,11 +2,11 @@
 //! `y = beta * act(z) + (1 - beta) * z` and its gradient. Exact semantics:
 //! [`qforge_ir::library::activation`].
 
-use qforge_ir::library::activation::{Act, ActDirection, ActSpec, ACT_BLOCKSIZE};
-use qforge_ir::{Arg, Scalar};
+use qforge_ir::dsl::{FloatIn, FloatOut};
+use qforge_ir::library::activation::{Act, ActBetaArgs, ActDirection, ActSpec, ACT_BLOCKSIZE};
 
-use super::{cached_kernel, count_u32, scalar_u32};
-use crate::device::Device;
+use super::{cached_typed, count_u32};
+use crate::device::{launch_typed, Device};
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 
@@ -42,20 +42,37 @@ fn run(
             )));
         }
     }
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let kernel = cached_typed(&spec.name(), || spec.build())?;
     let mut out = vec![0u8; z.data.len()];
-    let mut args = vec![
-        scalar_u32(n),
-        scalar_u32(n.div_ceil(ACT_BLOCKSIZE)),
-        Arg::Scalar(Scalar::f32(beta)),
-        Arg::Read(&z.data),
-    ];
-    if let Some(dy) = dy {
-        args.push(Arg::Read(&dy.data));
-    }
-    args.push(Arg::Write(&mut out));
-    dev.launch(&kernel, &mut args)?;
-    HostTensor::new(z.dtype, z.shape.clone(), out)
+    let dtype = z.dtype;
+    let output = FloatOut {
+        dtype,
+        bytes: &mut out,
+    };
+    let (y, dz) = match spec.direction {
+        ActDirection::Forward => (Some(output), None),
+        ActDirection::Backward => (None, Some(output)),
+    };
+    launch_typed(
+        dev,
+        &kernel,
+        &mut ActBetaArgs {
+            n,
+            n_blocks: n.div_ceil(ACT_BLOCKSIZE),
+            beta,
+            z: FloatIn {
+                dtype,
+                bytes: &z.data,
+            },
+            dy: dy.map(|d| FloatIn {
+                dtype,
+                bytes: &d.data,
+            }),
+            y,
+            dz,
+        },
+    )?;
+    HostTensor::new(dtype, z.shape.clone(), out)
 }
 
 /// `y = beta * act(z) + (1 - beta) * z` elementwise, in `z`'s dtype and shape (`beta = 1`: the

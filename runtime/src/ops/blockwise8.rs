@@ -1,15 +1,15 @@
 //! `quantize_blockwise` / `dequantize_blockwise` and the double-quantization steps.
 
-use qforge_ir::library::{
-    blockwise8, doublequant, BlockwiseMap, BLOCKSIZES_8BIT, NESTED_BLOCKSIZE,
-};
-use qforge_ir::{Arg, DType, OwnedArg, Scalar};
+use qforge_ir::dsl::{FloatIn, FloatOut};
+use qforge_ir::library::blockwise8::{self, BlockwiseDequantizeArgs, BlockwiseQuantizeArgs};
+use qforge_ir::library::{doublequant, BlockwiseMap, BLOCKSIZES_8BIT, NESTED_BLOCKSIZE};
+use qforge_ir::{DType, OwnedArg};
 
 use super::{
-    blocksize_u32, cached_kernel, count_u32, expect_len, f32_le, float_dtype, float_input, launch,
-    le_f32, numel, scalar_u32, take_output, u32_arg, Absmax4,
+    blocksize_u32, cached_kernel, cached_typed, count_u32, expect_len, f32_le, float_dtype,
+    float_input, launch, le_f32, numel, take_output, u32_arg, Absmax4,
 };
-use crate::device::Device;
+use crate::device::{launch_typed, Device};
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 
@@ -30,22 +30,27 @@ pub fn quantize_blockwise(
     let blocksize = blocksize_u32("quantize_blockwise", blocksize, &BLOCKSIZES_8BIT)?;
     let n = float_input("quantize_blockwise", x)?;
     let n_blocks = n.div_ceil(blocksize);
-    let kernel = cached_kernel(&blockwise8::quantize_name(map, blocksize, x.dtype), || {
+    let kernel = cached_typed(&blockwise8::quantize_name(map, blocksize, x.dtype), || {
         blockwise8::quantize_blockwise(map, blocksize, x.dtype)
     })?;
     let mut q = vec![0u8; n as usize];
-    let mut absmax = vec![0u8; 4 * n_blocks as usize];
-    dev.launch(
+    let mut absmax = vec![0f32; n_blocks as usize];
+    launch_typed(
+        dev,
         &kernel,
-        &mut [
-            scalar_u32(n),
-            scalar_u32(n_blocks),
-            Arg::Read(&x.data),
-            Arg::Write(&mut q),
-            Arg::Write(&mut absmax),
-        ],
+        &mut BlockwiseQuantizeArgs {
+            n,
+            n_blocks,
+            offset: None,
+            x: FloatIn {
+                dtype: x.dtype,
+                bytes: &x.data,
+            },
+            q: &mut q,
+            absmax: &mut absmax,
+        },
     )?;
-    Ok((q, le_f32(&absmax)))
+    Ok((q, absmax))
 }
 
 /// Dequantizes 8-bit codes to a tensor of `dtype` and `shape`, like bitsandbytes'
@@ -75,26 +80,30 @@ pub fn dequantize_blockwise(
     let n_blocks = n.div_ceil(blocksize);
     expect_len(OP, "q", q.len(), numel)?;
     expect_len(OP, "absmax", absmax.len(), n_blocks as usize)?;
-    let kernel = cached_kernel(&blockwise8::dequantize_name(map, blocksize, dtype), || {
+    let kernel = cached_typed(&blockwise8::dequantize_name(map, blocksize, dtype), || {
         blockwise8::dequantize_blockwise(map, blocksize, dtype)
     })?;
-    let absmax = f32_le(absmax);
     let mut out = vec![0u8; numel * dtype.size_bytes()];
-    dev.launch(
+    launch_typed(
+        dev,
         &kernel,
-        &mut [
-            scalar_u32(n),
-            scalar_u32(n_blocks),
-            Arg::Read(q),
-            Arg::Read(&absmax),
-            Arg::Write(&mut out),
-        ],
+        &mut BlockwiseDequantizeArgs {
+            n,
+            n_blocks,
+            offset: None,
+            q,
+            absmax,
+            out: FloatOut {
+                dtype,
+                bytes: &mut out,
+            },
+        },
     )?;
     HostTensor::new(dtype, shape.to_vec(), out)
 }
 
-/// The double-quantization offset: the `f32` mean of `absmax`, summed in the order
-/// [`doublequant::OFFSET_ORDER`] and divided once by the count.
+/// The double-quantization offset: the `f32` mean of `absmax`, summed in torch's CPU order and
+/// divided once by the count, bitsandbytes' `absmax.mean()` ([`doublequant::absmax_mean`]).
 ///
 /// # Errors
 /// [`Error::Invalid`] for an empty or oversized `absmax`; any device error.
@@ -137,22 +146,27 @@ pub fn compress_absmax_with_offset(
 ) -> Result<Absmax4> {
     let n = nonempty("compress_absmax", absmax)?;
     let n_blocks = n.div_ceil(NESTED_BLOCKSIZE);
-    let kernel = cached_kernel(
+    let kernel = cached_typed(
         doublequant::QUANTIZE_NESTED_NAME,
         doublequant::quantize_nested,
     )?;
-    let mut args = vec![
-        u32_arg(n),
-        u32_arg(n_blocks),
-        OwnedArg::Scalar(Scalar::f32(offset)),
-        OwnedArg::Read(f32_le(absmax)),
-        OwnedArg::Write(vec![0; n as usize]),
-        OwnedArg::Write(vec![0; 4 * n_blocks as usize]),
-    ];
-    launch(dev, &kernel, &mut args)?;
+    let mut qabsmax = vec![0u8; n as usize];
+    let mut nested_absmax = vec![0f32; n_blocks as usize];
+    launch_typed(
+        dev,
+        &kernel,
+        &mut BlockwiseQuantizeArgs {
+            n,
+            n_blocks,
+            offset: Some(offset),
+            x: FloatIn::f32(absmax),
+            q: &mut qabsmax,
+            absmax: &mut nested_absmax,
+        },
+    )?;
     Ok(Absmax4::Nested {
-        qabsmax: take_output(&mut args, 4),
-        nested_absmax: le_f32(&take_output(&mut args, 5)),
+        qabsmax,
+        nested_absmax,
         nested_code: doublequant::NESTED_MAP.code(),
         offset,
         nested_blocksize: NESTED_BLOCKSIZE as usize,
@@ -200,20 +214,24 @@ pub fn decompress_absmax(dev: &dyn Device, absmax: &Absmax4) -> Result<Vec<f32>>
             "{OP}: the nested code is not the signed dynamic map"
         )));
     }
-    let kernel = cached_kernel(
+    let kernel = cached_typed(
         doublequant::DEQUANTIZE_NESTED_NAME,
         doublequant::dequantize_nested,
     )?;
-    let mut args = vec![
-        u32_arg(n),
-        u32_arg(n_blocks),
-        OwnedArg::Scalar(Scalar::f32(offset)),
-        OwnedArg::Read(qabsmax.clone()),
-        OwnedArg::Read(f32_le(nested_absmax)),
-        OwnedArg::Write(vec![0; 4 * n as usize]),
-    ];
-    launch(dev, &kernel, &mut args)?;
-    Ok(le_f32(&take_output(&mut args, 5)))
+    let mut out = vec![0f32; n as usize];
+    launch_typed(
+        dev,
+        &kernel,
+        &mut BlockwiseDequantizeArgs {
+            n,
+            n_blocks,
+            offset: Some(offset),
+            q: qabsmax,
+            absmax: nested_absmax,
+            out: FloatOut::f32(&mut out),
+        },
+    )?;
+    Ok(out)
 }
 
 fn nonempty<T>(op: &str, values: &[T]) -> Result<u32> {

@@ -23,6 +23,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use qforge_ir::dsl::{Signature, TypedKernel};
 use qforge_ir::{DType, Kernel, OwnedArg, Scalar};
 
 use crate::device::Device;
@@ -120,6 +121,27 @@ fn cached_kernel(
         .lock()
         .map_err(|_| poisoned())?
         .insert(name.to_string(), Arc::clone(&kernel));
+    Ok(kernel)
+}
+
+/// The typed kernel called `name` from the process-wide cache of typed kernels, built by
+/// `build` on first use.
+fn cached_typed<S: Signature>(
+    name: &str,
+    build: impl FnOnce() -> qforge_ir::Result<TypedKernel<S>>,
+) -> Result<Arc<TypedKernel<S>>> {
+    type Cache = HashMap<String, Arc<dyn std::any::Any + Send + Sync>>;
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let found = cache.lock().map_err(|_| poisoned())?.get(name).cloned();
+    if let Some(k) = found.and_then(|k| k.downcast::<TypedKernel<S>>().ok()) {
+        return Ok(k);
+    }
+    let kernel = Arc::new(build()?);
+    cache.lock().map_err(|_| poisoned())?.insert(
+        name.to_string(),
+        Arc::clone(&kernel) as Arc<dyn std::any::Any + Send + Sync>,
+    );
     Ok(kernel)
 }
 

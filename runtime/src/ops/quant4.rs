@@ -1,13 +1,14 @@
 //! `quantize_4bit` / `dequantize_4bit` (bitsandbytes' functional API).
 
-use qforge_ir::library::{quant4, QuantType, BLOCKSIZES_4BIT, NESTED_BLOCKSIZE};
-use qforge_ir::{Arg, DType, Scalar};
-
-use super::{
-    blocksize_u32, cached_kernel, count_u32, expect_len, f32_le, float_dtype, float_input, le_f32,
-    numel, scalar_u32,
+use qforge_ir::dsl::{FloatIn, FloatOut};
+use qforge_ir::library::quant4::{
+    self, Dequantize4bitArgs, Dequantize4bitNestedArgs, Quantize4bitArgs,
 };
-use crate::device::Device;
+use qforge_ir::library::{QuantType, BLOCKSIZES_4BIT, NESTED_BLOCKSIZE};
+use qforge_ir::DType;
+
+use super::{blocksize_u32, cached_typed, count_u32, expect_len, float_dtype, float_input, numel};
+use crate::device::{launch_typed, Device};
 use crate::error::{Error, Result};
 use crate::tensor::HostTensor;
 
@@ -99,21 +100,24 @@ pub fn quantize_4bit(
     let n = float_input("quantize_4bit", x)?;
     let (n_packed, n_blocks) = (n.div_ceil(2), n.div_ceil(bs));
     let name = quant4::quantize_name(quant_type, bs, x.dtype);
-    let kernel = cached_kernel(&name, || quant4::quantize_4bit(quant_type, bs, x.dtype))?;
+    let kernel = cached_typed(&name, || quant4::quantize_4bit(quant_type, bs, x.dtype))?;
     let mut packed = vec![0u8; n_packed as usize];
-    let mut absmax = vec![0u8; 4 * n_blocks as usize];
-    dev.launch(
+    let mut absmax = vec![0f32; n_blocks as usize];
+    launch_typed(
+        dev,
         &kernel,
-        &mut [
-            scalar_u32(n),
-            scalar_u32(n_packed),
-            scalar_u32(n_blocks),
-            Arg::Read(&x.data),
-            Arg::Write(&mut packed),
-            Arg::Write(&mut absmax),
-        ],
+        &mut Quantize4bitArgs {
+            n,
+            n_packed,
+            n_blocks,
+            x: FloatIn {
+                dtype: x.dtype,
+                bytes: &x.data,
+            },
+            packed: &mut packed,
+            absmax: &mut absmax,
+        },
     )?;
-    let absmax = le_f32(&absmax);
     let absmax = if compress_statistics {
         super::compress_absmax(dev, &absmax)?
     } else {
@@ -159,20 +163,23 @@ pub fn dequantize_4bit(dev: &dyn Device, packed: &[u8], state: &QuantState4) -> 
     let n_nested = state.absmax.check_len(OP, n_blocks)?;
     match &state.absmax {
         Absmax4::Plain(absmax) => {
-            let kernel = cached_kernel(&quant4::dequantize_name(qt, bs, dtype), || {
+            let kernel = cached_typed(&quant4::dequantize_name(qt, bs, dtype), || {
                 quant4::dequantize_4bit(qt, bs, dtype)
             })?;
-            let absmax = f32_le(absmax);
-            dev.launch(
+            launch_typed(
+                dev,
                 &kernel,
-                &mut [
-                    scalar_u32(n),
-                    scalar_u32(n_packed),
-                    scalar_u32(n_blocks),
-                    Arg::Read(packed),
-                    Arg::Read(&absmax),
-                    Arg::Write(&mut out),
-                ],
+                &mut Dequantize4bitArgs {
+                    n,
+                    n_packed,
+                    n_blocks,
+                    packed,
+                    absmax,
+                    out: FloatOut {
+                        dtype,
+                        bytes: &mut out,
+                    },
+                },
             )?;
         }
         Absmax4::Nested {
@@ -182,24 +189,27 @@ pub fn dequantize_4bit(dev: &dyn Device, packed: &[u8], state: &QuantState4) -> 
             offset,
             ..
         } => {
-            let kernel = cached_kernel(&quant4::dequantize_nested_name(qt, bs, dtype), || {
+            let kernel = cached_typed(&quant4::dequantize_nested_name(qt, bs, dtype), || {
                 quant4::dequantize_4bit_nested(qt, bs, dtype)
             })?;
-            let (nested_absmax, nested_code) = (f32_le(nested_absmax), f32_le(nested_code));
-            dev.launch(
+            launch_typed(
+                dev,
                 &kernel,
-                &mut [
-                    scalar_u32(n),
-                    scalar_u32(n_packed),
-                    scalar_u32(n_blocks),
-                    scalar_u32(n_nested),
-                    Arg::Scalar(Scalar::f32(*offset)),
-                    Arg::Read(packed),
-                    Arg::Read(qabsmax),
-                    Arg::Read(&nested_absmax),
-                    Arg::Read(&nested_code),
-                    Arg::Write(&mut out),
-                ],
+                &mut Dequantize4bitNestedArgs {
+                    n,
+                    n_packed,
+                    n_blocks,
+                    n_nested,
+                    offset: *offset,
+                    packed,
+                    qabsmax,
+                    nested_absmax,
+                    nested_code,
+                    out: FloatOut {
+                        dtype,
+                        bytes: &mut out,
+                    },
+                },
             )?;
         }
     }

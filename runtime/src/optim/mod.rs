@@ -25,6 +25,7 @@ use qforge_ir::library::{MomentScheme, OPTIM_BLOCKSIZE};
 pub use clip::GNORM_HISTORY;
 pub use group::{OptimizerKind, ParamGroup, QAdamWConfig, StateBits};
 pub use serial::{STATE_FORMAT_VERSION, STATE_METADATA_KEY};
+pub use state::StateLayout;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -161,11 +162,13 @@ impl Optimizer {
         self.index.get(name).map(|&i| self.slots[i].step)
     }
 
-    /// State width actually used by `name` (`None` before its first step or for an unknown
-    /// name): [`StateBits::Bits32`] for small parameters of 8-bit groups.
-    pub fn state_bits(&self, name: &str) -> Option<StateBits> {
+    /// How the state of `name` is actually stored (`None` before its first step or for an
+    /// unknown name): [`StateLayout::Bits32`] for small parameters of 8-bit groups; for
+    /// quantized AdamW each moment's scheme after the small-tensor rule (a 4-bit moment is
+    /// reported as its 4-bit scheme, a moment kept in `f32` as [`MomentScheme::Fp32`]).
+    pub fn state_layout(&self, name: &str) -> Option<StateLayout> {
         let slot = &self.slots[*self.index.get(name)?];
-        slot.state.as_ref().map(|s| s.layout().bits())
+        slot.state.as_ref().map(|s| s.layout().report())
     }
 
     /// One step for every parameter: `params[i]` and `grads[i]` belong to

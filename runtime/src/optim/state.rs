@@ -51,6 +51,28 @@ pub(crate) struct StateTensor {
     pub data: Vec<u8>,
 }
 
+/// How a parameter's state is stored, as [`Optimizer::state_layout`](super::Optimizer::state_layout)
+/// reports it (`None` there before the parameter's first step).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateLayout {
+    /// Every state tensor in `f32` (32 bits per element): a 32-bit group, or a parameter of an
+    /// 8-bit group with fewer than `min_8bit_size` elements.
+    Bits32,
+    /// Every state tensor in 8-bit blockwise codes (one `u8` per element, one `f32` absmax per
+    /// 256-element block).
+    Bits8,
+    /// Quantized AdamW: each moment in the scheme that actually stores it, after the
+    /// small-tensor rule ([`MomentScheme::effective`]); [`MomentScheme::bits`] is its width per
+    /// element: 4 (`nf4`, `nf4_sr`, `dyn4*`), 8 (`linear8`) or 32 (`fp32`, also every moment of a
+    /// [`StateBits::Bits32`] group).
+    QAdamW {
+        /// The first moment's scheme.
+        m1: MomentScheme,
+        /// The second moment's scheme.
+        m2: MomentScheme,
+    },
+}
+
 /// The layout a parameter's state has: which tensors, dtypes and shapes (see
 /// [`Layout::tensors`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,30 +141,24 @@ impl Layout {
         }
     }
 
-    /// The state width.
-    pub fn bits(self) -> StateBits {
+    /// How the state is stored, as [`Optimizer::state_layout`](super::Optimizer::state_layout)
+    /// reports it: quantized AdamW reports each moment's (effective) scheme, so a 4-bit moment
+    /// is reported as 4-bit.
+    pub fn report(self) -> StateLayout {
         match self {
-            Layout::Adam32 | Layout::One32 | Layout::Ademamix32 => StateBits::Bits32,
-            Layout::Adam8 | Layout::One8 | Layout::Ademamix8 => StateBits::Bits8,
-            Layout::QAdam { m1, m2 } => {
-                if m1 == MomentScheme::Fp32 && m2 == MomentScheme::Fp32 {
-                    StateBits::Bits32
-                } else {
-                    StateBits::Bits8
-                }
-            }
+            Layout::Adam32 | Layout::One32 | Layout::Ademamix32 => StateLayout::Bits32,
+            Layout::Adam8 | Layout::One8 | Layout::Ademamix8 => StateLayout::Bits8,
+            Layout::QAdam { m1, m2 } => StateLayout::QAdamW { m1, m2 },
         }
     }
 
     /// Name in state files (`32bit` or `8bit`, the group's rule says which tensors; quantized
     /// AdamW: `qadamw:<m1 scheme>+<m2 scheme>`).
     pub fn name(self) -> String {
-        if let Layout::QAdam { m1, m2 } = self {
-            return format!("qadamw:{m1}+{m2}");
-        }
-        match self.bits() {
-            StateBits::Bits32 => "32bit".into(),
-            StateBits::Bits8 => "8bit".into(),
+        match self.report() {
+            StateLayout::Bits32 => "32bit".into(),
+            StateLayout::Bits8 => "8bit".into(),
+            StateLayout::QAdamW { m1, m2 } => format!("qadamw:{m1}+{m2}"),
         }
     }
 
@@ -168,22 +184,24 @@ impl Layout {
     pub fn tensors(self, shape: &[usize]) -> Vec<(&'static str, Dtype, Vec<usize>)> {
         let numel: usize = shape.iter().product();
         let blocks = vec![numel.div_ceil(BLOCK)];
-        let count = match self {
-            Layout::One32 | Layout::One8 => 1,
-            Layout::Adam32 | Layout::Adam8 => 2,
-            Layout::Ademamix32 | Layout::Ademamix8 => 3,
+        let (count, eight) = match self {
+            Layout::One32 => (1, false),
+            Layout::One8 => (1, true),
+            Layout::Adam32 => (2, false),
+            Layout::Adam8 => (2, true),
+            Layout::Ademamix32 => (3, false),
+            Layout::Ademamix8 => (3, true),
             Layout::QAdam { m1, m2 } => return qadam_tensors(m1, m2, shape),
         };
         let states = ["state1", "state2", "state3"];
         let absmaxes = ["absmax1", "absmax2", "absmax3"];
         let mut out = Vec::new();
         for k in 0..count {
-            match self.bits() {
-                StateBits::Bits32 => out.push((states[k], Dtype::F32, shape.to_vec())),
-                StateBits::Bits8 => {
-                    out.push((states[k], Dtype::U8, shape.to_vec()));
-                    out.push((absmaxes[k], Dtype::F32, blocks.clone()));
-                }
+            if eight {
+                out.push((states[k], Dtype::U8, shape.to_vec()));
+                out.push((absmaxes[k], Dtype::F32, blocks.clone()));
+            } else {
+                out.push((states[k], Dtype::F32, shape.to_vec()));
             }
         }
         out
