@@ -258,6 +258,45 @@ fn probe_report_is_printed() {
     );
 }
 
+/// The probe's loop verdict is what a loop of 100000 iterations does on the device (Mesa's
+/// lavapipe stops loops after 65535 iterations: `loops_exact` is false there, with a deviation).
+#[test]
+fn the_loop_probe_tells_whether_long_loops_run_in_full() {
+    let Some(dev) = device() else { return };
+    let mut b = KernelBuilder::new("count_loop");
+    let n = b.scalar_param("n", ScalarType::U32);
+    let out = b.buffer_param("out", DType::U32, &[Dim::Const(1)], Access::Write);
+    let count = b.var("count", ScalarType::U32);
+    let (zero, one, end) = (b.const_u32(0), b.const_u32(1), b.param(n));
+    b.for_range(zero, end, 1, |b, _| {
+        let c = b.read_var(count);
+        let c = b.add(c, one);
+        b.assign(count, c);
+    });
+    let c = b.read_var(count);
+    b.store(out, zero, c);
+    let k = b.finish();
+    let mut got = [0u8; 4];
+    dev.launch(
+        &k,
+        &mut [
+            qforge_ir::Arg::Scalar(Scalar::U32(100_000)),
+            qforge_ir::Arg::Write(&mut got),
+        ],
+    )
+    .unwrap();
+    let trips = u32::from_le_bytes(got);
+    let c = dev.conformance();
+    println!("{}: a loop of 100000 ran {trips}", dev.name());
+    assert_eq!(c.loops_exact, trips == 100_000, "{:?}", c.deviations);
+    assert_eq!(
+        c.loops_exact,
+        !c.deviations.iter().any(|d| d.contains("stops loops early")),
+        "{:?}",
+        c.deviations
+    );
+}
+
 #[test]
 fn integer_division_high_words_and_conversions() {
     const K: u32 = 10;

@@ -505,6 +505,8 @@ fn host_torch_mean(xs: &[f32], lanes: usize) -> f32 {
             *x += y;
         }
     }
+    // The levels are indexed as torch indexes them (acc[level][row]).
+    #[allow(clippy::needless_range_loop)]
     fn multi_row_sum(
         size: usize,
         width: usize,

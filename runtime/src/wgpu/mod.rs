@@ -9,9 +9,12 @@
 //!
 //! At start-up a probe kernel checks the driver's `fma`, `/` and `sqrt` against the host; each
 //! one that is not exact is replaced in every kernel by the WGSL backend's exact integer routine
-//! ([`WgslOptions`]). The environment variable `QFORGE_WGSL_SOFT_MATH` forces the routines
-//! on a conformant driver too (`1` or `all`: all three; or a comma list of `fma`, `div`,
-//! `sqrt`; `0` or empty: none), and so does [`WgpuDevice::with_soft_math`].
+//! ([`WgslOptions`]). A second probe runs a loop of 70000 iterations: a driver that stops loops
+//! early (Mesa's llvmpipe/lavapipe stops a loop after 65535 iterations) is recorded as a
+//! deviation in [`WgpuDevice::conformance`] (not emulated yet). The environment variable
+//! `QFORGE_WGSL_SOFT_MATH` forces the routines on a conformant driver too (`1` or `all`: all
+//! three; or a comma list of `fma`, `div`, `sqrt`; `0` or empty: none), and so does
+//! [`WgpuDevice::with_soft_math`].
 
 mod launch;
 mod probe;

@@ -21,6 +21,11 @@ pub struct Conformance {
     /// `sqrt` is correctly rounded on the probed hard cases. When false, kernels use the exact
     /// software `qf_sqrt`.
     pub sqrt_exact: bool,
+    /// A loop runs all its iterations. Mesa's llvmpipe/lavapipe silently stops a loop after
+    /// 65535 iterations (and then shortens the loops after it): a kernel whose work item loops
+    /// longer than that (e.g. `absmax_mean` over more than about 60000 blocks) gives wrong
+    /// results there. Recorded as a deviation; not emulated yet.
+    pub loops_exact: bool,
     /// Every deviation found, one line each (empty on a conformant device).
     pub deviations: Vec<String>,
 }
@@ -131,6 +136,26 @@ fn probe_kernel() -> Kernel {
     b.finish()
 }
 
+/// The trip count of the loop probe: past 65535, where capping drivers stop.
+const LOOP_PROBE_TRIPS: u32 = 70_000;
+
+/// Loop probe: one work item counts the iterations of a loop over `0..n` into `out[0]`.
+fn loop_probe_kernel() -> Kernel {
+    let mut b = KernelBuilder::new("qforge_loop_probe");
+    let n = b.scalar_param("n", ScalarType::U32);
+    let out = b.buffer_param("out", DType::U32, &[Dim::Const(1)], Access::Write);
+    let count = b.var("count", ScalarType::U32);
+    let (zero, one, end) = (b.const_u32(0), b.const_u32(1), b.param(n));
+    b.for_range(zero, end, 1, |b, _| {
+        let c = b.read_var(count);
+        let c = b.add(c, one);
+        b.assign(count, c);
+    });
+    let c = b.read_var(count);
+    b.store(out, zero, c);
+    b.finish()
+}
+
 fn same(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
 }
@@ -173,12 +198,28 @@ pub(super) fn run(dev: &WgpuDevice) -> Result<Conformance> {
         .chunks_exact(4)
         .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
         .collect();
+    let mut count = [0u8; 4];
+    dev.launch_compiled(
+        &loop_probe_kernel(),
+        &mut [
+            Arg::Scalar(Scalar::U32(LOOP_PROBE_TRIPS)),
+            Arg::Write(&mut count),
+        ],
+    )?;
+    let trips = u32::from_le_bytes(count);
     let mut c = Conformance {
         fma_fused: true,
         div_exact: true,
         sqrt_exact: true,
+        loops_exact: trips == LOOP_PROBE_TRIPS,
         deviations: Vec::new(),
     };
+    if !c.loops_exact {
+        c.deviations.push(format!(
+            "a loop of {LOOP_PROBE_TRIPS} iterations ran {trips}: the driver stops loops early, so \
+             kernels whose work items loop longer than that are wrong on this device"
+        ));
+    }
     for (r, [a, b, cc]) in rows.iter().enumerate() {
         let got = &out[4 * r..4 * r + 4];
         let unfused = a * b + cc;
