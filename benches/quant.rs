@@ -9,8 +9,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, Throughput};
-use qforge::ir::library::{KernelSpec, QuantType};
 use qforge::ir::{DType, Kernel, OwnedArg};
+use qforge::kernels::{KernelSpec, QuantType};
 use qforge::runtime::{CpuDevice, Device};
 
 fn elements() -> usize {

@@ -8,8 +8,8 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use qforge::ir::library::{KernelSpec, QuantType};
 use qforge::ir::{DType, OwnedArg};
+use qforge::kernels::{KernelSpec, QuantType};
 use qforge::runtime::{CpuDevice, Device, WgpuDevice};
 
 fn median(reps: usize, mut f: impl FnMut()) -> Duration {

@@ -2,11 +2,11 @@
 //! interpreter, bit for bit (any two NaNs equal), on fixed inputs that cover every pair of a
 //! length class and an input kind. `tests/conformance.rs` runs it over the library's catalog
 //! (plus random cases); a user's kernel joins by implementing
-//! [`CatalogEntry`](qforge_ir::library::CatalogEntry) and calling [`check_entry`] (see
+//! [`CatalogEntry`](qforge_kernels::CatalogEntry) and calling [`check_entry`] (see
 //! `examples/custom-op`).
 
-use qforge_ir::library::{maps, CatalogEntry, QuantType};
 use qforge_ir::{count_mismatches, Kernel, OwnedArg};
+use qforge_kernels::{maps, CatalogEntry, QuantType};
 use qforge_runtime::{Device, InterpreterDevice};
 
 /// Edge values mixed into the "edge values" inputs: signed zeros, subnormals, ±inf, NaN, huge

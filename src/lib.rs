@@ -1,12 +1,13 @@
 //! qforge: a kernel-generation compiler for low-bit training and inference kernels.
 //!
-//! This facade crate re-exports the IR ([`ir`]), code generation ([`codegen`]) and runtime
-//! ([`runtime`]) crates and holds the checkpoint tooling behind the `qforge` CLI
+//! This facade crate re-exports the IR ([`ir`]), code generation ([`codegen`]), runtime
+//! ([`runtime`]) and op library ([`kernels`]) crates and holds the checkpoint tooling behind the `qforge` CLI
 //! ([`checkpoint`]: `quantize`, `dequantize`) and `qforge check` ([`cli::check`]).
 #![deny(missing_docs)]
 
 pub use qforge_codegen as codegen;
 pub use qforge_ir as ir;
+pub use qforge_kernels as kernels;
 /// `#[qforge::kernel]` and `#[qforge::func]`: kernels written in a subset of Rust
 /// (`docs/custom-ops.md`).
 pub use qforge_macros::{func, kernel};

@@ -8,10 +8,10 @@ mod merge_support;
 use std::path::Path;
 
 use proptest::prelude::*;
-use qforge::ir::library::activation::Act;
 use qforge::ir::DType;
-use qforge::runtime::adapter::{normal_f32, BottleneckAdapter};
-use qforge::runtime::ops::{gemm, Layout};
+use qforge::kernels::activation::Act;
+use qforge::kernels::adapter::{normal_f32, BottleneckAdapter};
+use qforge::kernels::ops::{gemm, Layout};
 use qforge::runtime::{CpuDevice, HostTensor};
 use safetensors::SafeTensors;
 
@@ -273,7 +273,7 @@ fn loss_f64(
     (m, d, r): (usize, usize, usize),
     beta: f64,
 ) -> f64 {
-    let gelu = |z: f64| 0.5 * z * (2.0 - qforge::ir::library::erfc(z / std::f64::consts::SQRT_2));
+    let gelu = |z: f64| 0.5 * z * (2.0 - qforge::kernels::erfc(z / std::f64::consts::SQRT_2));
     let mut loss = 0.0;
     for i in 0..m {
         let a: Vec<f64> = (0..r)

@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use qforge::conformance::{check_values, fixed_cases, lengths, tie_values, EDGE_VALUES};
 use qforge::devices::{available_devices, DEVICE_NAMES};
-use qforge::ir::library::{self, CatalogEntry};
+use qforge::kernels::{self, CatalogEntry};
 use qforge::runtime::Device;
 
 /// An f32 drawn from normal-looking data mixed with edge values.
@@ -83,7 +83,7 @@ fn every_library_kernel_is_bit_exact_on_every_device() {
         .zip(devices.iter().map(|d| d.as_ref()))
         .collect();
     let random = qforge_testkit::random_cases(1);
-    let catalog = library::catalog();
+    let catalog = kernels::catalog();
     // Kernels are handed out one at a time to one worker per core (the devices are shared).
     let next = AtomicUsize::new(0);
     let failures = Mutex::new(Vec::new());

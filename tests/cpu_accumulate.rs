@@ -6,11 +6,11 @@
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
-use qforge::ir::library::{Direction, Matmul4, QuantType, TileConfig};
 use qforge::ir::{
     count_mismatches, Access, BinaryOp, CmpOp, DType, Dim, Kernel, KernelBuilder, OwnedArg,
     ReduceOrder, Scalar, ScalarType, VarId,
 };
+use qforge::kernels::{Direction, Matmul4, QuantType, TileConfig};
 use qforge::runtime::{CpuDevice, CpuOptions, Device};
 
 #[path = "cpu_accumulate/running.rs"]
@@ -247,7 +247,7 @@ fn nf4_kernel(order: ReduceOrder, tn: u32, shift_form: bool) -> Kernel {
     let packed = b.buffer_param("packed", DType::U8, &[Dim::Param(n_packed)], Access::Read);
     let absmax = b.buffer_param("absmax", DType::F32, &[Dim::Param(n_blocks)], Access::Read);
     let out = b.buffer_param("out", DType::F32, &[Dim::Param(n)], Access::Write);
-    let table = b.table_f32("nf4", &qforge::ir::library::maps::nf4_code());
+    let table = b.table_f32("nf4", &qforge::kernels::maps::nf4_code());
     b.set_grid(Dim::Param(items));
     let g = b.work_item();
     let kv = b.param(k);

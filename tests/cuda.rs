@@ -11,9 +11,9 @@ use std::process::Command;
 
 use qforge::devices::{available_devices, device_by_name, DEVICE_NAMES};
 use qforge::ir::{
-    count_mismatches, library, Access, DType, Dim, Kernel, KernelBuilder, OwnedArg, Scalar,
-    ScalarType,
+    count_mismatches, Access, DType, Dim, Kernel, KernelBuilder, OwnedArg, Scalar, ScalarType,
 };
+use qforge::kernels;
 use qforge::runtime::{CudaDevice, Device, InterpreterDevice};
 
 /// Whether a `libcuda.so*` is visible to the dynamic loader here, found without qforge's code:
@@ -144,7 +144,7 @@ fn inputs(n: usize) -> Vec<f32> {
 
 /// Runs `spec` on `dev` and on the interpreter for each length in `lengths`; returns the
 /// number of launches compared.
-fn compare(dev: &CudaDevice, spec: &library::KernelSpec, lengths: &[usize]) -> usize {
+fn compare(dev: &CudaDevice, spec: &kernels::KernelSpec, lengths: &[usize]) -> usize {
     let kernel = spec.build().expect("library kernel builds");
     for &n in lengths {
         let mut reference = spec.example_args(&inputs(n)).expect("example args");
@@ -162,11 +162,11 @@ fn compare(dev: &CudaDevice, spec: &library::KernelSpec, lengths: &[usize]) -> u
 
 #[test]
 fn library_kernels_are_bit_exact_on_the_gpu() {
-    use library::KernelSpec as K;
+    use kernels::KernelSpec as K;
     let Some(dev) = gpu() else { return };
     let mut checked = 0;
     let mut kernels = 0;
-    for spec in library::catalog() {
+    for spec in kernels::catalog() {
         let bs = spec.blocksize();
         // Lengths around the 128-thread block, a partial block, and 128 blocks plus a tail.
         let sweep = [1, 3, 127, 128, 129, bs * 3 + 5, 128 * bs + 7];

@@ -8,9 +8,9 @@ mod merge_support;
 use std::path::Path;
 
 use qforge::finetune::{run, write_outputs, FinetuneOptions, FtOptimizer, MergedLayer, Model};
-use qforge::ir::library::activation::Act;
-use qforge::runtime::adapter::AfaSchedule;
-use qforge::runtime::ops;
+use qforge::kernels::activation::Act;
+use qforge::kernels::adapter::AfaSchedule;
+use qforge::kernels::ops;
 use qforge::runtime::CpuDevice;
 
 fn qforge(args: &[&str]) -> (i32, String, String) {

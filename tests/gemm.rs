@@ -4,7 +4,7 @@
 
 use qforge::devices::available_devices;
 use qforge::ir::DType;
-use qforge::runtime::ops::{self, Layout};
+use qforge::kernels::ops::{self, Layout};
 use qforge::runtime::{HostTensor, InterpreterDevice};
 
 fn data(len: usize, seed: u32) -> Vec<f32> {

@@ -1,6 +1,6 @@
 //! Golden tests: our library kernels against bitsandbytes 0.50.2 (CPU) output stored in
 //! `../shared/golden` (see its README). Every case of `nf4`, `fp4`, `doublequant`, `blockwise8`
-//! and `constants` runs through the host-side ops (`qforge::runtime::ops`) on the interpreter
+//! and `constants` runs through the host-side ops (`qforge::kernels::ops`) on the interpreter
 //! and on the CPU device, and every field is compared bit for bit (NaN == NaN; the `[1, n]`
 //! dequant shape of the native kernel is ignored).
 //!
@@ -33,9 +33,9 @@ mod offset_tests;
 use std::collections::BTreeMap;
 
 use golden_support::*;
-use qforge::ir::library::{maps, BlockwiseMap, QuantType};
 use qforge::ir::ReduceOrder;
-use qforge::runtime::ops::{self, Absmax4, QuantState4};
+use qforge::kernels::ops::{self, Absmax4, QuantState4};
+use qforge::kernels::{maps, BlockwiseMap, QuantType};
 use qforge::runtime::{CpuDevice, Device, InterpreterDevice};
 
 /// The interpreter, and the CPU device when it starts.
@@ -856,7 +856,7 @@ fn assert_table_numbers(t: &Case) {
     });
     let margin = quantiles
         .map(|q| {
-            let x = qforge::ir::library::normal_ppf(q as f64);
+            let x = qforge::kernels::normal_ppf(q as f64);
             let f = x as f32;
             let (down, up) = (f.next_down() as f64, f.next_up() as f64);
             let f = f as f64;

@@ -23,10 +23,10 @@
 mod golden_support;
 
 use golden_support::*;
-use qforge::ir::library::int8::DEQUANT_SCALE;
-use qforge::ir::library::int8_matmul::MM_DEQUANT_SCALE;
 use qforge::ir::DType;
-use qforge::runtime::ops::{self, Linear8bitLt};
+use qforge::kernels::int8::matmul::MM_DEQUANT_SCALE;
+use qforge::kernels::int8::DEQUANT_SCALE;
+use qforge::kernels::ops::{self, Linear8bitLt};
 use qforge::runtime::{CpuDevice, Device, HostTensor, InterpreterDevice};
 
 /// The interpreter, and the CPU device when it starts.

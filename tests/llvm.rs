@@ -5,7 +5,7 @@
 //! `cpu-llvm` device too.
 
 use qforge::codegen::llvm::{lower, LlvmOptions};
-use qforge::ir::library;
+use qforge::kernels;
 
 /// Instruction flags that would let LLVM change a floating-point result.
 const FAST_MATH: [&str; 9] = [
@@ -24,7 +24,7 @@ const FAST_MATH: [&str; 9] = [
 fn llvm_text_is_deterministic_and_exact_for_every_library_kernel() {
     let mut checked = 0;
     let mut fused = Vec::new();
-    for entry in library::catalog() {
+    for entry in kernels::catalog() {
         let kernel = entry.build().expect("library kernels build");
         let combos = [
             (0, false, false, false),
@@ -128,7 +128,7 @@ fn llvm_prepare_picks_the_search_per_target() {
 
 #[test]
 fn llvm_rejects_unsupported_lane_counts() {
-    let kernel = library::catalog()[0].build().unwrap();
+    let kernel = kernels::catalog()[0].build().unwrap();
     for lanes in [1, 2, 3, 12, 128] {
         let err = lower(
             &kernel,
@@ -286,7 +286,7 @@ mod device {
             let blk = b.shr(e, six);
             let a = b.load(t, blk);
             let w = b.mul(c, a);
-            // bf16 rounding, as `library::round` writes it.
+            // bf16 rounding, as `kernels::round` writes it.
             let bits = b.bitcast(w, ScalarType::U32);
             let sixteen = b.const_u32(16);
             let hi = b.shr(bits, sixteen);
@@ -940,8 +940,9 @@ mod device {
             m in 1usize..4, tm in 1u32..3, k in 1usize..300, n in 1usize..90, tn_pick in 0usize..3,
             bs_pick in 0usize..3, dtype_pick in 0usize..3, nested in any::<bool>(), seed in any::<u32>(),
         ) {
-            use qforge::ir::library::{QuantType, TileConfig};
-            use qforge::runtime::{ops, HostTensor};
+            use qforge::kernels::{QuantType, TileConfig};
+            use qforge::kernels::ops;
+            use qforge::runtime::HostTensor;
             let dtype = [DType::F32, DType::BF16, DType::F16][dtype_pick];
             let vals = |len: usize, salt: u32| -> Vec<f32> {
                 (0..len as u32)

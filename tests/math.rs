@@ -1,5 +1,5 @@
-//! The `exp`, `erf`, `tanh` and `sigmoid` IR routines (`qforge::ir::library::math`) and the
-//! activation kernels (`qforge::ir::library::activation`) across devices and against `f64`:
+//! The `exp`, `erf`, `tanh` and `sigmoid` IR routines (`qforge::ir::routines::math`) and the
+//! activation kernels (`qforge::kernels::activation`) across devices and against `f64`:
 //! * bit-exact: the reference interpreter against the CPU device (Cranelift; SIMD on and off,
 //!   native and baseline instruction set) and every device of `available_devices()` (WGSL on
 //!   lavapipe with `--features wgpu`, PTX with `--features cuda` and a GPU), on edge values
@@ -14,10 +14,10 @@
 use proptest::prelude::*;
 use qforge::devices::available_devices;
 use qforge::ir::dsl::{FloatIn, FloatOut};
-use qforge::ir::library::activation::ActBetaArgs;
-use qforge::ir::library::math::{MathFn, MATH_BLOCKSIZE};
-use qforge::ir::library::{Act, ActDirection, ActSpec, ACT_BLOCKSIZE};
+use qforge::ir::routines::math::{MathFn, MATH_BLOCKSIZE};
 use qforge::ir::{Arg, Kernel, Scalar};
+use qforge::kernels::activation::ActBetaArgs;
+use qforge::kernels::{Act, ActDirection, ActSpec, ACT_BLOCKSIZE};
 use qforge::runtime::{launch_typed, CpuDevice, CpuOptions, Device, InterpreterDevice};
 
 /// The CPU device in its four configurations, then every available device.

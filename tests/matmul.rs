@@ -14,10 +14,10 @@ mod golden_support;
 use std::path::Path;
 
 use golden_support::*;
-use qforge::ir::library::matmul4::{DX_ORDER, K_ORDER};
-use qforge::ir::library::QuantType;
 use qforge::ir::{DType, ReduceOrder};
-use qforge::runtime::ops::{self, Absmax4, QuantState4};
+use qforge::kernels::matmul4::{DX_ORDER, K_ORDER};
+use qforge::kernels::ops::{self, Absmax4, QuantState4};
+use qforge::kernels::QuantType;
 use qforge::runtime::{CpuDevice, HostTensor};
 use safetensors::SafeTensors;
 
@@ -390,7 +390,7 @@ fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
 /// wrong `Ok` (the cases a new-user trial found).
 #[test]
 fn bad_inputs_are_errors_that_name_the_problem() {
-    use qforge::runtime::ops::{suggest_tile_sizes, DeviceCaps};
+    use qforge::kernels::ops::{suggest_tile_sizes, DeviceCaps};
     use qforge::runtime::InterpreterDevice;
     let dev = InterpreterDevice;
     let (n, k) = (8usize, 64usize);

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use qforge::checkpoint::{
     dequantize_model, quantize_model, DequantizeOptions, QuantizeOptions, WeightFormat,
 };
-use qforge::ir::library::QuantType;
 use qforge::ir::DType;
-use qforge::runtime::ops::{self, Absmax4};
+use qforge::kernels::ops::{self, Absmax4};
+use qforge::kernels::QuantType;
 use qforge::runtime::{CpuDevice, Device, HostTensor, InterpreterDevice};
 use safetensors::SafeTensors;
 

@@ -24,8 +24,8 @@
 mod golden_support;
 
 use golden_support::*;
-use qforge::ir::library::{AdamHyper, BlockwiseMap, OptimAlgo};
-use qforge::runtime::ops::{self, AdamState32, AdamState8};
+use qforge::kernels::ops::{self, AdamState32, AdamState8};
+use qforge::kernels::{AdamHyper, BlockwiseMap, OptimAlgo};
 use qforge::runtime::{CpuDevice, Device, HostTensor, InterpreterDevice};
 
 fn devices() -> Vec<Box<dyn Device>> {

@@ -22,8 +22,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use qforge::ir::library::{AdamHyper, MomentScheme, QAdamScalars, QAdamSpec, UniformSource};
 use qforge::ir::{Arg, DType};
+use qforge::kernels::{AdamHyper, MomentScheme, QAdamScalars, QAdamSpec, UniformSource};
 use qforge::runtime::{CpuDevice, Device, InterpreterDevice};
 use safetensors::SafeTensors;
 
@@ -467,8 +467,8 @@ fn mt19937_matches_the_reference_sequence() {
 #[test]
 fn qadam_catalog_kernels_bit_exact_on_every_device() {
     use qforge::devices::available_devices;
-    use qforge::ir::library::{catalog, KernelSpec};
     use qforge::ir::{count_mismatches, OwnedArg};
+    use qforge::kernels::{catalog, KernelSpec};
     let (devices, unavailable) = available_devices();
     for u in &unavailable {
         qforge_testkit::unavailable(u.device, &u.reason);

@@ -1,4 +1,4 @@
-//! The stateful optimizer API (`qforge_runtime::optim`). Resuming from a saved state gives the
+//! The stateful optimizer API (`qforge_kernels::optim`). Resuming from a saved state gives the
 //! bit-identical trajectory (10 steps straight against 5 steps, state_dict, load into a fresh
 //! optimizer, 5 steps) for Adam / AdamW with 32-bit and 8-bit state, including a parameter under
 //! `min_8bit_size` in an 8-bit group (which must keep 32-bit state). The trajectory equals direct
@@ -9,14 +9,14 @@
 
 use std::collections::HashMap;
 
-use qforge::ir::library::{AdamHyper, OptimAlgo};
 use qforge::ir::DType;
-use qforge::runtime::ops::{adam_step_32bit_opts, adam_step_8bit_opts, GradOptions};
-use qforge::runtime::ops::{adam_step_8bit, AdamState32, AdamState8};
-use qforge::runtime::optim::{
+use qforge::kernels::ops::{adam_step_32bit_opts, adam_step_8bit_opts, GradOptions};
+use qforge::kernels::ops::{adam_step_8bit, AdamState32, AdamState8};
+use qforge::kernels::optim::{
     Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits, StateLayout,
     STATE_METADATA_KEY,
 };
+use qforge::kernels::{AdamHyper, OptimAlgo};
 use qforge::runtime::{CpuDevice, Device, HostTensor, InterpreterDevice};
 use safetensors::{Dtype, SafeTensors};
 
@@ -779,7 +779,7 @@ fn malformed_tensors_extreme_hyperparameters_and_failed_steps_are_clear_errors()
 /// scalars instead of giving NaN parameters.
 #[test]
 fn step_numbers_past_i32_max_are_refused() {
-    use qforge::ir::library::{AdemamixHyper, LambHyper, OptimSpec, QAdamScalars};
+    use qforge::kernels::{AdemamixHyper, LambHyper, OptimSpec, QAdamScalars};
     let spec = OptimSpec {
         algo: OptimAlgo::AdamW,
         state: StateBits::Bits32,

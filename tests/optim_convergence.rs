@@ -38,10 +38,10 @@
 
 use std::path::Path;
 
-use qforge::ir::library::{AdamHyper, MomentScheme};
-use qforge::runtime::optim::{
+use qforge::kernels::optim::{
     Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, QAdamWConfig, StateBits, StateLayout,
 };
+use qforge::kernels::{AdamHyper, MomentScheme};
 use qforge::runtime::{CpuDevice, HostTensor};
 use safetensors::SafeTensors;
 

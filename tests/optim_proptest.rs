@@ -27,15 +27,15 @@
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use qforge::devices::available_devices;
-use qforge::ir::library::{
+use qforge::ir::DType;
+use qforge::kernels::ops::{
+    self, AdamState32, AdamState8, AdemamixState32, AdemamixState8, MomentState, Optim1State8,
+    QAdamRng, QAdamState,
+};
+use qforge::kernels::{
     self, AdamHyper, AdemamixHyper, AdemamixSpec, KernelSpec, LambHyper, LarsHyper, MomentScheme,
     NormRule, Optim1Algo, Optim1Hyper, Optim1Spec, OptimAlgo, OptimExtSpec, OptimNorm8Spec,
     OptimNormSpec, OptimSpec, QAdamSpec, StateBits, OPTIM_BLOCKSIZE,
-};
-use qforge::ir::DType;
-use qforge::runtime::ops::{
-    self, AdamState32, AdamState8, AdemamixState32, AdemamixState8, MomentState, Optim1State8,
-    QAdamRng, QAdamState,
 };
 use qforge::runtime::{CpuDevice, CpuOptions, Device, HostTensor, InterpreterDevice};
 
@@ -69,7 +69,7 @@ enum Family {
 /// The optimizer families of the catalog (every variant listed, so a new kernel family makes the
 /// compiler ask whether it belongs here).
 fn families() -> Vec<Family> {
-    library::catalog()
+    kernels::catalog()
         .into_iter()
         .filter_map(|spec| match spec {
             KernelSpec::Optim(s) => Some(Family::Adam(s)),

@@ -5,9 +5,9 @@
 //! codes and absmax bit-exact over 5 steps, with NaN/±inf/±0/subnormal gradients, weight decay,
 //! and a partial last block. There is no bitsandbytes golden data for these rules.
 
-use qforge::ir::library::{AdemamixHyper, BlockwiseMap, Optim1Algo, Optim1Hyper};
 use qforge::ir::DType;
-use qforge::runtime::ops::{self, AdemamixState32, AdemamixState8, Optim1State8};
+use qforge::kernels::ops::{self, AdemamixState32, AdemamixState8, Optim1State8};
+use qforge::kernels::{AdemamixHyper, BlockwiseMap, Optim1Algo, Optim1Hyper};
 use qforge::runtime::{CpuDevice, Device, HostTensor, InterpreterDevice};
 
 fn devices() -> Vec<Box<dyn Device>> {

@@ -4,11 +4,11 @@
 //! device, over several steps and across chunk boundaries: every buffer bit for bit. And the
 //! launchers' checks of their raw buffers.
 
-use qforge::ir::library::{AdamHyper, MomentScheme, OptimAlgo, OptimExtSpec, OptimSpec};
-use qforge::ir::library::{QAdamScalars, QAdamSpec, StateBits};
 use qforge::ir::{Arg, DType, Scalar};
-use qforge::runtime::ops::STAGE_CHUNK;
-use qforge::runtime::ops::{launch_adam8, launch_qadam, Adam8Buffers, QAdamBuffers, QAdamRng};
+use qforge::kernels::ops::STAGE_CHUNK;
+use qforge::kernels::ops::{launch_adam8, launch_qadam, Adam8Buffers, QAdamBuffers, QAdamRng};
+use qforge::kernels::{AdamHyper, MomentScheme, OptimAlgo, OptimExtSpec, OptimSpec};
+use qforge::kernels::{QAdamScalars, QAdamSpec, StateBits};
 use qforge::runtime::{CpuDevice, Device, InterpreterDevice};
 
 /// Parameter, gradient, codes and absmax of one 8-bit step, as bytes.

@@ -1,5 +1,5 @@
 //! Philox4x32-10 random bits on the devices: the `random_bits` kernel
-//! (`qforge::ir::library::philox::philox_kernel`) and the `philox4x32_10_blocks` kernel run on
+//! (`qforge::ir::routines::philox::philox_kernel`) and the `philox4x32_10_blocks` kernel run on
 //! the CPU device (Cranelift; SIMD on and off, native and baseline instruction set) and on every
 //! device of `qforge::devices::available_devices()`, bit for bit against the reference
 //! interpreter and against the plain-Rust `philox4x32_10_host`, including the Random123
@@ -7,7 +7,7 @@
 
 use proptest::prelude::*;
 use qforge::devices::available_devices;
-use qforge::ir::library::philox::{philox4x32_10_host, philox_blocks_kernel, philox_kernel};
+use qforge::ir::routines::philox::{philox4x32_10_host, philox_blocks_kernel, philox_kernel};
 use qforge::ir::{Kernel, OwnedArg, Scalar};
 use qforge::runtime::{CpuDevice, CpuOptions, Device, InterpreterDevice};
 

@@ -8,9 +8,9 @@ mod ptx_support;
 use ptx_support::*;
 use qforge::codegen::ptx::{ptx_text, SmTarget};
 use qforge::ir::{
-    library, verify, Access, CmpOp, DType, Dim, Kernel, KernelBuilder, Op, ReduceOrder, ScalarType,
-    Stmt,
+    verify, Access, CmpOp, DType, Dim, Kernel, KernelBuilder, Op, ReduceOrder, ScalarType, Stmt,
 };
+use qforge::kernels;
 
 // ----- accumulate -----
 
@@ -77,7 +77,7 @@ fn nf4_tile_kernel(order: ReduceOrder, tm: u32, tn: u32) -> Kernel {
     let absmax = b.buffer_param("absmax", DType::F32, &[Dim::Param(size)], Access::Read);
     let out = b.buffer_param("out", DType::F32, &[Dim::Param(size)], Access::Write);
     b.set_grid(Dim::Param(size));
-    let code = b.table_f32("nf4", &library::maps::nf4_code());
+    let code = b.table_f32("nf4", &kernels::maps::nf4_code());
     let vars: Vec<_> = (0..tm * tn)
         .map(|t| b.var(&format!("y{t}"), ScalarType::F32))
         .collect();

@@ -3,7 +3,8 @@
 //! `INSTA_UPDATE=always cargo test --test snapshots` (CI never writes snapshots).
 
 use qforge::codegen::cranelift::clif_text;
-use qforge::ir::{library, text, verify};
+use qforge::ir::{text, verify};
+use qforge::kernels;
 
 fn settings() -> insta::Settings {
     let mut s = insta::Settings::clone_current();
@@ -16,7 +17,7 @@ fn settings() -> insta::Settings {
 #[test]
 fn ir_text_and_clif_of_every_library_kernel() {
     settings().bind(|| {
-        for entry in library::catalog() {
+        for entry in kernels::catalog() {
             let kernel = entry.build().expect("library kernels build");
             verify(&kernel).expect("library kernels verify");
             let ir = text::print(&kernel);
@@ -59,7 +60,7 @@ fn llvm_text_of_representative_kernels() {
     ];
     settings().bind(|| {
         for name in names {
-            let entry = library::catalog()
+            let entry = kernels::catalog()
                 .into_iter()
                 .find(|e| e.name() == name)
                 .unwrap_or_else(|| panic!("{name} is in the catalog"));

@@ -10,7 +10,8 @@
 
 use qforge::codegen::stablehlo::{lower, Shapes, StableHloBackend, MAX_ELEMENTS, TEXT_DIM};
 use qforge::codegen::{Backend, Error};
-use qforge::ir::{library, Access, DType, Dim, Kernel, KernelBuilder, ScalarType};
+use qforge::ir::{Access, DType, Dim, Kernel, KernelBuilder, ScalarType};
+use qforge::kernels;
 
 fn settings() -> insta::Settings {
     let mut s = insta::Settings::clone_current();
@@ -33,7 +34,7 @@ fn representative_kernels_match_their_snapshots() {
     ];
     settings().bind(|| {
         for name in names {
-            let entry = library::catalog()
+            let entry = kernels::catalog()
                 .into_iter()
                 .find(|e| e.name() == name)
                 .unwrap_or_else(|| panic!("{name} is in the catalog"));
@@ -47,7 +48,7 @@ fn representative_kernels_match_their_snapshots() {
 #[test]
 fn every_library_kernel_lowers_deterministically() {
     let mut count = 0;
-    for entry in library::catalog() {
+    for entry in kernels::catalog() {
         let kernel = entry.build().expect("library kernels build");
         let a = StableHloBackend
             .emit_text(&kernel)
@@ -62,7 +63,7 @@ fn every_library_kernel_lowers_deterministically() {
 
 #[test]
 fn shapes_that_do_not_fit_the_kernel_are_an_error() {
-    let kernel = library::catalog()[0].build().expect("builds");
+    let kernel = kernels::catalog()[0].build().expect("builds");
     let mut shapes = Shapes::with_dims(&kernel, TEXT_DIM);
     shapes.elements.pop();
     match lower(&kernel, &shapes) {

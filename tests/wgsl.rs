@@ -7,9 +7,10 @@
 use qforge::codegen::wgsl::{WgslBackend, WgslLayout, BACKEND};
 use qforge::codegen::{Backend, Error};
 use qforge::ir::{
-    library, Access, BinaryOp, CmpOp, DType, Dim, Kernel, KernelBuilder, NanMode, ReduceOrder,
-    Rounding, ScalarType, UnaryOp,
+    Access, BinaryOp, CmpOp, DType, Dim, Kernel, KernelBuilder, NanMode, ReduceOrder, Rounding,
+    ScalarType, UnaryOp,
 };
+use qforge::kernels;
 
 fn settings() -> insta::Settings {
     let mut s = insta::Settings::clone_current();
@@ -23,7 +24,7 @@ fn settings() -> insta::Settings {
 fn every_library_kernel_validates_and_matches_its_snapshot() {
     let mut count = 0;
     settings().bind(|| {
-        for entry in library::catalog() {
+        for entry in kernels::catalog() {
             let kernel = entry.build().expect("library kernels build");
             let art = WgslBackend
                 .lower(&kernel)
@@ -255,7 +256,7 @@ fn float_products_cannot_be_contracted() {
 
 #[test]
 fn layout_binds_buffers_in_order_then_params() {
-    let k = library::catalog()[0].build().unwrap();
+    let k = kernels::catalog()[0].build().unwrap();
     let l = WgslLayout::new(&k);
     let names: Vec<&str> = l.buffers.iter().map(|b| b.name.as_str()).collect();
     assert_eq!(names, ["x", "packed", "absmax"]);
@@ -295,7 +296,7 @@ fn unsupported_rounding_is_an_error_naming_the_backend() {
 /// header with the SPIR-V magic number and version 1.3, one `OpEntryPoint GLCompute`.
 #[test]
 fn spirv_debug_output_has_a_compute_entry_point() {
-    let spec = qforge::ir::library::catalog()
+    let spec = qforge::kernels::catalog()
         .into_iter()
         .find(|s| s.name().starts_with("matmul_4bit_nf4_nested"))
         .expect("a matmul kernel in the catalog");

@@ -13,9 +13,10 @@ use proptest::prelude::*;
 use qforge::codegen::wgsl::{WgslBackend, WgslOptions};
 use qforge::codegen::Backend;
 use qforge::ir::{
-    count_mismatches, library, Access, DType, Dim, Kernel, KernelBuilder, OwnedArg, ReduceOrder,
-    Scalar, ScalarType,
+    count_mismatches, Access, DType, Dim, Kernel, KernelBuilder, OwnedArg, ReduceOrder, Scalar,
+    ScalarType,
 };
+use qforge::kernels;
 use qforge::runtime::{Device, InterpreterDevice, WgpuDevice};
 
 const ORDERS: [ReduceOrder; 6] = [
@@ -111,7 +112,7 @@ fn nf4_kernel(order: ReduceOrder, xdtype: DType) -> Kernel {
     );
     let tiles = b.scalar_param("tiles", ScalarType::U32);
     b.set_grid(Dim::Param(tiles));
-    let code = b.table_f32("nf4", &library::QuantType::Nf4.code());
+    let code = b.table_f32("nf4", &kernels::QuantType::Nf4.code());
     let g = b.work_item();
     let nv = b.param(n);
     let kv = b.param(k);

@@ -7,8 +7,9 @@
 //! conversion, subnormals kept, reductions with a named order.
 //!
 //! The crate also holds the verifier ([`verify()`]), the text form ([`text`]), the reference
-//! interpreter ([`interp`]) that defines what every kernel means, and the op library
-//! ([`library`]) built with the public [`KernelBuilder`].
+//! interpreter ([`interp`]) that defines what every kernel means, the typed front end of the
+//! kernel language ([`dsl`]) and the IR routines kernels call ([`routines`]). The op library is
+//! the crate `qforge-kernels`, built with the same public [`KernelBuilder`].
 #![deny(missing_docs)]
 
 // Lets `#[qforge::kernel]` refer to this crate as `::qforge_ir` inside it too.
@@ -25,7 +26,7 @@ mod types;
 
 pub mod dsl;
 pub mod interp;
-pub mod library;
+pub mod routines;
 pub mod text;
 mod verify;
 

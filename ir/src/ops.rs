@@ -47,7 +47,7 @@ pub enum Op {
     /// torch's `bucketize(value, table)`. The table must be sorted non-decreasing without NaN
     /// (a typing rule). Comparisons are IEEE `<`: `-0.0` and `+0.0` are equal, a NaN `value`
     /// gives 0. With the midpoints of a code table as entries it is the nearest code, ties to
-    /// the lower code (bitsandbytes' 8-bit quantization, `crate::library::nearest`). Backends
+    /// the lower code (bitsandbytes' 8-bit quantization, `qforge_kernels::nearest`). Backends
     /// choose the search (`qforge_codegen::decompose` rewrites it into lookups and compares
     /// for those that do not lower it themselves).
     SearchSorted {
@@ -171,7 +171,7 @@ pub enum BinaryOp {
     Shr,
     /// Integers only: the high 32 bits of the exact 64-bit product `a * b` (unsigned for
     /// `u32`, signed for `i32`); with [`BinaryOp::Mul`] (the low 32 bits) the whole product,
-    /// as Philox's rounds need (`library::philox`; CUDA's `__umulhi`/`__mulhi`, PTX `mul.hi`).
+    /// as Philox's rounds need (`routines::philox`; CUDA's `__umulhi`/`__mulhi`, PTX `mul.hi`).
     MulHi,
 }
 

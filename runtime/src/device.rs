@@ -29,7 +29,7 @@ pub trait Device: Send + Sync {
 
     /// The `f32` lanes of the device's vector code: 4 for Cranelift's 128-bit vectors, 8 or 16
     /// for the LLVM backend (AVX2 or AVX-512), 1 for scalar code or when unknown (the
-    /// default). Tile heuristics read it (`ops::DeviceCaps`); results never depend on it.
+    /// default). Tile heuristics read it (`qforge_kernels::ops::DeviceCaps`); results never depend on it.
     fn vector_lanes(&self) -> u32 {
         1
     }

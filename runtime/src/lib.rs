@@ -3,14 +3,11 @@
 //! bitsandbytes functional API (`quantize_4bit`, `dequantize_4bit`, `quantize_blockwise`, ...).
 #![deny(missing_docs)]
 
-pub mod adapter;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod device;
 mod error;
-pub mod ops;
-pub mod optim;
 #[cfg(feature = "stablehlo")]
 mod stablehlo;
 mod tensor;

@@ -633,7 +633,7 @@ fn library_kernels_report() {
     let Some(dev) = device() else { return };
     let (mut bad_kernels, mut total) = (0, 0);
     let filter = std::env::var("QF_KERNELS").unwrap_or_default();
-    for entry in qforge_ir::library::catalog() {
+    for entry in qforge_kernels::catalog() {
         let kernel = entry.build().expect("library kernels build");
         if !kernel.name.contains(&filter) {
             continue;

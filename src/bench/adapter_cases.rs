@@ -4,9 +4,9 @@
 //! `y = a U^T`, `dU = dy^T a`, `da = dy U`, `dD = dz^T h`, `dh = dz D`, from the `gemm` crate on
 //! operands transposed beforehand, untimed) and a memcpy of the bytes the products move.
 
-use qforge_ir::library::activation::Act;
 use qforge_ir::DType;
-use qforge_runtime::adapter::{AdapterCache, BottleneckAdapter};
+use qforge_kernels::activation::Act;
+use qforge_kernels::adapter::{AdapterCache, BottleneckAdapter};
 use qforge_runtime::{Device, HostTensor};
 
 use super::baselines::{fp32_gemm, memcpy_baseline, pseudo_random, FP32_GEMM};

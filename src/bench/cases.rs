@@ -1,10 +1,10 @@
 //! The cases `qforge bench` runs, and [`library_case`], which turns a library kernel into a case.
 
-use qforge_ir::library::{
+use qforge_ir::{DType, Kernel, OwnedArg};
+use qforge_kernels::{
     BlockwiseMap, KernelSpec, NormRule, OptimNormSpec, QuantType, StateBits, NESTED_BLOCKSIZE,
     OPTIM_BLOCKSIZE,
 };
-use qforge_ir::{DType, Kernel, OwnedArg};
 use qforge_runtime::Device;
 
 use super::baselines::{memcpy_baseline, pseudo_random};
@@ -255,20 +255,17 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
         // The `_gs` variants move what their plain kernels move; the gradient norm reads the
         // gradient and writes one f32 per block.
         KernelSpec::OptimExt(e) => match e {
-            qforge_ir::library::OptimExtSpec::Adam(s) => bytes_moved(KernelSpec::Optim(s), n)?,
-            qforge_ir::library::OptimExtSpec::One(s) => bytes_moved(KernelSpec::Optim1(s), n)?,
-            qforge_ir::library::OptimExtSpec::GradNorm(d) => {
+            qforge_kernels::OptimExtSpec::Adam(s) => bytes_moved(KernelSpec::Optim(s), n)?,
+            qforge_kernels::OptimExtSpec::One(s) => bytes_moved(KernelSpec::Optim1(s), n)?,
+            qforge_kernels::OptimExtSpec::GradNorm(d) => {
                 n * d.size_bytes() + 4 * blocks(OPTIM_BLOCKSIZE)
             }
             // Reads the parameter, the gradient and the state; writes two f32 per block.
-            qforge_ir::library::OptimExtSpec::Norm1(_)
-            | qforge_ir::library::OptimExtSpec::Norm1Gs(_) => {
+            qforge_kernels::OptimExtSpec::Norm1(_) | qforge_kernels::OptimExtSpec::Norm1Gs(_) => {
                 3 * 4 * n + 2 * 4 * blocks(OPTIM_BLOCKSIZE)
             }
-            qforge_ir::library::OptimExtSpec::Norm(s) => bytes_moved(KernelSpec::OptimNorm(s), n)?,
-            qforge_ir::library::OptimExtSpec::Norm8(s) => {
-                bytes_moved(KernelSpec::OptimNorm8(s), n)?
-            }
+            qforge_kernels::OptimExtSpec::Norm(s) => bytes_moved(KernelSpec::OptimNorm(s), n)?,
+            qforge_kernels::OptimExtSpec::Norm8(s) => bytes_moved(KernelSpec::OptimNorm8(s), n)?,
         },
         // As Optim with three states (m1, nu, m2).
         KernelSpec::Ademamix(s) => {
@@ -289,7 +286,7 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
         // As Optim, each moment in its scheme (4-bit: n / 2 packed bytes and one f32 per block
         // of 128; 8-bit: n codes and one f32 per 256; f32: 4n).
         KernelSpec::QAdam(s) => {
-            let moment = |m: qforge_ir::library::MomentScheme| {
+            let moment = |m: qforge_kernels::MomentScheme| {
                 let (codes, scales) = m.state_lens(n);
                 let code_bytes = if m.bits() == 32 { 4 * codes } else { codes };
                 code_bytes + 4 * scales
@@ -304,8 +301,8 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
         // Reads z (and dy for the backward); writes y (dz).
         KernelSpec::Activation(s) => {
             let buffers = match s.direction {
-                qforge_ir::library::ActDirection::Forward => 2,
-                qforge_ir::library::ActDirection::Backward => 3,
+                qforge_kernels::ActDirection::Forward => 2,
+                qforge_kernels::ActDirection::Backward => 3,
             };
             buffers * n * s.dtype.size_bytes()
         }
@@ -339,10 +336,10 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
             };
             let state = states * (n + 4 * blocks(OPTIM_BLOCKSIZE));
             match s {
-                qforge_ir::library::OptimNorm8Spec::Partials { .. } => {
+                qforge_kernels::OptimNorm8Spec::Partials { .. } => {
                     2 * n * dtype.size_bytes() + state + 2 * 4 * blocks(OPTIM_BLOCKSIZE)
                 }
-                qforge_ir::library::OptimNorm8Spec::Update { .. } => {
+                qforge_kernels::OptimNorm8Spec::Update { .. } => {
                     2 * n * dtype.size_bytes() + state + 4
                 }
             }
@@ -354,7 +351,7 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use qforge_ir::library::catalog;
+    use qforge_kernels::catalog;
     use qforge_runtime::InterpreterDevice;
 
     #[test]

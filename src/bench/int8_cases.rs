@@ -2,9 +2,9 @@
 //! as a GEMM of a 7B-class linear layer (`M = 16`, `K = N = 4096`) against an fp32 GEMM of the
 //! same shape (`fp32_gemm`).
 
-use qforge_ir::library::Int8Spec;
 use qforge_ir::{Arg, DType, Kernel, Scalar};
-use qforge_runtime::ops::{suggest_int8_tile_sizes, DeviceCaps};
+use qforge_kernels::ops::{suggest_int8_tile_sizes, DeviceCaps};
+use qforge_kernels::Int8Spec;
 use qforge_runtime::Device;
 
 use super::baselines::{fp32_gemm_baseline, pseudo_random};

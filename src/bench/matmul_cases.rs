@@ -2,9 +2,9 @@
 //! of 7B/13B-class linear layers, with `f32` and `bf16` activations, against an fp32 GEMM of the
 //! same shape (`fp32_gemm`) and a memcpy of the bytes the 4-bit kernel reads (`memcpy`).
 
-use qforge_ir::library::{Direction, Matmul4, QuantType, TileConfig};
 use qforge_ir::{Arg, DType, Kernel, Scalar};
-use qforge_runtime::ops::{suggest_tile_sizes, DeviceCaps};
+use qforge_kernels::ops::{suggest_tile_sizes, DeviceCaps};
+use qforge_kernels::{Direction, Matmul4, QuantType, TileConfig};
 use qforge_runtime::Device;
 
 use super::baselines::{fp32_gemm_baseline, memcpy_baseline, pseudo_random};

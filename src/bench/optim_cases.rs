@@ -20,12 +20,12 @@
 //! the `f32` moments, and two `f32` scales per block of 128). At 16 Mi parameters that is
 //! 256 MiB, 160.5 MiB and 145 MiB.
 
-use qforge_ir::library::{
+use qforge_ir::{Arg, DType, Kernel, Scalar};
+use qforge_kernels::ops::{launch_adam8, launch_qadam, Adam8Buffers, QAdamBuffers, QAdamRng};
+use qforge_kernels::{
     AdamHyper, MomentScheme, OptimAlgo, OptimSpec, QAdamScalars, QAdamSpec, StateBits,
     OPTIM_BLOCKSIZE,
 };
-use qforge_ir::{Arg, DType, Kernel, Scalar};
-use qforge_runtime::ops::{launch_adam8, launch_qadam, Adam8Buffers, QAdamBuffers, QAdamRng};
 use qforge_runtime::Device;
 
 use super::baselines::{memcpy_baseline, pseudo_random};
@@ -176,10 +176,10 @@ fn step_runner(which: StepKind, n: usize) -> Runner {
 enum Launch {
     /// One launch of this kernel.
     Kernel(Kernel),
-    /// The runtime's 8-bit step ([`qforge_runtime::ops::launch_adam8`]): on a CPU device the
+    /// The runtime's 8-bit step ([`qforge_kernels::ops::launch_adam8`]): on a CPU device the
     /// staged kernel over chunks with a bounded workspace, as `adam_step_8bit` runs it.
     Adam8(OptimSpec),
-    /// The runtime's quantized-AdamW step ([`qforge_runtime::ops::launch_qadam`], seed 0,
+    /// The runtime's quantized-AdamW step ([`qforge_kernels::ops::launch_qadam`], seed 0,
     /// parameter id 0) with the scalars of one step: on a CPU device the staged kernel over
     /// chunks, as `qadamw_step` runs it.
     QAdam(QAdamSpec, QAdamScalars),

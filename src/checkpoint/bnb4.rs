@@ -4,9 +4,9 @@
 //! `<name>.nested_quant_map`, and the JSON blob `<name>.quant_state.bitsandbytes__<nf4|fp4>`.
 //! See `docs/formats.md`.
 
-use qforge_ir::library::{BlockwiseMap, QuantType};
 use qforge_ir::DType;
-use qforge_runtime::ops::Absmax4;
+use qforge_kernels::ops::Absmax4;
+use qforge_kernels::{BlockwiseMap, QuantType};
 
 use super::companions::Companions;
 use super::pyrepr::float_repr;

@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
-use qforge_ir::library::BlockwiseMap;
 use qforge_ir::DType;
-use qforge_runtime::ops::{self, Absmax4, QuantState4};
+use qforge_kernels::ops::{self, Absmax4, QuantState4};
+use qforge_kernels::BlockwiseMap;
 use qforge_runtime::{Device, HostTensor};
 
 use super::arch::{Arch, Role};

@@ -4,8 +4,8 @@
 //! transformers has no loader for it (and the config qforge writes makes it refuse the folder);
 //! `qforge dequantize` reads it back.
 
-use qforge_ir::library::BlockwiseMap;
 use qforge_ir::DType;
+use qforge_kernels::BlockwiseMap;
 
 use super::bnb4::torch_dtype_name;
 use super::companions::Companions;

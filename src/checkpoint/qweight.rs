@@ -3,9 +3,9 @@
 //! output file. Formats: bitsandbytes 4-bit (`Params4bit`, any `quant_storage`), LLM.int8
 //! (`Int8Params`: `weight` i8 + `SCB` + `weight_format`) and qforge's 8-bit blockwise layout.
 
-use qforge_ir::library::{BlockwiseMap, QuantType};
 use qforge_ir::DType;
-use qforge_runtime::ops::{self, Absmax4, QuantState4};
+use qforge_kernels::ops::{self, Absmax4, QuantState4};
+use qforge_kernels::{BlockwiseMap, QuantType};
 use qforge_runtime::{Device, HostTensor};
 
 use super::bnb4::{self, torch_dtype_name, STATE_MARK};

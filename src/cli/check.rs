@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
-use qforge_ir::library::{self, CatalogEntry};
 use qforge_ir::{count_mismatches, OwnedArg};
+use qforge_kernels::CatalogEntry;
 use qforge_runtime::{Device, InterpreterDevice};
 
 use crate::devices::Unavailable;
@@ -165,7 +165,7 @@ pub fn run_check(
     filter: Option<&str>,
     on_row: &mut dyn FnMut(&CheckRow),
 ) -> Result<Vec<CheckRow>> {
-    let catalog: Vec<_> = library::catalog()
+    let catalog: Vec<_> = qforge_kernels::catalog()
         .into_iter()
         .filter(|e| filter.is_none_or(|f| e.name().contains(f)))
         .collect();

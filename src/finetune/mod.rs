@@ -16,13 +16,13 @@ mod report;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use qforge_ir::library::activation::Act;
-use qforge_ir::library::AdamHyper;
-use qforge_ir::library::StateBits;
 use qforge_ir::DType;
-use qforge_runtime::adapter::{AfaSchedule, BottleneckAdapter};
-use qforge_runtime::ops::{self, gemm, Layout};
-use qforge_runtime::optim::{Optimizer, OptimizerKind, ParamGroup, QAdamWConfig};
+use qforge_kernels::activation::Act;
+use qforge_kernels::adapter::{AfaSchedule, BottleneckAdapter};
+use qforge_kernels::ops::{self, gemm, Layout};
+use qforge_kernels::optim::{Optimizer, OptimizerKind, ParamGroup, QAdamWConfig};
+use qforge_kernels::AdamHyper;
+use qforge_kernels::StateBits;
 use qforge_runtime::{Device, HostTensor};
 
 pub use model::{Block, Model};

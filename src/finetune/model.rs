@@ -5,10 +5,10 @@
 
 use std::path::Path;
 
-use qforge_ir::library::activation::Act;
 use qforge_ir::DType;
-use qforge_runtime::adapter::normal_f32;
-use qforge_runtime::ops::{self, gemm, Layout, QuantState4, QuantType};
+use qforge_kernels::activation::Act;
+use qforge_kernels::adapter::normal_f32;
+use qforge_kernels::ops::{self, gemm, Layout, QuantState4, QuantType};
 use qforge_runtime::{Device, HostTensor};
 use safetensors::SafeTensors;
 

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use qforge::ir::library::{maps, BlockwiseMap, QuantType};
 use qforge::ir::DType;
+use qforge::kernels::{maps, BlockwiseMap, QuantType};
 use qforge::runtime::HostTensor;
 use safetensors::{Dtype, SafeTensors};
 

@@ -5,9 +5,9 @@
 
 use std::path::Path;
 
-use qforge::ir::library::QuantType;
 use qforge::ir::{DType, ReduceOrder};
-use qforge::runtime::ops::{self, Absmax4};
+use qforge::kernels::ops::{self, Absmax4};
+use qforge::kernels::QuantType;
 use qforge::runtime::{CpuDevice, Device, HostTensor, InterpreterDevice};
 use safetensors::SafeTensors;
 

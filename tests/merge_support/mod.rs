@@ -2,7 +2,7 @@
 //! and `tests/finetune.rs`.
 #![allow(clippy::neg_cmp_op_on_partial_ord)] // `!(diff <= bound)`: a NaN fails
 
-use qforge::runtime::adapter::BottleneckAdapter;
+use qforge::kernels::adapter::BottleneckAdapter;
 use qforge::runtime::HostTensor;
 
 /// Compares, element by element, `y` (the linear adapter after the layer `x W^T + b`) with `y2`

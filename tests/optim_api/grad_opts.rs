@@ -5,13 +5,13 @@
 //! gradient leaves its element untouched". The history is saved and loaded with the state
 //! (the resume test in `optim_api.rs` runs clipped groups too).
 
-use qforge::ir::library::{AdamHyper, Optim1Algo, Optim1Hyper};
 use qforge::ir::DType;
-use qforge::runtime::ops::{optim1_step_32bit_opts, optim1_step_8bit_opts, GradOptions};
-use qforge::runtime::ops::{LambHyper, Optim1State8};
-use qforge::runtime::optim::{
+use qforge::kernels::ops::{optim1_step_32bit_opts, optim1_step_8bit_opts, GradOptions};
+use qforge::kernels::ops::{LambHyper, Optim1State8};
+use qforge::kernels::optim::{
     Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, QAdamWConfig, StateBits,
 };
+use qforge::kernels::{AdamHyper, Optim1Algo, Optim1Hyper};
 use qforge::runtime::{Device, HostTensor};
 use safetensors::{Dtype, SafeTensors};
 
@@ -215,11 +215,11 @@ fn skip_zeros_is_ignored_where_bitsandbytes_ignores_it() {
         (OptimizerKind::Adam(adam()), StateBits::Bits8),
         (OptimizerKind::AdamW(adam()), StateBits::Bits8),
         (
-            OptimizerKind::Ademamix(qforge::ir::library::AdemamixHyper::default()),
+            OptimizerKind::Ademamix(qforge::kernels::AdemamixHyper::default()),
             StateBits::Bits32,
         ),
         (
-            OptimizerKind::Ademamix(qforge::ir::library::AdemamixHyper::default()),
+            OptimizerKind::Ademamix(qforge::kernels::AdemamixHyper::default()),
             StateBits::Bits8,
         ),
     ];
@@ -439,7 +439,7 @@ fn bad_gradient_options_are_errors_naming_value_and_group() {
     assert_has(&e, &["group 1", "skip_zeros = true", "qadamw"]);
     let e = err(ParamGroup::new(["a"], q, StateBits::Bits8).with_percentile_clipping(5));
     assert_has(&e, &["group 1", "percentile_clipping = 5", "qadamw"]);
-    let am = OptimizerKind::Ademamix(qforge::ir::library::AdemamixHyper::default());
+    let am = OptimizerKind::Ademamix(qforge::kernels::AdemamixHyper::default());
     let e = err(ParamGroup::new(["a"], am, StateBits::Bits32).with_percentile_clipping(5));
     assert_has(&e, &["group 1", "percentile_clipping = 5", "ademamix"]);
     // The update-norm paths take both options (optim_api/norm_clip.rs checks them).

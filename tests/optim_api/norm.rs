@@ -8,12 +8,12 @@
 //! `norm8.rs`).
 #![allow(clippy::needless_range_loop)] // element-wise models index several arrays
 
-use qforge::ir::library::{LambHyper, LarsHyper};
 use qforge::ir::DType;
-use qforge::runtime::ops::{
+use qforge::kernels::ops::{
     lamb_step_32bit, lars_step_32bit, lars_update_32bit, norm_scale, AdamState32, NormPartials,
 };
-use qforge::runtime::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
+use qforge::kernels::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
+use qforge::kernels::{LambHyper, LarsHyper};
 use qforge::runtime::{Device, HostTensor};
 use safetensors::SafeTensors;
 
@@ -426,7 +426,7 @@ fn group_with(kind: OptimizerKind, max_unorm: f64, names: &[&str]) -> Optimizer 
 
 #[test]
 fn max_unorm_on_adam_adamw_sgd_runs_the_lamb_lars_kernels() {
-    use qforge::ir::library::{AdamHyper, Optim1Hyper};
+    use qforge::kernels::{AdamHyper, Optim1Hyper};
     let dev = cpu();
     let OptimizerKind::Lamb(lh) = lamb() else {
         unreachable!()
@@ -509,7 +509,7 @@ fn max_unorm_on_adam_adamw_sgd_runs_the_lamb_lars_kernels() {
     let err = |g: ParamGroup| Optimizer::new(vec![g]).unwrap_err().to_string();
     let e = err(ParamGroup::new(["x"], lamb(), StateBits::Bits32).with_max_unorm(1.0));
     assert_has(&e, &["max_unorm", "lamb's hyperparameters"]);
-    let lion = OptimizerKind::Lion(Optim1Hyper::defaults(qforge::ir::library::Optim1Algo::Lion));
+    let lion = OptimizerKind::Lion(Optim1Hyper::defaults(qforge::kernels::Optim1Algo::Lion));
     let e = err(ParamGroup::new(["x"], lion, StateBits::Bits32).with_max_unorm(1.0));
     assert_has(
         &e,
@@ -519,7 +519,7 @@ fn max_unorm_on_adam_adamw_sgd_runs_the_lamb_lars_kernels() {
     assert_has(&e, &["max_unorm = -1"]);
     let sgd0 = OptimizerKind::Sgd(Optim1Hyper {
         beta1: 0.0,
-        ..Optim1Hyper::defaults(qforge::ir::library::Optim1Algo::Sgd)
+        ..Optim1Hyper::defaults(qforge::kernels::Optim1Algo::Sgd)
     });
     let e = err(ParamGroup::new(["x"], sgd0, StateBits::Bits32).with_max_unorm(0.02));
     assert_has(&e, &["sgd runs the lars kernels", "momentum"]);

@@ -7,13 +7,13 @@
 //! kernels and equals the plain 8-bit rule where nothing is clipped; mismatched state files and
 //! 8-bit RMSprop / Adagrad with `max_unorm` are clear errors.
 
-use qforge::ir::library::{AdamHyper, LambHyper, LarsHyper, Optim1Algo, Optim1Hyper};
 use qforge::ir::DType;
-use qforge::runtime::ops::{
+use qforge::kernels::ops::{
     lamb_step_32bit, lamb_step_8bit, lars_step_32bit, lars_step_8bit, lars_update_8bit,
     AdamState32, AdamState8, Optim1State8,
 };
-use qforge::runtime::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
+use qforge::kernels::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
+use qforge::kernels::{AdamHyper, LambHyper, LarsHyper, Optim1Algo, Optim1Hyper};
 use qforge::runtime::{Device, HostTensor, InterpreterDevice};
 use safetensors::{Dtype, SafeTensors};
 

@@ -8,13 +8,13 @@
 //! refused is a clear error.
 #![allow(clippy::needless_range_loop)] // element-wise models index several arrays
 
-use qforge::ir::library::{AdamHyper, LambHyper, LarsHyper, Optim1Algo, Optim1Hyper};
 use qforge::ir::DType;
-use qforge::runtime::ops::{
+use qforge::kernels::ops::{
     lamb_step_32bit_opts, lamb_step_8bit_opts, lars_step_32bit_opts, lars_step_8bit_opts,
     optim1_step_32bit_max_unorm_opts, AdamState32, AdamState8, GradOptions, Optim1State8,
 };
-use qforge::runtime::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
+use qforge::kernels::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
+use qforge::kernels::{AdamHyper, LambHyper, LarsHyper, Optim1Algo, Optim1Hyper};
 use qforge::runtime::{Device, HostTensor};
 use safetensors::SafeTensors;
 
@@ -327,7 +327,7 @@ fn what_stays_refused_is_a_clear_error() {
             .unwrap();
         }
     }
-    let ad = qforge::ir::library::AdemamixHyper::default();
+    let ad = qforge::kernels::AdemamixHyper::default();
     let e = ok(
         ParamGroup::new(["a"], OptimizerKind::Ademamix(ad), StateBits::Bits8)
             .with_percentile_clipping(7),

@@ -5,13 +5,13 @@
 //! whole-tensor calls of the host op (so chunking and bookkeeping change nothing). Files saved
 //! with other schemes, truncated files and wrong shapes are clear errors.
 
-use qforge::ir::library::MomentScheme;
 use qforge::ir::DType;
-use qforge::runtime::ops::{qadamw_step, QAdamRng, QAdamState};
-use qforge::runtime::optim::{
+use qforge::kernels::ops::{qadamw_step, QAdamRng, QAdamState};
+use qforge::kernels::optim::{
     Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, QAdamWConfig, StateBits, StateLayout,
     STATE_METADATA_KEY,
 };
+use qforge::kernels::MomentScheme;
 use qforge::runtime::{Device, HostTensor};
 use safetensors::{Dtype, SafeTensors};
 

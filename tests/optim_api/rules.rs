@@ -4,15 +4,15 @@
 //! of the host ops with step numbers 1 to 10. A state file of one rule does not load into an
 //! optimizer of another (or with other hyperparameters).
 
-use qforge::ir::library::{AdemamixHyper, Optim1Algo, Optim1Hyper};
 use qforge::ir::DType;
-use qforge::runtime::ops::{
+use qforge::kernels::ops::{
     ademamix_step_32bit, ademamix_step_8bit, optim1_step_32bit, optim1_step_8bit, AdemamixState32,
     AdemamixState8, Optim1State8,
 };
-use qforge::runtime::optim::{
+use qforge::kernels::optim::{
     Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits, StateLayout,
 };
+use qforge::kernels::{AdemamixHyper, Optim1Algo, Optim1Hyper};
 use qforge::runtime::{Device, HostTensor};
 use safetensors::{Dtype, SafeTensors};
 

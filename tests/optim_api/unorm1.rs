@@ -7,9 +7,9 @@
 //! state and bad values are errors naming the value and the group.
 #![allow(clippy::needless_range_loop)] // element-wise models index several arrays
 
-use qforge::ir::library::{AdamHyper, Optim1Algo, Optim1Hyper};
 use qforge::ir::DType;
-use qforge::runtime::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
+use qforge::kernels::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
+use qforge::kernels::{AdamHyper, Optim1Algo, Optim1Hyper};
 use qforge::runtime::{Device, HostTensor};
 
 use super::{assert_has, cpu, random_tensor, small_workspace};
@@ -202,10 +202,10 @@ fn unsupported_max_unorm_is_an_error_naming_value_and_group() {
     let lion = OptimizerKind::Lion(Optim1Hyper::defaults(Optim1Algo::Lion));
     let e = err(ParamGroup::new(["a"], lion, StateBits::Bits32).with_max_unorm(0.5));
     assert_has(&e, &["group 1", "max_unorm = 0.5", "lion"]);
-    let am = OptimizerKind::Ademamix(qforge::ir::library::AdemamixHyper::default());
+    let am = OptimizerKind::Ademamix(qforge::kernels::AdemamixHyper::default());
     let e = err(ParamGroup::new(["a"], am, StateBits::Bits32).with_max_unorm(0.5));
     assert_has(&e, &["group 1", "max_unorm = 0.5", "ademamix"]);
-    let q = OptimizerKind::QAdamW(qforge::runtime::optim::QAdamWConfig::zip_sr(
+    let q = OptimizerKind::QAdamW(qforge::kernels::optim::QAdamWConfig::zip_sr(
         AdamHyper::default(),
     ));
     let e = err(ParamGroup::new(["a"], q, StateBits::Bits8).with_max_unorm(0.5));

@@ -6,10 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use qforge::codegen::ptx::SmTarget;
-use qforge::ir::{library, Kernel, Op, Stmt};
+use qforge::ir::{Kernel, Op, Stmt};
+use qforge::kernels;
 
 pub fn library_kernels() -> Vec<Kernel> {
-    library::catalog()
+    kernels::catalog()
         .into_iter()
         .map(|e| e.build().expect("library kernels build"))
         .collect()

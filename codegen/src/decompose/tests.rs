@@ -1,6 +1,6 @@
 use proptest::prelude::*;
-use qforge_ir::library::{nearest, BlockwiseMap};
 use qforge_ir::{Access, DType, Dim, Kernel, OwnedArg, Scalar, ScalarType};
+use qforge_kernels::{nearest, BlockwiseMap};
 
 use super::buckets::{count_below, BucketIndex, Buckets};
 use super::packed::Packed;

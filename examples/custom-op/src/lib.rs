@@ -17,9 +17,9 @@
 //! [`rmsnorm_quantize_4bit`] checks. One work item per row.
 
 use qforge::ir::dsl::{Buf, Float, FloatIn, In, Out, TypedKernel, Val};
-use qforge::ir::library::funcs::{code4, coder4, inv_absmax};
-use qforge::ir::library::{check_blocksize_4bit, CatalogEntry, QuantType};
 use qforge::ir::{DType, Kernel, OwnedArg, ReduceOrder};
+use qforge::kernels::funcs::{code4, coder4, inv_absmax};
+use qforge::kernels::{check_blocksize_4bit, CatalogEntry, QuantType};
 use qforge::runtime::{launch_typed, Device, HostTensor};
 use qforge::{func, kernel};
 

@@ -4,9 +4,9 @@
 
 use qforge::conformance::check_entry;
 use qforge::devices::available_devices;
-use qforge::ir::library::CatalogEntry;
 use qforge::ir::DType;
-use qforge::runtime::ops::{quantize_4bit, Absmax4, QuantType};
+use qforge::kernels::ops::{quantize_4bit, Absmax4, QuantType};
+use qforge::kernels::CatalogEntry;
 use qforge::runtime::{Device, HostTensor, InterpreterDevice};
 use qforge_example_custom_op::{rmsnorm_model, rmsnorm_quantize_4bit, RmsNormNf4Entry};
 

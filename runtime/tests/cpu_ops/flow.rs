@@ -349,7 +349,7 @@ fn clif_text_is_deterministic_and_uses_no_fused_or_native_min_max() {
 #[test]
 fn search_sorted_matches_the_interpreter() {
     let dynamic =
-        qforge_ir::library::nearest::thresholds(&qforge_ir::library::BlockwiseMap::Dynamic.code())
+        qforge_kernels::nearest::thresholds(&qforge_kernels::BlockwiseMap::Dynamic.code())
             .expect("bitsandbytes' map");
     let small = vec![-2.0, -0.0, 0.0, 0.25, 0.25, 1.0, f32::INFINITY];
     let large: Vec<f32> = (0..300).map(|i| (i as f32 - 150.0) * 0.01).collect();

@@ -1,0 +1,165 @@
+//! Merging a linear adapter into the layer before it.
+//!
+//! With `beta = 0`, `act_beta(z) = z`, so after a layer `h = W x + b` (`W: [d, K]`, `b: [d]`)
+//! the adapter gives `y = h + U (D h + b_d) + b_u = (I + U D) h + U b_d + b_u`, hence
+//! `y = W' x + b'` with
+//! * `W' = (I + U D) W = W + U (D W)`,
+//! * `b' = (I + U D) b + U b_d + b_u = b + U (D b + b_d) + b_u`.
+//!
+//! (An additive merge `W + D^T U^T`-style, as for a parallel LoRA branch, is wrong here: the
+//! adapter acts on the layer's output, so its product multiplies `W` and `b`.) Each product is a
+//! qforge [`gemm`] kernel, in this order: `DW = D @ W` (`[r, K]`), `W' = W + U @ DW` (one
+//! residual add), `t = D b + b_d` (`[r]`), `b' = (U t + b_u) + b`.
+//!
+//! Sharded (a column-parallel `W` split by output rows, `W_s: [d_s, K]`, with the matching
+//! columns `D_s = D[:, rows_s]` and rows `U_s = U[rows_s, :]`): each shard computes its partial
+//! `D_s W_s` (`[r, K]`) and `D_s b_s` (`[r]`); one all-reduce sums them (here in shard order, one
+//! `f32` add per shard after the first); then every shard computes its own rows
+//! `W'_s = W_s + U_s (D W)` and `b'_s = (U_s t + b_u[rows_s]) + b_s` locally. The sums over `d`
+//! are split differently, so the result agrees with the unsharded merge within rounding (and
+//! is bitwise equal for one shard).
+
+use qforge_ir::DType;
+
+use super::BottleneckAdapter;
+use crate::ops::{gemm, Layout};
+use qforge_runtime::Device;
+use qforge_runtime::HostTensor;
+use qforge_runtime::{Error, Result};
+
+use Layout::{RowMajor as N, Transposed as T};
+
+/// The `f32` values of `t` as a tensor of another shape with the same count.
+fn reshaped(t: &HostTensor, shape: Vec<usize>) -> Result<HostTensor> {
+    HostTensor::new(t.dtype, shape, t.data.clone())
+}
+
+/// Columns `cols` of the `f32` matrix `m: [rows, n]`.
+fn columns(m: &HostTensor, cols: std::ops::Range<usize>) -> Result<HostTensor> {
+    let (rows, n) = (m.shape[0], m.shape[1]);
+    let v = m.to_f32()?;
+    let out: Vec<f32> = (0..rows)
+        .flat_map(|r| v[r * n + cols.start..r * n + cols.end].to_vec())
+        .collect();
+    HostTensor::from_f32_as(DType::F32, vec![rows, cols.len()], &out)
+}
+
+/// Rows `rows` of the `f32` tensor `m: [n, ...]` (a vector when `m` is 1-D).
+fn rows_of(m: &HostTensor, rows: std::ops::Range<usize>) -> Result<HostTensor> {
+    let width: usize = m.shape[1..].iter().product();
+    let v = m.to_f32()?;
+    let mut shape = m.shape.clone();
+    shape[0] = rows.len();
+    HostTensor::from_f32_as(DType::F32, shape, &v[rows.start * width..rows.end * width])
+}
+
+/// Checks one layer (or shard) `(W: f32 [d_out, K], b: f32 [d_out])`; returns `(d_out, K)`.
+fn layer(what: &str, w: &HostTensor, b: &HostTensor) -> Result<(usize, usize)> {
+    let [d, k] = w.shape[..] else {
+        return Err(Error::Invalid(format!(
+            "adapter merge: {what} weight must be f32 [d, K], got {} {:?}",
+            w.dtype, w.shape
+        )));
+    };
+    if w.dtype != DType::F32 || b.dtype != DType::F32 || b.shape != [d] {
+        return Err(Error::Invalid(format!(
+            "adapter merge: {what} must be an f32 weight [d, K] and an f32 bias [d], got {} {:?} \
+             and {} {:?}",
+            w.dtype, w.shape, b.dtype, b.shape
+        )));
+    }
+    Ok((d, k))
+}
+
+/// Elementwise `a + b` of two `f32` tensors of one shape, in `f32` (the simulated all-reduce).
+fn add(a: &HostTensor, b: &HostTensor) -> Result<HostTensor> {
+    let (x, y) = (a.to_f32()?, b.to_f32()?);
+    let s: Vec<f32> = x.iter().zip(&y).map(|(p, q)| p + q).collect();
+    HostTensor::from_f32_as(DType::F32, a.shape.clone(), &s)
+}
+
+impl BottleneckAdapter {
+    /// The merged layer `(W', b')` of the layer `(weight: f32 [d, K], bias: f32 [d])` followed by
+    /// this adapter with `beta = 0` (see the module docs for the formulas and their order).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an inconsistent adapter, or a weight or bias that is not `f32` of
+    /// shape `[d, K]` / `[d]` for the adapter's `d`; any device error.
+    pub fn merge_into(
+        &self,
+        dev: &dyn Device,
+        weight: &HostTensor,
+        bias: &HostTensor,
+    ) -> Result<(HostTensor, HostTensor)> {
+        let mut out = self.merge_sharded(dev, &[(weight.clone(), bias.clone())])?;
+        out.pop()
+            .ok_or_else(|| Error::Invalid("adapter merge: no shard".into()))
+    }
+
+    /// The shard-aware merge of a layer split by output rows into `shards` (`(W_s: f32 [d_s, K],
+    /// b_s: f32 [d_s])` in row order, `sum d_s = d`): one all-reduce of the `r x K` partials
+    /// `D_s W_s` (and of `D_s b_s`), then each shard's rows of `(W', b')` locally (see the
+    /// module docs). Returns the merged shards in order.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an inconsistent adapter, no shards, a shard that is not an `f32`
+    /// `[d_s, K]` weight with an `f32` `[d_s]` bias, shards of different `K`, or row counts that
+    /// do not add up to the adapter's `d`; any device error.
+    pub fn merge_sharded(
+        &self,
+        dev: &dyn Device,
+        shards: &[(HostTensor, HostTensor)],
+    ) -> Result<Vec<(HostTensor, HostTensor)>> {
+        let (d, r) = self.dims()?;
+        let mut starts = Vec::with_capacity(shards.len());
+        let (mut rows, mut k) = (0usize, None);
+        for (s, (w, b)) in shards.iter().enumerate() {
+            let (ds, ks) = layer(&format!("shard {s}"), w, b)?;
+            if *k.get_or_insert(ks) != ks {
+                return Err(Error::Invalid(format!(
+                    "adapter merge: shard {s} has K = {ks}, shard 0 has K = {}",
+                    k.unwrap_or(0)
+                )));
+            }
+            starts.push(rows..rows + ds);
+            rows += ds;
+        }
+        if shards.is_empty() || rows != d {
+            return Err(Error::Invalid(format!(
+                "adapter merge: the shards have {rows} output rows in all, the adapter has d = {d}"
+            )));
+        }
+        // Partials of the all-reduce: D_s W_s ([r, K]) and D_s b_s ([1, r]).
+        let mut dw: Option<HostTensor> = None;
+        let mut db: Option<HostTensor> = None;
+        for ((w, b), span) in shards.iter().zip(&starts) {
+            let d_s = columns(&self.down_weight, span.clone())?;
+            let p = gemm(dev, (&d_s, N), (w, T), None, None)?;
+            let b_row = reshaped(b, vec![1, span.len()])?;
+            let q = gemm(dev, (&b_row, N), (&d_s, N), None, None)?;
+            dw = Some(match dw {
+                Some(acc) => add(&acc, &p)?,
+                None => p,
+            });
+            db = Some(match db {
+                Some(acc) => add(&acc, &q)?,
+                None => q,
+            });
+        }
+        let (Some(dw), Some(db)) = (dw, db) else {
+            return Err(Error::Invalid("adapter merge: no shard".into()));
+        };
+        // t = D b + b_d, one f32 add per element (as the kernel's bias add).
+        let t = add(&db, &reshaped(&self.down_bias, vec![1, r])?)?;
+        let mut out = Vec::with_capacity(shards.len());
+        for ((w, b), span) in shards.iter().zip(&starts) {
+            let u_s = rows_of(&self.up_weight, span.clone())?;
+            let bu_s = rows_of(&self.up_bias, span.clone())?;
+            let w2 = gemm(dev, (&u_s, N), (&dw, T), None, Some(w))?;
+            let b_row = reshaped(b, vec![1, span.len()])?;
+            let b2 = gemm(dev, (&t, N), (&u_s, N), Some(&bu_s), Some(&b_row))?;
+            out.push((w2, reshaped(&b2, vec![span.len()])?));
+        }
+        Ok(out)
+    }
+}

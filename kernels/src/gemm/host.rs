@@ -1,0 +1,203 @@
+//! Dense products `C = A @ B.T (+ bias)` of full-precision matrices stored as written or
+//! transposed: the forward and backward products of a full-precision linear layer (the
+//! bottleneck adapters' projections). Exact semantics: [`crate::gemm`].
+
+use crate::{Gemm, Layout};
+use qforge_ir::{Arg, DType};
+
+use crate::ops::{cached_kernel, count_u32, scalar_u32, suggest_tile_sizes, DeviceCaps};
+use qforge_runtime::Device;
+use qforge_runtime::HostTensor;
+use qforge_runtime::{Error, Result};
+
+/// `(rows, L)` of a 2-D operand stored with `layout` (`[rows, L]` or `[L, rows]`).
+fn operand(what: &str, t: &HostTensor, layout: Layout, dtype: DType) -> Result<(u32, u32)> {
+    if t.dtype != dtype {
+        return Err(Error::Invalid(format!(
+            "gemm: {what} is {}, A is {dtype}; both must have the same float dtype",
+            t.dtype
+        )));
+    }
+    let [r, c] = t.shape[..] else {
+        return Err(Error::Invalid(format!(
+            "gemm: {what} must be 2-D, got shape {:?}",
+            t.shape
+        )));
+    };
+    if t.data.len() != r * c * dtype.size_bytes() {
+        return Err(Error::Invalid(format!(
+            "gemm: {what} has {} bytes, its shape {:?} of {dtype} needs {}",
+            t.data.len(),
+            t.shape,
+            r * c * dtype.size_bytes()
+        )));
+    }
+    let (rows, l) = match layout {
+        Layout::RowMajor => (r, c),
+        Layout::Transposed => (c, r),
+    };
+    Ok((count_u32("gemm", what, rows)?, count_u32("gemm", what, l)?))
+}
+
+/// The `[cols, rows]` transpose of the row-major `[rows, cols]` matrix of `N`-byte elements
+/// `src`, in blocks of 16 x 16 elements, each output row of a block written contiguously.
+/// (512 x 4096 f32, one thread, Zen 3: 2.6 ms; 5.9 ms in blocks of 32 x 32 read row by row.)
+fn transposed<const N: usize>(src: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    const BLOCK: usize = 16;
+    let mut dst = vec![0u8; src.len()];
+    for r0 in (0..rows).step_by(BLOCK) {
+        let r1 = (r0 + BLOCK).min(rows);
+        for c0 in (0..cols).step_by(BLOCK) {
+            for c in c0..(c0 + BLOCK).min(cols) {
+                let out = &mut dst[(c * rows + r0) * N..(c * rows + r1) * N];
+                for (o, r) in out.chunks_exact_mut(N).zip(r0..r1) {
+                    let from = (r * cols + c) * N;
+                    o.copy_from_slice(&src[from..from + N]);
+                }
+            }
+        }
+    }
+    dst
+}
+
+/// A row-major copy of the transposed 2-D operand `t` (on a CPU), with its new layout.
+fn row_major_on_cpu(cpu: bool, t: &HostTensor, layout: Layout) -> (Option<HostTensor>, Layout) {
+    if !cpu || layout == Layout::RowMajor {
+        return (None, layout);
+    }
+    let (rows, cols) = (t.shape[0], t.shape[1]);
+    let data = match t.dtype.size_bytes() {
+        4 => transposed::<4>(&t.data, rows, cols),
+        _ => transposed::<2>(&t.data, rows, cols),
+    };
+    let copy = HostTensor {
+        dtype: t.dtype,
+        shape: vec![cols, rows],
+        data,
+    };
+    (Some(copy), Layout::RowMajor)
+}
+
+/// `C[i, j] = sum_l A[i, l] * B[j, l] (+ bias[j]) (+ residual[i, j])`, `C: [M, N]` in the
+/// operands' dtype, with
+/// `A` stored `[M, L]` (`RowMajor`) or `[L, M]` (`Transposed`) and `B` stored `[N, L]` or
+/// `[L, N]`. For `y = x @ W.T + b`: forward `gemm(x, RowMajor, W, RowMajor, Some(b), None)`,
+/// `dX = gemm(dY, RowMajor, W, Transposed, None, None)`, `dW = gemm(dY, Transposed, x,
+/// Transposed, None, None)`.
+///
+/// # Errors
+/// [`Error::Invalid`] naming the operand for a non-float dtype, dtypes that differ, a shape
+/// that is not 2-D or does not match the bytes, reduction lengths that differ, a bias that is
+/// not `[N]` or a residual that is not `[M, N]` of the same dtype, or more than `2^31 - 1` elements; any device error.
+pub fn gemm(
+    dev: &dyn Device,
+    (a, a_layout): (&HostTensor, Layout),
+    (b, b_layout): (&HostTensor, Layout),
+    bias: Option<&HostTensor>,
+    residual: Option<&HostTensor>,
+) -> Result<HostTensor> {
+    let dtype = a.dtype;
+    if !dtype.is_float() {
+        return Err(Error::Invalid(format!(
+            "gemm: A must be f32, f16 or bf16, got {dtype}"
+        )));
+    }
+    let (m, l) = operand("A", a, a_layout, dtype)?;
+    let (n, lb) = operand("B", b, b_layout, dtype)?;
+    if l != lb {
+        return Err(Error::Invalid(format!(
+            "gemm: A (shape {:?}, {a_layout:?}) reduces over {l} and B (shape {:?}, \
+             {b_layout:?}) over {lb}; they must match",
+            a.shape, b.shape
+        )));
+    }
+    if let Some(bias) = bias {
+        if bias.dtype != dtype
+            || bias.shape != [n as usize]
+            || bias.data.len() != n as usize * dtype.size_bytes()
+        {
+            return Err(Error::Invalid(format!(
+                "gemm: bias must be a {dtype} tensor of shape [{n}], got {} {:?}",
+                bias.dtype, bias.shape
+            )));
+        }
+    }
+    if let Some(r) = residual {
+        if r.dtype != dtype
+            || r.shape != [m as usize, n as usize]
+            || r.data.len() != (m * n) as usize * dtype.size_bytes()
+        {
+            return Err(Error::Invalid(format!(
+                "gemm: residual must be a {dtype} tensor of shape [{m}, {n}], got {} {:?}",
+                r.dtype, r.shape
+            )));
+        }
+    }
+    // On a CPU the kernel's loads along a transposed operand are strided (one element per
+    // lane); a row-major copy makes them contiguous vector loads. The product is the same: the
+    // kernel's semantics do not depend on the layout.
+    let cpu = matches!(DeviceCaps::of(dev), DeviceCaps::Cpu { .. });
+    let (a_t, a_layout) = row_major_on_cpu(cpu, a, a_layout);
+    let (b_t, b_layout) = row_major_on_cpu(cpu, b, b_layout);
+    let (a, b) = (a_t.as_ref().unwrap_or(a), b_t.as_ref().unwrap_or(b));
+    let outputs = count_u32("gemm", "C", m as usize * n as usize)?;
+    let tile = suggest_tile_sizes(m as usize, n as usize, l as usize, DeviceCaps::of(dev));
+    let n_tiles = n.div_ceil(tile.tn);
+    let n_items = count_u32(
+        "gemm",
+        "the work items",
+        m.div_ceil(tile.tm) as usize * n_tiles as usize,
+    )?;
+    let spec = Gemm {
+        a: a_layout,
+        b: b_layout,
+        dtype,
+        bias: bias.is_some(),
+        residual: residual.is_some(),
+        tile,
+    };
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let mut c = vec![0u8; outputs as usize * dtype.size_bytes()];
+    let mut args = vec![
+        scalar_u32(m),
+        scalar_u32(n),
+        scalar_u32(l),
+        scalar_u32(n_items),
+        scalar_u32(n_tiles),
+        Arg::Read(&a.data),
+        Arg::Read(&b.data),
+    ];
+    if let Some(bias) = bias {
+        args.push(Arg::Read(&bias.data));
+    }
+    if let Some(r) = residual {
+        args.push(Arg::Read(&r.data));
+    }
+    args.push(Arg::Write(&mut c));
+    dev.launch(&kernel, &mut args)?;
+    HostTensor::new(dtype, vec![m as usize, n as usize], c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::transposed;
+
+    /// Every element lands at its transposed place, for sizes on and off the 16 x 16 blocks.
+    #[test]
+    fn transposed_moves_every_element() {
+        for (rows, cols) in [(1, 1), (3, 17), (16, 16), (33, 5), (40, 70)] {
+            let src: Vec<u8> = (0..rows * cols * 2).map(|i| (i * 7 % 251) as u8).collect();
+            let dst = transposed::<2>(&src, rows, cols);
+            for r in 0..rows {
+                for c in 0..cols {
+                    let (from, to) = ((r * cols + c) * 2, (c * rows + r) * 2);
+                    assert_eq!(
+                        dst[to..to + 2],
+                        src[from..from + 2],
+                        "{rows}x{cols} at ({r}, {c})"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The dense products on the interpreter against a plain Rust model written from the module
+//! docs (`mul_add` into partial `l % 8`, halving tree, bias, one rounding), at every layout,
+//! dtype and tile (tiles never change a bit), and the adapter identities (`dX`, `dW`, `db` from
+//! the same kernel) against f64 sums.
+
+use crate::gemm::{Gemm, Layout};
+use crate::matmul4::TileConfig;
+use crate::test_util::{bytes, floats, out, round, run};
+use qforge_ir::OwnedArg;
+use qforge_ir::{DType, Scalar};
+
+/// xorshift values in [-2, 2) with a few edge values, rounded to `dtype`.
+fn data(dtype: DType, len: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            let v = match s % 29 {
+                0 => -0.0,
+                1 => f32::from_bits(s >> 10),
+                _ => (s >> 8) as f32 / (1u32 << 22) as f32 - 2.0,
+            };
+            round(dtype, v)
+        })
+        .collect()
+}
+
+/// Element `(r, l)` of a logical `[rows, L]` operand stored with `layout`.
+fn at(v: &[f32], layout: Layout, rows: usize, l_len: usize, r: usize, l: usize) -> f32 {
+    match layout {
+        Layout::RowMajor => v[r * l_len + l],
+        Layout::Transposed => v[l * rows + r],
+    }
+}
+
+/// The documented sum for output `(i, j)`.
+fn model(
+    g: &Gemm,
+    (a, b, bias, res): (&[f32], &[f32], &[f32], &[f32]),
+    (m, n, l): (usize, usize, usize),
+) -> Vec<u32> {
+    let mut c = Vec::with_capacity(m * n);
+    for i in 0..m {
+        for j in 0..n {
+            let mut p = [-0.0f32; 8];
+            for k in 0..l {
+                let x = at(a, g.a, m, l, i, k);
+                let y = at(b, g.b, n, l, j, k);
+                p[k % 8] = x.mul_add(y, p[k % 8]);
+            }
+            for w in [4, 2, 1] {
+                for q in 0..w {
+                    p[q] += p[q + w];
+                }
+            }
+            let mut s = if g.bias { p[0] + bias[j] } else { p[0] };
+            if g.residual {
+                s += res[i * n + j];
+            }
+            c.push(round(g.dtype, s).to_bits());
+        }
+    }
+    c
+}
+
+fn launch(
+    g: &Gemm,
+    (a, b, bias, res): (&[f32], &[f32], &[f32], &[f32]),
+    (m, n, l): (usize, usize, usize),
+) -> Vec<u32> {
+    let kernel = g.build().unwrap();
+    let n_tiles = n.div_ceil(g.tile.tn as usize);
+    let items = m.div_ceil(g.tile.tm as usize) * n_tiles;
+    let mut args = vec![
+        OwnedArg::Scalar(Scalar::U32(m as u32)),
+        OwnedArg::Scalar(Scalar::U32(n as u32)),
+        OwnedArg::Scalar(Scalar::U32(l as u32)),
+        OwnedArg::Scalar(Scalar::U32(items as u32)),
+        OwnedArg::Scalar(Scalar::U32(n_tiles as u32)),
+        OwnedArg::Read(bytes(g.dtype, a)),
+        OwnedArg::Read(bytes(g.dtype, b)),
+    ];
+    if g.bias {
+        args.push(OwnedArg::Read(bytes(g.dtype, bias)));
+    }
+    if g.residual {
+        args.push(OwnedArg::Read(bytes(g.dtype, res)));
+    }
+    args.push(OwnedArg::Write(vec![0xA5; m * n * g.dtype.size_bytes()]));
+    run(&kernel, &mut args);
+    let last = args.len() - 1;
+    floats(g.dtype, out(&args, last))
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+#[test]
+fn every_layout_dtype_and_tile_matches_the_model() {
+    let layouts = [Layout::RowMajor, Layout::Transposed];
+    for (la, lb) in layouts
+        .iter()
+        .flat_map(|a| layouts.iter().map(move |b| (*a, *b)))
+    {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            for (m, n, l) in [(1usize, 1usize, 1usize), (3, 5, 19), (7, 2, 64), (2, 9, 0)] {
+                let (a, b, bias, res) = (
+                    data(dtype, m * l, 3),
+                    data(dtype, n * l, 5),
+                    data(dtype, n, 7),
+                    data(dtype, m * n, 9),
+                );
+                for (bias_on, res_on) in
+                    [(false, false), (true, false), (false, true), (true, true)]
+                {
+                    let mut want = None;
+                    for (tm, tn) in [(1u32, 1u32), (2, 3), (4, 4), (1, 8)] {
+                        let g = Gemm {
+                            a: la,
+                            b: lb,
+                            dtype,
+                            bias: bias_on,
+                            residual: res_on,
+                            tile: TileConfig { tm, tn },
+                        };
+                        let ops = (&a[..], &b[..], &bias[..], &res[..]);
+                        let got = launch(&g, ops, (m, n, l));
+                        let w = want.get_or_insert_with(|| model(&g, ops, (m, n, l)));
+                        assert_eq!(&got, w, "{} at {m}x{n}x{l}", g.name());
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_layer_gradients_from_one_kernel_match_f64() {
+    // y = x @ W.T + b with x [M, K], W [N, K]; dX = dY @ W, dW = dY.T @ x, db = sum_m dY.
+    let (m, k, n) = (5usize, 13usize, 6usize);
+    let x = data(DType::F32, m * k, 11);
+    let w = data(DType::F32, n * k, 13);
+    let dy = data(DType::F32, m * n, 17);
+    let tile = TileConfig { tm: 2, tn: 2 };
+    let gemm = |a, b| Gemm {
+        a,
+        b,
+        dtype: DType::F32,
+        bias: false,
+        residual: false,
+        tile,
+    };
+    let f = |v: u32| f32::from_bits(v) as f64;
+    let close = |got: &[u32], want: &[f64], what: &str| {
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (f(*g) - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                "{what}: {} vs {w}",
+                f(*g)
+            );
+        }
+    };
+    let dx = launch(
+        &gemm(Layout::RowMajor, Layout::Transposed),
+        (&dy, &w, &[], &[]),
+        (m, k, n),
+    );
+    let want: Vec<f64> = (0..m * k)
+        .map(|e| {
+            (0..n)
+                .map(|j| dy[(e / k) * n + j] as f64 * w[j * k + e % k] as f64)
+                .sum()
+        })
+        .collect();
+    close(&dx, &want, "dX");
+    let dw = launch(
+        &gemm(Layout::Transposed, Layout::Transposed),
+        (&dy, &x, &[], &[]),
+        (n, k, m),
+    );
+    let want: Vec<f64> = (0..n * k)
+        .map(|e| {
+            (0..m)
+                .map(|i| dy[i * n + e / k] as f64 * x[i * k + e % k] as f64)
+                .sum()
+        })
+        .collect();
+    close(&dw, &want, "dW");
+    let ones = vec![1.0f32; m];
+    let db = launch(
+        &gemm(Layout::RowMajor, Layout::Transposed),
+        (&ones, &dy, &[], &[]),
+        (1, n, m),
+    );
+    let want: Vec<f64> = (0..n)
+        .map(|j| (0..m).map(|i| dy[i * n + j] as f64).sum())
+        .collect();
+    close(&db, &want, "db");
+}

@@ -1,0 +1,581 @@
+//! The fused 4-bit linear layer (bitsandbytes `matmul_4bit`, QLoRA arXiv 2305.14314): forward
+//! `y = x @ dequant(W).T + bias` and the input gradient `dX = dY @ dequant(W)`, with the weight
+//! decoded in registers only. Exact semantics: [`crate::matmul4`].
+
+use crate::matmul4::{Direction, Matmul4, TileConfig};
+use crate::BLOCKSIZES_4BIT;
+use qforge_ir::{Arg, DType, Scalar};
+
+use crate::ops::{
+    blocksize_u32, cached_kernel, count_u32, expect_len, f32_le, float_input, scalar_u32,
+};
+use crate::quant4::host::{Absmax4, QuantState4};
+use qforge_runtime::Device;
+use qforge_runtime::HostTensor;
+use qforge_runtime::{Error, Result};
+
+/// What [`suggest_tile_sizes`] needs to know about a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceCaps {
+    /// A CPU: work items are spread over `threads` threads and vectorized `lanes` wide (4 for
+    /// the Cranelift backend's 128-bit vectors, up to 16 for the LLVM backend).
+    Cpu {
+        /// Worker threads.
+        threads: u32,
+        /// `f32` lanes of a vector register.
+        lanes: u32,
+    },
+    /// A GPU: one work item per thread, `parallel_threads` threads resident at once (e.g.
+    /// SMs x 2048 on NVIDIA).
+    Gpu {
+        /// Threads resident at once across the device.
+        parallel_threads: u32,
+    },
+}
+
+impl DeviceCaps {
+    /// The capabilities of `dev`, from its backend: `cranelift` and `llvm` are CPUs with the
+    /// machine's threads and the device's [`Device::vector_lanes`] (4 for Cranelift; 16 for
+    /// LLVM with AVX-512, 8 with AVX2); `ptx` and `wgsl` are GPUs (assumed 64 Ki resident
+    /// threads); anything else (the interpreter) a one-thread CPU.
+    pub fn of(dev: &dyn Device) -> DeviceCaps {
+        match dev.backend() {
+            "cranelift" | "llvm" => DeviceCaps::Cpu {
+                threads: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+                lanes: dev.vector_lanes(),
+            },
+            "ptx" | "wgsl" => DeviceCaps::Gpu {
+                parallel_threads: 65536,
+            },
+            _ => DeviceCaps::Cpu {
+                threads: 1,
+                lanes: 1,
+            },
+        }
+    }
+}
+
+/// A tile for an `[M, K] x [K, N]` product (outputs `M x N`) on a device: the heuristic,
+/// documented in `docs/semantics.md`. Tiles never change results, only speed.
+///
+/// * CPU: decoding a weight (nibble, table, absmax, rounding) costs far more than the fused
+///   multiply-adds it feeds, so rows of the activation share each decode: `tm = min(M, 8)`,
+///   `tn = 4` (at most 32 outputs per work item), `tm = min(M, 4)` with 16 lanes or more
+///   (the LLVM backend's 64-element groups hold 4x more values per output, so 8x4 spills),
+///   and `tm = min(M, 4)`, `tn = 2` with 8 (LLVM with AVX2: 16 `ymm` registers).
+///   Measured with `QFORGE_MATMUL_TILE` on the 2-core development machine at K = N = 4096:
+///   M = 1 runs fastest with 1x4 (1x1..1x16 within 15%), M = 16 with 8x4 on Cranelift (20 ms,
+///   against 55 ms for 4x1 and 99 ms for 1x4) and 4x4 on LLVM with AVX-512 (4.0-5.0 ms against
+///   6.7-13 ms for 8x4). With AVX2 (Zen 3, 2 threads) M = 16 took 9.7-12.6 ms (f32) and
+///   13.4-13.8 ms (bf16) with 4x2, 11.7-14.1 and 15.0-19.7 ms with 4x4, 15.3-18.6 and
+///   15.8-20.2 ms with 8x4; M = 1 times the same with 1x2 and 1x4. The tile shrinks (`tn`
+///   first) while there would be fewer than 4 work items per thread.
+/// * GPU: one thread keeps 16 scalar partials per output (`K_ORDER`); `tm = min(M, 4)`, `tn = 1`, shrunk
+///   while there would be fewer work items than half the resident threads.
+pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
+    let _ = k; // the K reduction is never tiled (its order is fixed)
+    let m = m.max(1);
+    let n = n.max(1);
+    let (tm, tn, want_items) = match caps {
+        DeviceCaps::Cpu { threads, lanes } => {
+            let (rows, cols) = match lanes {
+                16.. => (4, 4),
+                8..=15 => (4, 2),
+                _ => (8, 4),
+            };
+            (
+                m.min(rows),
+                cols,
+                4usize.saturating_mul(threads.max(1) as usize),
+            )
+        }
+        DeviceCaps::Gpu { parallel_threads } => (m.min(4), 1, parallel_threads as usize / 2),
+    };
+    shrink((m, n), (tm, tn), want_items, false)
+}
+
+/// The tile `(tm, tn)` for `rows x cols` outputs, halved (`tn` first, or `tm` first when
+/// `rows_first`) while there would be fewer than `want` work items.
+fn shrink(
+    (rows, cols): (usize, usize),
+    (mut tm, mut tn): (usize, usize),
+    want: usize,
+    rows_first: bool,
+) -> TileConfig {
+    let items = |tm: usize, tn: usize| rows.div_ceil(tm).saturating_mul(cols.div_ceil(tn));
+    while items(tm, tn) < want && (tm > 1 || tn > 1) {
+        if tn > 1 && !(rows_first && tm > 1) {
+            tn /= 2;
+        } else {
+            tm /= 2;
+        }
+    }
+    TileConfig {
+        tm: tm as u32,
+        tn: tn as u32,
+    }
+}
+
+/// The tile of the input gradient `dX = dY @ dequant(W)` (`[M, N] x [N, K]`, outputs `M x K`)
+/// on a device. Tiles never change results, only speed.
+///
+/// * CPU with 8 lanes or more (the LLVM backend, AVX2 or AVX-512): `min(M, 2) x 16`, rows of
+///   `dY` against 16 consecutive columns of `W`, which the backend runs with the 16 columns as
+///   vector lanes and one vector per row (`codegen/src/llvm/outer.rs`: the weights of one `n`
+///   are 8 contiguous bytes, decoded once for both rows, where a loop over `n` gathers them
+///   `K / 2` bytes apart). Measured on one thread at K = N = 4096: M = 1 f32 34 ms with 1x4 over `n`
+///   against 3.8 ms; M = 16 156 ms with 4x4, 65-84 ms with 1x16, 40-51 ms with 2x16, 61 ms
+///   with 4x8 (8 lanes: no fused decode); 2x16 is the largest 16-column tile (32 outputs). `tm`
+///   halves, then `tn`, while there would be fewer than 4 work items per thread.
+/// * Otherwise [`suggest_tile_sizes`] for `M x K` outputs.
+pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
+    match caps {
+        DeviceCaps::Cpu { threads, lanes } if lanes >= 8 => {
+            let want = 4usize.saturating_mul(threads.max(1) as usize);
+            let (m, k) = (m.max(1), k.max(1));
+            shrink((m, k), (m.min(2), 16), want, true)
+        }
+        _ => suggest_tile_sizes(m, k, n, caps),
+    }
+}
+
+/// Shapes of one call: `m` activation rows, and the weight `[n, k]`.
+struct Dims {
+    m: u32,
+    n: u32,
+    k: u32,
+}
+
+/// Checks the weight's quant state (a 2-D `[N, K]` tensor) and the activation (`[..., cols]`
+/// in a float dtype), returning the shapes.
+fn check_shapes(
+    op: &str,
+    act: &HostTensor,
+    packed: &[u8],
+    state: &QuantState4,
+    forward: bool,
+) -> Result<Dims> {
+    let &[n, k] = state.shape.as_slice() else {
+        return Err(Error::Invalid(format!(
+            "{op}: the weight must be 2-D [N, K], its quant state has shape {:?}",
+            state.shape
+        )));
+    };
+    if n == 0 || k == 0 {
+        return Err(Error::Invalid(format!(
+            "{op}: the weight is empty (shape [{n}, {k}])"
+        )));
+    }
+    let elems = count_u32(op, "the weight", n.saturating_mul(k))?;
+    expect_len(op, "packed", packed.len(), elems.div_ceil(2) as usize)?;
+    let (want, want_name) = if forward { (k, "K") } else { (n, "N") };
+    let cols = act.shape.last().copied();
+    if cols != Some(want) {
+        return Err(Error::Invalid(format!(
+            "{op}: the {} has shape {:?}; its last dim must be {want_name} = {want} of the [{n}, {k}] weight",
+            if forward { "input x" } else { "gradient dY" },
+            act.shape
+        )));
+    }
+    let other = if forward { n } else { k };
+    // An empty batch (a leading dim of 0) gives an empty output; anything else must be a
+    // well-formed float tensor.
+    let total = if act.shape.contains(&0) && act.dtype.is_float() {
+        if !act.data.is_empty() {
+            return Err(Error::Invalid(format!(
+                "{op}: a tensor of shape {:?} holds no elements, but {} bytes were given",
+                act.shape,
+                act.data.len()
+            )));
+        }
+        0
+    } else {
+        float_input(op, act)?
+    };
+    let m = total / want as u32;
+    count_u32(op, "the output", m as usize * other)?;
+    Ok(Dims {
+        m,
+        n: n as u32,
+        k: k as u32,
+    })
+}
+
+/// Runs one matmul kernel variant.
+fn run(
+    dev: &dyn Device,
+    act: &HostTensor,
+    packed: &[u8],
+    state: &QuantState4,
+    bias: Option<&HostTensor>,
+    direction: Direction,
+    tile: Option<TileConfig>,
+) -> Result<HostTensor> {
+    let forward = matches!(direction, Direction::Forward { .. });
+    let op = if forward {
+        "matmul_4bit"
+    } else {
+        "matmul_4bit_backward_input"
+    };
+    let d = check_shapes(op, act, packed, state, forward)?;
+    let bs = blocksize_u32(op, state.blocksize, &BLOCKSIZES_4BIT)?;
+    let (outs, dtype) = (if forward { d.n } else { d.k }, act.dtype);
+    let tile = tile.unwrap_or_else(|| {
+        let (m, n, k, caps) = (
+            d.m as usize,
+            d.n as usize,
+            d.k as usize,
+            DeviceCaps::of(dev),
+        );
+        if forward {
+            suggest_tile_sizes(m, n, k, caps)
+        } else {
+            suggest_backward_tile_sizes(m, n, k, caps)
+        }
+    });
+    tile.check()
+        .map_err(|e| Error::Invalid(format!("{op}: {e}")))?;
+    if let Some(b) = bias {
+        if b.dtype != dtype
+            || b.shape != [d.n as usize]
+            || b.data.len() != d.n as usize * dtype.size_bytes()
+        {
+            return Err(Error::Invalid(format!(
+                "{op}: the bias must be a {dtype} tensor of shape [{}] ({} bytes), got {} {:?} ({} bytes)",
+                d.n,
+                d.n as usize * dtype.size_bytes(),
+                b.dtype,
+                b.shape,
+                b.data.len()
+            )));
+        }
+    }
+    if !state.dtype.is_float() {
+        return Err(Error::Invalid(format!(
+            "{op}: the quant state's dtype must be f32, f16 or bf16, got {}",
+            state.dtype
+        )));
+    }
+    // bitsandbytes: dequantize to the weight's dtype, then `.to(x.dtype)`.
+    let weight_dtype = match (state.dtype, dtype) {
+        (DType::F32, x) => x,
+        (w, DType::F32) => w,
+        (w, x) if w == x => w,
+        (w, x) => {
+            return Err(Error::Invalid(format!(
+                "{op}: a {w} weight with {x} activations would round twice; convert one of them"
+            )))
+        }
+    };
+    let elems = d.n * d.k;
+    let (n_packed, n_blocks) = (elems.div_ceil(2), elems.div_ceil(bs));
+    let spec = Matmul4 {
+        quant_type: state.quant_type,
+        blocksize: bs,
+        dtype,
+        weight_dtype,
+        nested: matches!(state.absmax, Absmax4::Nested { .. }),
+        direction,
+        tile,
+    };
+    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let n_tiles = outs.div_ceil(tile.tn);
+    let n_items = count_u32(
+        op,
+        "the work items",
+        d.m.div_ceil(tile.tm) as usize * n_tiles as usize,
+    )?;
+    let mut out = vec![0u8; d.m as usize * outs as usize * dtype.size_bytes()];
+    let mut shape = act.shape.clone();
+    if let Some(last) = shape.last_mut() {
+        *last = outs as usize;
+    }
+    let n_nested = state.absmax.check_len(op, n_blocks)?;
+    if d.m == 0 {
+        return HostTensor::new(dtype, shape, out);
+    }
+    let mut scalars = vec![
+        scalar_u32(d.m),
+        scalar_u32(d.n),
+        scalar_u32(d.k),
+        scalar_u32(n_items),
+        scalar_u32(n_tiles),
+    ];
+    let mut buffers: Vec<Vec<u8>> = Vec::new();
+    match &state.absmax {
+        Absmax4::Plain(absmax) => {
+            scalars.extend([scalar_u32(n_packed), scalar_u32(n_blocks)]);
+            buffers.push(f32_le(absmax));
+        }
+        Absmax4::Nested {
+            qabsmax,
+            nested_absmax,
+            nested_code,
+            offset,
+            ..
+        } => {
+            scalars.extend([
+                Arg::Scalar(Scalar::f32(*offset)),
+                scalar_u32(n_packed),
+                scalar_u32(n_blocks),
+                scalar_u32(n_nested),
+            ]);
+            buffers.extend([qabsmax.clone(), f32_le(nested_absmax), f32_le(nested_code)]);
+        }
+    }
+    let mut args = scalars;
+    args.push(Arg::Read(&act.data));
+    args.push(Arg::Read(packed));
+    args.extend(buffers.iter().map(|b| Arg::Read(b)));
+    if let Some(b) = bias {
+        args.push(Arg::Read(&b.data));
+    }
+    args.push(Arg::Write(&mut out));
+    dev.launch(&kernel, &mut args)?;
+    drop(args);
+    HostTensor::new(dtype, shape, out)
+}
+
+/// `y = x @ dequant(W).T (+ bias)` for `x` of shape `[..., K]` (f32, f16 or bf16) and a weight
+/// `[N, K]` quantized by [`crate::ops::quantize_4bit`] (NF4 or FP4, any blocksize, plain or
+/// double-quantized absmax), giving `y` of shape `[..., N]` in `x`'s dtype. The weight is
+/// decoded inside the kernel only. `tile` overrides [`suggest_tile_sizes`] (results never
+/// depend on it).
+///
+/// # Errors
+/// [`Error::Invalid`] naming the problem when the state is not a non-empty 2-D weight, a buffer
+/// does not match it, `x`'s last dim is not `K`, `x` is not a float tensor or its bytes do not
+/// match its shape, the bias is not `[N]` in `x`'s dtype, a count exceeds `2^31 - 1`, or the
+/// tile is invalid; any device error.
+pub fn matmul_4bit(
+    dev: &dyn Device,
+    x: &HostTensor,
+    packed: &[u8],
+    state: &QuantState4,
+    bias: Option<&HostTensor>,
+    tile: Option<TileConfig>,
+) -> Result<HostTensor> {
+    let direction = Direction::Forward {
+        bias: bias.is_some(),
+    };
+    run(dev, x, packed, state, bias, direction, tile)
+}
+
+/// `dX = dY @ dequant(W)` for `dY` of shape `[..., N]` and a weight `[N, K]`: the gradient of
+/// [`matmul_4bit`] with respect to its input (the weight is frozen: no `dW`, as bitsandbytes'
+/// `MatMul4Bit`). `dX` has shape `[..., K]` in `dY`'s dtype.
+///
+/// # Errors
+/// As [`matmul_4bit`], with `dY`'s last dim checked against `N`.
+pub fn matmul_4bit_backward_input(
+    dev: &dyn Device,
+    dy: &HostTensor,
+    packed: &[u8],
+    state: &QuantState4,
+    tile: Option<TileConfig>,
+) -> Result<HostTensor> {
+    run(dev, dy, packed, state, None, Direction::BackwardInput, tile)
+}
+
+/// A linear layer with a frozen 4-bit weight `[N, K]` (out_features x in_features) and an
+/// optional bias `[N]`: bitsandbytes' `Linear4bit` with its `MatMul4Bit` autograd function.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Linear4bit {
+    /// Packed codes of the weight.
+    pub packed: Vec<u8>,
+    /// The weight's quant state (shape `[N, K]`).
+    pub state: QuantState4,
+    /// Optional bias `[N]`, any float dtype: [`Linear4bit::forward`] rounds it to the
+    /// activation dtype (nearest even) when they differ, as bitsandbytes' `bias.to(x.dtype)`.
+    pub bias: Option<HostTensor>,
+}
+
+impl Linear4bit {
+    /// Quantizes a float weight `[N, K]` ([`crate::ops::quantize_4bit`]).
+    ///
+    /// # Errors
+    /// As [`crate::ops::quantize_4bit`], plus a weight that is not 2-D.
+    pub fn quantize(
+        dev: &dyn Device,
+        weight: &HostTensor,
+        quant_type: crate::ops::QuantType,
+        blocksize: usize,
+        compress_statistics: bool,
+        bias: Option<HostTensor>,
+    ) -> Result<Linear4bit> {
+        if weight.shape.len() != 2 {
+            return Err(Error::Invalid(format!(
+                "Linear4bit: the weight must be 2-D [N, K], got shape {:?}",
+                weight.shape
+            )));
+        }
+        if let Some(b) = &bias {
+            let n = weight.shape[0];
+            if b.shape != [n] || !b.dtype.is_float() || b.data.len() != n * b.dtype.size_bytes() {
+                return Err(Error::Invalid(format!(
+                    "Linear4bit: the bias must be a float tensor of shape [{n}] (out_features), got {} {:?} with {} bytes",
+                    b.dtype,
+                    b.shape,
+                    b.data.len()
+                )));
+            }
+        }
+        let (packed, state) =
+            crate::ops::quantize_4bit(dev, weight, quant_type, blocksize, compress_statistics)?;
+        Ok(Linear4bit {
+            packed,
+            state,
+            bias,
+        })
+    }
+
+    /// `in_features` (K).
+    pub fn in_features(&self) -> usize {
+        self.state.shape.get(1).copied().unwrap_or(0)
+    }
+
+    /// `out_features` (N).
+    pub fn out_features(&self) -> usize {
+        self.state.shape.first().copied().unwrap_or(0)
+    }
+
+    /// `y = x @ dequant(W).T + bias` ([`matmul_4bit`]), the bias first rounded to `x`'s dtype
+    /// (nearest even) when it has another float dtype, as bitsandbytes' `Linear4bit` does.
+    ///
+    /// # Errors
+    /// As [`matmul_4bit`].
+    pub fn forward(&self, dev: &dyn Device, x: &HostTensor) -> Result<HostTensor> {
+        let cast;
+        let bias = match &self.bias {
+            Some(b) if b.dtype != x.dtype && b.dtype.is_float() && x.dtype.is_float() => {
+                cast = HostTensor::from_f32_as(x.dtype, b.shape.clone(), &b.to_f32()?)?;
+                Some(&cast)
+            }
+            other => other.as_ref(),
+        };
+        matmul_4bit(dev, x, &self.packed, &self.state, bias, None)
+    }
+
+    /// `dX = dY @ dequant(W)` ([`matmul_4bit_backward_input`]).
+    ///
+    /// # Errors
+    /// As [`matmul_4bit_backward_input`].
+    pub fn backward_input(&self, dev: &dyn Device, dy: &HostTensor) -> Result<HostTensor> {
+        matmul_4bit_backward_input(dev, dy, &self.packed, &self.state, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear4bit_rounds_a_bias_of_another_dtype_to_the_activation_dtype() {
+        let dev = qforge_runtime::InterpreterDevice;
+        let (n, k) = (5, 32);
+        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let w = HostTensor::from_f32(vec![n, k], &w).expect("weight");
+        // Biases that bf16 and f16 round (1 + 2^-10 is exact in f16, not in bf16).
+        let bias: Vec<f32> = vec![1.0 + 2f32.powi(-10), -3.3, 0.1, 65504.0, 1e-8];
+        let x: Vec<f32> = (0..2 * k).map(|i| (i as f32 * 0.11).cos()).collect();
+        for (bias_dtype, x_dtype) in [
+            (DType::F32, DType::BF16),
+            (DType::F32, DType::F16),
+            (DType::F16, DType::F32),
+            (DType::BF16, DType::F16),
+        ] {
+            let b = HostTensor::from_f32_as(bias_dtype, vec![n], &bias).expect("bias");
+            let layer = Linear4bit::quantize(
+                &dev,
+                &w,
+                crate::ops::QuantType::Nf4,
+                32,
+                false,
+                Some(b.clone()),
+            )
+            .expect("layer");
+            let x = HostTensor::from_f32_as(x_dtype, vec![2, k], &x).expect("x");
+            let got = layer.forward(&dev, &x).expect("forward");
+            // The model: the bias rounded to x's dtype first, then the plain op.
+            let rounded = HostTensor::from_f32_as(x_dtype, vec![n], &b.to_f32().expect("f32"))
+                .expect("rounded");
+            let want = matmul_4bit(&dev, &x, &layer.packed, &layer.state, Some(&rounded), None)
+                .expect("matmul");
+            assert_eq!(got, want, "bias {bias_dtype} with x {x_dtype}");
+            // Not the same as ignoring the rounding: the unrounded f32 bias is not accepted.
+            if bias_dtype != x_dtype {
+                assert!(
+                    matmul_4bit(&dev, &x, &layer.packed, &layer.state, Some(&b), None).is_err()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tile_heuristic_follows_its_documented_rule() {
+        let cpu = DeviceCaps::Cpu {
+            threads: 2,
+            lanes: 4,
+        };
+        let t = |m, n, caps| {
+            let t = suggest_tile_sizes(m, n, 4096, caps);
+            (t.tm, t.tn)
+        };
+        assert_eq!(t(1, 4096, cpu), (1, 4));
+        assert_eq!(t(16, 4096, cpu), (8, 4));
+        assert_eq!(t(3, 11008, cpu), (3, 4));
+        // Few outputs: shrink (tn first) to give each of the 2 threads 4 work items.
+        assert_eq!(t(16, 4, cpu), (8, 1));
+        assert_eq!(t(1, 5, cpu), (1, 1));
+        let wide = DeviceCaps::Cpu {
+            threads: 2,
+            lanes: 16,
+        };
+        let back = |m, k, caps| {
+            let t = suggest_backward_tile_sizes(m, 4096, k, caps);
+            (t.tm, t.tn)
+        };
+        assert_eq!(back(1, 4096, wide), (1, 16));
+        assert_eq!(back(16, 4096, wide), (2, 16));
+        assert_eq!(back(3, 4096, wide), (2, 16));
+        assert_eq!(
+            back(2, 64, wide),
+            (1, 16),
+            "2 x 64 outputs: 4 work items at 2x16, 8 at 1x16"
+        );
+        assert_eq!(
+            back(1, 40, wide),
+            (1, 4),
+            "40 columns: 10 work items at 1x4, 5 at 1x8"
+        );
+        assert_eq!(back(1, 4096, cpu), (1, 4));
+        assert_eq!(back(16, 4096, cpu), (8, 4));
+        assert_eq!(t(1, 4096, wide), (1, 4));
+        assert_eq!(t(16, 4096, wide), (4, 4));
+        assert_eq!(t(3, 11008, wide), (3, 4));
+        let avx2 = DeviceCaps::Cpu {
+            threads: 2,
+            lanes: 8,
+        };
+        assert_eq!(t(1, 4096, avx2), (1, 2));
+        assert_eq!(t(16, 4096, avx2), (4, 2));
+        assert_eq!(t(16, 4, avx2), (4, 2));
+        assert_eq!(t(4, 4, avx2), (2, 1), "4 x 4 outputs: 8 work items at 2x1");
+        assert_eq!(back(16, 4096, avx2), (2, 16));
+        let gpu = DeviceCaps::Gpu {
+            parallel_threads: 65536,
+        };
+        assert_eq!(t(16, 1 << 20, gpu), (4, 1));
+        assert_eq!(
+            t(16, 4096, gpu),
+            (2, 1),
+            "16 x 4096 outputs fill half of 64 Ki threads at 2x1"
+        );
+        for (m, n) in [(0, 0), (usize::MAX, 7), (33, usize::MAX)] {
+            for caps in [cpu, gpu] {
+                let tile = suggest_tile_sizes(m, n, 1, caps);
+                assert!(tile.check().is_ok(), "{m} {n} {caps:?}: {tile:?}");
+            }
+        }
+    }
+}

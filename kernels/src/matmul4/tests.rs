@@ -1,0 +1,278 @@
+//! The fused 4-bit matmul kernels on the interpreter against a plain Rust model written from
+//! the module docs (decode `table[nibble] * absmax`, `mul_add` into partial `i % 16` forward
+//! and `i % 8` backward, halving tree, bias, one rounding), and the tile property: every tile
+//! gives the same bits.
+
+use crate::matmul4::{Direction, Matmul4, TileConfig};
+use crate::test_util::{bytes, floats, round};
+use crate::{doublequant, QuantType};
+use qforge_ir::OwnedArg;
+use qforge_ir::{DType, Scalar};
+
+/// Deterministic pseudo-random 32-bit values.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() % 20001) as f32 / 10000.0 - 1.0
+    }
+}
+
+/// One problem: shapes and host data (f32 values already rounded to the dtype).
+struct Problem {
+    m: usize,
+    n: usize,
+    k: usize,
+    act: Vec<f32>,
+    packed: Vec<u8>,
+    absmax: Vec<f32>,
+    qabsmax: Vec<u8>,
+    nested_absmax: Vec<f32>,
+    offset: f32,
+    bias: Vec<f32>,
+}
+
+fn decode(dtype: DType, b: &[u8]) -> Vec<u32> {
+    floats(dtype, b).iter().map(|v| v.to_bits()).collect()
+}
+
+impl Problem {
+    fn new(spec: &Matmul4, m: usize, n: usize, k: usize, seed: u64) -> Problem {
+        let mut r = Rng(seed);
+        let act_len = match spec.direction {
+            Direction::Forward { .. } => m * k,
+            Direction::BackwardInput => m * n,
+        };
+        let act = (0..act_len)
+            .map(|_| round(spec.dtype, r.f32() * 3.0))
+            .collect();
+        let elems = n * k;
+        let n_blocks = elems.div_ceil(spec.blocksize as usize);
+        Problem {
+            m,
+            n,
+            k,
+            act,
+            packed: (0..elems.div_ceil(2)).map(|_| r.next() as u8).collect(),
+            absmax: (0..n_blocks).map(|_| r.f32().abs() * 2.0).collect(),
+            qabsmax: (0..n_blocks).map(|_| r.next() as u8).collect(),
+            nested_absmax: (0..n_blocks.div_ceil(256))
+                .map(|_| r.f32().abs() + 0.5)
+                .collect(),
+            offset: 0.125,
+            bias: (0..n).map(|_| round(spec.dtype, r.f32())).collect(),
+        }
+    }
+
+    /// The dequantized weight element `(row, col)` of the `[N, K]` weight.
+    fn w(&self, spec: &Matmul4, row: usize, col: usize) -> f32 {
+        let e = row * self.k + col;
+        let byte = self.packed[e / 2];
+        let nib = if e.is_multiple_of(2) {
+            byte >> 4
+        } else {
+            byte & 15
+        };
+        let block = e / spec.blocksize as usize;
+        let absmax = if spec.nested {
+            let code = doublequant::NESTED_MAP.code()[self.qabsmax[block] as usize];
+            code * self.nested_absmax[block / 256] + self.offset
+        } else {
+            self.absmax[block]
+        };
+        round(
+            spec.weight_dtype,
+            spec.quant_type.dequant_table()[nib as usize] * absmax,
+        )
+    }
+
+    /// The model output, widened to f32 bits after rounding to the dtype.
+    fn model(&self, spec: &Matmul4) -> Vec<u32> {
+        let (outs, len) = match spec.direction {
+            Direction::Forward { .. } => (self.n, self.k),
+            Direction::BackwardInput => (self.k, self.n),
+        };
+        let mut y = Vec::new();
+        for mi in 0..self.m {
+            for o in 0..outs {
+                // 16 partials forward (K_ORDER), 8 backward (DX_ORDER).
+                let w_parts = match spec.direction {
+                    Direction::Forward { .. } => 16,
+                    Direction::BackwardInput => 8,
+                };
+                let mut p = [-0.0f32; 16];
+                for i in 0..len {
+                    let (a, w) = match spec.direction {
+                        Direction::Forward { .. } => {
+                            (self.act[mi * self.k + i], self.w(spec, o, i))
+                        }
+                        Direction::BackwardInput => (self.act[mi * self.n + i], self.w(spec, i, o)),
+                    };
+                    p[i % w_parts] = a.mul_add(w, p[i % w_parts]);
+                }
+                let mut half = w_parts;
+                while half > 1 {
+                    half /= 2;
+                    for j in 0..half {
+                        p[j] += p[j + half];
+                    }
+                }
+                let mut v = p[0];
+                if matches!(spec.direction, Direction::Forward { bias: true }) {
+                    v += self.bias[o];
+                }
+                y.push(round(spec.dtype, v).to_bits());
+            }
+        }
+        y
+    }
+
+    fn args(&self, spec: &Matmul4) -> Vec<OwnedArg> {
+        let outs = match spec.direction {
+            Direction::Forward { .. } => self.n,
+            Direction::BackwardInput => self.k,
+        };
+        let u = |v: usize| OwnedArg::Scalar(Scalar::U32(v as u32));
+        let n_tiles = outs.div_ceil(spec.tile.tn as usize);
+        let mut a = vec![
+            u(self.m),
+            u(self.n),
+            u(self.k),
+            u(self.m.div_ceil(spec.tile.tm as usize) * n_tiles),
+            u(n_tiles),
+        ];
+        if spec.nested {
+            a.push(OwnedArg::Scalar(Scalar::f32(self.offset)));
+        }
+        a.extend([u(self.packed.len()), u(self.absmax.len())]);
+        if spec.nested {
+            a.push(u(self.nested_absmax.len()));
+        }
+        a.push(OwnedArg::Read(bytes(spec.dtype, &self.act)));
+        a.push(OwnedArg::Read(self.packed.clone()));
+        if spec.nested {
+            a.push(OwnedArg::Read(self.qabsmax.clone()));
+            a.push(OwnedArg::Read(bytes(DType::F32, &self.nested_absmax)));
+            a.push(OwnedArg::Read(bytes(
+                DType::F32,
+                &doublequant::NESTED_MAP.code(),
+            )));
+        } else {
+            a.push(OwnedArg::Read(bytes(DType::F32, &self.absmax)));
+        }
+        if matches!(spec.direction, Direction::Forward { bias: true }) {
+            a.push(OwnedArg::Read(bytes(spec.dtype, &self.bias)));
+        }
+        a.push(OwnedArg::Write(vec![
+            0;
+            self.m * outs * spec.dtype.size_bytes()
+        ]));
+        a
+    }
+
+    fn run(&self, spec: &Matmul4) -> Vec<u32> {
+        let kernel = spec.build().unwrap();
+        qforge_ir::verify(&kernel).unwrap();
+        let mut args = self.args(spec);
+        qforge_ir::interp::run(&kernel, &mut OwnedArg::borrow_all(&mut args))
+            .unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
+        match args.last() {
+            Some(OwnedArg::Write(b)) => decode(spec.dtype, b),
+            _ => unreachable!("the output is the last argument"),
+        }
+    }
+}
+
+const DIRECTIONS: [Direction; 3] = [
+    Direction::Forward { bias: false },
+    Direction::Forward { bias: true },
+    Direction::BackwardInput,
+];
+
+#[test]
+fn library_matmul4_matches_the_model_for_every_variant() {
+    let mut seed = 1;
+    for quant_type in QuantType::ALL {
+        for dtype in crate::FLOAT_DTYPES {
+            for nested in [false, true] {
+                for direction in DIRECTIONS {
+                    for (blocksize, m, n, k) in [
+                        (64, 1, 5, 77),
+                        (32, 2, 3, 9),
+                        (128, 7, 4, 130),
+                        (64, 3, 1, 1),
+                    ] {
+                        let spec = Matmul4 {
+                            quant_type,
+                            blocksize,
+                            dtype,
+                            weight_dtype: [DType::F32, DType::F16, DType::BF16][seed as usize % 3],
+                            nested,
+                            direction,
+                            tile: TileConfig { tm: 2, tn: 3 },
+                        };
+                        seed += 1;
+                        let p = Problem::new(&spec, m, n, k, seed);
+                        let got = p.run(&spec);
+                        let want = p.model(&spec);
+                        assert_eq!(got, want, "{} m={m} n={n} k={k}", spec.name());
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn library_matmul4_every_tile_gives_the_same_bits() {
+    for direction in DIRECTIONS {
+        let base = Matmul4 {
+            quant_type: QuantType::Nf4,
+            blocksize: 64,
+            dtype: DType::BF16,
+            weight_dtype: DType::BF16,
+            nested: true,
+            direction,
+            tile: TileConfig { tm: 1, tn: 1 },
+        };
+        let p = Problem::new(&base, 5, 11, 70, 99);
+        let want = p.run(&base);
+        assert_eq!(want, p.model(&base));
+        for (tm, tn) in [(1, 4), (2, 2), (3, 5), (4, 8), (16, 1), (1, 16), (5, 3)] {
+            let spec = Matmul4 {
+                tile: TileConfig { tm, tn },
+                ..base
+            };
+            assert_eq!(p.run(&spec), want, "{}", spec.name());
+        }
+    }
+}
+
+#[test]
+fn library_matmul4_rejects_bad_tiles_and_blocksizes() {
+    let mut spec = Matmul4 {
+        quant_type: QuantType::Fp4,
+        blocksize: 64,
+        dtype: DType::F32,
+        weight_dtype: DType::F32,
+        nested: false,
+        direction: Direction::BackwardInput,
+        tile: TileConfig { tm: 0, tn: 4 },
+    };
+    let e = spec.build().unwrap_err().to_string();
+    assert!(e.contains("tile 0x4"), "{e}");
+    spec.tile = TileConfig { tm: 8, tn: 8 };
+    assert!(spec.build().unwrap_err().to_string().contains("8x8"));
+    spec.tile = TileConfig { tm: 1, tn: 1 };
+    spec.blocksize = 48;
+    assert!(spec.build().unwrap_err().to_string().contains("48"));
+    spec.blocksize = 64;
+    spec.dtype = DType::U8;
+    assert!(spec.build().is_err());
+}

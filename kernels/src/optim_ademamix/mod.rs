@@ -1,0 +1,417 @@
+//! AdEMAMix update kernels (bitsandbytes' `AdEMAMix`, `AdEMAMix8bit`): two EMAs of the gradient
+//! (fast `m1` with `beta1`, slow `m2` with `beta3`) and the second moment `nu`, with 32-bit or
+//! 8-bit blockwise state (`ademamix32_f32`, `ademamix8bit_f32`; `f32` parameters only). The
+//! formulas and their sources are in `docs/optimizers.md`; every operation is one `f32`
+//! operation rounded to nearest even unless it says `fma`.
+//!
+//! Per element with a finite gradient `g`:
+//! * `m1 = fma(m1, beta1, one_minus_beta1 * g)`, `m2 = fma(m2, beta3, one_minus_beta3 * g)`,
+//!   `nu = fma(nu, beta2, (one_minus_beta2 * g) * g)`;
+//! * `p = p * decay` (decoupled weight decay, before the update);
+//! * `p = fma(neg_lr, fma(alpha, m2, m1 / c1) / (sqrt(nu) / c2 + eps), p)`.
+//!
+//! A non-finite `g` sets all three states to `+0.0` and leaves the parameter unchanged.
+//!
+//! 8-bit state: `m1` and `m2` as signed dynamic map codes, `nu` as unsigned dynamic map codes,
+//! each with its own `f32` absmax per block of [`OPTIM_BLOCKSIZE`]; two passes as in
+//! [`crate::adam`].
+//!
+//! Parameters: `(n: u32, n_blocks: u32, beta1, one_minus_beta1, beta2, one_minus_beta2, beta3,
+//! one_minus_beta3, alpha, c1, c2, eps, decay, neg_lr: f32, p: f32[n] readwrite, g: f32[n] read,`
+//! then 32-bit `state1, state2, state3: f32[n] readwrite` (`m1`, `nu`, `m2`) or 8-bit
+//! `state1: u8[n], absmax1: f32[n_blocks], state2: u8[n], absmax2, state3: u8[n], absmax3`
+//! (all readwrite)`)`.
+
+pub(crate) mod host;
+#[cfg(test)]
+mod tests;
+
+use crate::adam::{check_f32_scalars, step_exponent};
+use crate::adam::{state_tables, StateBits, OPTIM_BLOCKSIZE};
+use crate::emit::{block_range, inv_absmax};
+use crate::nearest;
+use crate::BlockwiseMap;
+use qforge_ir::CmpOp;
+use qforge_ir::KernelBuilder;
+use qforge_ir::{Access, Dim, Kernel, ParamId, Value};
+use qforge_ir::{DType, Scalar, ScalarType};
+use qforge_ir::{Error, Result};
+
+/// One AdEMAMix kernel variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AdemamixSpec {
+    /// 32-bit or 8-bit blockwise state.
+    pub state: StateBits,
+    /// Dtype of the parameter and the gradient: only `f32` is supported.
+    pub dtype: DType,
+}
+
+/// AdEMAMix hyperparameters (bitsandbytes' names), in `f64`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdemamixHyper {
+    /// Learning rate.
+    pub lr: f64,
+    /// Fast EMA decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Slow EMA decay (final value when `t_beta3` is set).
+    pub beta3: f64,
+    /// Weight of the slow EMA (final value when `t_alpha` is set).
+    pub alpha: f64,
+    /// Denominator epsilon.
+    pub eps: f64,
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Warm-up steps of `alpha`: `alpha_t = min(t * alpha / t_alpha, alpha)`.
+    pub t_alpha: Option<u32>,
+    /// Warm-up steps of `beta3` (the AdEMAMix paper's scheduler).
+    pub t_beta3: Option<u32>,
+}
+
+impl Default for AdemamixHyper {
+    /// bitsandbytes' defaults: lr 1e-3, betas (0.9, 0.999, 0.9999), alpha 5, eps 1e-8,
+    /// weight decay 1e-2, no schedulers.
+    fn default() -> Self {
+        AdemamixHyper {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            beta3: 0.9999,
+            alpha: 5.0,
+            eps: 1e-8,
+            weight_decay: 1e-2,
+            t_alpha: None,
+            t_beta3: None,
+        }
+    }
+}
+
+/// The `f32` kernel scalars of one step (after `n`, `n_blocks`), derived in `f64`, each rounded
+/// once: `beta1, 1 - beta1, beta2, 1 - beta2, beta3_t, 1 - beta3_t, alpha_t, c1 = 1 - beta1^t,
+/// c2 = sqrt(1 - beta2^t), eps, decay = 1 - lr * wd, neg_lr = -lr`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdemamixScalars(pub [f32; 12]);
+
+impl AdemamixHyper {
+    /// Checks the values: finite, `lr >= 0`, betas in `[0, 1)`, `alpha >= 0`, `eps > 0`,
+    /// `weight_decay >= 0`, schedulers `> 0` when set.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] naming the first bad value.
+    pub fn check(&self) -> Result<()> {
+        let bad = |what: &str, v: f64, need: &str| {
+            Err(Error::Unsupported(format!(
+                "ademamix hyperparameter {what} = {v} is invalid: it must be {need}"
+            )))
+        };
+        for (name, x) in [("lr", self.lr), ("alpha", self.alpha)] {
+            if !(x.is_finite() && x >= 0.0) {
+                return bad(name, x, "finite and >= 0");
+            }
+        }
+        let betas = [
+            ("beta1", self.beta1),
+            ("beta2", self.beta2),
+            ("beta3", self.beta3),
+        ];
+        for (name, x) in betas {
+            if !(0.0..1.0).contains(&x) {
+                return bad(name, x, "in [0, 1)");
+            }
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return bad("eps", self.eps, "finite and > 0");
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad("weight_decay", self.weight_decay, "finite and >= 0");
+        }
+        for (name, t) in [("t_alpha", self.t_alpha), ("t_beta3", self.t_beta3)] {
+            if t == Some(0) {
+                return bad(name, 0.0, "> 0 when set");
+            }
+        }
+        Ok(())
+    }
+
+    /// `(alpha_t, beta3_t)` of step `step` (f64): the alpha warm-up `min(t*alpha/T, alpha)` and
+    /// the beta3 warm-up `min(exp(ln b1 * ln b3 / ((1 - t/T) ln b3 + (t/T) ln b1)), b3)` of the
+    /// AdEMAMix paper.
+    pub fn scheduled(&self, step: u32) -> (f64, f64) {
+        let t = step as f64;
+        let alpha = match self.t_alpha {
+            Some(ta) => (t * self.alpha / ta as f64).min(self.alpha),
+            None => self.alpha,
+        };
+        let beta3 = match self.t_beta3 {
+            Some(tb) if self.beta1 > 0.0 && self.beta3 > 0.0 => {
+                let (l1, l3) = (self.beta1.ln(), self.beta3.ln());
+                let f = t / tb as f64;
+                ((l1 * l3) / ((1.0 - f) * l3 + f * l1))
+                    .exp()
+                    .min(self.beta3)
+            }
+            _ => self.beta3,
+        };
+        (alpha, beta3)
+    }
+
+    /// The kernel scalars of step `step` (1-based).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for step 0 or invalid hyperparameters.
+    pub fn scalars(&self, step: u32) -> Result<AdemamixScalars> {
+        self.check()?;
+        let t = step_exponent(step)?;
+        let (alpha, beta3) = self.scheduled(step);
+        let v = [
+            self.beta1,
+            1.0 - self.beta1,
+            self.beta2,
+            1.0 - self.beta2,
+            beta3,
+            1.0 - beta3,
+            alpha,
+            1.0 - self.beta1.powi(t),
+            (1.0 - self.beta2.powi(t)).sqrt(),
+            self.eps,
+            1.0 - self.lr * self.weight_decay,
+            -self.lr,
+        ];
+        let s = v.map(|x| x as f32);
+        let named: Vec<(&str, f32)> = SCALAR_NAMES.iter().copied().zip(s).collect();
+        check_f32_scalars(&named, &["eps"])?;
+        Ok(AdemamixScalars(s))
+    }
+}
+
+impl AdemamixScalars {
+    /// The scalar arguments after `n` and `n_blocks`.
+    pub fn kernel_args(&self) -> Vec<Scalar> {
+        self.0.iter().map(|x| Scalar::f32(*x)).collect()
+    }
+}
+
+/// The `f32` scalar names, in parameter order.
+const SCALAR_NAMES: [&str; 12] = [
+    "beta1",
+    "one_minus_beta1",
+    "beta2",
+    "one_minus_beta2",
+    "beta3",
+    "one_minus_beta3",
+    "alpha",
+    "c1",
+    "c2",
+    "eps",
+    "decay",
+    "neg_lr",
+];
+
+impl AdemamixSpec {
+    /// `ademamix32_f32` or `ademamix8bit_f32`.
+    pub fn name(&self) -> String {
+        format!("ademamix{}_{}", self.state.name(), self.dtype)
+    }
+
+    /// Builds the kernel (see the module docs).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a parameter dtype other than `f32`.
+    pub fn build(&self) -> Result<Kernel> {
+        if self.dtype != DType::F32 {
+            return Err(Error::Unsupported(format!(
+                "{}: AdEMAMix kernels support f32 parameters only, got {}",
+                self.name(),
+                self.dtype
+            )));
+        }
+        build(self)
+    }
+}
+
+/// `(finite, [m1, nu, m2])` of one element; all `+0.0` for a non-finite `g`.
+fn moments(b: &mut KernelBuilder, h: &[Value], g: Value, old: [Value; 3]) -> (Value, [Value; 3]) {
+    let t1 = b.mul(h[1], g);
+    let m1 = b.fma(old[0], h[0], t1);
+    let t2 = b.mul(h[3], g);
+    let t2 = b.mul(t2, g);
+    let nu = b.fma(old[1], h[2], t2);
+    let t3 = b.mul(h[5], g);
+    let m2 = b.fma(old[2], h[4], t3);
+    let ag = b.abs(g);
+    let inf = b.const_f32(f32::INFINITY);
+    let finite = b.cmp(CmpOp::Lt, ag, inf);
+    let zero = b.const_f32(0.0);
+    let out = [m1, nu, m2].map(|x| b.select(finite, x, zero));
+    (finite, out)
+}
+
+/// The new parameter from the decayed old one and the new moments.
+fn param(b: &mut KernelBuilder, h: &[Value], p: Value, s: [Value; 3]) -> Value {
+    let pd = b.mul(p, h[10]);
+    let a = b.div(s[0], h[7]);
+    let num = b.fma(h[6], s[2], a);
+    let sq = b.sqrt(s[1]);
+    let d = b.div(sq, h[8]);
+    let den = b.add(d, h[9]);
+    let r = b.div(num, den);
+    b.fma(h[11], r, pd)
+}
+
+fn build(spec: &AdemamixSpec) -> Result<Kernel> {
+    let mut b = KernelBuilder::new(&spec.name());
+    let n = b.scalar_param("n", ScalarType::U32);
+    let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
+    let ps: Vec<ParamId> = SCALAR_NAMES
+        .iter()
+        .map(|s| b.scalar_param(s, ScalarType::F32))
+        .collect();
+    let shape = [Dim::Param(n)];
+    let blocks = [Dim::Param(n_blocks)];
+    let p = b.buffer_param("p", DType::F32, &shape, Access::ReadWrite);
+    let g = b.buffer_param("g", DType::F32, &shape, Access::Read);
+    let eight = spec.state == StateBits::Bits8;
+    let sdt = if eight { DType::U8 } else { DType::F32 };
+    let mut st = Vec::new();
+    let mut am = Vec::new();
+    for k in 1..=3 {
+        st.push(b.buffer_param(&format!("state{k}"), sdt, &shape, Access::ReadWrite));
+        if eight {
+            let a = b.buffer_param(
+                &format!("absmax{k}"),
+                DType::F32,
+                &blocks,
+                Access::ReadWrite,
+            );
+            am.push(a);
+        }
+    }
+    b.set_grid(Dim::Param(n_blocks));
+    let h: Vec<Value> = ps.iter().map(|x| b.param(*x)).collect();
+    let block = b.work_item();
+    let nv = b.param(n);
+    let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);
+    if !eight {
+        b.for_range(start, end, 1, |b, e| {
+            let gv = b.load(g, e);
+            let old = [0, 1, 2].map(|k| b.load(st[k], e));
+            let (finite, s) = moments(b, &h, gv, old);
+            for k in 0..3 {
+                b.store(st[k], e, s[k]);
+            }
+            // Straight-line: a non-finite gradient keeps the old parameter.
+            let pv = b.load(p, e);
+            let stepped = param(b, &h, pv, s);
+            let out = b.select(finite, stepped, pv);
+            b.store(p, e, out);
+        });
+        return Ok(b.finish());
+    }
+    // m1 and m2 on the signed map, nu on the unsigned one.
+    let signed = state_tables(&mut b, BlockwiseMap::Dynamic, "1")?;
+    let unsigned = state_tables(&mut b, BlockwiseMap::DynamicUnsigned, "2")?;
+    let tables = [&signed, &unsigned, &signed];
+    let old_a: Vec<Value> = am.iter().map(|a| b.load(*a, block)).collect();
+    let update = |b: &mut KernelBuilder, e: Value| -> (Value, Value, [Value; 3]) {
+        let gv = b.load(g, e);
+        let old = [0, 1, 2].map(|k| {
+            let q = b.load(st[k], e);
+            let c = b.lookup(tables[k].code, q);
+            b.mul(c, old_a[k])
+        });
+        let (finite, s) = moments(b, &h, gv, old);
+        (gv, finite, s)
+    };
+    let accs = [1, 2, 3].map(|k| b.var(&format!("absmax{k}_acc"), ScalarType::F32));
+    // Pass 1: the new absmax of each state.
+    b.for_range(start, end, 1, |b, e| {
+        let (_, _, s) = update(b, e);
+        for k in 0..3 {
+            let a = b.abs(s[k]);
+            let cur = b.read_var(accs[k]);
+            let mx = b.max(cur, a);
+            b.assign(accs[k], mx);
+        }
+    });
+    let mut inv = Vec::new();
+    for k in 0..3 {
+        let a = b.read_var(accs[k]);
+        b.store(am[k], block, a);
+        inv.push(inv_absmax(&mut b, a));
+    }
+    // Pass 2 (straight-line): the same states again, the parameter (unchanged where the
+    // gradient is not finite) and the requantized states.
+    b.for_range(start, end, 1, |b, e| {
+        let (_, finite, s) = update(b, e);
+        let pv = b.load(p, e);
+        let stepped = param(b, &h, pv, s);
+        let out = b.select(finite, stepped, pv);
+        b.store(p, e, out);
+        for k in 0..3 {
+            let sc = b.mul(s[k], inv[k]);
+            let q = nearest::emit_code(b, sc, &tables[k].nearest);
+            b.store(st[k], e, q);
+        }
+    });
+    Ok(b.finish())
+}
+
+/// [`crate::KernelSpec::example_args`] of an AdEMAMix kernel on `values` (`n >= 1`):
+/// parameter `values`; gradient `values` rotated by one with NaN at the last element (n >= 2)
+/// and `+inf` at the middle one (n >= 3); 32-bit state `m1 = v/2`, `nu = |v|`, `m2 = v/4`;
+/// 8-bit codes mixed from the values with absmax the NaN-ignoring `max |x|` of each block;
+/// default hyperparameters with both schedulers, step 3.
+pub(crate) fn example_args(
+    spec: &AdemamixSpec,
+    values: &[f32],
+    mix: impl Fn(usize, f32) -> u32,
+    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
+) -> Result<Vec<qforge_ir::OwnedArg>> {
+    use qforge_ir::OwnedArg;
+    let n = values.len();
+    let bs = OPTIM_BLOCKSIZE as usize;
+    let grad = crate::adam::example_grad(values);
+    let hyper = AdemamixHyper {
+        t_alpha: Some(10),
+        t_beta3: Some(10),
+        ..AdemamixHyper::default()
+    };
+    let mut args = vec![
+        OwnedArg::Scalar(Scalar::U32(n as u32)),
+        OwnedArg::Scalar(Scalar::U32(n.div_ceil(bs) as u32)),
+    ];
+    args.extend(
+        hyper
+            .scalars(3)?
+            .kernel_args()
+            .into_iter()
+            .map(OwnedArg::Scalar),
+    );
+    args.push(OwnedArg::Write(float_bytes(spec.dtype, values)));
+    args.push(OwnedArg::Read(float_bytes(spec.dtype, &grad)));
+    match spec.state {
+        StateBits::Bits32 => {
+            for f in [0.5f32, -1.0, 0.25] {
+                let s: Vec<f32> = values
+                    .iter()
+                    .map(|v| if f < 0.0 { v.abs() } else { v * f })
+                    .collect();
+                args.push(OwnedArg::Write(float_bytes(DType::F32, &s)));
+            }
+        }
+        StateBits::Bits8 => {
+            let absmax = crate::adam::example_absmax(values);
+            for salt in [0usize, 7919, 104_729] {
+                let codes: Vec<u8> = values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| mix(i + salt, *v) as u8)
+                    .collect();
+                args.push(OwnedArg::Write(codes));
+                args.push(OwnedArg::Write(float_bytes(DType::F32, &absmax)));
+            }
+        }
+    }
+    Ok(args)
+}

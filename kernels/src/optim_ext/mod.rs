@@ -1,0 +1,265 @@
+//! bitsandbytes' per-step gradient options of the optimizer updates, as `_gs` kernel variants
+//! (`adamw32_f32_gs`, `adam8bit_bf16_gs`, `lion8bit_f32_gs`, ...), and the gradient-norm kernel
+//! of percentile clipping (`grad_sqnorm_{dtype}`). The formulas and their sources are in
+//! `docs/optimizers.md`, section "Gradient options".
+//!
+//! A `_gs` variant is the plain kernel ([`OptimSpec`] / [`Optim1Spec`]) with extra scalars after
+//! the others (before the buffers): `gnorm_scale: f32` (percentile clipping's scale; every use
+//! of the gradient `g` becomes `gs = g * gnorm_scale`, one rounding, as bitsandbytes' kernels
+//! multiply first) and, except for the 8-bit Adam / AdamW kernels (bitsandbytes' blockwise
+//! two-state kernel ignores `skip_zeros`), `skip_zeros: u32` (non-zero: on). With
+//! `gnorm_scale = 1` and `skip_zeros = 0` a variant equals its plain kernel bit for bit.
+//!
+//! `skip_zeros` follows bitsandbytes' CUDA kernels (`kOptimizer32bit2State`,
+//! `kOptimizer32bit1State`, `kOptimizerStatic8bit1StateBlockwise`); a skipped element keeps its
+//! parameter (no weight decay either) and its state, selected (no branch), so the loops stay
+//! straight-line:
+//! * 32-bit Adam / AdamW: skipped when `gs == 0` (`+0` or `-0`);
+//! * 32-bit one-state rules: skipped when `gw == 0`, `gw` the scaled gradient after coupled
+//!   weight decay (`fma(p, weight_decay, gs)` for SGD, RMSprop, Adagrad; `gs` for Lion);
+//! * 8-bit one-state rules: skipped when the raw `g == 0`; the element's state keeps its
+//!   dequantized value `code * old_absmax`, takes part in the block's new absmax and is
+//!   requantized with the new absmax like every other element (so its code stays the same when
+//!   the absmax does not change, and follows the new absmax when it does). bitsandbytes leaves
+//!   that register unset on this path; the dequantized value is what its load intends.
+//!
+//! RMSprop's and Adagrad's 8-bit update numerator is the raw gradient, unscaled, as in
+//! bitsandbytes' 8-bit kernel (which reloads `g_vals[j]` for it); their state uses `gs`.
+//!
+//! The update-norm kernels have `_gs` variants too ([`OptimExtSpec::Norm`],
+//! [`OptimExtSpec::Norm8`], [`OptimExtSpec::Norm1Gs`]; built by their own builders with a flag,
+//! see [`crate::optim_norm`], [`crate::optim_norm8`],
+//! [`crate::optim_norm1`]): `gnorm_scale` reaches the norm partials and the update
+//! alike, `skip_zeros` only the updates that take it ([`OptimExtSpec::takes_skip_zeros`]).
+//!
+//! `grad_sqnorm_{dtype}` `(n: u32, n_blocks: u32, g: dtype[n] read, gnorm_part: f32[n_blocks]
+//! write)`: one work item per block of [`OPTIM_BLOCKSIZE`] elements stores the block's
+//! `sum g^2` in LAMB's order ([`NORM_ORDER`]: element `i` into partial `i % 8` with
+//! `fma(g, g, partial)`, partials from `-0.0`, then the halving tree). The host sums the partials
+//! in block order from `-0.0` (as `optim_norm_scale` does) to the squared norm.
+
+pub(crate) mod host;
+#[cfg(test)]
+mod tests;
+
+use crate::adam::{OptimSpec, StateBits, OPTIM_BLOCKSIZE};
+use crate::check_float_dtype;
+use crate::emit::{block_range, range_len};
+use crate::optim1::{Optim1Algo, Optim1Hyper, Optim1Spec};
+use crate::optim_norm::{NormRule, OptimNormSpec, NORM_ORDER};
+use crate::optim_norm8::OptimNorm8Spec;
+use qforge_ir::KernelBuilder;
+use qforge_ir::OwnedArg;
+use qforge_ir::Result;
+use qforge_ir::{Access, Dim, Kernel};
+use qforge_ir::{DType, Scalar, ScalarType};
+
+/// A `_gs` kernel variant or the gradient-norm kernel (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OptimExtSpec {
+    /// Adam / AdamW with `gnorm_scale` (and `skip_zeros` for 32-bit state).
+    Adam(OptimSpec),
+    /// A one-state rule with `gnorm_scale` and `skip_zeros`.
+    One(Optim1Spec),
+    /// `grad_sqnorm_{dtype}`: per-block partial sums of `g^2`.
+    GradNorm(DType),
+    /// `{algo}_norm_f32`: `max_unorm`'s update-norm partials of 32-bit RMSprop or Adagrad
+    /// ([`crate::optim_norm1`]).
+    Norm1(Optim1Algo),
+    /// `{algo}_norm_f32_gs`: [`OptimExtSpec::Norm1`] with `gnorm_scale`.
+    Norm1Gs(Optim1Algo),
+    /// `{kernel}_gs` of a 32-bit LAMB / LARS partials or update kernel
+    /// ([`crate::optim_norm`]): `gnorm_scale`, and `skip_zeros` for the update kernels.
+    /// Not for [`OptimNormSpec::Scale`] (it reads no gradient).
+    Norm(OptimNormSpec),
+    /// `{kernel}_gs` of an 8-bit LAMB / LARS partials or update kernel
+    /// ([`crate::optim_norm8`]): `gnorm_scale`, and `skip_zeros` for `lars8bit_f32`.
+    Norm8(OptimNorm8Spec),
+}
+
+impl OptimExtSpec {
+    /// The kernel name: the plain kernel's name with `_gs`, or `grad_sqnorm_{dtype}`.
+    pub fn name(&self) -> String {
+        match self {
+            OptimExtSpec::Adam(s) => format!("{}_gs", s.name()),
+            OptimExtSpec::One(s) => format!("{}_gs", s.name()),
+            OptimExtSpec::GradNorm(d) => format!("grad_sqnorm_{d}"),
+            OptimExtSpec::Norm1(a) => crate::optim_norm1::name(*a),
+            OptimExtSpec::Norm1Gs(a) => format!("{}_gs", crate::optim_norm1::name(*a)),
+            OptimExtSpec::Norm(s) => format!("{}_gs", s.name()),
+            OptimExtSpec::Norm8(s) => format!("{}_gs", s.name()),
+        }
+    }
+
+    /// The parameter and gradient dtype.
+    pub fn dtype(&self) -> DType {
+        match self {
+            OptimExtSpec::Adam(s) => s.dtype,
+            OptimExtSpec::One(s) => s.dtype,
+            OptimExtSpec::GradNorm(d) => *d,
+            OptimExtSpec::Norm1(_) | OptimExtSpec::Norm1Gs(_) => DType::F32,
+            OptimExtSpec::Norm(s) => match *s {
+                OptimNormSpec::Partials { dtype, .. } | OptimNormSpec::Update { dtype, .. } => {
+                    dtype
+                }
+                OptimNormSpec::Scale => DType::F32,
+            },
+            OptimExtSpec::Norm8(s) => s.rule_dtype().1,
+        }
+    }
+
+    /// Whether the variant takes `skip_zeros`: the 32-bit Adam / AdamW and every one-state
+    /// update, the 32-bit LAMB / LARS updates and the 8-bit LARS update; not the 8-bit Adam /
+    /// AdamW / LAMB updates (bitsandbytes' blockwise two-state kernel ignores it) and no norm
+    /// kernel (bitsandbytes' precondition kernels take none).
+    pub fn takes_skip_zeros(&self) -> bool {
+        match self {
+            OptimExtSpec::Adam(s) => s.state == StateBits::Bits32,
+            OptimExtSpec::One(_) => true,
+            OptimExtSpec::Norm(s) => matches!(s, OptimNormSpec::Update { .. }),
+            OptimExtSpec::Norm8(s) => matches!(
+                s,
+                OptimNorm8Spec::Update {
+                    rule: NormRule::Lars,
+                    ..
+                }
+            ),
+            OptimExtSpec::GradNorm(_) | OptimExtSpec::Norm1(_) | OptimExtSpec::Norm1Gs(_) => false,
+        }
+    }
+
+    /// The extra scalar arguments of a `_gs` variant, in parameter order (after the plain
+    /// kernel's scalars): `gnorm_scale`, then `skip_zeros` (0 or 1) where taken. Empty for
+    /// `grad_sqnorm_*` and `{algo}_norm_f32` (no `_gs` suffix).
+    pub fn ext_args(&self, gnorm_scale: f32, skip_zeros: bool) -> Vec<Scalar> {
+        if matches!(self, OptimExtSpec::GradNorm(_) | OptimExtSpec::Norm1(_)) {
+            return Vec::new();
+        }
+        let mut out = vec![Scalar::f32(gnorm_scale)];
+        if self.takes_skip_zeros() {
+            out.push(Scalar::U32(u32::from(skip_zeros)));
+        }
+        out
+    }
+
+    /// Builds the kernel.
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] for a dtype the plain kernel does not take (f32, f16,
+    /// bf16 for Adam / AdamW / LAMB and the norm; f32 for the one-state rules and LARS), a
+    /// rule without a norm kernel (Lion, SGD for `Norm1*`), and `OptimNormSpec::Scale`.
+    pub fn build(&self) -> Result<Kernel> {
+        match self {
+            OptimExtSpec::Adam(s) => s.build_ext(&self.name()),
+            OptimExtSpec::One(s) => s.build_ext(&self.name()),
+            OptimExtSpec::GradNorm(d) => build_grad_norm(&self.name(), *d),
+            OptimExtSpec::Norm1(a) => crate::optim_norm1::build(*a, false),
+            OptimExtSpec::Norm1Gs(a) => crate::optim_norm1::build(*a, true),
+            OptimExtSpec::Norm(s) => s.build_gs(&self.name()),
+            OptimExtSpec::Norm8(s) => s.build_gs(&self.name()),
+        }
+    }
+}
+
+fn build_grad_norm(name: &str, dtype: DType) -> Result<Kernel> {
+    check_float_dtype(dtype)?;
+    let mut b = KernelBuilder::new(name);
+    let n = b.scalar_param("n", ScalarType::U32);
+    let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
+    let g = b.buffer_param("g", dtype, &[Dim::Param(n)], Access::Read);
+    let out = b.buffer_param(
+        "gnorm_part",
+        DType::F32,
+        &[Dim::Param(n_blocks)],
+        Access::Write,
+    );
+    b.set_grid(Dim::Param(n_blocks));
+    let block = b.work_item();
+    let nv = b.param(n);
+    let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);
+    let len = range_len(&mut b, start, end);
+    let acc = b.var("gnorm_acc", ScalarType::F32);
+    b.accumulate(len, NORM_ORDER, &[acc], |b, i| {
+        let e = b.add(start, i);
+        let gv = b.load(g, e);
+        vec![(gv, gv)]
+    });
+    let s = b.read_var(acc);
+    b.store(out, block, s);
+    Ok(b.finish())
+}
+
+/// The `gnorm_scale` of the catalog's example arguments (exercises the scaling).
+const EXAMPLE_GNORM_SCALE: f32 = 0.75;
+
+/// [`crate::KernelSpec::example_args`] of a `_gs` variant: the plain kernel's example
+/// arguments ([`crate::adam::example_args`], [`crate::optim1`]'s) with
+/// `gnorm_scale = 0.75` and `skip_zeros = 1` inserted after its scalars (the example values
+/// contain zeros, so skipped elements occur). The norm kernel takes the gradient `values`.
+pub(crate) fn example_args(
+    spec: &OptimExtSpec,
+    values: &[f32],
+    mix: impl Fn(usize, f32) -> u32,
+    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
+) -> Result<Vec<OwnedArg>> {
+    let mut args = match spec {
+        OptimExtSpec::Adam(s) => crate::adam::example_args(s, values, mix, float_bytes)?,
+        OptimExtSpec::One(s) => crate::optim1::example_args(s, values, mix, float_bytes)?,
+        OptimExtSpec::GradNorm(d) => {
+            let n = values.len();
+            let blocks = n.div_ceil(OPTIM_BLOCKSIZE as usize);
+            return Ok(vec![
+                OwnedArg::Scalar(Scalar::U32(n as u32)),
+                OwnedArg::Scalar(Scalar::U32(blocks as u32)),
+                OwnedArg::Read(float_bytes(*d, values)),
+                OwnedArg::Write(vec![0; 4 * blocks]),
+            ]);
+        }
+        OptimExtSpec::Norm1(a) => return norm1_example_args(*a, values, float_bytes),
+        OptimExtSpec::Norm1Gs(a) => norm1_example_args(*a, values, float_bytes)?,
+        OptimExtSpec::Norm(s) => crate::optim_norm::example_args(s, values, float_bytes)?,
+        OptimExtSpec::Norm8(s) => crate::optim_norm8::example_args(s, values, mix, float_bytes)?,
+    };
+    let at = args
+        .iter()
+        .position(|a| !matches!(a, OwnedArg::Scalar(_)))
+        .unwrap_or(args.len());
+    let extra = spec.ext_args(EXAMPLE_GNORM_SCALE, true);
+    args.splice(at..at, extra.into_iter().map(OwnedArg::Scalar));
+    Ok(args)
+}
+
+/// The example arguments of `{algo}_norm_f32`: parameter `values`, the optimizers' example
+/// gradient (NaN, inf), state `|values| * 0.5`, weight decay 0.01 at step 3.
+fn norm1_example_args(
+    algo: Optim1Algo,
+    values: &[f32],
+    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
+) -> Result<Vec<OwnedArg>> {
+    let n = values.len();
+    let blocks = n.div_ceil(OPTIM_BLOCKSIZE as usize);
+    let h = Optim1Hyper {
+        weight_decay: 0.01,
+        ..Optim1Hyper::defaults(algo)
+    };
+    let s = h.scalars(algo, 3)?;
+    let mut args = vec![
+        OwnedArg::Scalar(Scalar::U32(n as u32)),
+        OwnedArg::Scalar(Scalar::U32(blocks as u32)),
+    ];
+    args.extend(
+        crate::optim_norm1::partials_args(&s)
+            .into_iter()
+            .map(OwnedArg::Scalar),
+    );
+    let grad = crate::adam::example_grad(values);
+    let state: Vec<f32> = values.iter().map(|v| v.abs() * 0.5).collect();
+    args.extend([
+        OwnedArg::Read(float_bytes(DType::F32, values)),
+        OwnedArg::Read(float_bytes(DType::F32, &grad)),
+        OwnedArg::Read(float_bytes(DType::F32, &state)),
+        OwnedArg::Write(vec![0; 4 * blocks]),
+        OwnedArg::Write(vec![0; 4 * blocks]),
+    ]);
+    Ok(args)
+}

@@ -1,0 +1,351 @@
+//! Update-norm (trust-ratio) optimizers with 8-bit blockwise state: 8-bit LAMB and LARS. The
+//! state is qforge's 8-bit optimizer state exactly as the 8-bit AdamW / SGD-momentum kernels
+//! keep it (blocks of [`OPTIM_BLOCKSIZE`] elements; `state1` codes of the signed dynamic map,
+//! `state2` codes of the unsigned dynamic map, one `f32` absmax per block and state), and the
+//! trust ratio is the one of the 32-bit LAMB / LARS kernels ([`crate::optim_norm`]).
+//! bitsandbytes' `LAMB8bit` / `LARS8bit` use its non-blockwise 8-bit path instead (one absmax
+//! per tensor); the states are not interchangeable. Formulas: `docs/optimizers.md`, section
+//! "8-bit LAMB and LARS".
+//!
+//! A step is three kernels, as for 32-bit state:
+//! 1. `lamb8_norm_{dtype}` / `lars8_norm_f32` ([`OptimNorm8Spec::Partials`]): the per-block
+//!    partial sums of `lamb_norm_*` / `lars_norm_f32` (order `Strided(8)`), with the old
+//!    moments decoded from the 8-bit state exactly as the 8-bit update decodes them
+//!    (`code[q] * absmax[block]`, the absmax loaded once per work item), so the moments in `u`
+//!    are bit-identical to the ones the update computes. LAMB:
+//!    `u = (m * inv_c1) / (sqrt(v * inv_c2) + eps)`; LARS: `u = first ? g : fma(s_old, momentum, g)`;
+//!    `u = +0.0` for a non-finite gradient.
+//! 2. `optim_norm_scale` (shared with 32-bit state).
+//! 3. `lamb8bit_{dtype}` / `lars8bit_f32` ([`OptimNorm8Spec::Update`]): the `adamw8bit_{dtype}` /
+//!    `sgd8bit_f32` kernel with one more buffer `scale: f32[1] read` after the others, and the
+//!    step multiplied by `scale[0]` where the 32-bit LAMB / LARS kernels multiply it (once per
+//!    work item: `ss = scale * step_size` resp. `nls = neg_lr * scale`); with `scale = 1` they
+//!    equal `adamw8bit_{dtype}` / `sgd8bit_f32` bit for bit. A non-finite gradient element
+//!    zeroes its state and leaves its parameter unchanged, as in every 8-bit kernel.
+//!
+//! Parameter order:
+//! * `lamb8_norm_{dtype}`: `(n: u32, n_blocks: u32, beta1, one_minus_beta1, beta2,
+//!   one_minus_beta2, inv_c1, inv_c2, eps: f32, p: dtype[n] read, g: dtype[n] read,
+//!   state1: u8[n] read, absmax1: f32[n_blocks] read, state2: u8[n] read,
+//!   absmax2: f32[n_blocks] read, unorm_part: f32[n_blocks] write,
+//!   pnorm_part: f32[n_blocks] write)`; scalars [`crate::LambScalars::partials_args`].
+//! * `lars8_norm_f32`: `(n: u32, n_blocks: u32, first: u32, momentum: f32, p: f32[n] read,
+//!   g: f32[n] read, state1: u8[n] read, absmax1: f32[n_blocks] read,
+//!   unorm_part: f32[n_blocks] write, pnorm_part: f32[n_blocks] write)`; scalars
+//!   [`crate::LarsScalars::partials_args`].
+//! * `lamb8bit_{dtype}`: `adamw8bit_{dtype}`'s parameters (`n, n_blocks, beta1,
+//!   one_minus_beta1, beta2, one_minus_beta2, decay, step_size, c2, eps, p, g, state1, absmax1,
+//!   state2, absmax2`), then `scale: f32[1] read`; scalars [`LambHyper::update8_args`].
+//! * `lars8bit_f32`: `sgd8bit_f32`'s parameters (`n, n_blocks, first, beta1, one_minus_beta1,
+//!   beta2, one_minus_beta2, weight_decay, decay, eps, lr, neg_lr, p, g, state1, absmax1`), then
+//!   `scale: f32[1] read`; scalars [`LarsHyper::update8_args`].
+//!
+//! Percentile clipping: the `_gs` variants ([`crate::OptimExtSpec::Norm8`], built here
+//! with a flag) take `gnorm_scale: f32` after the other scalars and use `g * gnorm_scale` for
+//! every `g`; `lars8bit_f32_gs` also takes `skip_zeros: u32` with `sgd8bit_f32_gs`'s semantics
+//! (raw `g == 0`), `lamb8bit_*_gs` none (as `adamw8bit_*_gs`), the partials none.
+
+pub(crate) mod host;
+#[cfg(test)]
+mod tests;
+
+use crate::adam::{example_absmax, example_grad};
+use crate::adam::{AdamScalars, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
+use crate::optim1::{Optim1Algo, Optim1Hyper, Optim1Spec};
+use crate::optim_norm::{declare, emit_partials, partial_outputs, LAMB_NORM_SCALARS};
+use crate::optim_norm::{declare_gs, scaled_grad};
+use crate::optim_norm::{lamb_norm_update, lars_norm_update, EXAMPLE_SCALE};
+use crate::optim_norm::{LambHyper, LarsHyper, NormRule, EXAMPLE_STEP};
+use crate::{check_float_dtype, BlockwiseMap};
+use qforge_ir::KernelBuilder;
+use qforge_ir::OwnedArg;
+use qforge_ir::{Access, Dim, Kernel, Value};
+use qforge_ir::{DType, Scalar};
+use qforge_ir::{Error, Result};
+
+/// One kernel of the 8-bit update-norm optimizers (the scale kernel is
+/// [`crate::OptimNormSpec::Scale`], shared with 32-bit state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OptimNorm8Spec {
+    /// Per-block partial sums of the squared update and the squared parameter, from 8-bit
+    /// state.
+    Partials {
+        /// LAMB or LARS.
+        rule: NormRule,
+        /// Parameter and gradient dtype.
+        dtype: DType,
+    },
+    /// The scaled 8-bit update.
+    Update {
+        /// LAMB or LARS.
+        rule: NormRule,
+        /// Parameter and gradient dtype.
+        dtype: DType,
+    },
+}
+
+impl OptimNorm8Spec {
+    /// The kernel name: `lamb8_norm_f32`, `lars8_norm_f32`, `lamb8bit_bf16`, `lars8bit_f32`, ...
+    pub fn name(&self) -> String {
+        match *self {
+            OptimNorm8Spec::Partials { rule, dtype } => format!("{}8_norm_{dtype}", rule.name()),
+            OptimNorm8Spec::Update { rule, dtype } => format!("{}8bit_{dtype}", rule.name()),
+        }
+    }
+
+    /// The rule and the parameter dtype.
+    pub fn rule_dtype(&self) -> (NormRule, DType) {
+        match *self {
+            OptimNorm8Spec::Partials { rule, dtype } | OptimNorm8Spec::Update { rule, dtype } => {
+                (rule, dtype)
+            }
+        }
+    }
+
+    /// Builds the kernel (see the module docs).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a dtype the rule does not take ([`NormRule::param_dtypes`]).
+    pub fn build(&self) -> Result<Kernel> {
+        self.build_with(&self.name(), false)
+    }
+
+    /// Builds the `_gs` variant named `name` ([`crate::optim_ext`]): the same kernel
+    /// with `gnorm_scale: f32` after the other scalars (`lars8bit_f32_gs` also `skip_zeros: u32`,
+    /// as `sgd8bit_f32_gs`); every use of `g` becomes `g * gnorm_scale`.
+    ///
+    /// # Errors
+    /// As [`OptimNorm8Spec::build`].
+    pub(crate) fn build_gs(&self, name: &str) -> Result<Kernel> {
+        self.build_with(name, true)
+    }
+
+    fn build_with(&self, name: &str, gs: bool) -> Result<Kernel> {
+        let (rule, dtype) = self.rule_dtype();
+        check_float_dtype(dtype)?;
+        if !rule.param_dtypes().contains(&dtype) {
+            return Err(Error::Unsupported(format!(
+                "{}: {} kernels support f32 parameters only, got {dtype}",
+                self.name(),
+                rule.name()
+            )));
+        }
+        match (*self, rule) {
+            (OptimNorm8Spec::Partials { .. }, NormRule::Lamb) => {
+                Ok(build_lamb8_partials(name, dtype, gs))
+            }
+            (OptimNorm8Spec::Partials { .. }, NormRule::Lars) => Ok(build_lars8_partials(name, gs)),
+            (OptimNorm8Spec::Update { .. }, NormRule::Lamb) => {
+                adamw8_spec(dtype).build_scaled(name, gs)
+            }
+            (OptimNorm8Spec::Update { .. }, NormRule::Lars) => sgd8_spec().build_scaled(name, gs),
+        }
+    }
+}
+
+/// `adamw8bit_{dtype}`: the kernel `lamb8bit_{dtype}` scales.
+fn adamw8_spec(dtype: DType) -> OptimSpec {
+    OptimSpec {
+        algo: OptimAlgo::AdamW,
+        state: StateBits::Bits8,
+        dtype,
+    }
+}
+
+/// `sgd8bit_f32`: the kernel `lars8bit_f32` scales.
+fn sgd8_spec() -> Optim1Spec {
+    Optim1Spec {
+        algo: Optim1Algo::Sgd,
+        state: StateBits::Bits8,
+        dtype: DType::F32,
+    }
+}
+
+impl LambHyper {
+    /// The `f32` scalars of `lamb8bit_*` after `n`, `n_blocks` for step `step` (1-based): those
+    /// of `adamw8bit_*` ([`AdamScalars::kernel_args`]) for [`LambHyper::adam`].
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for step 0 or invalid hyperparameters ([`LambHyper::check`]).
+    pub fn update8_args(&self, step: u32) -> Result<Vec<Scalar>> {
+        self.check()?;
+        let spec = adamw8_spec(DType::F32);
+        let s: AdamScalars = self.adam().scalars(&spec, step)?;
+        Ok(s.kernel_args(&spec))
+    }
+}
+
+impl LarsHyper {
+    /// The SGD-with-momentum hyperparameters of the update: `lr`, `beta1 = momentum`,
+    /// `weight_decay` (coupled), `beta2 = eps = 0` (unused by SGD).
+    pub fn sgd(&self) -> Optim1Hyper {
+        Optim1Hyper {
+            lr: self.lr,
+            beta1: self.momentum,
+            beta2: 0.0,
+            eps: 0.0,
+            weight_decay: self.weight_decay,
+        }
+    }
+
+    /// The scalars of `lars8bit_f32` after `n`, `n_blocks` for step `step` (1-based): those of
+    /// `sgd8bit_f32` ([`crate::Optim1Scalars::kernel_args`]) for [`LarsHyper::sgd`].
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for step 0 or invalid hyperparameters ([`LarsHyper::check`]).
+    pub fn update8_args(&self, step: u32) -> Result<Vec<Scalar>> {
+        self.check()?;
+        Ok(self.sgd().scalars(Optim1Algo::Sgd, step)?.kernel_args())
+    }
+}
+
+/// `code[state[e]] * absmax` (the 8-bit kernels' decode).
+fn decode(
+    b: &mut KernelBuilder,
+    code: qforge_ir::TableId,
+    state: qforge_ir::ParamId,
+    absmax: Value,
+    e: Value,
+) -> Value {
+    let q = b.load(state, e);
+    let c = b.lookup(code, q);
+    b.mul(c, absmax)
+}
+
+fn build_lamb8_partials(name: &str, dtype: DType, gs: bool) -> Kernel {
+    let mut b = KernelBuilder::new(name);
+    let (n, n_blocks, ps) = declare(&mut b, &[], &LAMB_NORM_SCALARS);
+    let gsp = declare_gs(&mut b, gs);
+    let shape = [Dim::Param(n)];
+    let blocks = [Dim::Param(n_blocks)];
+    let p = b.buffer_param("p", dtype, &shape, Access::Read);
+    let g = b.buffer_param("g", dtype, &shape, Access::Read);
+    let s1 = b.buffer_param("state1", DType::U8, &shape, Access::Read);
+    let a1 = b.buffer_param("absmax1", DType::F32, &blocks, Access::Read);
+    let s2 = b.buffer_param("state2", DType::U8, &shape, Access::Read);
+    let a2 = b.buffer_param("absmax2", DType::F32, &blocks, Access::Read);
+    let outs = partial_outputs(&mut b, n_blocks);
+    b.set_grid(Dim::Param(n_blocks));
+    let code1 = b.table_f32("code1", &BlockwiseMap::Dynamic.code());
+    let code2 = b.table_f32("code2", &BlockwiseMap::DynamicUnsigned.code());
+    let s: Vec<Value> = ps.iter().map(|q| b.param(*q)).collect();
+    let gsv = gsp.map(|q| b.param(q));
+    let block = b.work_item();
+    let old_a1 = b.load(a1, block);
+    let old_a2 = b.load(a2, block);
+    emit_partials(&mut b, n, p, outs, |b, e| {
+        let graw = b.load(g, e);
+        let gv = scaled_grad(b, gsv, graw);
+        let m_old = decode(b, code1, s1, old_a1, e);
+        let v_old = decode(b, code2, s2, old_a2, e);
+        lamb_norm_update(b, &s, gv, m_old, v_old)
+    });
+    b.finish()
+}
+
+fn build_lars8_partials(name: &str, gs: bool) -> Kernel {
+    let mut b = KernelBuilder::new(name);
+    let (n, n_blocks, ps) = declare(&mut b, &["first"], &["momentum"]);
+    let gsp = declare_gs(&mut b, gs);
+    let shape = [Dim::Param(n)];
+    let p = b.buffer_param("p", DType::F32, &shape, Access::Read);
+    let g = b.buffer_param("g", DType::F32, &shape, Access::Read);
+    let s1 = b.buffer_param("state1", DType::U8, &shape, Access::Read);
+    let a1 = b.buffer_param("absmax1", DType::F32, &[Dim::Param(n_blocks)], Access::Read);
+    let outs = partial_outputs(&mut b, n_blocks);
+    b.set_grid(Dim::Param(n_blocks));
+    let code1 = b.table_f32("code1", &BlockwiseMap::Dynamic.code());
+    let first = b.param(ps[0]);
+    let mom = b.param(ps[1]);
+    let gsv = gsp.map(|q| b.param(q));
+    let block = b.work_item();
+    let old_a1 = b.load(a1, block);
+    emit_partials(&mut b, n, p, outs, |b, e| {
+        let graw = b.load(g, e);
+        let gv = scaled_grad(b, gsv, graw);
+        let s_old = decode(b, code1, s1, old_a1, e);
+        lars_norm_update(b, first, mom, gv, s_old)
+    });
+    b.finish()
+}
+
+/// The 8-bit LAMB / LARS kernels of the catalog: LAMB's partials and update on every float
+/// dtype, LARS's on `f32`.
+pub(crate) fn catalog() -> Vec<OptimNorm8Spec> {
+    let mut out = Vec::new();
+    for rule in NormRule::ALL {
+        for &dtype in rule.param_dtypes() {
+            out.push(OptimNorm8Spec::Partials { rule, dtype });
+            out.push(OptimNorm8Spec::Update { rule, dtype });
+        }
+    }
+    out
+}
+
+/// [`crate::KernelSpec::example_args`] of an 8-bit update-norm kernel on `values`
+/// (`n >= 1`), as the 8-bit AdamW / SGD kernels' ([`crate::adam`]): parameter
+/// `values`; gradient `values` rotated by one with NaN at the last element (n >= 2) and `+inf`
+/// at the middle one (n >= 3); codes mixed from the values, `absmax1` the NaN-ignoring
+/// `max |x|` of each block of the values and `absmax2` its square; weight decay 0.01 at step 3;
+/// the update kernels read `scale = 0.375`.
+pub(crate) fn example_args(
+    spec: &OptimNorm8Spec,
+    values: &[f32],
+    mix: impl Fn(usize, f32) -> u32,
+    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
+) -> Result<Vec<OwnedArg>> {
+    let n = values.len();
+    let n_blocks = n.div_ceil(OPTIM_BLOCKSIZE as usize);
+    let (rule, dtype) = spec.rule_dtype();
+    let partials = matches!(spec, OptimNorm8Spec::Partials { .. });
+    let lamb = LambHyper {
+        weight_decay: 0.01,
+        ..LambHyper::default()
+    };
+    let lars = LarsHyper {
+        weight_decay: 0.01,
+        ..LarsHyper::default()
+    };
+    let scalars = match (rule, partials) {
+        (NormRule::Lamb, true) => lamb.scalars(EXAMPLE_STEP)?.partials_args(),
+        (NormRule::Lamb, false) => lamb.update8_args(EXAMPLE_STEP)?,
+        (NormRule::Lars, true) => lars.scalars(EXAMPLE_STEP)?.partials_args(),
+        (NormRule::Lars, false) => lars.update8_args(EXAMPLE_STEP)?,
+    };
+    let state_arg = |bytes: Vec<u8>| {
+        if partials {
+            OwnedArg::Read(bytes)
+        } else {
+            OwnedArg::Write(bytes)
+        }
+    };
+    let mut args = vec![
+        OwnedArg::Scalar(Scalar::U32(n as u32)),
+        OwnedArg::Scalar(Scalar::U32(n_blocks as u32)),
+    ];
+    args.extend(scalars.into_iter().map(OwnedArg::Scalar));
+    args.push(state_arg(float_bytes(dtype, values)));
+    args.push(OwnedArg::Read(float_bytes(dtype, &example_grad(values))));
+    let absmax = example_absmax(values);
+    let codes = |salt: usize| -> Vec<u8> {
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| mix(i + salt, *v) as u8)
+            .collect()
+    };
+    args.push(state_arg(codes(0)));
+    args.push(state_arg(float_bytes(DType::F32, &absmax)));
+    if rule == NormRule::Lamb {
+        let absmax2: Vec<f32> = absmax.iter().map(|a| a * a).collect();
+        args.push(state_arg(codes(7919)));
+        args.push(state_arg(float_bytes(DType::F32, &absmax2)));
+    }
+    if partials {
+        args.push(OwnedArg::Write(vec![0; 4 * n_blocks]));
+        args.push(OwnedArg::Write(vec![0; 4 * n_blocks]));
+    } else {
+        args.push(OwnedArg::Read(float_bytes(DType::F32, &[EXAMPLE_SCALE])));
+    }
+    Ok(args)
+}
