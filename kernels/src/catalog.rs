@@ -584,7 +584,7 @@ impl KernelSpec {
                 dtype,
             } => blockwise8::dequantize_blockwise(map, blocksize, dtype)
                 .map(TypedKernel::into_kernel),
-            KernelSpec::AbsmaxMean => Ok(doublequant::absmax_mean()),
+            KernelSpec::AbsmaxMean => doublequant::absmax_mean().map(TypedKernel::into_kernel),
             KernelSpec::QuantizeNested => {
                 doublequant::quantize_nested().map(TypedKernel::into_kernel)
             }

@@ -23,12 +23,13 @@ use crate::blockwise8::{
     blockwise_dequantize, blockwise_quantize, BlockwiseDequantize, BlockwiseQuantize,
 };
 use crate::{BlockwiseMap, NESTED_BLOCKSIZE};
-use qforge_ir::dsl::TypedKernel;
+use qforge_ir::dsl::{Buf, In, Out, TypedKernel, Val};
 use qforge_ir::CmpOp;
 use qforge_ir::KernelBuilder;
 use qforge_ir::Result;
-use qforge_ir::{Access, Dim, Kernel, ParamId, Value, VarId};
 use qforge_ir::{DType, ScalarType};
+use qforge_ir::{ParamId, Value, VarId};
+use qforge_macros::kernel;
 
 /// The width of torch's `Vectorized<float>` in the CPU `sum` that bitsandbytes' offset
 /// (`absmax.mean()`) runs on x86: 8 lanes. torch registers its sum kernel only for AVX2 (its
@@ -51,18 +52,30 @@ pub const DEQUANTIZE_NESTED_NAME: &str = "dequantize_blockwise_dynamic_offset_bs
 /// [`torch_cpu_sum`] with [`TORCH_SUM_LANES`] lanes, the order of torch's CPU `mean` (a
 /// single-threaded `cascade_sum`, then `div_` by the count), so the offset is bitsandbytes'
 /// (`docs/compat.md`, "Double-quantization offset").
-pub fn absmax_mean() -> Kernel {
-    let mut b = KernelBuilder::new(MEAN_NAME);
-    let n = b.scalar_param("n", ScalarType::U32);
-    let absmax = b.buffer_param("absmax", DType::F32, &[Dim::Param(n)], Access::Read);
-    let out = b.buffer_param("out", DType::F32, &[Dim::Const(1)], Access::Write);
-    let nv = b.param(n);
-    let sum = torch_cpu_sum(&mut b, absmax, nv, TORCH_SUM_LANES);
-    let count = b.int_to_float(nv);
-    let mean = b.div(sum, count);
-    let zero = b.const_u32(0);
-    b.store(out, zero, mean);
-    b.finish()
+///
+/// # Errors
+/// Never for this fixed kernel (the `Result` is the kernel language's builder convention).
+#[kernel(name = MEAN_NAME, signature = AbsmaxMean)]
+pub fn absmax_mean(n: u32, #[shape(n)] absmax: In<f32>, #[shape(1)] out: Out<f32>) {
+    let count = n;
+    let sum = torch_sum(absmax, count, TORCH_SUM_LANES);
+    let mean = sum / count.to_f32();
+    out[0u32] = mean;
+}
+
+/// [`torch_cpu_sum`] as a kernel-language helper (the `#[qforge::func]` calling convention).
+fn torch_sum(
+    b: &mut KernelBuilder,
+    buf: Buf<In<f32>>,
+    n: Val<u32>,
+    lanes: u32,
+) -> Result<Val<f32>> {
+    Ok(Val::from_value(torch_cpu_sum(
+        b,
+        buf.id(),
+        n.value(),
+        lanes,
+    )))
 }
 
 /// Emits the `f32` sum of `buf[0..n]` in the order of torch's CPU `sum` of a contiguous 1-D

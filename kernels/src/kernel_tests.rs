@@ -588,7 +588,7 @@ fn host_torch_mean(xs: &[f32], lanes: usize) -> f32 {
 
 #[test]
 fn library_doublequant_kernels_match_host_model_on_interpreter() {
-    let mean_kernel = doublequant::absmax_mean();
+    let mean_kernel = doublequant::absmax_mean().unwrap().into_kernel();
     let mean = |xs: &[f32]| {
         let mut args = vec![
             u32a(xs.len()),

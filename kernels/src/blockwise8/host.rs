@@ -1,13 +1,13 @@
 //! `quantize_blockwise` / `dequantize_blockwise` and the double-quantization steps.
 
 use crate::blockwise8::{self, BlockwiseDequantizeArgs, BlockwiseQuantizeArgs};
-use crate::{doublequant, BlockwiseMap, BLOCKSIZES_8BIT, NESTED_BLOCKSIZE};
+use crate::doublequant::{self, AbsmaxMeanArgs};
+use crate::{BlockwiseMap, BLOCKSIZES_8BIT, NESTED_BLOCKSIZE};
 use qforge_ir::dsl::{FloatIn, FloatOut};
-use qforge_ir::{DType, OwnedArg};
+use qforge_ir::DType;
 
 use crate::ops::{
-    blocksize_u32, cached_kernel, cached_typed, count_u32, expect_len, f32_le, float_dtype,
-    float_input, launch, le_f32, numel, take_output, u32_arg, Absmax4,
+    blocksize_u32, cached_typed, count_u32, expect_len, float_dtype, float_input, numel, Absmax4,
 };
 use qforge_runtime::HostTensor;
 use qforge_runtime::{launch_typed, Device};
@@ -109,17 +109,18 @@ pub fn dequantize_blockwise(
 /// [`Error::Invalid`] for an empty or oversized `absmax`; any device error.
 pub fn absmax_mean(dev: &dyn Device, absmax: &[f32]) -> Result<f32> {
     let n = nonempty("absmax_mean", absmax)?;
-    let kernel = cached_kernel(doublequant::MEAN_NAME, || Ok(doublequant::absmax_mean()))?;
-    let mut args = vec![
-        u32_arg(n),
-        OwnedArg::Read(f32_le(absmax)),
-        OwnedArg::Write(vec![0; 4]),
-    ];
-    launch(dev, &kernel, &mut args)?;
-    Ok(le_f32(&take_output(&mut args, 2))
-        .first()
-        .copied()
-        .unwrap_or(f32::NAN))
+    let kernel = cached_typed(doublequant::MEAN_NAME, doublequant::absmax_mean)?;
+    let mut out = [f32::NAN];
+    launch_typed(
+        dev,
+        &kernel,
+        &mut AbsmaxMeanArgs {
+            n,
+            absmax,
+            out: &mut out,
+        },
+    )?;
+    Ok(out[0])
 }
 
 /// Double-quantizes a 4-bit absmax like bitsandbytes' `compress_statistics=True`:

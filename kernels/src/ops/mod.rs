@@ -24,9 +24,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use qforge_ir::dsl::{Signature, TypedKernel};
-use qforge_ir::{DType, Kernel, OwnedArg, Scalar};
+use qforge_ir::{DType, Kernel, Scalar};
 
-use qforge_runtime::Device;
 use qforge_runtime::HostTensor;
 use qforge_runtime::{Error, Result};
 
@@ -134,28 +133,9 @@ pub(crate) fn poisoned() -> Error {
     Error::Invalid("the kernel cache lock is poisoned (a thread panicked while holding it)".into())
 }
 
-/// Launches `kernel` on `dev` with owned arguments; outputs land in the `Write` arguments.
-pub(crate) fn launch(dev: &dyn Device, kernel: &Kernel, args: &mut [OwnedArg]) -> Result<()> {
-    let mut borrowed = OwnedArg::borrow_all(args);
-    dev.launch(kernel, &mut borrowed)
-}
-
-/// Takes the bytes of the `Write` argument at `index`.
-pub(crate) fn take_output(args: &mut [OwnedArg], index: usize) -> Vec<u8> {
-    match args.get_mut(index) {
-        Some(OwnedArg::Write(bytes)) => std::mem::take(bytes),
-        _ => Vec::new(),
-    }
-}
-
 /// A borrowed `u32` scalar argument.
 pub(crate) fn scalar_u32(v: u32) -> qforge_ir::Arg<'static> {
     qforge_ir::Arg::Scalar(Scalar::U32(v))
-}
-
-/// A `u32` scalar argument.
-pub(crate) fn u32_arg(v: u32) -> OwnedArg {
-    OwnedArg::Scalar(Scalar::U32(v))
 }
 
 /// The most elements one host op handles: `2^31 - 1`. The kernels index with `u32`, and every
