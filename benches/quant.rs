@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, Throughput};
 use qforge::ir::{DType, Kernel, OwnedArg};
-use qforge::kernels::{KernelSpec, QuantType};
+use qforge::kernels::{KernelSpec, Quant4Op, Quant4Spec, QuantType};
 use qforge::runtime::{CpuDevice, Device};
 
 fn elements() -> usize {
@@ -89,16 +89,18 @@ fn median(reps: usize, mut f: impl FnMut()) -> Duration {
 }
 
 fn specs() -> (KernelSpec, KernelSpec) {
-    let q = KernelSpec::Quantize4 {
+    let q = KernelSpec::Quant4(Quant4Spec {
+        op: Quant4Op::Quantize,
         quant_type: QuantType::Nf4,
         blocksize: 64,
         dtype: DType::F32,
-    };
-    let d = KernelSpec::Dequantize4 {
+    });
+    let d = KernelSpec::Quant4(Quant4Spec {
+        op: Quant4Op::Dequantize,
         quant_type: QuantType::Nf4,
         blocksize: 64,
         dtype: DType::F32,
-    };
+    });
     (q, d)
 }
 

@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use qforge::ir::{DType, OwnedArg};
-use qforge::kernels::{KernelSpec, QuantType};
+use qforge::kernels::{KernelSpec, Quant4Op, Quant4Spec, QuantType};
 use qforge::runtime::{CpuDevice, Device, WgpuDevice};
 
 fn median(reps: usize, mut f: impl FnMut()) -> Duration {
@@ -44,19 +44,21 @@ fn main() {
     for (what, spec) in [
         (
             "dequantize_4bit nf4 bs64 f32",
-            KernelSpec::Dequantize4 {
+            KernelSpec::Quant4(Quant4Spec {
+                op: Quant4Op::Dequantize,
                 quant_type: QuantType::Nf4,
                 blocksize: 64,
                 dtype: DType::F32,
-            },
+            }),
         ),
         (
             "quantize_4bit nf4 bs64 f32",
-            KernelSpec::Quantize4 {
+            KernelSpec::Quant4(Quant4Spec {
+                op: Quant4Op::Quantize,
                 quant_type: QuantType::Nf4,
                 blocksize: 64,
                 dtype: DType::F32,
-            },
+            }),
         ),
     ] {
         let kernel = spec.build().expect("kernel builds");

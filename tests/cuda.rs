@@ -171,22 +171,12 @@ fn library_kernels_are_bit_exact_on_the_gpu() {
         // Lengths around the 128-thread block, a partial block, and 128 blocks plus a tail.
         let sweep = [1, 3, 127, 128, 129, bs * 3 + 5, 128 * bs + 7];
         let picked = match spec {
-            K::Quantize4 { blocksize: 64, .. }
-            | K::Dequantize4 { blocksize: 64, .. }
-            | K::Dequantize4Nested { blocksize: 64, .. }
-            | K::AbsmaxMean
-            | K::QuantizeNested
-            | K::DequantizeNested => true,
-            K::QuantizeBlockwise {
+            K::Quant4(kernels::Quant4Spec { blocksize: 64, .. }) | K::DoubleQuant(_) => true,
+            K::Blockwise8(kernels::Blockwise8Spec {
                 blocksize: 256,
                 dtype,
                 ..
-            }
-            | K::DequantizeBlockwise {
-                blocksize: 256,
-                dtype,
-                ..
-            } => dtype == DType::F16,
+            }) => dtype == DType::F16,
             _ => false,
         };
         if picked {

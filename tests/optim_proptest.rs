@@ -105,14 +105,9 @@ fn families() -> Vec<Family> {
             // Run by the Adam families' steps on CPU devices and the interpreter
             // (`adam_step_8bit` launches the staged form there).
             KernelSpec::OptimStaged(_) => None,
-            KernelSpec::Quantize4 { .. }
-            | KernelSpec::Dequantize4 { .. }
-            | KernelSpec::Dequantize4Nested { .. }
-            | KernelSpec::QuantizeBlockwise { .. }
-            | KernelSpec::DequantizeBlockwise { .. }
-            | KernelSpec::AbsmaxMean
-            | KernelSpec::QuantizeNested
-            | KernelSpec::DequantizeNested
+            KernelSpec::Quant4(_)
+            | KernelSpec::Blockwise8(_)
+            | KernelSpec::DoubleQuant(_)
             | KernelSpec::Matmul4(_)
             | KernelSpec::Gemm(_)
             | KernelSpec::Int8(_)

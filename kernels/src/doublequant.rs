@@ -19,16 +19,18 @@
 //! The 4-bit dequantization with the nested absmax decoded in-kernel is
 //! [`crate::quant4::dequantize_4bit_nested`].
 
+use crate::blockwise8::catalog::{dequantize_example, quantize_example};
 use crate::blockwise8::{
     blockwise_dequantize, blockwise_quantize, BlockwiseDequantize, BlockwiseQuantize,
 };
-use crate::{BlockwiseMap, NESTED_BLOCKSIZE};
+use crate::catalog::{example_len, first_finite};
+use crate::{BlockwiseMap, CatalogEntry, NESTED_BLOCKSIZE};
 use qforge_ir::dsl::{Buf, In, Out, TypedKernel, Val};
 use qforge_ir::CmpOp;
 use qforge_ir::KernelBuilder;
 use qforge_ir::Result;
 use qforge_ir::{DType, ScalarType};
-use qforge_ir::{ParamId, Value, VarId};
+use qforge_ir::{Kernel, OwnedArg, ParamId, Value, VarId};
 use qforge_macros::kernel;
 
 /// The width of torch's `Vectorized<float>` in the CPU `sum` that bitsandbytes' offset
@@ -256,4 +258,81 @@ pub fn dequantize_nested() -> Result<TypedKernel<BlockwiseDequantize>> {
         DType::F32,
         true,
     )
+}
+
+/// The double-quantization kernels in the catalog.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DoubleQuantSpec {
+    /// [`absmax_mean`].
+    AbsmaxMean,
+    /// [`quantize_nested`].
+    QuantizeNested,
+    /// [`dequantize_nested`].
+    DequantizeNested,
+}
+
+impl DoubleQuantSpec {
+    /// The three kernels.
+    pub const ALL: [DoubleQuantSpec; 3] = [
+        DoubleQuantSpec::AbsmaxMean,
+        DoubleQuantSpec::QuantizeNested,
+        DoubleQuantSpec::DequantizeNested,
+    ];
+}
+
+impl CatalogEntry for DoubleQuantSpec {
+    fn name(&self) -> String {
+        match self {
+            DoubleQuantSpec::AbsmaxMean => MEAN_NAME,
+            DoubleQuantSpec::QuantizeNested => QUANTIZE_NESTED_NAME,
+            DoubleQuantSpec::DequantizeNested => DEQUANTIZE_NESTED_NAME,
+        }
+        .to_string()
+    }
+
+    fn build(&self) -> Result<Kernel> {
+        match self {
+            DoubleQuantSpec::AbsmaxMean => absmax_mean().map(TypedKernel::into_kernel),
+            DoubleQuantSpec::QuantizeNested => quantize_nested().map(TypedKernel::into_kernel),
+            DoubleQuantSpec::DequantizeNested => dequantize_nested().map(TypedKernel::into_kernel),
+        }
+    }
+
+    /// The nested blocksize 256; `absmax_mean_f32` reduces its whole input in one work item,
+    /// and 256 is a useful test length for it too.
+    fn blocksize(&self) -> usize {
+        NESTED_BLOCKSIZE as usize
+    }
+
+    /// The mean takes `values`; the nested kernels take the 8-bit blockwise example arguments
+    /// (blocksize 256) with an offset of half the first finite value.
+    fn example_args(&self, values: &[f32]) -> Result<Vec<OwnedArg>> {
+        let offset = Some(first_finite(values) * 0.5);
+        match self {
+            DoubleQuantSpec::AbsmaxMean => {
+                let n = example_len(values)?;
+                let mut out = [0f32];
+                let mut args = AbsmaxMeanArgs {
+                    n,
+                    absmax: values,
+                    out: &mut out,
+                };
+                Ok(OwnedArg::copy_all(&absmax_mean()?.args(&mut args)?))
+            }
+            DoubleQuantSpec::QuantizeNested => quantize_example(
+                &quantize_nested()?,
+                DType::F32,
+                NESTED_BLOCKSIZE,
+                offset,
+                values,
+            ),
+            DoubleQuantSpec::DequantizeNested => dequantize_example(
+                &dequantize_nested()?,
+                DType::F32,
+                NESTED_BLOCKSIZE,
+                offset,
+                values,
+            ),
+        }
+    }
 }

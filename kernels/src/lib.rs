@@ -79,7 +79,9 @@ mod tile;
 
 pub use activation::{Act, ActDirection, ActSpec, ACT_BLOCKSIZE};
 pub use adam::{AdamHyper, AdamScalars, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
-pub use catalog::{catalog, KernelSpec};
+pub use blockwise8::catalog::{Blockwise8Op, Blockwise8Spec};
+pub use catalog::{catalog, Family, KernelSpec, FAMILIES};
+pub use doublequant::DoubleQuantSpec;
 pub use entry::CatalogEntry;
 pub use gemm::{Gemm, Layout};
 pub use int8::Int8Spec;
@@ -92,6 +94,7 @@ pub use optim_ext::OptimExtSpec;
 pub use optim_norm::{LambHyper, LambScalars, LarsHyper, LarsScalars, NormRule, OptimNormSpec};
 pub use optim_norm8::OptimNorm8Spec;
 pub use optim_staged::OptimStagedSpec;
+pub use quant4::catalog::{Quant4Op, Quant4Spec};
 
 /// Blocksizes supported by the 4-bit kernels.
 pub const BLOCKSIZES_4BIT: [u32; 8] = [32, 64, 128, 256, 512, 1024, 2048, 4096];

@@ -2,8 +2,8 @@
 
 use qforge_ir::{DType, Kernel, OwnedArg};
 use qforge_kernels::{
-    BlockwiseMap, KernelSpec, NormRule, OptimNormSpec, QuantType, StateBits, NESTED_BLOCKSIZE,
-    OPTIM_BLOCKSIZE,
+    Blockwise8Op, Blockwise8Spec, BlockwiseMap, DoubleQuantSpec, KernelSpec, NormRule,
+    OptimNormSpec, Quant4Op, Quant4Spec, QuantType, StateBits, NESTED_BLOCKSIZE, OPTIM_BLOCKSIZE,
 };
 use qforge_runtime::Device;
 
@@ -71,38 +71,42 @@ pub fn cases(size: CaseSize) -> Result<Vec<BenchCase>> {
     Ok([
         library_case(
             "dequantize_4bit_nf4",
-            KernelSpec::Dequantize4 {
+            KernelSpec::Quant4(Quant4Spec {
+                op: Quant4Op::Dequantize,
                 quant_type: nf4,
                 blocksize: 64,
                 dtype: f32,
-            },
+            }),
             size,
         )?,
         library_case(
             "quantize_4bit_nf4",
-            KernelSpec::Quantize4 {
+            KernelSpec::Quant4(Quant4Spec {
+                op: Quant4Op::Quantize,
                 quant_type: nf4,
                 blocksize: 64,
                 dtype: f32,
-            },
+            }),
             size,
         )?,
         library_case(
             "dequantize_4bit_fp4",
-            KernelSpec::Dequantize4 {
+            KernelSpec::Quant4(Quant4Spec {
+                op: Quant4Op::Dequantize,
                 quant_type: fp4,
                 blocksize: 64,
                 dtype: f32,
-            },
+            }),
             size,
         )?,
         library_case(
             "dequantize_blockwise_dynamic",
-            KernelSpec::DequantizeBlockwise {
+            KernelSpec::Blockwise8(Blockwise8Spec {
+                op: Blockwise8Op::Dequantize,
                 map: BlockwiseMap::Dynamic,
                 blocksize: 4096,
                 dtype: f32,
-            },
+            }),
             size,
         )?,
     ]
@@ -173,11 +177,8 @@ fn args_bytes(args: &[OwnedArg]) -> usize {
 /// The dtype of the float data of a library kernel (`f32` for the fixed-f32 double-quant ones).
 pub fn spec_dtype(spec: KernelSpec) -> DType {
     match spec {
-        KernelSpec::Quantize4 { dtype, .. }
-        | KernelSpec::Dequantize4 { dtype, .. }
-        | KernelSpec::Dequantize4Nested { dtype, .. }
-        | KernelSpec::QuantizeBlockwise { dtype, .. }
-        | KernelSpec::DequantizeBlockwise { dtype, .. } => dtype,
+        KernelSpec::Quant4(Quant4Spec { dtype, .. })
+        | KernelSpec::Blockwise8(Blockwise8Spec { dtype, .. }) => dtype,
         KernelSpec::Matmul4(m) => m.dtype,
         KernelSpec::Gemm(g) => g.dtype,
         KernelSpec::Int8(s) => s.dtype(),
@@ -193,9 +194,7 @@ pub fn spec_dtype(spec: KernelSpec) -> DType {
         },
         KernelSpec::OptimExt(s) => s.dtype(),
         KernelSpec::OptimNorm8(s) => s.rule_dtype().1,
-        KernelSpec::AbsmaxMean | KernelSpec::QuantizeNested | KernelSpec::DequantizeNested => {
-            DType::F32
-        }
+        KernelSpec::DoubleQuant(_) => DType::F32,
     }
 }
 
@@ -207,18 +206,27 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
     let packed = n.div_ceil(2);
     Some(match spec {
         // Reads n floats; writes the packed codes and one f32 absmax per block.
-        KernelSpec::Quantize4 {
-            blocksize, dtype, ..
-        } => n * dtype.size_bytes() + packed + 4 * blocks(blocksize),
+        KernelSpec::Quant4(Quant4Spec {
+            op: Quant4Op::Quantize,
+            blocksize,
+            dtype,
+            ..
+        }) => n * dtype.size_bytes() + packed + 4 * blocks(blocksize),
         // Reads the packed codes and the absmax; writes n floats.
-        KernelSpec::Dequantize4 {
-            blocksize, dtype, ..
-        } => packed + 4 * blocks(blocksize) + n * dtype.size_bytes(),
+        KernelSpec::Quant4(Quant4Spec {
+            op: Quant4Op::Dequantize,
+            blocksize,
+            dtype,
+            ..
+        }) => packed + 4 * blocks(blocksize) + n * dtype.size_bytes(),
         // Reads the packed codes, one 8-bit absmax code per block, one f32 per nested block and
         // the 256-entry f32 nested code; writes n floats.
-        KernelSpec::Dequantize4Nested {
-            blocksize, dtype, ..
-        } => {
+        KernelSpec::Quant4(Quant4Spec {
+            op: Quant4Op::DequantizeNested,
+            blocksize,
+            dtype,
+            ..
+        }) => {
             let b = blocks(blocksize);
             packed
                 + b
@@ -227,19 +235,29 @@ pub fn bytes_moved(spec: KernelSpec, n: usize) -> Option<usize> {
                 + n * dtype.size_bytes()
         }
         // Reads n floats; writes n codes and one f32 absmax per block.
-        KernelSpec::QuantizeBlockwise {
-            blocksize, dtype, ..
-        } => n * dtype.size_bytes() + n + 4 * blocks(blocksize),
+        KernelSpec::Blockwise8(Blockwise8Spec {
+            op: Blockwise8Op::Quantize,
+            blocksize,
+            dtype,
+            ..
+        }) => n * dtype.size_bytes() + n + 4 * blocks(blocksize),
         // Reads n codes and the absmax; writes n floats.
-        KernelSpec::DequantizeBlockwise {
-            blocksize, dtype, ..
-        } => n + 4 * blocks(blocksize) + n * dtype.size_bytes(),
+        KernelSpec::Blockwise8(Blockwise8Spec {
+            op: Blockwise8Op::Dequantize,
+            blocksize,
+            dtype,
+            ..
+        }) => n + 4 * blocks(blocksize) + n * dtype.size_bytes(),
         // Reads n f32; writes one f32.
-        KernelSpec::AbsmaxMean => 4 * n + 4,
+        KernelSpec::DoubleQuant(DoubleQuantSpec::AbsmaxMean) => 4 * n + 4,
         // Reads n f32; writes n codes and one f32 per nested block.
-        KernelSpec::QuantizeNested => 4 * n + n + 4 * blocks(NESTED_BLOCKSIZE),
+        KernelSpec::DoubleQuant(DoubleQuantSpec::QuantizeNested) => {
+            4 * n + n + 4 * blocks(NESTED_BLOCKSIZE)
+        }
         // Reads n codes and one f32 per nested block; writes n f32.
-        KernelSpec::DequantizeNested => n + 4 * blocks(NESTED_BLOCKSIZE) + 4 * n,
+        KernelSpec::DoubleQuant(DoubleQuantSpec::DequantizeNested) => {
+            n + 4 * blocks(NESTED_BLOCKSIZE) + 4 * n
+        }
         // Reads the gradient; reads and writes the parameter and both moments (counted once
         // each, as the memcpy baseline moves them): f32 state, or codes plus two absmax arrays.
         KernelSpec::Optim(s) => {
@@ -375,11 +393,12 @@ mod tests {
     #[test]
     fn bytes_moved_by_hand_for_nf4_dequantize() {
         // 16 Mi f32 out (64 MiB), 8 MiB packed, 256 Ki blocks * 4 bytes of absmax.
-        let spec = KernelSpec::Dequantize4 {
+        let spec = KernelSpec::Quant4(Quant4Spec {
+            op: Quant4Op::Dequantize,
             quant_type: QuantType::Nf4,
             blocksize: 64,
             dtype: DType::F32,
-        };
+        });
         assert_eq!(
             bytes_moved(spec, 16 << 20),
             Some((64 << 20) + (8 << 20) + (1 << 20))

@@ -35,6 +35,7 @@
 //! z: dtype[n] read, y: dtype[n] write)`; backward `(n: u32, n_blocks: u32, beta: f32,
 //! z: dtype[n] read, dy: dtype[n] read, dz: dtype[n] write)`; grid `n_blocks = ceil(n / 1024)`.
 
+mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod reference;
@@ -45,8 +46,7 @@ use qforge_macros::{func, kernel};
 
 use crate::funcs::{block_range, erf, exp, sigmoid, tanh};
 use qforge_ir::dsl::{Float, In, Out, TypedKernel, Val};
-use qforge_ir::OwnedArg;
-use qforge_ir::{DType, Rounding, Scalar};
+use qforge_ir::{DType, Rounding};
 use qforge_ir::{Error, Result};
 
 /// Elements per work item of the activation kernels.
@@ -296,29 +296,5 @@ impl ActSpec {
             )));
         }
         act_beta(self)
-    }
-
-    /// Launch arguments for `values` (`n >= 1`): `z = values`, `dy = values` rotated by one,
-    /// both rounded to the dtype; `beta` cycles through `0`, `0.625`, `1` with `n % 3` (the
-    /// linear end, an interior value and the pure activation); the output starts zeroed.
-    pub(crate) fn example_args(
-        &self,
-        values: &[f32],
-        float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
-    ) -> Vec<OwnedArg> {
-        let n = values.len();
-        let beta = [0.0f32, 0.625, 1.0][n % 3];
-        let mut args = vec![
-            OwnedArg::Scalar(Scalar::U32(n as u32)),
-            OwnedArg::Scalar(Scalar::U32(n.div_ceil(ACT_BLOCKSIZE as usize) as u32)),
-            OwnedArg::Scalar(Scalar::f32(beta)),
-            OwnedArg::Read(float_bytes(self.dtype, values)),
-        ];
-        if self.direction == ActDirection::Backward {
-            let dy: Vec<f32> = (0..n).map(|i| values[(i + 1) % n]).collect();
-            args.push(OwnedArg::Read(float_bytes(self.dtype, &dy)));
-        }
-        args.push(OwnedArg::Write(vec![0; n * self.dtype.size_bytes()]));
-        args
     }
 }

@@ -43,6 +43,7 @@
 //!   state1: u8[n] readwrite, absmax1: f32[n_blocks] readwrite, state2: u8[n] readwrite,
 //!   absmax2: f32[n_blocks] readwrite)`.
 
+mod catalog;
 pub(crate) mod host;
 pub mod optim8;
 #[cfg(test)]

@@ -23,6 +23,7 @@
 //!
 //! Grid `n_blocks = ceil(n / blocksize)` for both.
 
+pub mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod reference;

@@ -27,6 +27,7 @@
 //! ceil(m/TM) * ceil(n/TN)`, `n_tiles = ceil(n/TN)`; rows of a tile past the end read the last
 //! valid row and store nothing.
 
+mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod tests;

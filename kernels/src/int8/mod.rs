@@ -46,6 +46,7 @@
 //!   `n = rows * cols` (one work item per element; items past the matrix store nothing).
 
 pub(crate) mod args;
+mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod kernel_tests;

@@ -40,6 +40,7 @@
 //! Rows of a tile past `m`, `n` or `k` read the last valid row (so no load leaves the buffers)
 //! and store nothing.
 
+pub(crate) mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod tests;

@@ -36,6 +36,7 @@
 //! g: f32[n] read, state1: f32[n] readwrite)` for 32-bit; 8-bit replaces `state1` with
 //! `state1: u8[n] readwrite, absmax1: f32[n_blocks] readwrite`.
 
+mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod tests;

@@ -44,6 +44,7 @@
 //! element index, never on the backend, the chunking or the thread layout. [`UniformSource::Buffer`] (tests only) reads the uniform from a
 //! buffer instead, so the arithmetic can be checked against the reference's mt19937 stream.
 
+mod catalog;
 pub(crate) mod host;
 pub(crate) mod launch;
 pub mod quant;
@@ -61,7 +62,6 @@ use qforge_ir::{Access, Dim, Kernel, ParamId, TableId, Value, VarId};
 use qforge_ir::{DType, ScalarType};
 use qforge_ir::{Error, Result};
 
-pub(crate) use crate::optim4::scheme::example_args;
 pub use crate::optim4::scheme::{
     MomentScheme, QAdamScalars, QAdamSizes, ABSMAX_FLOOR4, ABSMAX_FLOOR8, EDEN_DOT_FLOOR,
     QADAM_BLOCK4, QADAM_BLOCK8, QADAM_MIN_NUMEL,

@@ -22,6 +22,7 @@
 //! `state1: u8[n], absmax1: f32[n_blocks], state2: u8[n], absmax2, state3: u8[n], absmax3`
 //! (all readwrite)`)`.
 
+mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod tests;

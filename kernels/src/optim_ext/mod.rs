@@ -38,6 +38,7 @@
 //! `fma(g, g, partial)`, partials from `-0.0`, then the halving tree). The host sums the partials
 //! in block order from `-0.0` (as `optim_norm_scale` does) to the squared norm.
 
+mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod tests;

@@ -58,6 +58,7 @@
 //! kernels have none), so skipped elements count in the norm. With `gnorm_scale = 1` and
 //! `skip_zeros = 0` each variant equals its plain kernel bit for bit.
 
+mod catalog;
 pub(crate) mod host;
 mod hyper;
 #[cfg(test)]

@@ -45,6 +45,7 @@
 //! every `g`; `lars8bit_f32_gs` also takes `skip_zeros: u32` with `sgd8bit_f32_gs`'s semantics
 //! (raw `g == 0`), `lamb8bit_*_gs` none (as `adamw8bit_*_gs`), the partials none.
 
+mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod tests;
@@ -267,19 +268,6 @@ fn build_lars8_partials(name: &str, gs: bool) -> Kernel {
         lars_norm_update(b, first, mom, gv, s_old)
     });
     b.finish()
-}
-
-/// The 8-bit LAMB / LARS kernels of the catalog: LAMB's partials and update on every float
-/// dtype, LARS's on `f32`.
-pub(crate) fn catalog() -> Vec<OptimNorm8Spec> {
-    let mut out = Vec::new();
-    for rule in NormRule::ALL {
-        for &dtype in rule.param_dtypes() {
-            out.push(OptimNorm8Spec::Partials { rule, dtype });
-            out.push(OptimNorm8Spec::Update { rule, dtype });
-        }
-    }
-    out
 }
 
 /// [`crate::KernelSpec::example_args`] of an 8-bit update-norm kernel on `values`

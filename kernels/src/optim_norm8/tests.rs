@@ -521,7 +521,7 @@ fn scale_one_equals_adamw8bit_and_sgd8bit() {
 fn scale_changes_the_parameter_step_only() {
     // Scale 0 and scale 1: the same state, different parameters.
     let values = example_values();
-    for spec in crate::optim_norm8::catalog() {
+    for spec in OptimNorm8Spec::variants() {
         if matches!(spec, OptimNorm8Spec::Partials { .. }) {
             continue;
         }

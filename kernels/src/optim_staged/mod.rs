@@ -18,6 +18,7 @@
 //! for both where the gradient is not finite). The runtime launches the kernel over chunks of
 //! the parameter with one reused workspace, so the stage stays small.
 
+mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod tests;

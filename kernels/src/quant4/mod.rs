@@ -32,6 +32,7 @@
 //!   nested_absmax: f32[n_nested] read, nested_code: f32[256] read, out: dtype[n] write)`,
 //!   grid `n_blocks`, `n_nested = ceil(n_blocks / 256)`.
 
+pub mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod reference;

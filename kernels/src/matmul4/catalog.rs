@@ -1,0 +1,141 @@
+//! The fused 4-bit matmuls in the catalog: blocksize 64 in every quant type, dtype, absmax form
+//! and direction, plus blocksize 256 with an `f32` activation and a `bf16` weight.
+
+use qforge_ir::{DType, Kernel, OwnedArg, Result, Scalar};
+
+use super::{Direction, Matmul4, TileConfig};
+use crate::catalog::{first_finite, float_bytes, mix, u32_arg};
+use crate::doublequant::NESTED_MAP;
+use crate::{CatalogEntry, QuantType, FLOAT_DTYPES, NESTED_BLOCKSIZE};
+
+/// The matmul directions, each in the catalog.
+const DIRECTIONS: [Direction; 3] = [
+    Direction::Forward { bias: false },
+    Direction::Forward { bias: true },
+    Direction::BackwardInput,
+];
+
+/// The tile a catalog matmul kernel uses: varied with the dtype so every backend runs tiles
+/// with several activation rows, several weight rows and a side that is not a power of two
+/// (the int8 matmuls use it too).
+pub(crate) fn catalog_tile(dtype: DType, direction: Direction) -> TileConfig {
+    match (dtype, direction) {
+        (DType::F16, _) => TileConfig { tm: 2, tn: 2 },
+        (DType::BF16, Direction::Forward { .. }) => TileConfig { tm: 4, tn: 1 },
+        (DType::BF16, Direction::BackwardInput) => TileConfig { tm: 3, tn: 1 },
+        _ => TileConfig { tm: 1, tn: 4 },
+    }
+}
+
+impl Matmul4 {
+    /// The catalog's matmuls (module docs).
+    pub fn variants() -> Vec<Matmul4> {
+        let mut out = Vec::new();
+        for quant_type in QuantType::ALL {
+            for dtype in FLOAT_DTYPES {
+                for nested in [false, true] {
+                    for direction in DIRECTIONS {
+                        out.push(Matmul4 {
+                            quant_type,
+                            blocksize: 64,
+                            dtype,
+                            weight_dtype: dtype,
+                            nested,
+                            direction,
+                            tile: catalog_tile(dtype, direction),
+                        });
+                    }
+                }
+            }
+        }
+        for direction in DIRECTIONS {
+            out.push(Matmul4 {
+                quant_type: QuantType::Nf4,
+                blocksize: 256,
+                dtype: DType::F32,
+                weight_dtype: DType::BF16,
+                nested: false,
+                direction,
+                tile: catalog_tile(DType::F32, direction),
+            });
+        }
+        out
+    }
+}
+
+impl CatalogEntry for Matmul4 {
+    fn name(&self) -> String {
+        Matmul4::name(self)
+    }
+
+    fn build(&self) -> Result<Kernel> {
+        Matmul4::build(self)
+    }
+
+    fn blocksize(&self) -> usize {
+        self.blocksize as usize
+    }
+
+    /// A reduction over `n = values.len()` elements (`K` forward, `N` backward) with
+    /// `M = 1 + n % 3` activation rows and `3 + n % 5` outputs per row; the activations cycle
+    /// through `values`, the codes are mixed from them and each block's absmax is
+    /// `|values[b % n]|`.
+    fn example_args(&self, values: &[f32]) -> Result<Vec<OwnedArg>> {
+        let len = values.len();
+        let m = 1 + len % 3;
+        let outs = 3 + len % 5;
+        let (n, k) = match self.direction {
+            Direction::Forward { .. } => (outs, len),
+            Direction::BackwardInput => (len, outs),
+        };
+        let (tm, tn) = (self.tile.tm as usize, self.tile.tn as usize);
+        let n_tiles = outs.div_ceil(tn);
+        let n_items = m.div_ceil(tm) * n_tiles;
+        let elems = n * k;
+        let n_packed = elems.div_ceil(2);
+        let n_blocks = elems.div_ceil(self.blocksize as usize);
+        let cycle = |count: usize, shift: usize| -> Vec<f32> {
+            (0..count)
+                .map(|i| values[(i + i / len + shift) % len])
+                .collect()
+        };
+        let act_len = m * len;
+        let mut args = vec![
+            u32_arg(m),
+            u32_arg(n),
+            u32_arg(k),
+            u32_arg(n_items),
+            u32_arg(n_tiles),
+        ];
+        if self.nested {
+            args.push(OwnedArg::Scalar(Scalar::f32(first_finite(values) * 0.5)));
+        }
+        args.extend([u32_arg(n_packed), u32_arg(n_blocks)]);
+        let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE as usize);
+        if self.nested {
+            args.push(u32_arg(n_nested));
+        }
+        args.push(OwnedArg::Read(float_bytes(self.dtype, &cycle(act_len, 0))));
+        let packed: Vec<u8> = (0..n_packed)
+            .map(|j| mix(j, values[j % len]) as u8)
+            .collect();
+        args.push(OwnedArg::Read(packed));
+        let absmax: Vec<f32> = (0..n_blocks).map(|b| values[b % len].abs()).collect();
+        if self.nested {
+            let qabsmax: Vec<u8> = (0..n_blocks).map(|b| mix(b, absmax[b]) as u8).collect();
+            let nested: Vec<f32> = (0..n_nested).map(|i| values[(i + 1) % len].abs()).collect();
+            args.extend([
+                OwnedArg::Read(qabsmax),
+                OwnedArg::Read(float_bytes(DType::F32, &nested)),
+                OwnedArg::Read(float_bytes(DType::F32, &NESTED_MAP.code())),
+            ]);
+        } else {
+            args.push(OwnedArg::Read(float_bytes(DType::F32, &absmax)));
+        }
+        if matches!(self.direction, Direction::Forward { bias: true }) {
+            args.push(OwnedArg::Read(float_bytes(self.dtype, &cycle(n, 3))));
+        }
+        args.push(OwnedArg::Write(vec![0; m * outs * self.dtype.size_bytes()]));
+        Ok(args)
+    }
+}
