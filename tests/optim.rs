@@ -24,7 +24,7 @@
 mod golden_support;
 
 use golden_support::*;
-use qforge::kernels::ops::{self, AdamState32, AdamState8};
+use qforge::kernels::ops::{self, AdamState32, AdamState8, GradOptions};
 use qforge::kernels::{AdamHyper, BlockwiseMap, OptimAlgo};
 use qforge::runtime::{CpuDevice, Device, HostTensor, InterpreterDevice};
 
@@ -273,8 +273,17 @@ fn run_case(dev: &dyn Device, name: &str, case: &Case) -> Stats {
             let m_old = dequant(&code1, &state.state1, &state.absmax1);
             let v_old = dequant(&code2, &state.state2, &state.absmax2);
             let (m, v) = model_moments(&s.hyper, &grads.to_f32().expect("g"), &m_old, &v_old);
-            ops::adam_step_8bit(dev, s.algo, &mut params, &grads, &mut state, &s.hyper, k)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            ops::adam_step_8bit(
+                dev,
+                s.algo,
+                &mut params,
+                &grads,
+                &mut state,
+                &s.hyper,
+                k,
+                &GradOptions::default(),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
             #[rustfmt::skip]
             check_codes(&format!("{what} state1"), &code1, &lut1, &m, &state.state1,
                 &state.absmax1, &want("state1").u8s(), &want("absmax1").f32s(), &mut st);
@@ -291,8 +300,17 @@ fn run_case(dev: &dyn Device, name: &str, case: &Case) -> Stats {
                     state2: prev("state2").f32s(),
                 }
             };
-            ops::adam_step_32bit(dev, s.algo, &mut params, &grads, &mut state, &s.hyper, k)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            ops::adam_step_32bit(
+                dev,
+                s.algo,
+                &mut params,
+                &grads,
+                &mut state,
+                &s.hyper,
+                k,
+                &GradOptions::default(),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
             for (f, ours) in [("state1", &state.state1), ("state2", &state.state2)] {
                 let theirs = want(f).f32s();
                 for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
@@ -316,9 +334,27 @@ fn free_run(dev: &dyn Device, case: &Case) -> (u64, usize) {
     for k in 1..=5u32 {
         let grads = case.field(&format!("step{k}/grad")).host();
         if s.eight_bit {
-            ops::adam_step_8bit(dev, s.algo, &mut params, &grads, &mut s8, &s.hyper, k)
+            ops::adam_step_8bit(
+                dev,
+                s.algo,
+                &mut params,
+                &grads,
+                &mut s8,
+                &s.hyper,
+                k,
+                &GradOptions::default(),
+            )
         } else {
-            ops::adam_step_32bit(dev, s.algo, &mut params, &grads, &mut s32, &s.hyper, k)
+            ops::adam_step_32bit(
+                dev,
+                s.algo,
+                &mut params,
+                &grads,
+                &mut s32,
+                &s.hyper,
+                k,
+                &GradOptions::default(),
+            )
         }
         .expect("step");
     }
@@ -452,25 +488,75 @@ fn optimizer_host_ops_reject_bad_inputs() {
     let g = f32s(&[0.5; 3], vec![3]);
     let h = AdamHyper::default();
     let mut s = AdamState32::zeros(4);
-    let e = ops::adam_step_32bit(&dev, OptimAlgo::Adam, &mut p, &g, &mut s, &h, 1).unwrap_err();
+    let e = ops::adam_step_32bit(
+        &dev,
+        OptimAlgo::Adam,
+        &mut p,
+        &g,
+        &mut s,
+        &h,
+        1,
+        &GradOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("shape"), "{e}");
     let g = f32s(&[0.5; 4], vec![4]);
     let mut short = AdamState8::zeros(3);
-    let e = ops::adam_step_8bit(&dev, OptimAlgo::AdamW, &mut p, &g, &mut short, &h, 1).unwrap_err();
+    let e = ops::adam_step_8bit(
+        &dev,
+        OptimAlgo::AdamW,
+        &mut p,
+        &g,
+        &mut short,
+        &h,
+        1,
+        &GradOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("state1"), "{e}");
-    let e = ops::adam_step_32bit(&dev, OptimAlgo::Adam, &mut p, &g, &mut s, &h, 0).unwrap_err();
+    let e = ops::adam_step_32bit(
+        &dev,
+        OptimAlgo::Adam,
+        &mut p,
+        &g,
+        &mut s,
+        &h,
+        0,
+        &GradOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("step"), "{e}");
     let wd = AdamHyper {
         weight_decay: 0.1,
         ..h
     };
-    let e = ops::adam_step_32bit(&dev, OptimAlgo::Adam, &mut p, &g, &mut s, &wd, 1).unwrap_err();
+    let e = ops::adam_step_32bit(
+        &dev,
+        OptimAlgo::Adam,
+        &mut p,
+        &g,
+        &mut s,
+        &wd,
+        1,
+        &GradOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("weight_decay"), "{e}");
     // A non-finite gradient zeroes the state and leaves the parameter.
     let g = f32s(&[f32::NAN, 0.5, f32::INFINITY, -1.0], vec![4]);
     let mut s8 = AdamState8::zeros(4);
     let before = p.data.clone();
-    ops::adam_step_8bit(&dev, OptimAlgo::AdamW, &mut p, &g, &mut s8, &wd, 1).expect("step");
+    ops::adam_step_8bit(
+        &dev,
+        OptimAlgo::AdamW,
+        &mut p,
+        &g,
+        &mut s8,
+        &wd,
+        1,
+        &GradOptions::default(),
+    )
+    .expect("step");
     assert_eq!(p.data[0..4], before[0..4]);
     assert_eq!(p.data[8..12], before[8..12]);
     assert_ne!(p.data[4..8], before[4..8]);

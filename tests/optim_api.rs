@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 
 use qforge::ir::DType;
-use qforge::kernels::ops::{adam_step_32bit_opts, adam_step_8bit_opts, GradOptions};
-use qforge::kernels::ops::{adam_step_8bit, AdamState32, AdamState8};
+use qforge::kernels::ops::{adam_step_32bit, adam_step_8bit, GradOptions};
+use qforge::kernels::ops::{AdamState32, AdamState8};
 use qforge::kernels::optim::{
     Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits, StateLayout,
     STATE_METADATA_KEY,
@@ -216,9 +216,9 @@ fn reference(case: Case, dev: &dyn Device, n_steps: u32) -> Vec<HostTensor> {
             let eight = case.bits == StateBits::Bits8 && params[i].numel() >= 4096;
             let (p, a) = (&mut params[i], case.algo);
             if eight {
-                adam_step_8bit_opts(dev, a, p, &g[i], &mut s8[i], &h, t, &opts)
+                adam_step_8bit(dev, a, p, &g[i], &mut s8[i], &h, t, &opts)
             } else {
-                adam_step_32bit_opts(dev, a, p, &g[i], &mut s32[i], &h, t, &opts)
+                adam_step_32bit(dev, a, p, &g[i], &mut s32[i], &h, t, &opts)
             }
             .expect("reference step");
         }
@@ -387,7 +387,17 @@ fn interpreter_small_chunks_resume() {
     let mut pw = p0[0].clone();
     let mut s = AdamState8::zeros(700);
     for t in 1..=6 {
-        adam_step_8bit(&dev, OptimAlgo::AdamW, &mut pw, &g(t)[0], &mut s, &h, t).unwrap();
+        adam_step_8bit(
+            &dev,
+            OptimAlgo::AdamW,
+            &mut pw,
+            &g(t)[0],
+            &mut s,
+            &h,
+            t,
+            &GradOptions::default(),
+        )
+        .unwrap();
     }
     assert_eq!(ps[0], pw);
 }

@@ -29,8 +29,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use qforge::devices::available_devices;
 use qforge::ir::DType;
 use qforge::kernels::ops::{
-    self, AdamState32, AdamState8, AdemamixState32, AdemamixState8, MomentState, Optim1State8,
-    QAdamRng, QAdamState,
+    self, AdamState32, AdamState8, AdemamixState32, AdemamixState8, GradOptions, MomentState,
+    Optim1State8, QAdamRng, QAdamState,
 };
 use qforge::kernels::{
     self, AdamHyper, AdemamixHyper, AdemamixSpec, KernelSpec, LambHyper, LarsHyper, MomentScheme,
@@ -320,18 +320,46 @@ impl Family {
             offset: d.offset,
         };
         let result = match (self, state) {
-            (Family::Adam(s), State::Adam32(st)) => {
-                ops::adam_step_32bit(dev, s.algo, params, grads, st, &adam(s.algo), t)
-            }
-            (Family::Adam(s), State::Adam8(st)) => {
-                ops::adam_step_8bit(dev, s.algo, params, grads, st, &adam(s.algo), t)
-            }
-            (Family::One(s), State::One32(st)) => {
-                ops::optim1_step_32bit(dev, s.algo, params, grads, st, &one, t)
-            }
-            (Family::One(s), State::One8(st)) => {
-                ops::optim1_step_8bit(dev, s.algo, params, grads, st, &one, t)
-            }
+            (Family::Adam(s), State::Adam32(st)) => ops::adam_step_32bit(
+                dev,
+                s.algo,
+                params,
+                grads,
+                st,
+                &adam(s.algo),
+                t,
+                &GradOptions::default(),
+            ),
+            (Family::Adam(s), State::Adam8(st)) => ops::adam_step_8bit(
+                dev,
+                s.algo,
+                params,
+                grads,
+                st,
+                &adam(s.algo),
+                t,
+                &GradOptions::default(),
+            ),
+            (Family::One(s), State::One32(st)) => ops::optim1_step_32bit(
+                dev,
+                s.algo,
+                params,
+                grads,
+                st,
+                &one,
+                t,
+                &GradOptions::default(),
+            ),
+            (Family::One(s), State::One8(st)) => ops::optim1_step_8bit(
+                dev,
+                s.algo,
+                params,
+                grads,
+                st,
+                &one,
+                t,
+                &GradOptions::default(),
+            ),
             (Family::Ademamix(_), State::Ema32(st)) => {
                 ops::ademamix_step_32bit(dev, params, grads, st, &ema, t)
             }
@@ -343,13 +371,16 @@ impl Family {
                 ops::qadamw_step(dev, params, grads, st, &h, t, rng)
             }
             (Family::Norm(NormRule::Lamb, _), State::Adam32(st)) => {
-                ops::lamb_step_32bit(dev, params, grads, st, &lamb, t).map(|_| ())
+                ops::lamb_step_32bit(dev, params, grads, st, &lamb, t, &GradOptions::default())
+                    .map(|_| ())
             }
             (Family::Norm8(NormRule::Lamb, _), State::Adam8(st)) => {
-                ops::lamb_step_8bit(dev, params, grads, st, &lamb, t).map(|_| ())
+                ops::lamb_step_8bit(dev, params, grads, st, &lamb, t, &GradOptions::default())
+                    .map(|_| ())
             }
             (Family::Norm8(NormRule::Lars, _), State::One8(st)) => {
-                ops::lars_step_8bit(dev, params, grads, st, &lars, t).map(|_| ())
+                ops::lars_step_8bit(dev, params, grads, st, &lars, t, &GradOptions::default())
+                    .map(|_| ())
             }
             (Family::Ext(_), State::Ext(inner, norms)) => {
                 let sq = ops::grad_sqnorm_partials(dev, grads).map(|p| ops::sum_partials(&p));
@@ -360,13 +391,13 @@ impl Family {
                 } else {
                     1.0
                 };
-                let opts = ops::GradOptions {
+                let opts = GradOptions {
                     gnorm_scale,
                     skip_zeros: d.skip_zeros,
                 };
                 let (t, st) = (t, inner.as_mut());
                 match (self.base(), st) {
-                    (Some(Family::Adam(s)), State::Adam32(st)) => ops::adam_step_32bit_opts(
+                    (Some(Family::Adam(s)), State::Adam32(st)) => ops::adam_step_32bit(
                         dev,
                         s.algo,
                         params,
@@ -376,41 +407,30 @@ impl Family {
                         t,
                         &opts,
                     ),
-                    (Some(Family::Adam(s)), State::Adam8(st)) => ops::adam_step_8bit_opts(
-                        dev,
-                        s.algo,
-                        params,
-                        grads,
-                        st,
-                        &adam(s.algo),
-                        t,
-                        &opts,
-                    ),
+                    (Some(Family::Adam(s)), State::Adam8(st)) => {
+                        ops::adam_step_8bit(dev, s.algo, params, grads, st, &adam(s.algo), t, &opts)
+                    }
                     (Some(Family::One(s)), State::One32(st)) => {
-                        ops::optim1_step_32bit_opts(dev, s.algo, params, grads, st, &one, t, &opts)
+                        ops::optim1_step_32bit(dev, s.algo, params, grads, st, &one, t, &opts)
                     }
                     (Some(Family::One(s)), State::One8(st)) => {
-                        ops::optim1_step_8bit_opts(dev, s.algo, params, grads, st, &one, t, &opts)
+                        ops::optim1_step_8bit(dev, s.algo, params, grads, st, &one, t, &opts)
                     }
                     (Some(Family::Norm(NormRule::Lamb, _)), State::Adam32(st)) => {
-                        ops::lamb_step_32bit_opts(dev, params, grads, st, &lamb, t, &opts)
-                            .map(|_| ())
+                        ops::lamb_step_32bit(dev, params, grads, st, &lamb, t, &opts).map(|_| ())
                     }
                     (Some(Family::Norm(NormRule::Lars, _)), State::One32(st)) => {
-                        ops::lars_step_32bit_opts(dev, params, grads, st, &lars, t, &opts)
-                            .map(|_| ())
+                        ops::lars_step_32bit(dev, params, grads, st, &lars, t, &opts).map(|_| ())
                     }
                     (Some(Family::Norm8(NormRule::Lamb, _)), State::Adam8(st)) => {
-                        ops::lamb_step_8bit_opts(dev, params, grads, st, &lamb, t, &opts)
-                            .map(|_| ())
+                        ops::lamb_step_8bit(dev, params, grads, st, &lamb, t, &opts).map(|_| ())
                     }
                     (Some(Family::Norm8(NormRule::Lars, _)), State::One8(st)) => {
-                        ops::lars_step_8bit_opts(dev, params, grads, st, &lars, t, &opts)
-                            .map(|_| ())
+                        ops::lars_step_8bit(dev, params, grads, st, &lars, t, &opts).map(|_| ())
                     }
                     (Some(Family::Unorm1(a)), State::One32(st)) => {
                         let m = d.max_unorm;
-                        ops::optim1_step_32bit_max_unorm_opts(
+                        ops::optim1_step_32bit_max_unorm(
                             dev, a, params, grads, st, &one, t, m, &opts,
                         )
                         .map(|_| ())
@@ -429,10 +449,12 @@ impl Family {
                 &one,
                 t,
                 d.max_unorm,
+                &GradOptions::default(),
             )
             .map(|_| ()),
             (Family::Norm(NormRule::Lars, _), State::One32(st)) => {
-                ops::lars_step_32bit(dev, params, grads, st, &lars, t).map(|_| ())
+                ops::lars_step_32bit(dev, params, grads, st, &lars, t, &GradOptions::default())
+                    .map(|_| ())
             }
             (family, state) => {
                 return Err(format!("{family:?} cannot step a {state:?} state"));

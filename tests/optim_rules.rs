@@ -6,7 +6,7 @@
 //! and a partial last block. There is no bitsandbytes golden data for these rules.
 
 use qforge::ir::DType;
-use qforge::kernels::ops::{self, AdemamixState32, AdemamixState8, Optim1State8};
+use qforge::kernels::ops::{self, AdemamixState32, AdemamixState8, GradOptions, Optim1State8};
 use qforge::kernels::{AdemamixHyper, BlockwiseMap, Optim1Algo, Optim1Hyper};
 use qforge::runtime::{CpuDevice, Device, HostTensor, InterpreterDevice};
 
@@ -138,8 +138,17 @@ fn one_state_rules_32bit_match_the_model_on_every_device() {
                 for i in 0..N {
                     (s[i], p[i]) = model(a, &h, false, t, g[i], p[i], s[i]);
                 }
-                ops::optim1_step_32bit(dev.as_ref(), a, &mut pt, &tensor(&g), &mut st, &h, t)
-                    .expect("step");
+                ops::optim1_step_32bit(
+                    dev.as_ref(),
+                    a,
+                    &mut pt,
+                    &tensor(&g),
+                    &mut st,
+                    &h,
+                    t,
+                    &GradOptions::default(),
+                )
+                .expect("step");
                 launches += 1;
                 let kp = values(&pt);
                 for i in 0..N {
@@ -180,8 +189,17 @@ fn one_state_rules_8bit_match_the_model_on_every_device() {
                         q[i] = nearest(&code, s[i] * inv);
                     }
                 }
-                ops::optim1_step_8bit(dev.as_ref(), a, &mut pt, &tensor(&g), &mut st, &h, t)
-                    .expect("step");
+                ops::optim1_step_8bit(
+                    dev.as_ref(),
+                    a,
+                    &mut pt,
+                    &tensor(&g),
+                    &mut st,
+                    &h,
+                    t,
+                    &GradOptions::default(),
+                )
+                .expect("step");
                 launches += 1;
                 let what = format!("{} {}8bit t{t}", dev.name(), a.name());
                 assert_eq!(st.state1, q, "{what} codes");
@@ -207,20 +225,48 @@ fn one_state_host_ops_reject_bad_inputs_and_keep_non_finite_elements() {
         &mut [0.0; 4],
         &h,
         1,
+        &GradOptions::default(),
     )
     .unwrap_err();
     assert!(e.to_string().contains("shape"), "{e}");
     let g = tensor(&[0.5; 4]);
-    let e = ops::optim1_step_32bit(&dev, Optim1Algo::Sgd, &mut p, &g, &mut [0.0; 3], &h, 1)
-        .unwrap_err();
+    let e = ops::optim1_step_32bit(
+        &dev,
+        Optim1Algo::Sgd,
+        &mut p,
+        &g,
+        &mut [0.0; 3],
+        &h,
+        1,
+        &GradOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("state1"), "{e}");
-    let e = ops::optim1_step_32bit(&dev, Optim1Algo::Sgd, &mut p, &g, &mut [0.0; 4], &h, 0)
-        .unwrap_err();
+    let e = ops::optim1_step_32bit(
+        &dev,
+        Optim1Algo::Sgd,
+        &mut p,
+        &g,
+        &mut [0.0; 4],
+        &h,
+        0,
+        &GradOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("step"), "{e}");
     let mut bad = Optim1State8::zeros(4);
     bad.absmax1.push(0.0);
-    let e =
-        ops::optim1_step_8bit(&dev, Optim1Algo::Adagrad, &mut p, &g, &mut bad, &h, 1).unwrap_err();
+    let e = ops::optim1_step_8bit(
+        &dev,
+        Optim1Algo::Adagrad,
+        &mut p,
+        &g,
+        &mut bad,
+        &h,
+        1,
+        &GradOptions::default(),
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("absmax1"), "{e}");
     let mut half = HostTensor::new(DType::BF16, vec![4], vec![0; 8]).expect("tensor");
     let g16 = HostTensor::new(DType::BF16, vec![4], vec![0; 8]).expect("tensor");
@@ -232,6 +278,7 @@ fn one_state_host_ops_reject_bad_inputs_and_keep_non_finite_elements() {
         &mut [0.0; 4],
         &h,
         1,
+        &GradOptions::default(),
     )
     .unwrap_err();
     assert!(e.to_string().contains("f32"), "{e}");
@@ -239,7 +286,17 @@ fn one_state_host_ops_reject_bad_inputs_and_keep_non_finite_elements() {
     // NaN / inf gradient leaves the parameter and zeroes the state.
     let g = tensor(&[f32::NAN, 0.5, f32::INFINITY, -1.0]);
     let mut s = [0.25f32; 4];
-    ops::optim1_step_32bit(&dev, Optim1Algo::Lion, &mut p, &g, &mut s, &h, 1).expect("step");
+    ops::optim1_step_32bit(
+        &dev,
+        Optim1Algo::Lion,
+        &mut p,
+        &g,
+        &mut s,
+        &h,
+        1,
+        &GradOptions::default(),
+    )
+    .expect("step");
     let decayed = (1.0 - h.lr * h.weight_decay) as f32;
     let got = values(&p);
     assert_eq!((got[0], got[2]), (1.0, 1.0));

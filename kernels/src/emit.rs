@@ -15,6 +15,7 @@ pub(crate) const ABSMAX_FLOOR: f32 = 1e-38;
 pub(crate) use qforge_ir::routines::block_range;
 
 /// `end - start` for a range from [`block_range`].
+#[cfg(test)]
 pub(crate) fn range_len(b: &mut KernelBuilder, start: Value, end: Value) -> Value {
     b.binary(qforge_ir::BinaryOp::Sub, end, start)
 }

@@ -1,11 +1,12 @@
 //! The library's shared IR fragments as kernel-language helpers, for macro-built kernels (the
 //! library's and users'): each follows the `#[qforge::func]` calling convention (the builder
-//! first, a `Result`) and wraps the builder fragment of `emit`, so both forms emit the same IR.
+//! first, a `Result`) and wraps the builder fragment of `emit` (or an IR routine of
+//! `qforge_ir::routines`), so both forms emit the same IR.
 
 use crate::{emit, maps, QuantType};
-use qforge_ir::dsl::{Buf, Elem, Readable, Table, Val};
+use qforge_ir::dsl::{Buf, Elem, Kind, Readable, Table, Val, Var};
 use qforge_ir::KernelBuilder;
-use qforge_ir::Result;
+use qforge_ir::{DType, Result};
 
 /// `(start, end)` of block `item` of `size` elements, clamped to `limit`: `start = item * size`,
 /// `end = min(start + size, limit)`, or `end = start` when `start >= limit` (all `u32`).
@@ -52,6 +53,30 @@ where
         index.value(),
         limit.value(),
         name,
+    )))
+}
+
+/// `count` kernel variables of type `T` called `{prefix}0`, `{prefix}1`, ... (e.g. the
+/// accumulators of a tile, whose number is a build-time value).
+///
+/// # Errors
+/// None (the helper calling convention).
+pub fn vars<T: Kind>(b: &mut KernelBuilder, count: usize, prefix: &str) -> Result<Vec<Var<T>>> {
+    Ok((0..count)
+        .map(|i| qforge_ir::dsl::var::<T>(b, &format!("{prefix}{i}")))
+        .collect())
+}
+
+/// `v` rounded (nearest even) to `dtype` and widened back to `f32` (unchanged for `f32`): the
+/// IR routine [`qforge_ir::routines::round::round_to`].
+///
+/// # Errors
+/// None (the helper calling convention).
+pub fn round_to(b: &mut KernelBuilder, v: Val<f32>, dtype: DType) -> Result<Val<f32>> {
+    Ok(Val::from_value(qforge_ir::routines::round::round_to(
+        b,
+        v.value(),
+        dtype,
     )))
 }
 

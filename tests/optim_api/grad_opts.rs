@@ -6,7 +6,7 @@
 //! (the resume test in `optim_api.rs` runs clipped groups too).
 
 use qforge::ir::DType;
-use qforge::kernels::ops::{optim1_step_32bit_opts, optim1_step_8bit_opts, GradOptions};
+use qforge::kernels::ops::{optim1_step_32bit, optim1_step_8bit, GradOptions};
 use qforge::kernels::ops::{LambHyper, Optim1State8};
 use qforge::kernels::optim::{
     Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, QAdamWConfig, StateBits,
@@ -301,10 +301,10 @@ fn percentile_clipping_history_and_scale_match_the_model() {
                 };
                 match bits {
                     StateBits::Bits32 => {
-                        optim1_step_32bit_opts(&dev, algo, &mut q[0], &g[0], &mut s32, &h, t, &opts)
+                        optim1_step_32bit(&dev, algo, &mut q[0], &g[0], &mut s32, &h, t, &opts)
                     }
                     StateBits::Bits8 => {
-                        optim1_step_8bit_opts(&dev, algo, &mut q[0], &g[0], &mut s8, &h, t, &opts)
+                        optim1_step_8bit(&dev, algo, &mut q[0], &g[0], &mut s8, &h, t, &opts)
                     }
                 }
                 .unwrap();
@@ -483,7 +483,7 @@ fn bad_gradient_options_are_errors_naming_value_and_group() {
         skip_zeros: false,
     };
     let h = one(Optim1Algo::Sgd, 0.0);
-    let e = optim1_step_32bit_opts(
+    let e = optim1_step_32bit(
         &dev,
         Optim1Algo::Sgd,
         &mut p[0],
@@ -530,8 +530,7 @@ fn long_history_wraps_and_the_percentile_index_is_exact() {
                 gnorm_scale,
                 skip_zeros: false,
             };
-            optim1_step_32bit_opts(&dev, Optim1Algo::Sgd, &mut q[0], &gt, &mut s, &h, t, &opts)
-                .unwrap();
+            optim1_step_32bit(&dev, Optim1Algo::Sgd, &mut q[0], &gt, &mut s, &h, t, &opts).unwrap();
             assert_eq!(p, q, "p{percentile} step {t}");
         }
         let clipped = scales.iter().filter(|s| **s < 1.0).count();

@@ -10,7 +10,8 @@
 
 use qforge::ir::DType;
 use qforge::kernels::ops::{
-    lamb_step_32bit, lars_step_32bit, lars_update_32bit, norm_scale, AdamState32, NormPartials,
+    lamb_step_32bit, lars_step_32bit, lars_update_32bit, norm_scale, AdamState32, GradOptions,
+    NormPartials,
 };
 use qforge::kernels::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
 use qforge::kernels::{LambHyper, LarsHyper};
@@ -101,12 +102,24 @@ fn reference(kind: OptimizerKind, dev: &dyn Device, n: u32) -> (Vec<HostTensor>,
         let g = grads(&kind, t);
         for i in 0..ps.len() {
             let s = match kind {
-                OptimizerKind::Lamb(h) => {
-                    lamb_step_32bit(dev, &mut ps[i], &g[i], &mut adam[i], &h, t)
-                }
-                OptimizerKind::Lars(h) => {
-                    lars_step_32bit(dev, &mut ps[i], &g[i], &mut one[i], &h, t)
-                }
+                OptimizerKind::Lamb(h) => lamb_step_32bit(
+                    dev,
+                    &mut ps[i],
+                    &g[i],
+                    &mut adam[i],
+                    &h,
+                    t,
+                    &GradOptions::default(),
+                ),
+                OptimizerKind::Lars(h) => lars_step_32bit(
+                    dev,
+                    &mut ps[i],
+                    &g[i],
+                    &mut one[i],
+                    &h,
+                    t,
+                    &GradOptions::default(),
+                ),
                 _ => panic!("LAMB / LARS only"),
             };
             scales.push(s.expect("reference step"));
@@ -361,9 +374,17 @@ fn lamb_lars_errors_are_clear() {
         .to_string();
     assert_has(&e, &["max_unorm = -1"]);
     let (mut p, g) = (ps[0].clone(), ps[0].clone());
-    let e = lars_step_32bit(&dev, &mut p, &g, &mut [0.0; 10], &LarsHyper::default(), 1)
-        .unwrap_err()
-        .to_string();
+    let e = lars_step_32bit(
+        &dev,
+        &mut p,
+        &g,
+        &mut [0.0; 10],
+        &LarsHyper::default(),
+        1,
+        &GradOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert_has(&e, &["lars", "f32", "bf16"]);
     assert_eq!(
         norm_scale(&dev, &NormPartials::zeros(300), 1.0).unwrap(),
@@ -379,6 +400,7 @@ fn lamb_lars_errors_are_clear() {
         &LarsHyper::default(),
         1,
         f32::NAN,
+        &GradOptions::default(),
     )
     .unwrap_err()
     .to_string();

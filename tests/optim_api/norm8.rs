@@ -10,7 +10,7 @@
 use qforge::ir::DType;
 use qforge::kernels::ops::{
     lamb_step_32bit, lamb_step_8bit, lars_step_32bit, lars_step_8bit, lars_update_8bit,
-    AdamState32, AdamState8, Optim1State8,
+    AdamState32, AdamState8, GradOptions, Optim1State8,
 };
 use qforge::kernels::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
 use qforge::kernels::{AdamHyper, LambHyper, LarsHyper, Optim1Algo, Optim1Hyper};
@@ -109,10 +109,18 @@ fn reference(kind: OptimizerKind, n: u32) -> (Vec<HostTensor>, Vec<f32>) {
         for i in 0..ps.len() {
             let (p, gi) = (&mut ps[i], &g[i]);
             let s = match (kind, eight[i]) {
-                (OptimizerKind::Lamb(h), true) => lamb_step_8bit(&dev, p, gi, &mut a8[i], &h, t),
-                (OptimizerKind::Lamb(h), false) => lamb_step_32bit(&dev, p, gi, &mut a32[i], &h, t),
-                (OptimizerKind::Lars(h), true) => lars_step_8bit(&dev, p, gi, &mut o8[i], &h, t),
-                (OptimizerKind::Lars(h), false) => lars_step_32bit(&dev, p, gi, &mut o32[i], &h, t),
+                (OptimizerKind::Lamb(h), true) => {
+                    lamb_step_8bit(&dev, p, gi, &mut a8[i], &h, t, &GradOptions::default())
+                }
+                (OptimizerKind::Lamb(h), false) => {
+                    lamb_step_32bit(&dev, p, gi, &mut a32[i], &h, t, &GradOptions::default())
+                }
+                (OptimizerKind::Lars(h), true) => {
+                    lars_step_8bit(&dev, p, gi, &mut o8[i], &h, t, &GradOptions::default())
+                }
+                (OptimizerKind::Lars(h), false) => {
+                    lars_step_32bit(&dev, p, gi, &mut o32[i], &h, t, &GradOptions::default())
+                }
                 _ => panic!("LAMB / LARS only"),
             };
             scales.push(s.expect("reference step"));
@@ -297,27 +305,60 @@ fn lamb8_lars8_errors_are_clear() {
     let g = p.clone();
     let mut short = Optim1State8::zeros(600);
     short.absmax1.pop();
-    let e = lars_step_8bit(&dev, &mut p, &g, &mut short, &lars_hyper(), 1)
-        .unwrap_err()
-        .to_string();
+    let e = lars_step_8bit(
+        &dev,
+        &mut p,
+        &g,
+        &mut short,
+        &lars_hyper(),
+        1,
+        &GradOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert_has(
         &e,
         &["lars8_norm_partials", "absmax1", "2 elements", "needs 3"],
     );
     let mut st = Optim1State8::zeros(600);
-    let e = lars_update_8bit(&dev, &mut p, &g, &mut st, &lars_hyper(), 1, -1.0)
-        .unwrap_err()
-        .to_string();
+    let e = lars_update_8bit(
+        &dev,
+        &mut p,
+        &g,
+        &mut st,
+        &lars_hyper(),
+        1,
+        -1.0,
+        &GradOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert_has(&e, &["lars_update_8bit", "scale = -1"]);
     let mut pb = random_tensor(DType::BF16, &[600], 1, 1.0);
     let gb = pb.clone();
-    let e = lars_step_8bit(&dev, &mut pb, &gb, &mut st, &lars_hyper(), 1)
-        .unwrap_err()
-        .to_string();
+    let e = lars_step_8bit(
+        &dev,
+        &mut pb,
+        &gb,
+        &mut st,
+        &lars_hyper(),
+        1,
+        &GradOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert_has(&e, &["lars", "f32", "bf16"]);
     let mut st8 = AdamState8::zeros(600);
-    let e = lamb_step_8bit(&dev, &mut p, &g, &mut st8, &lamb_hyper(), 0)
-        .unwrap_err()
-        .to_string();
+    let e = lamb_step_8bit(
+        &dev,
+        &mut p,
+        &g,
+        &mut st8,
+        &lamb_hyper(),
+        0,
+        &GradOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
     assert_has(&e, &["step"]);
 }

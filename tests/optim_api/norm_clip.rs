@@ -10,8 +10,8 @@
 
 use qforge::ir::DType;
 use qforge::kernels::ops::{
-    lamb_step_32bit_opts, lamb_step_8bit_opts, lars_step_32bit_opts, lars_step_8bit_opts,
-    optim1_step_32bit_max_unorm_opts, AdamState32, AdamState8, GradOptions, Optim1State8,
+    lamb_step_32bit, lamb_step_8bit, lars_step_32bit, lars_step_8bit, optim1_step_32bit_max_unorm,
+    AdamState32, AdamState8, GradOptions, Optim1State8,
 };
 use qforge::kernels::optim::{Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits};
 use qforge::kernels::{AdamHyper, LambHyper, LarsHyper, Optim1Algo, Optim1Hyper};
@@ -136,16 +136,16 @@ fn reference(c: Case, dev: &dyn Device, n: u32) -> (Vec<HostTensor>, Vec<Vec<f32
             let (p, gi) = (&mut ps[i], &g[i]);
             match (c.kind, eight[i]) {
                 (OptimizerKind::Lamb(h), true) => {
-                    lamb_step_8bit_opts(dev, p, gi, &mut a8[i], &h, t, &opts)
+                    lamb_step_8bit(dev, p, gi, &mut a8[i], &h, t, &opts)
                 }
                 (OptimizerKind::Lamb(h), false) => {
-                    lamb_step_32bit_opts(dev, p, gi, &mut a32[i], &h, t, &opts)
+                    lamb_step_32bit(dev, p, gi, &mut a32[i], &h, t, &opts)
                 }
                 (OptimizerKind::Lars(h), true) => {
-                    lars_step_8bit_opts(dev, p, gi, &mut o8[i], &h, t, &opts)
+                    lars_step_8bit(dev, p, gi, &mut o8[i], &h, t, &opts)
                 }
                 (OptimizerKind::Lars(h), false) => {
-                    lars_step_32bit_opts(dev, p, gi, &mut o32[i], &h, t, &opts)
+                    lars_step_32bit(dev, p, gi, &mut o32[i], &h, t, &opts)
                 }
                 _ => panic!("LAMB / LARS only"),
             }
@@ -306,8 +306,8 @@ fn max_unorm_groups_take_clipping_and_skip_zeros() {
             clipped += usize::from(opts.gnorm_scale < 1.0);
             let (p, s) = (&mut want[i], &mut states[i]);
             let r = Optim1Algo::Rmsprop;
-            let scale = optim1_step_32bit_max_unorm_opts(&dev, r, p, &gs[i], s, &h, t, 0.05, &opts)
-                .unwrap();
+            let scale =
+                optim1_step_32bit_max_unorm(&dev, r, p, &gs[i], s, &h, t, 0.05, &opts).unwrap();
             trust += usize::from(scale < 1.0);
         }
     }

@@ -7,7 +7,7 @@
 use qforge::ir::DType;
 use qforge::kernels::ops::{
     ademamix_step_32bit, ademamix_step_8bit, optim1_step_32bit, optim1_step_8bit, AdemamixState32,
-    AdemamixState8, Optim1State8,
+    AdemamixState8, GradOptions, Optim1State8,
 };
 use qforge::kernels::optim::{
     Optimizer, OptimizerKind, OptimizerOptions, ParamGroup, StateBits, StateLayout,
@@ -123,8 +123,19 @@ fn reference(kind: OptimizerKind, bits: StateBits, dev: &dyn Device, n: u32) -> 
                 ) => {
                     let algo = algo.expect("one-state algo");
                     match s {
-                        Direct::One32(s) => optim1_step_32bit(dev, algo, p, &g[i], s, &h, t),
-                        Direct::One8(s) => optim1_step_8bit(dev, algo, p, &g[i], s, &h, t),
+                        Direct::One32(s) => optim1_step_32bit(
+                            dev,
+                            algo,
+                            p,
+                            &g[i],
+                            s,
+                            &h,
+                            t,
+                            &GradOptions::default(),
+                        ),
+                        Direct::One8(s) => {
+                            optim1_step_8bit(dev, algo, p, &g[i], s, &h, t, &GradOptions::default())
+                        }
                         Direct::Ade32(_) | Direct::Ade8(_) => panic!("wrong reference state"),
                     }
                 }

@@ -2,13 +2,15 @@
 //! `AdamW`, `Adam8bit`, `AdamW8bit`), over any [`Device`]. The formulas are in
 //! [`crate::adam`] and `docs/optimizers.md`.
 
+use crate::adam::Adam32Args;
 use crate::{AdamHyper, OptimAlgo, OptimExtSpec, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
-use qforge_ir::{Arg, DType, Kernel};
+use qforge_ir::dsl::{FloatIn, FloatOut};
+use qforge_ir::DType;
 
-use crate::ops::{cached_kernel, count_u32, f32_le, float_input, le_f32, scalar_u32};
-use crate::optim_staged::host::{launch_adam8, Adam8Buffers};
-use qforge_runtime::Device;
+use crate::ops::{cached_typed, count_u32, float_input};
+use crate::optim_staged::host::{launch_adam8_typed, Adam8Scalars, Adam8State};
 use qforge_runtime::HostTensor;
+use qforge_runtime::{launch_typed, Device};
 use qforge_runtime::{Error, Result};
 
 /// 32-bit optimizer state: both moments in `f32`, one value per parameter element.
@@ -145,77 +147,21 @@ impl GradOptions {
     }
 }
 
-/// The extra scalars of `ext`'s `_gs` variant for `opts`: none for the defaults (the plain
-/// kernel runs).
-///
-/// # Errors
-/// [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
-pub(crate) fn ext_scalars(
-    op: &str,
-    ext: OptimExtSpec,
-    opts: &GradOptions,
-) -> Result<Vec<qforge_ir::Scalar>> {
-    opts.check(op)?;
-    Ok(if opts.is_default() {
-        Vec::new()
-    } else {
-        ext.ext_args(opts.gnorm_scale, opts.skip_zeros)
-    })
-}
-
-/// The kernel of `plain` (with its name) or, for non-default options, of its `_gs` variant;
-/// and the extra scalars the variant takes.
-pub(crate) fn kernel_for(
-    op: &str,
-    plain: (String, &dyn Fn() -> qforge_ir::Result<Kernel>),
-    ext: OptimExtSpec,
-    opts: &GradOptions,
-) -> Result<(std::sync::Arc<Kernel>, Vec<qforge_ir::Scalar>)> {
-    let extra = ext_scalars(op, ext, opts)?;
-    if extra.is_empty() {
-        return Ok((cached_kernel(&plain.0, plain.1)?, extra));
-    }
-    Ok((cached_kernel(&ext.name(), || ext.build())?, extra))
-}
-
 /// One Adam (`algo = Adam`) or AdamW step with 32-bit state, in place: `params` and `state` are
 /// updated for step number `step` (1-based; bias corrections use it). Gradient elements that are
 /// NaN or ±inf zero their state and leave their parameter unchanged.
 ///
-/// # Errors
-/// [`Error::Invalid`] for an empty or non-float parameter, a gradient of another dtype or shape,
-/// state of the wrong length, more than `2^31 - 1` elements; [`Error::Ir`] for invalid
-/// hyperparameters (non-finite, betas outside `[0, 1)`, `eps <= 0`, weight decay with Adam) or
-/// step 0; any device error.
-pub fn adam_step_32bit(
-    dev: &dyn Device,
-    algo: OptimAlgo,
-    params: &mut HostTensor,
-    grads: &HostTensor,
-    state: &mut AdamState32,
-    hyper: &AdamHyper,
-    step: u32,
-) -> Result<()> {
-    adam_step_32bit_opts(
-        dev,
-        algo,
-        params,
-        grads,
-        state,
-        hyper,
-        step,
-        &GradOptions::default(),
-    )
-}
-
-/// [`adam_step_32bit`] with bitsandbytes' gradient options ([`GradOptions`]): the gradient is
-/// scaled by `gnorm_scale`, and with `skip_zeros` an element whose scaled gradient is `±0`
-/// keeps its parameter and both moments.
+/// `opts` are bitsandbytes' gradient options ([`GradOptions`]; `GradOptions::default()` runs
+/// the plain kernel): the gradient is scaled by `gnorm_scale`, and with `skip_zeros` an element
+/// whose scaled gradient is `±0` keeps its parameter and both moments.
 ///
 /// # Errors
-/// As [`adam_step_32bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+/// [`Error::Invalid`] for an empty or non-float parameter, a gradient of another dtype or shape,
+/// state of the wrong length, more than `2^31 - 1` elements, a `gnorm_scale` outside `[0, 1]`;
+/// [`Error::Ir`] for invalid hyperparameters (non-finite, betas outside `[0, 1)`, `eps <= 0`,
+/// weight decay with Adam) or step 0; any device error.
 #[allow(clippy::too_many_arguments)]
-pub fn adam_step_32bit_opts(
+pub fn adam_step_32bit(
     dev: &dyn Device,
     algo: OptimAlgo,
     params: &mut HostTensor,
@@ -230,26 +176,41 @@ pub fn adam_step_32bit_opts(
     expect(OP, "state1", state.state1.len(), n as usize)?;
     expect(OP, "state2", state.state2.len(), n as usize)?;
     let scalars = hyper.scalars(&spec, step)?;
-    let (kernel, extra) = kernel_for(
-        OP,
-        (spec.name(), &|| spec.build()),
-        OptimExtSpec::Adam(spec),
-        opts,
+    opts.check(OP)?;
+    let gs = !opts.is_default();
+    let name = if gs {
+        OptimExtSpec::Adam(spec).name()
+    } else {
+        spec.name()
+    };
+    let kernel = cached_typed(&name, || spec.typed32(&name, gs))?;
+    launch_typed(
+        dev,
+        &kernel,
+        &mut Adam32Args {
+            n,
+            n_blocks: n.div_ceil(OPTIM_BLOCKSIZE),
+            beta1: scalars.beta1,
+            one_minus_beta1: scalars.one_minus_beta1,
+            beta2: scalars.beta2,
+            one_minus_beta2: scalars.one_minus_beta2,
+            decay: (algo == OptimAlgo::AdamW).then_some(scalars.decay),
+            step_size: scalars.step_size,
+            eps_c2: scalars.eps_c2,
+            gnorm_scale: gs.then_some(opts.gnorm_scale),
+            skip_zeros: gs.then_some(u32::from(opts.skip_zeros)),
+            p: FloatOut {
+                dtype: spec.dtype,
+                bytes: &mut params.data,
+            },
+            g: FloatIn {
+                dtype: spec.dtype,
+                bytes: &grads.data,
+            },
+            state1: &mut state.state1,
+            state2: &mut state.state2,
+        },
     )?;
-    let mut s1 = f32_le(&state.state1);
-    let mut s2 = f32_le(&state.state2);
-    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
-    args.extend(scalars.kernel_args(&spec).into_iter().map(Arg::Scalar));
-    args.extend(extra.into_iter().map(Arg::Scalar));
-    args.extend([
-        Arg::Write(&mut params.data),
-        Arg::Read(&grads.data),
-        Arg::Write(&mut s1),
-        Arg::Write(&mut s2),
-    ]);
-    dev.launch(&kernel, &mut args)?;
-    state.state1 = le_f32(&s1);
-    state.state2 = le_f32(&s2);
     Ok(())
 }
 
@@ -259,36 +220,14 @@ pub fn adam_step_32bit_opts(
 /// [`adam_step_32bit`]. CPU devices run the staged kernel in chunks
 /// ([`crate::optim_staged`]; the same bits, a workspace of at most 4 MiB).
 ///
-/// # Errors
-/// As [`adam_step_32bit`], with the 8-bit state's lengths (codes per element, absmax per block).
-pub fn adam_step_8bit(
-    dev: &dyn Device,
-    algo: OptimAlgo,
-    params: &mut HostTensor,
-    grads: &HostTensor,
-    state: &mut AdamState8,
-    hyper: &AdamHyper,
-    step: u32,
-) -> Result<()> {
-    adam_step_8bit_opts(
-        dev,
-        algo,
-        params,
-        grads,
-        state,
-        hyper,
-        step,
-        &GradOptions::default(),
-    )
-}
-
-/// [`adam_step_8bit`] with bitsandbytes' gradient options: the gradient is scaled by
-/// `gnorm_scale`; `skip_zeros` is ignored, as bitsandbytes' blockwise 8-bit Adam kernel does.
+/// `opts` are bitsandbytes' gradient options ([`GradOptions`]; `GradOptions::default()` runs
+/// the plain kernel): the gradient is scaled by `gnorm_scale`; `skip_zeros` is ignored, as
+/// bitsandbytes' blockwise 8-bit Adam kernel does.
 ///
 /// # Errors
-/// As [`adam_step_8bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+/// As [`adam_step_32bit`], with the 8-bit state's lengths (codes per element, absmax per block).
 #[allow(clippy::too_many_arguments)]
-pub fn adam_step_8bit_opts(
+pub fn adam_step_8bit(
     dev: &dyn Device,
     algo: OptimAlgo,
     params: &mut HostTensor,
@@ -311,21 +250,18 @@ pub fn adam_step_8bit_opts(
         skip_zeros: false,
         ..*opts
     };
-    let extra = ext_scalars(OP, OptimExtSpec::Adam(spec), &opts)?;
-    let mut a1 = f32_le(&state.absmax1);
-    let mut a2 = f32_le(&state.absmax2);
-    let bufs = Adam8Buffers {
+    opts.check(OP)?;
+    let gnorm_scale = (!opts.is_default()).then_some(opts.gnorm_scale);
+    let bufs = Adam8State {
         params: &mut params.data,
         grads: &grads.data,
         state1: &mut state.state1,
-        absmax1: &mut a1,
+        absmax1: &mut state.absmax1,
         state2: &mut state.state2,
-        absmax2: &mut a2,
+        absmax2: &mut state.absmax2,
     };
-    launch_adam8(dev, spec, &scalars.kernel_args(&spec), &extra, bufs)?;
-    state.absmax1 = le_f32(&a1);
-    state.absmax2 = le_f32(&a2);
-    Ok(())
+    let s = Adam8Scalars::new(&spec, &scalars, gnorm_scale);
+    launch_adam8_typed(OP, dev, spec, &s, bufs)
 }
 
 /// The parameter dtypes the optimizer kernels accept.

@@ -42,24 +42,34 @@
 //!   one_minus_beta2, [decay], step_size, c2, eps: f32, p: dtype[n] readwrite, g: dtype[n] read,
 //!   state1: u8[n] readwrite, absmax1: f32[n_blocks] readwrite, state2: u8[n] readwrite,
 //!   absmax2: f32[n_blocks] readwrite)`.
+//!
+//! Both kernels are written in the kernel language ([`adam32::adam32`], [`optim8::adam8bit`],
+//! every form); the host ops launch them through their typed arguments ([`Adam32Args`],
+//! [`Adam8bitArgs`]). The builder versions they replaced are kept for the tests in
+//! `reference.rs`.
 
+pub mod adam32;
 mod catalog;
 pub(crate) mod host;
 pub mod optim8;
 #[cfg(test)]
+mod reference;
+#[cfg(test)]
 mod tests;
 
+pub use crate::adam::adam32::{Adam32, Adam32Args};
+pub use crate::adam::optim8::{Adam8bit, Adam8bitArgs};
+
 use crate::adam::optim8::build8;
-use crate::emit::block_range;
-#[cfg(test)]
-use crate::emit::inv_absmax;
+use crate::check_float_dtype;
 use crate::nearest::{self, Nearest8Tables};
-use crate::{check_float_dtype, BlockwiseMap};
+use crate::BlockwiseMap;
+use qforge_ir::dsl::TypedKernel;
 use qforge_ir::CmpOp;
 use qforge_ir::KernelBuilder;
-use qforge_ir::{Access, Dim, Kernel, ParamId, TableId, Value};
 use qforge_ir::{DType, Scalar, ScalarType};
 use qforge_ir::{Error, Result};
+use qforge_ir::{Kernel, ParamId, TableId, Value};
 
 /// Elements per work item and per 8-bit absmax block (bitsandbytes' optimizer blocksize).
 pub const OPTIM_BLOCKSIZE: u32 = 256;
@@ -325,7 +335,9 @@ impl OptimSpec {
     pub fn build(&self) -> Result<Kernel> {
         check_float_dtype(self.dtype)?;
         match self.state {
-            StateBits::Bits32 => build32(self, None),
+            StateBits::Bits32 => {
+                adam32::adam32(self, &self.name(), false).map(TypedKernel::into_kernel)
+            }
             StateBits::Bits8 => build8(self, &self.name(), Form::default()),
         }
     }
@@ -339,7 +351,7 @@ impl OptimSpec {
     pub(crate) fn build_ext(&self, name: &str) -> Result<Kernel> {
         check_float_dtype(self.dtype)?;
         match self.state {
-            StateBits::Bits32 => build32(self, Some(name)),
+            StateBits::Bits32 => adam32::adam32(self, name, true).map(TypedKernel::into_kernel),
             StateBits::Bits8 => build8(
                 self,
                 name,
@@ -376,12 +388,47 @@ impl OptimSpec {
             ))),
         }
     }
+
+    /// The typed 32-bit kernel named `name` ([`adam32::adam32`]); `gs`: the `_gs` variant
+    /// ([`OptimSpec::build_ext`]).
+    ///
+    /// # Errors
+    /// As [`OptimSpec::build`]; [`Error::Unsupported`] for 8-bit state.
+    pub fn typed32(&self, name: &str, gs: bool) -> Result<TypedKernel<Adam32>> {
+        check_float_dtype(self.dtype)?;
+        match self.state {
+            StateBits::Bits32 => adam32::adam32(self, name, gs),
+            StateBits::Bits8 => Err(Error::Unsupported(format!(
+                "{name}: {} has 8-bit state, not 32-bit",
+                self.name()
+            ))),
+        }
+    }
+
+    /// The typed 8-bit kernel named `name` in the variant `form` ([`optim8::adam8bit`]).
+    ///
+    /// # Errors
+    /// As [`OptimSpec::build`]; [`Error::Unsupported`] for 32-bit state.
+    pub(crate) fn typed8(&self, name: &str, form: Form) -> Result<TypedKernel<Adam8bit>> {
+        check_float_dtype(self.dtype)?;
+        match self.state {
+            StateBits::Bits8 => optim8::adam8bit(self, name, form),
+            StateBits::Bits32 => Err(Error::Unsupported(format!(
+                "{name}: {} has 32-bit state, not 8-bit",
+                self.name()
+            ))),
+        }
+    }
 }
+
+// The builder fragments below build the optimizer kernels' builder versions (the test-only
+// references in each family's `reference.rs`), and any optimizer kernel still on the builder.
 
 /// The gradient options of a `_gs` kernel variant, as values: `g` is multiplied by
 /// `gnorm_scale` first; `skip` is the `skip_zeros != 0` flag (`None` where the kernel ignores
 /// `skip_zeros`).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) struct GradOpts {
     /// `gnorm_scale`.
     pub(crate) scale: Value,
@@ -390,6 +437,7 @@ pub(crate) struct GradOpts {
 }
 
 /// Declares the `_gs` scalars (`gnorm_scale: f32`, then `skip_zeros: u32` when `with_skip`).
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn declare_grad_opts(
     b: &mut KernelBuilder,
     with_skip: bool,
@@ -400,6 +448,7 @@ pub(crate) fn declare_grad_opts(
 }
 
 /// Reads the `_gs` scalars declared by [`declare_grad_opts`].
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn read_grad_opts(
     b: &mut KernelBuilder,
     (scale, skip): (ParamId, Option<ParamId>),
@@ -414,78 +463,17 @@ pub(crate) fn read_grad_opts(
 }
 
 /// `skip && x == 0` (`x` is `+0` or `-0`): the element is skipped.
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn skipped(b: &mut KernelBuilder, skip: Value, x: Value) -> Value {
     let zero = b.const_f32(0.0);
     let is_zero = b.cmp(CmpOp::Eq, x, zero);
     b.and(skip, is_zero)
 }
 
-/// The scalar parameters shared by both state widths, as values.
-struct Hyper {
-    beta1: Value,
-    one_minus_beta1: Value,
-    beta2: Value,
-    one_minus_beta2: Value,
-    decay: Option<Value>,
-}
-
-/// Declares `n`, `n_blocks` and the hyperparameter scalars; the remaining (width-specific)
-/// scalar names follow in `tail`.
-fn declare_scalars(
-    b: &mut KernelBuilder,
-    spec: &OptimSpec,
-    tail: &[&str],
-) -> (ParamId, ParamId, Vec<ParamId>) {
-    let n = b.scalar_param("n", ScalarType::U32);
-    let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
-    let mut names = vec!["beta1", "one_minus_beta1", "beta2", "one_minus_beta2"];
-    if spec.algo == OptimAlgo::AdamW {
-        names.push("decay");
-    }
-    names.extend_from_slice(tail);
-    let ps = names
-        .iter()
-        .map(|s| b.scalar_param(s, ScalarType::F32))
-        .collect();
-    (n, n_blocks, ps)
-}
-
-/// Reads the shared scalars; returns them and the width-specific rest.
-fn read_scalars(b: &mut KernelBuilder, spec: &OptimSpec, ps: &[ParamId]) -> (Hyper, Vec<Value>) {
-    let vals: Vec<Value> = ps.iter().map(|p| b.param(*p)).collect();
-    let wd = usize::from(spec.algo == OptimAlgo::AdamW);
-    let h = Hyper {
-        beta1: vals[0],
-        one_minus_beta1: vals[1],
-        beta2: vals[2],
-        one_minus_beta2: vals[3],
-        decay: (wd == 1).then(|| vals[4]),
-    };
-    (h, vals[4 + wd..].to_vec())
-}
-
-/// The moment update of one element: `(finite, m, v)` where a non-finite `g` gives `+0.0` for
-/// both moments.
-fn moments(b: &mut KernelBuilder, h: &Hyper, g: Value, m_old: Value, v_old: Value) -> [Value; 3] {
-    let betas = [h.beta1, h.one_minus_beta1, h.beta2, h.one_minus_beta2];
-    let [m, v] = moment_update(b, betas, g, m_old, v_old);
-    let finite = is_finite(b, g);
-    let zero = b.const_f32(0.0);
-    let m = b.select(finite, m, zero);
-    let v = b.select(finite, v, zero);
-    [finite, m, v]
-}
-
-/// `|g| < inf`: `g` is neither NaN nor ±inf.
-fn is_finite(b: &mut KernelBuilder, g: Value) -> Value {
-    let ag = b.abs(g);
-    let inf = b.const_f32(f32::INFINITY);
-    b.cmp(CmpOp::Lt, ag, inf)
-}
-
 /// The Adam moments of one element before the non-finite rule, from
 /// `[beta1, one_minus_beta1, beta2, one_minus_beta2]`: `m = fma(g, one_minus_beta1, m * beta1)`,
 /// `v = fma(one_minus_beta2 * g, g, v * beta2)` (also LAMB's, `optim_norm.rs`).
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn moment_update(
     b: &mut KernelBuilder,
     [beta1, one_minus_beta1, beta2, one_minus_beta2]: [Value; 4],
@@ -501,64 +489,9 @@ pub(crate) fn moment_update(
     [m, v]
 }
 
-/// `p * decay` for AdamW, `p` for Adam.
-fn decayed(b: &mut KernelBuilder, h: &Hyper, p: Value) -> Value {
-    match h.decay {
-        Some(d) => b.mul(p, d),
-        None => p,
-    }
-}
-
-fn build32(spec: &OptimSpec, ext: Option<&str>) -> Result<Kernel> {
-    let mut b = KernelBuilder::new(&ext.map_or_else(|| spec.name(), str::to_string));
-    let (n, n_blocks, ps) = declare_scalars(&mut b, spec, &["step_size", "eps_c2"]);
-    let opts = ext.map(|_| declare_grad_opts(&mut b, true));
-    let shape = [Dim::Param(n)];
-    let p = b.buffer_param("p", spec.dtype, &shape, Access::ReadWrite);
-    let g = b.buffer_param("g", spec.dtype, &shape, Access::Read);
-    let s1 = b.buffer_param("state1", DType::F32, &shape, Access::ReadWrite);
-    let s2 = b.buffer_param("state2", DType::F32, &shape, Access::ReadWrite);
-    b.set_grid(Dim::Param(n_blocks));
-    let (h, rest) = read_scalars(&mut b, spec, &ps);
-    let opts = opts.map(|o| read_grad_opts(&mut b, o));
-    let (step_size, eps_c2) = (rest[0], rest[1]);
-    let block = b.work_item();
-    let nv = b.param(n);
-    let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);
-    b.for_range(start, end, 1, |b, e| {
-        let mut gv = b.load(g, e);
-        let m_old = b.load(s1, e);
-        let v_old = b.load(s2, e);
-        if let Some(o) = opts {
-            gv = b.mul(gv, o.scale);
-        }
-        let [mut finite, mut m, mut v] = moments(b, &h, gv, m_old, v_old);
-        // `_gs`: a skipped element (scaled gradient exactly zero) keeps its moments and its
-        // parameter (no weight decay either).
-        if let Some(skip) = opts.and_then(|o| o.skip) {
-            let sk = skipped(b, skip, gv);
-            m = b.select(sk, m_old, m);
-            v = b.select(sk, v_old, v);
-            let keep = b.not(sk);
-            finite = b.and(finite, keep);
-        }
-        b.store(s1, e, m);
-        b.store(s2, e, v);
-        // Straight-line (no branch, so a vectorizing backend takes the loop whole): a
-        // non-finite gradient keeps the old parameter value.
-        let pv = b.load(p, e);
-        let pd = decayed(b, &h, pv);
-        let sv = b.sqrt(v);
-        let den = b.add(sv, eps_c2);
-        let r = b.div(m, den);
-        let stepped = b.fma(r, step_size, pd);
-        let out = b.select(finite, stepped, pv);
-        b.store_auto(p, e, out);
-    });
-    Ok(b.finish())
-}
-
 /// The 8-bit state tables of one map: the code values and the nearest-code search.
+// Used by the builder reference versions of the optimizer kernels (tests).
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) struct StateTables {
     /// The code values.
     pub(crate) code: TableId,
@@ -567,6 +500,7 @@ pub(crate) struct StateTables {
 }
 
 /// Declares the code and search tables of `map` (names suffixed with `which`).
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn state_tables(
     b: &mut KernelBuilder,
     map: BlockwiseMap,
@@ -590,120 +524,6 @@ pub struct Form {
     /// moments in the workspace buffers `m_stage`, `v_stage` (`f32[n]`, after the others) and the
     /// second pass reads them back instead of decoding the codes again.
     pub(crate) staged: bool,
-}
-
-/// The builder version of the 8-bit kernel named `name` in the variant `form`, as it was before
-/// the kernel moved to the kernel language ([`crate::adam::optim8`]); tests prove the two
-/// equal.
-#[cfg(test)]
-pub(crate) fn build8_builder(spec: &OptimSpec, name: &str, form: Form) -> Result<Kernel> {
-    let mut b = KernelBuilder::new(name);
-    let (n, n_blocks, ps) = declare_scalars(&mut b, spec, &["step_size", "c2", "eps"]);
-    // bitsandbytes' 8-bit two-state kernel ignores `skip_zeros`: only `gnorm_scale`.
-    let opts = form.grad_opts.then(|| declare_grad_opts(&mut b, false));
-    let shape = [Dim::Param(n)];
-    let blocks = [Dim::Param(n_blocks)];
-    let p = b.buffer_param("p", spec.dtype, &shape, Access::ReadWrite);
-    let g = b.buffer_param("g", spec.dtype, &shape, Access::Read);
-    let s1 = b.buffer_param("state1", DType::U8, &shape, Access::ReadWrite);
-    let a1 = b.buffer_param("absmax1", DType::F32, &blocks, Access::ReadWrite);
-    let s2 = b.buffer_param("state2", DType::U8, &shape, Access::ReadWrite);
-    let a2 = b.buffer_param("absmax2", DType::F32, &blocks, Access::ReadWrite);
-    let scale = form
-        .scaled
-        .then(|| b.buffer_param("scale", DType::F32, &[Dim::Const(1)], Access::Read));
-    let stage = form.staged.then(|| {
-        ["m_stage", "v_stage"].map(|s| b.buffer_param(s, DType::F32, &shape, Access::ReadWrite))
-    });
-    b.set_grid(Dim::Param(n_blocks));
-    let t1 = state_tables(&mut b, BlockwiseMap::Dynamic, "1")?;
-    let t2 = state_tables(&mut b, BlockwiseMap::DynamicUnsigned, "2")?;
-    let (h, rest) = read_scalars(&mut b, spec, &ps);
-    let opts = opts.map(|o| read_grad_opts(&mut b, o));
-    let (mut step_size, c2, eps) = (rest[0], rest[1], rest[2]);
-    // 8-bit LAMB: `ss = scale[0] * step_size`, where `lamb32` multiplies it.
-    if let Some(scale) = scale {
-        let zero = b.const_u32(0);
-        let sc = b.load(scale, zero);
-        step_size = b.mul(sc, step_size);
-    }
-    let block = b.work_item();
-    let nv = b.param(n);
-    let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);
-    let old_a1 = b.load(a1, block);
-    let old_a2 = b.load(a2, block);
-    // The gradient of element `e` (scaled by `gnorm_scale` in a `_gs` kernel).
-    let grad = |b: &mut KernelBuilder, e: Value| -> Value {
-        let gv = b.load(g, e);
-        match opts {
-            Some(o) => b.mul(gv, o.scale),
-            None => gv,
-        }
-    };
-    // The updated moments of element `e`, from the (unchanged) old codes.
-    let update = |b: &mut KernelBuilder, e: Value| -> [Value; 3] {
-        let gv = grad(b, e);
-        let q1 = b.load(s1, e);
-        let c1 = b.lookup(t1.code, q1);
-        let m_old = b.mul(c1, old_a1);
-        let q2 = b.load(s2, e);
-        let c2v = b.lookup(t2.code, q2);
-        let v_old = b.mul(c2v, old_a2);
-        moments(b, &h, gv, m_old, v_old)
-    };
-    let acc1 = b.var("absmax1_acc", ScalarType::F32);
-    let acc2 = b.var("absmax2_acc", ScalarType::F32);
-    // Pass 1: the new absmax of each moment (and, staged, the moments themselves).
-    b.for_range(start, end, 1, |b, e| {
-        let [_, m, v] = update(b, e);
-        if let Some([ms, vs]) = stage {
-            b.store(ms, e, m);
-            b.store(vs, e, v);
-        }
-        for (acc, x) in [(acc1, m), (acc2, v)] {
-            let a = b.abs(x);
-            let cur = b.read_var(acc);
-            // max(cur, a) = select(a > cur, a, cur): a NaN moment is skipped.
-            let mx = b.max(cur, a);
-            b.assign(acc, mx);
-        }
-    });
-    let new_a1 = b.read_var(acc1);
-    let new_a2 = b.read_var(acc2);
-    b.store(a1, block, new_a1);
-    b.store(a2, block, new_a2);
-    let inv1 = inv_absmax(&mut b, new_a1);
-    let inv2 = inv_absmax(&mut b, new_a2);
-    // Pass 2 (straight-line): the same moments again (recomputed bit-identically, or read back
-    // from the stage), the parameter, and the moments requantized with the new absmax.
-    b.for_range(start, end, 1, |b, e| {
-        let [finite, m, v] = match stage {
-            None => update(b, e),
-            Some([ms, vs]) => {
-                let gv = grad(b, e);
-                let finite = is_finite(b, gv);
-                [finite, b.load(ms, e), b.load(vs, e)]
-            }
-        };
-        let pv = b.load(p, e);
-        let pd = decayed(b, &h, pv);
-        let num = b.mul(step_size, m);
-        let sv = b.sqrt(v);
-        let d = b.div(sv, c2);
-        let den = b.add(d, eps);
-        let upd = b.div(num, den);
-        let stepped = b.add(pd, upd);
-        // A non-finite gradient leaves the parameter as it was.
-        let out = b.select(finite, stepped, pv);
-        b.store_auto(p, e, out);
-        let sm = b.mul(m, inv1);
-        let q1 = nearest::emit_code(b, sm, &t1.nearest);
-        let sv = b.mul(v, inv2);
-        let q2 = nearest::emit_code(b, sv, &t2.nearest);
-        b.store(s1, e, q1);
-        b.store(s2, e, q2);
-    });
-    Ok(b.finish())
 }
 
 /// The gradient of the optimizers' example arguments: `values` rotated by one, with a NaN at

@@ -14,24 +14,24 @@ use qforge_ir::Rounding;
 
 /// The moment decays, as values.
 #[derive(Clone, Copy)]
-struct Betas {
-    beta1: Val<f32>,
-    one_minus_beta1: Val<f32>,
-    beta2: Val<f32>,
-    one_minus_beta2: Val<f32>,
+pub(crate) struct Betas {
+    pub(crate) beta1: Val<f32>,
+    pub(crate) one_minus_beta1: Val<f32>,
+    pub(crate) beta2: Val<f32>,
+    pub(crate) one_minus_beta2: Val<f32>,
 }
 
 /// One moment's 8-bit state: the codes, the code table and the nearest-code thresholds.
 #[derive(Clone, Copy)]
-struct State8 {
-    codes: Buf<InOut<u8>>,
-    code: Table<f32>,
-    thresholds: Table<f32>,
+pub(crate) struct State8 {
+    pub(crate) codes: Buf<InOut<u8>>,
+    pub(crate) code: Table<f32>,
+    pub(crate) thresholds: Table<f32>,
 }
 
 /// Declares the code and threshold tables of `map` (`code{which}`, `mid_thresholds{which}`).
 #[func]
-fn state8(codes: Buf<InOut<u8>>, map: BlockwiseMap, which: &str) -> State8 {
+pub(crate) fn state8(codes: Buf<InOut<u8>>, map: BlockwiseMap, which: &str) -> State8 {
     State8 {
         codes: codes,
         code: table_f32(&comptime!(format!("code{which}")), &map.code()),
@@ -54,7 +54,7 @@ fn grad(g: Buf<In<Float>>, e: Val<u32>, gnorm_scale: Option<Val<f32>>) -> Val<f3
 
 /// `|g| < inf`: `g` is neither NaN nor ±inf.
 #[func]
-fn is_finite(g: Val<f32>) -> Val<bool> {
+pub(crate) fn is_finite(g: Val<f32>) -> Val<bool> {
     let ag = abs(g);
     ag < f32::INFINITY
 }
@@ -62,7 +62,7 @@ fn is_finite(g: Val<f32>) -> Val<bool> {
 /// `(finite, m, v)`: the Adam moments `m = fma(g, 1 - beta1, m * beta1)`,
 /// `v = fma((1 - beta2) * g, g, v * beta2)`, both `+0.0` for a non-finite `g`.
 #[func]
-fn moments(
+pub(crate) fn moments(
     h: Betas,
     g: Val<f32>,
     m_old: Val<f32>,
@@ -99,7 +99,7 @@ fn update(
 
 /// `acc = max(acc, |x|)` (`select(|x| > acc, |x|, acc)`: a NaN moment is skipped).
 #[func]
-fn absmax_step(acc: Var<f32>, x: Val<f32>) {
+pub(crate) fn absmax_step(acc: Var<f32>, x: Val<f32>) {
     let a = abs(x);
     acc = max(acc, a);
 }
@@ -232,7 +232,8 @@ pub(crate) fn build8(spec: &OptimSpec, name: &str, form: Form) -> Result<Kernel>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::adam::{build8_builder, StateBits};
+    use crate::adam::reference::build8_builder;
+    use crate::adam::StateBits;
     use crate::FLOAT_DTYPES;
 
     /// The macro-built kernel is the builder-built one (same IR, so the same snapshots) for both

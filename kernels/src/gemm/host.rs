@@ -2,12 +2,14 @@
 //! transposed: the forward and backward products of a full-precision linear layer (the
 //! bottleneck adapters' projections). Exact semantics: [`crate::gemm`].
 
+use crate::gemm::GemmKernelArgs;
 use crate::{Gemm, Layout};
-use qforge_ir::{Arg, DType};
+use qforge_ir::dsl::{FloatIn, FloatOut};
+use qforge_ir::DType;
 
-use crate::ops::{cached_kernel, count_u32, scalar_u32, suggest_tile_sizes, DeviceCaps};
-use qforge_runtime::Device;
+use crate::ops::{cached_typed, count_u32, suggest_tile_sizes, DeviceCaps};
 use qforge_runtime::HostTensor;
+use qforge_runtime::{launch_typed, Device};
 use qforge_runtime::{Error, Result};
 
 /// `(rows, L)` of a 2-D operand stored with `layout` (`[rows, L]` or `[L, rows]`).
@@ -37,6 +39,14 @@ fn operand(what: &str, t: &HostTensor, layout: Layout, dtype: DType) -> Result<(
         Layout::Transposed => (c, r),
     };
     Ok((count_u32("gemm", what, rows)?, count_u32("gemm", what, l)?))
+}
+
+/// The bytes of a float operand (its dtype checked against A's).
+fn float_in(t: &HostTensor) -> FloatIn<'_> {
+    FloatIn {
+        dtype: t.dtype,
+        bytes: &t.data,
+    }
 }
 
 /// The `[cols, rows]` transpose of the row-major `[rows, cols]` matrix of `N`-byte elements
@@ -156,25 +166,27 @@ pub fn gemm(
         residual: residual.is_some(),
         tile,
     };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let kernel = cached_typed(&spec.name(), || spec.build_typed())?;
     let mut c = vec![0u8; outputs as usize * dtype.size_bytes()];
-    let mut args = vec![
-        scalar_u32(m),
-        scalar_u32(n),
-        scalar_u32(l),
-        scalar_u32(n_items),
-        scalar_u32(n_tiles),
-        Arg::Read(&a.data),
-        Arg::Read(&b.data),
-    ];
-    if let Some(bias) = bias {
-        args.push(Arg::Read(&bias.data));
-    }
-    if let Some(r) = residual {
-        args.push(Arg::Read(&r.data));
-    }
-    args.push(Arg::Write(&mut c));
-    dev.launch(&kernel, &mut args)?;
+    launch_typed(
+        dev,
+        &kernel,
+        &mut GemmKernelArgs {
+            m,
+            n,
+            l,
+            n_items,
+            n_tiles,
+            a: float_in(a),
+            b: float_in(b),
+            bias: bias.map(float_in),
+            r: residual.map(float_in),
+            c: FloatOut {
+                dtype,
+                bytes: &mut c,
+            },
+        },
+    )?;
     HostTensor::new(dtype, vec![m as usize, n as usize], c)
 }
 

@@ -14,7 +14,7 @@
 //!   product `1 * dY` is exact, so this is the pinned-order sum of the column).
 //!
 //! Semantics, per output: operands widened exactly to `f32`; the sum over `l` is one
-//! [`crate::Stmt::Accumulate`] in [`DOT_ORDER`] (element `l` fused with `fma` into partial `l % 8`,
+//! [`qforge_ir::Stmt::Accumulate`] in [`DOT_ORDER`] (element `l` fused with `fma` into partial `l % 8`,
 //! partials from `-0.0`, the halving tree), so tiling never changes a bit; with a bias, one `f32`
 //! add of `f32(bias[j])`; with a residual, then one `f32` add of `f32(R[i, j])`; one rounding
 //! (nearest even) to the output dtype. For `f32` this is PyTorch's `h + (a @ W.T + b)`: each
@@ -26,20 +26,32 @@
 //! write)`, grid `n_items =
 //! ceil(m/TM) * ceil(n/TN)`, `n_tiles = ceil(n/TN)`; rows of a tile past the end read the last
 //! valid row and store nothing.
+//!
+//! The kernel is written in the kernel language ([`gemm_kernel`]; its arguments are
+//! [`GemmKernelArgs`]). The tile's one `accumulate` is a builder fragment in the helper calling
+//! convention (`tile::accumulate_tile`): an `#[accumulate]` loop names a fixed list of
+//! accumulators, a tile has a build-time number (`TM * TN`) of them. `reference.rs` keeps the
+//! builder version, which the tests prove identical (same IR).
 
 mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod reference;
+
+use qforge_macros::kernel;
+
 use crate::check_float_dtype;
+use crate::funcs::vars;
 use crate::matmul4::TileConfig;
-use crate::tile::{store_tile, tile_of, TileRow};
+use crate::tile::{accumulate_tile, load_rows, store_sums, work_tile, Factors, Row, TileFactors};
 use crate::DOT_ORDER;
+use qforge_ir::dsl::{Buf, Float, In, Out, TypedKernel, Val};
 use qforge_ir::KernelBuilder;
 use qforge_ir::Result;
-use qforge_ir::{Access, Dim, Kernel, ParamId, Value, VarId};
-use qforge_ir::{DType, ScalarType};
+use qforge_ir::{DType, Kernel};
 
 /// How a logical `[rows, L]` operand is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -93,131 +105,152 @@ impl Gemm {
         )
     }
 
-    /// Builds the kernel.
+    /// Builds the kernel ([`gemm_kernel`], the macro-built kernel, as a plain [`Kernel`]).
     ///
     /// # Errors
     /// [`crate::Error::Unsupported`] for a non-float dtype or an invalid tile.
     pub fn build(&self) -> Result<Kernel> {
+        self.build_typed().map(TypedKernel::into_kernel)
+    }
+
+    /// Builds the kernel with its typed signature ([`GemmKernelArgs`] names its arguments).
+    ///
+    /// # Errors
+    /// [`crate::Error::Unsupported`] for a non-float dtype or an invalid tile.
+    pub fn build_typed(&self) -> Result<TypedKernel<GemmKernel>> {
         check_float_dtype(self.dtype)?;
         self.tile.check()?;
-        let mut b = KernelBuilder::new(&self.name());
-        let [m, n, l, n_items, n_tiles] =
-            ["m", "n", "l", "n_items", "n_tiles"].map(|s| b.scalar_param(s, ScalarType::U32));
-        let a_dims = match self.a {
-            Layout::RowMajor => [Dim::Param(m), Dim::Param(l)],
-            Layout::Transposed => [Dim::Param(l), Dim::Param(m)],
-        };
-        let b_dims = match self.b {
-            Layout::RowMajor => [Dim::Param(n), Dim::Param(l)],
-            Layout::Transposed => [Dim::Param(l), Dim::Param(n)],
-        };
-        let a = b.buffer_param("a", self.dtype, &a_dims, Access::Read);
-        let w = b.buffer_param("b", self.dtype, &b_dims, Access::Read);
-        let bias = self
-            .bias
-            .then(|| b.buffer_param("bias", self.dtype, &[Dim::Param(n)], Access::Read));
-        let residual = self.residual.then(|| {
-            b.buffer_param(
-                "r",
-                self.dtype,
-                &[Dim::Param(m), Dim::Param(n)],
-                Access::Read,
-            )
-        });
-        let c = b.buffer_param(
-            "c",
-            self.dtype,
-            &[Dim::Param(m), Dim::Param(n)],
-            Access::Write,
-        );
-        b.set_grid(Dim::Param(n_items));
-        let (mv, nv, lv) = (b.param(m), b.param(n), b.param(l));
-        let (rows, outs) = tile_of(&mut b, n_tiles, self.tile, mv, nv);
-        let vars: Vec<VarId> = (0..rows.len() * outs.len())
-            .map(|i| b.var(&format!("acc{i}"), ScalarType::F32))
-            .collect();
-        let a_op = Operand::new(&mut b, a, self.a, &rows, mv, lv);
-        let b_op = Operand::new(&mut b, w, self.b, &outs, nv, lv);
-        b.accumulate(lv, DOT_ORDER, &vars, |b, i| {
-            let av = a_op.load_all(b, i);
-            let bv = b_op.load_all(b, i);
-            let mut factors = Vec::with_capacity(av.len() * bv.len());
-            for x in &av {
-                for y in &bv {
-                    factors.push((*x, *y));
-                }
-            }
-            factors
-        });
-        store_tile(&mut b, (&rows, &outs), c, nv, |b, at, r, o| {
-            let mut s = b.read_var(vars[at]);
-            if let Some(bias) = bias {
-                let bv = b.load(bias, o.clamped);
-                s = b.add(s, bv);
-            }
-            if let Some(res) = residual {
-                let row = b.mul(r.clamped, nv);
-                let idx = b.add(row, o.clamped);
-                let rv = b.load(res, idx);
-                s = b.add(s, rv);
-            }
-            s
-        });
-        Ok(b.finish())
+        gemm_kernel(*self)
     }
 }
 
-/// The loads of one operand's tile rows at reduction index `l`.
-struct Operand {
-    buf: ParamId,
-    layout: Layout,
-    /// Row-major: `row * L` per tile row; transposed: the row index itself.
-    offsets: Vec<Value>,
-    /// Transposed: the stored row length (`rows`).
-    stride: Value,
-}
-
-impl Operand {
-    fn new(
-        b: &mut KernelBuilder,
-        buf: ParamId,
-        layout: Layout,
-        rows: &[TileRow],
-        len: Value,
-        l: Value,
-    ) -> Operand {
-        let offsets = rows
-            .iter()
-            .map(|r| match layout {
-                Layout::RowMajor => b.mul(r.clamped, l),
-                Layout::Transposed => r.clamped,
-            })
-            .collect();
-        Operand {
-            buf,
-            layout,
-            offsets,
-            stride: len,
+impl Layout {
+    /// The first stored dim of a logical `[rows, L]` operand: `rows` (row-major) or `L`.
+    pub fn outer<T>(self, rows: T, l: T) -> T {
+        match self {
+            Layout::RowMajor => rows,
+            Layout::Transposed => l,
         }
     }
 
-    /// Element `(r, l)` of each tile row `r`.
-    fn load_all(&self, b: &mut KernelBuilder, l: Value) -> Vec<Value> {
-        let base = match self.layout {
-            Layout::RowMajor => None,
-            Layout::Transposed => Some(b.mul(l, self.stride)),
-        };
-        self.offsets
-            .iter()
-            .map(|off| {
-                let idx = match base {
-                    None => b.add(*off, l),
-                    Some(base) => b.add(base, *off),
-                };
-                b.load(self.buf, idx)
-            })
-            .collect()
+    /// The second stored dim of a logical `[rows, L]` operand: `L` (row-major) or `rows`.
+    pub fn inner<T>(self, rows: T, l: T) -> T {
+        match self {
+            Layout::RowMajor => l,
+            Layout::Transposed => rows,
+        }
     }
+}
+
+/// One operand's tile rows: where each starts, and how to step along `L`.
+struct Operand {
+    buf: Buf<In<Float>>,
+    layout: Layout,
+    /// Row-major: `row * L` per tile row; transposed: the row index itself.
+    offsets: Vec<Val<u32>>,
+    /// Transposed: the stored row length (`rows`).
+    stride: Val<u32>,
+}
+
+/// The operand `buf` stored with `layout` at the tile rows `rows` (of `len` rows, reduced
+/// over `l`).
+#[qforge_macros::func]
+fn operand(
+    buf: Buf<In<Float>>,
+    layout: Layout,
+    rows: &[Row],
+    len: Val<u32>,
+    l: Val<u32>,
+) -> Operand {
+    #[comptime]
+    let mut offsets = Vec::new();
+    for r in rows {
+        let off = match layout {
+            Layout::RowMajor => r.clamped * l,
+            Layout::Transposed => r.clamped,
+        };
+        offsets.push(off);
+    }
+    Operand {
+        buf,
+        layout,
+        offsets,
+        stride: len,
+    }
+}
+
+/// Element `(r, l)` of each tile row `r` of `op`.
+#[qforge_macros::func]
+fn load_operand(op: &Operand, l: Val<u32>) -> Vec<Val<f32>> {
+    let buf = op.buf;
+    #[comptime]
+    let mut loads = Vec::new();
+    match op.layout {
+        Layout::RowMajor => {
+            loads = load_rows(buf, &op.offsets, l);
+        }
+        Layout::Transposed => {
+            let base = l * op.stride;
+            for off in op.offsets.iter().copied() {
+                let x = buf[base + off];
+                loads.push(x);
+            }
+        }
+    }
+    loads
+}
+
+/// The two operands of a tile's products.
+struct Operands(Operand, Operand);
+
+impl TileFactors for Operands {
+    fn factors(&self, b: &mut KernelBuilder, l: Val<u32>) -> Result<Factors> {
+        let a = load_operand(b, &self.0, l)?;
+        let w = load_operand(b, &self.1, l)?;
+        Ok((a, w))
+    }
+}
+
+/// Builds `gemm_{a}{b}_{dtype}[_bias][_res]_t{TM}x{TN}` (see the module docs): `C = A @ B.T
+/// (+ bias) (+ R)` for the tile `spec.tile`, with `A`, `B` stored as `spec.a`, `spec.b`.
+///
+/// # Errors
+/// [`crate::Error::Unsupported`] for a non-float dtype.
+#[kernel(name = spec.name(), grid = n_items, signature = GemmKernel)]
+pub fn gemm_kernel(
+    #[config] spec: Gemm,
+    m: u32,
+    n: u32,
+    l: u32,
+    n_items: u32,
+    n_tiles: u32,
+    #[shape(spec.a.outer(m, l), spec.a.inner(m, l))]
+    #[dtype(spec.dtype)]
+    a: In<Float>,
+    #[shape(spec.b.outer(n, l), spec.b.inner(n, l))]
+    #[dtype(spec.dtype)]
+    b: In<Float>,
+    #[when(spec.bias)]
+    #[shape(n)]
+    #[dtype(spec.dtype)]
+    bias: In<Float>,
+    #[when(spec.residual)]
+    #[shape(m, n)]
+    #[dtype(spec.dtype)]
+    r: In<Float>,
+    #[shape(m, n)]
+    #[dtype(spec.dtype)]
+    c: Out<Float>,
+) {
+    let mv = m;
+    let nv = n;
+    let lv = l;
+    let (rows, outs) = work_tile(n_tiles, spec.tile, mv, nv);
+    let accs = vars::<f32>(comptime!(rows.len() * outs.len()), "acc");
+    let a_op = operand(a, spec.a, &rows, mv, lv);
+    let b_op = operand(b, spec.b, &outs, nv, lv);
+    accumulate_tile(lv, DOT_ORDER, &accs, &Operands(a_op, b_op));
+    store_sums(c, nv, &rows, &outs, &accs, bias, r);
 }
 
 impl Gemm {

@@ -9,15 +9,22 @@
 //! Matrices: a tensor of shape `[..., cols]` is `rows = numel / cols` rows. Codes are `i8`
 //! [`HostTensor`]s, integer products `i32` ones, statistics plain `f32` slices (one per row).
 
-use crate::int8::Int8Spec;
-use crate::TileConfig;
-use qforge_ir::{Arg, DType, Scalar};
-
-use crate::ops::{
-    cached_kernel, count_u32, f32_le, le_f32, scalar_u32, suggest_tile_sizes, DeviceCaps,
+use crate::int8::matmul::{
+    self as mm, Int8LinearMatmulArgs, Int8MixedScaledMmArgs, Int8MixedScaledMmDxArgs,
+    Int8MmDequantArgs,
 };
-use qforge_runtime::Device;
+use crate::int8::{
+    self, Int8OutlierColsArgs, Int8Spec, Int8VectorwiseDequantArgs, Int8VectorwiseQuantArgs,
+    QuantizeRowwiseInt8Args,
+};
+use crate::TileConfig;
+use qforge_ir::dsl::{FloatIn, FloatOut};
+use qforge_ir::DType;
+
+use crate::matmul4::host::shrink;
+use crate::ops::{cached_typed, count_u32, suggest_tile_sizes, DeviceCaps};
 use qforge_runtime::HostTensor;
+use qforge_runtime::{launch_typed, Device};
 use qforge_runtime::{Error, Result};
 
 /// What [`int8_vectorwise_quant`] returns (bitsandbytes' `(CA, row_stats, outlier_cols)`).
@@ -141,8 +148,31 @@ fn bias_bytes(op: &str, bias: &HostTensor, n: u32, dtype: DType) -> Result<Vec<u
     Ok(converted.data)
 }
 
-fn i8_tensor(shape: Vec<usize>, data: Vec<u8>) -> Result<HostTensor> {
-    HostTensor::new(DType::I8, shape, data)
+/// `i8` codes as a tensor (each code stored as its byte).
+fn i8_tensor(shape: Vec<usize>, codes: Vec<i8>) -> Result<HostTensor> {
+    HostTensor::new(
+        DType::I8,
+        shape,
+        codes.into_iter().map(|c| c as u8).collect(),
+    )
+}
+
+/// The bytes of an `i8` tensor as the `i8` codes a kernel reads.
+fn codes_of(t: &HostTensor) -> Vec<i8> {
+    t.data.iter().map(|b| *b as i8).collect()
+}
+
+/// A float tensor's bytes as a kernel's float input.
+fn float_in(t: &HostTensor) -> FloatIn<'_> {
+    FloatIn {
+        dtype: t.dtype,
+        bytes: &t.data,
+    }
+}
+
+/// A float output of `dtype`.
+fn float_out(dtype: DType, bytes: &mut [u8]) -> FloatOut<'_> {
+    FloatOut { dtype, bytes }
 }
 
 /// Quantizes a float tensor `[..., cols]` row by row to `i8` with fp outlier columns, like
@@ -168,48 +198,50 @@ pub fn int8_vectorwise_quant(
         )));
     }
     let dtype = a.dtype;
-    let mut flags = vec![0u8; 4 * cols as usize];
+    let mut flags = vec![0u32; cols as usize];
     if threshold > 0.0 {
         let spec = Int8Spec::OutlierCols { dtype };
-        let kernel = cached_kernel(&spec.name(), || spec.build())?;
-        dev.launch(
+        let kernel = cached_typed(&spec.name(), || int8::int8_outlier_cols(dtype))?;
+        launch_typed(
+            dev,
             &kernel,
-            &mut [
-                scalar_u32(rows),
-                scalar_u32(cols),
-                Arg::Scalar(Scalar::f32(threshold)),
-                Arg::Read(&a.data),
-                Arg::Write(&mut flags),
-            ],
+            &mut Int8OutlierColsArgs {
+                rows,
+                cols,
+                threshold,
+                a: float_in(a),
+                outlier_flags: &mut flags,
+            },
         )?;
     }
     let spec = Int8Spec::VectorwiseQuant { dtype };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
-    let mut codes = vec![0u8; (rows * cols) as usize];
-    let mut stats = vec![0u8; 4 * rows as usize];
-    dev.launch(
+    let kernel = cached_typed(&spec.name(), || int8::int8_vectorwise_quant(dtype))?;
+    let mut codes = vec![0i8; (rows * cols) as usize];
+    let mut row_stats = vec![0f32; rows as usize];
+    launch_typed(
+        dev,
         &kernel,
-        &mut [
-            scalar_u32(rows),
-            scalar_u32(cols),
-            Arg::Scalar(Scalar::f32(threshold)),
-            Arg::Read(&a.data),
-            Arg::Read(&flags),
-            Arg::Write(&mut codes),
-            Arg::Write(&mut stats),
-        ],
+        &mut Int8VectorwiseQuantArgs {
+            rows,
+            cols,
+            threshold,
+            a: float_in(a),
+            outlier_flags: &flags,
+            ca: &mut codes,
+            row_stats: &mut row_stats,
+        },
     )?;
     let outlier_cols = (threshold > 0.0).then(|| {
         flags
-            .chunks_exact(4)
+            .iter()
             .enumerate()
-            .filter(|(_, f)| f.iter().any(|b| *b != 0))
+            .filter(|(_, f)| **f != 0)
             .map(|(c, _)| c as u32)
             .collect()
     });
     Ok(Int8Quantized {
         codes: i8_tensor(a.shape.clone(), codes)?,
-        row_stats: le_f32(&stats),
+        row_stats,
         outlier_cols,
     })
 }
@@ -236,19 +268,19 @@ pub fn int8_vectorwise_dequant(
         )));
     }
     let spec = Int8Spec::VectorwiseDequant { dtype };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
-    let stats = f32_le(stats);
+    let kernel = cached_typed(&spec.name(), || int8::int8_vectorwise_dequant(dtype))?;
     let mut out = vec![0u8; (rows * cols) as usize * dtype.size_bytes()];
-    dev.launch(
+    launch_typed(
+        dev,
         &kernel,
-        &mut [
-            scalar_u32(rows),
-            scalar_u32(cols),
-            scalar_u32(rows * cols),
-            Arg::Read(&codes.data),
-            Arg::Read(&stats),
-            Arg::Write(&mut out),
-        ],
+        &mut Int8VectorwiseDequantArgs {
+            rows,
+            cols,
+            n: rows * cols,
+            ca: &codes_of(codes),
+            stats,
+            out: float_out(dtype, &mut out),
+        },
     )?;
     HostTensor::new(dtype, codes.shape.clone(), out)
 }
@@ -262,21 +294,23 @@ pub fn int8_vectorwise_dequant(
 pub fn quantize_rowwise_int8(dev: &dyn Device, w: &HostTensor) -> Result<(HostTensor, Vec<f32>)> {
     const OP: &str = "quantize_rowwise_int8";
     let (rows, cols) = matrix(OP, "the input", w, &FLOATS)?;
-    let spec = Int8Spec::QuantizeRowwise { dtype: w.dtype };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
-    let mut codes = vec![0u8; (rows * cols) as usize];
-    let mut absmax = vec![0u8; 4 * rows as usize];
-    dev.launch(
+    let dtype = w.dtype;
+    let spec = Int8Spec::QuantizeRowwise { dtype };
+    let kernel = cached_typed(&spec.name(), || int8::quantize_rowwise_int8(dtype))?;
+    let mut codes = vec![0i8; (rows * cols) as usize];
+    let mut absmax = vec![0f32; rows as usize];
+    launch_typed(
+        dev,
         &kernel,
-        &mut [
-            scalar_u32(rows),
-            scalar_u32(cols),
-            Arg::Read(&w.data),
-            Arg::Write(&mut codes),
-            Arg::Write(&mut absmax),
-        ],
+        &mut QuantizeRowwiseInt8Args {
+            rows,
+            cols,
+            a: float_in(w),
+            q: &mut codes,
+            absmax: &mut absmax,
+        },
     )?;
-    Ok((i8_tensor(w.shape.clone(), codes)?, le_f32(&absmax)))
+    Ok((i8_tensor(w.shape.clone(), codes)?, absmax))
 }
 
 /// Dequantizes the per-row int8 format to `dtype`: [`int8_vectorwise_dequant`].
@@ -306,20 +340,9 @@ pub fn suggest_int8_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -
         return suggest_tile_sizes(m, n, k, caps);
     };
     let (m, n) = (m.max(1), n.max(1));
-    let mut tm = m.min(4);
-    let mut tn = n.min(16 / tm);
+    let tm = m.min(4);
     let want = 4usize.saturating_mul(threads.max(1) as usize);
-    while m.div_ceil(tm).saturating_mul(n.div_ceil(tn)) < want && (tm > 1 || tn > 1) {
-        if tn > 1 {
-            tn /= 2;
-        } else {
-            tm /= 2;
-        }
-    }
-    TileConfig {
-        tm: tm as u32,
-        tn: tn as u32,
-    }
+    shrink((m, n), (tm, n.min(16 / tm)), want, false)
 }
 
 /// The shapes and tile of one tiled int8 matmul launch.
@@ -361,22 +384,24 @@ pub fn int8_linear_matmul(dev: &dyn Device, a: &HostTensor, b: &HostTensor) -> R
     let tile = suggest_int8_tile_sizes(m as usize, n as usize, k as usize, DeviceCaps::of(dev));
     let (tile, n_items, n_tiles) = tiled(tile, m, n)?;
     let spec = Int8Spec::LinearMatmul { tile };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
-    let mut c = vec![0u8; 4 * m as usize * n as usize];
-    dev.launch(
+    let kernel = cached_typed(&spec.name(), || mm::int8_linear_matmul(tile))?;
+    let mut c = vec![0i32; m as usize * n as usize];
+    launch_typed(
+        dev,
         &kernel,
-        &mut [
-            scalar_u32(m),
-            scalar_u32(n),
-            scalar_u32(k),
-            scalar_u32(n_items),
-            scalar_u32(n_tiles),
-            Arg::Read(&a.data),
-            Arg::Read(&b.data),
-            Arg::Write(&mut c),
-        ],
+        &mut Int8LinearMatmulArgs {
+            m,
+            n,
+            k,
+            n_items,
+            n_tiles,
+            a: &codes_of(a),
+            b: &codes_of(b),
+            c: &mut c,
+        },
     )?;
-    HostTensor::new(DType::I32, with_last(&a.shape, n), c)
+    let bytes = c.iter().flat_map(|v| v.to_le_bytes()).collect();
+    HostTensor::new(DType::I32, with_last(&a.shape, n), bytes)
 }
 
 /// Dequantizes an `i32` product `C [..., N]` like bitsandbytes' `int8_mm_dequant(A, row_stats,
@@ -411,27 +436,32 @@ pub fn int8_mm_dequant(
         )));
     }
     let bias = bias.map(|b| bias_bytes(OP, b, n, dtype)).transpose()?;
+    let with_bias = bias.is_some();
     let spec = Int8Spec::MmDequant {
         dtype,
-        bias: bias.is_some(),
+        bias: with_bias,
     };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
-    let (rs, cs) = (f32_le(row_stats), f32_le(col_stats));
+    let kernel = cached_typed(&spec.name(), || mm::int8_mm_dequant(dtype, with_bias))?;
+    let products: Vec<i32> = c
+        .data
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
     let mut out = vec![0u8; (m * n) as usize * dtype.size_bytes()];
-    let mut args = vec![
-        scalar_u32(m),
-        scalar_u32(n),
-        scalar_u32(m * n),
-        Arg::Read(&c.data),
-        Arg::Read(&rs),
-        Arg::Read(&cs),
-    ];
-    if let Some(b) = &bias {
-        args.push(Arg::Read(b));
-    }
-    args.push(Arg::Write(&mut out));
-    dev.launch(&kernel, &mut args)?;
-    drop(args);
+    launch_typed(
+        dev,
+        &kernel,
+        &mut Int8MmDequantArgs {
+            m,
+            n,
+            len: m * n,
+            c: &products,
+            row_stats,
+            col_stats,
+            bias: bias.as_deref().map(|bytes| FloatIn { dtype, bytes }),
+            out: float_out(dtype, &mut out),
+        },
+    )?;
     HostTensor::new(dtype, c.shape.clone(), out)
 }
 
@@ -494,37 +524,38 @@ pub fn int8_mixed_scaled_mm(
     count_u32(OP, "the output", m as usize * n as usize)?;
     let dtype = x.dtype;
     let bias = bias.map(|b| bias_bytes(OP, b, n, dtype)).transpose()?;
+    let with_bias = bias.is_some();
     let tile = suggest_tile_sizes(m as usize, n as usize, k as usize, DeviceCaps::of(dev));
     let (tile, n_items, n_tiles) = tiled(tile, m, n)?;
     let spec = Int8Spec::MixedScaledMm {
         dtype,
-        bias: bias.is_some(),
+        bias: with_bias,
         tile,
     };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
-    let (sca, scb) = (f32_le(sca), f32_le(scb));
-    let cols: Vec<u8> = outlier_cols.iter().flat_map(|c| c.to_le_bytes()).collect();
+    let kernel = cached_typed(&spec.name(), || {
+        mm::int8_mixed_scaled_mm(dtype, with_bias, tile)
+    })?;
     let mut y = vec![0u8; (m * n) as usize * dtype.size_bytes()];
-    let mut args = vec![
-        scalar_u32(m),
-        scalar_u32(n),
-        scalar_u32(k),
-        scalar_u32(n_items),
-        scalar_u32(n_tiles),
-        scalar_u32(n_out),
-        Arg::Read(&x.data),
-        Arg::Read(&ca.data),
-        Arg::Read(&cb.data),
-        Arg::Read(&sca),
-        Arg::Read(&scb),
-        Arg::Read(&cols),
-    ];
-    if let Some(b) = &bias {
-        args.push(Arg::Read(b));
-    }
-    args.push(Arg::Write(&mut y));
-    dev.launch(&kernel, &mut args)?;
-    drop(args);
+    launch_typed(
+        dev,
+        &kernel,
+        &mut Int8MixedScaledMmArgs {
+            m,
+            n,
+            k,
+            n_items,
+            n_tiles,
+            n_outliers: n_out,
+            x: float_in(x),
+            ca: &codes_of(ca),
+            cb: &codes_of(cb),
+            sca,
+            scb,
+            outlier_cols,
+            bias: bias.as_deref().map(|bytes| FloatIn { dtype, bytes }),
+            y: float_out(dtype, &mut y),
+        },
+    )?;
     HostTensor::new(dtype, with_last(&x.shape, n), y)
 }
 
@@ -557,22 +588,22 @@ pub fn int8_mixed_scaled_mm_backward_input(
     let tile = suggest_tile_sizes(m as usize, k as usize, n as usize, DeviceCaps::of(dev));
     let (tile, n_items, n_tiles) = tiled(tile, m, k)?;
     let spec = Int8Spec::MixedScaledMmDx { dtype, tile };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
-    let scb = f32_le(scb);
+    let kernel = cached_typed(&spec.name(), || mm::int8_mixed_scaled_mm_dx(dtype, tile))?;
     let mut dx = vec![0u8; (m * k) as usize * dtype.size_bytes()];
-    dev.launch(
+    launch_typed(
+        dev,
         &kernel,
-        &mut [
-            scalar_u32(m),
-            scalar_u32(n),
-            scalar_u32(k),
-            scalar_u32(n_items),
-            scalar_u32(n_tiles),
-            Arg::Read(&dy.data),
-            Arg::Read(&cb.data),
-            Arg::Read(&scb),
-            Arg::Write(&mut dx),
-        ],
+        &mut Int8MixedScaledMmDxArgs {
+            m,
+            n,
+            k,
+            n_items,
+            n_tiles,
+            dy: float_in(dy),
+            cb: &codes_of(cb),
+            scb,
+            dx: float_out(dtype, &mut dx),
+        },
     )?;
     HostTensor::new(dtype, with_last(&dy.shape, k), dx)
 }

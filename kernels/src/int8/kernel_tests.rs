@@ -560,3 +560,70 @@ fn library_int8_specs_name_build_and_reject_bad_tiles() {
         "int8_mixed_scaled_mm_f16_bias_t2x2"
     );
 }
+
+/// The macro-built kernels are the builder-built ones (same IR, so the same snapshots), for
+/// every dtype, bias variant and a range of tiles.
+#[test]
+fn library_int8_kernels_equal_the_builder_versions() {
+    use crate::int8::{matmul as mm, reference};
+    use crate::FLOAT_DTYPES;
+    let same = |new: qforge_ir::Kernel, old: qforge_ir::Kernel, what: &str| {
+        assert!(new == old, "{what} differs from the builder version");
+    };
+    let tiles =
+        [(1, 1), (1, 4), (2, 2), (4, 1), (3, 5), (4, 4)].map(|(tm, tn)| TileConfig { tm, tn });
+    for dtype in FLOAT_DTYPES {
+        same(
+            int8::int8_outlier_cols(dtype).unwrap().into_kernel(),
+            reference::int8_outlier_cols(dtype).unwrap(),
+            "outlier_cols",
+        );
+        same(
+            int8::int8_vectorwise_quant(dtype).unwrap().into_kernel(),
+            reference::int8_vectorwise_quant(dtype).unwrap(),
+            "vectorwise_quant",
+        );
+        same(
+            int8::quantize_rowwise_int8(dtype).unwrap().into_kernel(),
+            reference::quantize_rowwise_int8(dtype).unwrap(),
+            "quantize_rowwise",
+        );
+        same(
+            int8::int8_vectorwise_dequant(dtype).unwrap().into_kernel(),
+            reference::int8_vectorwise_dequant(dtype).unwrap(),
+            "vectorwise_dequant",
+        );
+        for bias in [false, true] {
+            same(
+                mm::int8_mm_dequant(dtype, bias).unwrap().into_kernel(),
+                reference::int8_mm_dequant(dtype, bias).unwrap(),
+                "mm_dequant",
+            );
+            for tile in tiles {
+                same(
+                    mm::int8_mixed_scaled_mm(dtype, bias, tile)
+                        .unwrap()
+                        .into_kernel(),
+                    reference::int8_mixed_scaled_mm(dtype, bias, tile).unwrap(),
+                    "mixed_scaled_mm",
+                );
+            }
+        }
+        for tile in tiles {
+            same(
+                mm::int8_mixed_scaled_mm_dx(dtype, tile)
+                    .unwrap()
+                    .into_kernel(),
+                reference::int8_mixed_scaled_mm_dx(dtype, tile).unwrap(),
+                "mixed_scaled_mm_dx",
+            );
+        }
+    }
+    for tile in tiles {
+        same(
+            mm::int8_linear_matmul(tile).unwrap().into_kernel(),
+            reference::int8_linear_matmul(tile).unwrap(),
+            "linear_matmul",
+        );
+    }
+}

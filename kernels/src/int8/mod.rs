@@ -33,6 +33,11 @@
 //!   threshold 0 (so its output is bitsandbytes' `CB`/`SCB` of `Linear8bitLt`), in one launch
 //!   with no outlier pass; it is dequantized by [`int8_vectorwise_dequant`].
 //!
+//! The kernels are written in the kernel language (`#[kernel]` / `#[func]`, docs/custom-ops.md);
+//! each comes with its typed signature and `<Name>Args` struct ([`Int8OutlierColsArgs`], ...),
+//! through which the host ops (`int8::host`) launch them. The builder versions they
+//! replaced are kept in `reference.rs` for the tests that prove both build the same IR.
+//!
 //! Parameter order (scalars first, then buffers):
 //! * `int8_outlier_cols_{dtype}`: `(rows: u32, cols: u32, threshold: f32, a: dtype[rows, cols]
 //!   read, outlier_flags: u32[cols] write)`, grid `cols` (one work item per column).
@@ -51,16 +56,20 @@ pub(crate) mod host;
 #[cfg(test)]
 mod kernel_tests;
 pub mod matmul;
+#[cfg(test)]
+mod reference;
+
+use qforge_macros::{func, kernel};
 
 use crate::check_float_dtype;
-use crate::int8::matmul::{self as mm};
+use crate::funcs::round_to;
+use crate::int8::matmul::{self as mm, element_row};
 use crate::matmul4::TileConfig;
-use qforge_ir::routines::round::round_to;
-use qforge_ir::KernelBuilder;
+use qforge_ir::dsl::{Float, In, Out, TypedKernel, Val};
+use qforge_ir::Kernel;
+use qforge_ir::NanMode;
 use qforge_ir::OwnedArg;
-use qforge_ir::{Access, Dim, Kernel, ParamId, Value};
-use qforge_ir::{CmpOp, NanMode};
-use qforge_ir::{DType, Rounding, ScalarType};
+use qforge_ir::{DType, Rounding};
 use qforge_ir::{Error, Result};
 
 /// bitsandbytes' dequantization constant `f32(1 / 127)` = 7.874015718698502e-3.
@@ -160,16 +169,30 @@ impl Int8Spec {
     /// [`Error::Unsupported`] for a non-float dtype or an invalid tile.
     pub fn build(&self) -> Result<Kernel> {
         match *self {
-            Int8Spec::OutlierCols { dtype } => int8_outlier_cols(dtype),
-            Int8Spec::VectorwiseQuant { dtype } => int8_vectorwise_quant(dtype),
-            Int8Spec::VectorwiseDequant { dtype } => int8_vectorwise_dequant(dtype),
-            Int8Spec::QuantizeRowwise { dtype } => quantize_rowwise_int8(dtype),
-            Int8Spec::LinearMatmul { tile } => mm::int8_linear_matmul(tile),
-            Int8Spec::MmDequant { dtype, bias } => mm::int8_mm_dequant(dtype, bias),
-            Int8Spec::MixedScaledMm { dtype, bias, tile } => {
-                mm::int8_mixed_scaled_mm(dtype, bias, tile)
+            Int8Spec::OutlierCols { dtype } => {
+                int8_outlier_cols(dtype).map(TypedKernel::into_kernel)
             }
-            Int8Spec::MixedScaledMmDx { dtype, tile } => mm::int8_mixed_scaled_mm_dx(dtype, tile),
+            Int8Spec::VectorwiseQuant { dtype } => {
+                int8_vectorwise_quant(dtype).map(TypedKernel::into_kernel)
+            }
+            Int8Spec::VectorwiseDequant { dtype } => {
+                int8_vectorwise_dequant(dtype).map(TypedKernel::into_kernel)
+            }
+            Int8Spec::QuantizeRowwise { dtype } => {
+                quantize_rowwise_int8(dtype).map(TypedKernel::into_kernel)
+            }
+            Int8Spec::LinearMatmul { tile } => {
+                mm::int8_linear_matmul(tile).map(TypedKernel::into_kernel)
+            }
+            Int8Spec::MmDequant { dtype, bias } => {
+                mm::int8_mm_dequant(dtype, bias).map(TypedKernel::into_kernel)
+            }
+            Int8Spec::MixedScaledMm { dtype, bias, tile } => {
+                mm::int8_mixed_scaled_mm(dtype, bias, tile).map(TypedKernel::into_kernel)
+            }
+            Int8Spec::MixedScaledMmDx { dtype, tile } => {
+                mm::int8_mixed_scaled_mm_dx(dtype, tile).map(TypedKernel::into_kernel)
+            }
         }
     }
 
@@ -189,45 +212,75 @@ impl Int8Spec {
                 "int8 example arguments need at least one value".into(),
             ));
         }
-        Ok(crate::int8::args::example_args(self, values))
+        crate::int8::args::example_args(self, values)
     }
 }
 
 /// `(threshold > 0, threshold rounded to dtype)`: the outlier test's two inputs.
-fn outlier_setup(b: &mut KernelBuilder, threshold: ParamId, dtype: DType) -> (Value, Value) {
-    let t = b.param(threshold);
-    let zero = b.const_f32(0.0);
-    let active = b.cmp(CmpOp::Gt, t, zero);
-    let rounded = round_to(b, t, dtype);
+#[func]
+fn outlier_setup(threshold: Val<f32>, dtype: DType) -> (Val<bool>, Val<f32>) {
+    let active = threshold > 0.0f32;
+    let rounded = round_to(threshold, dtype);
     (active, rounded)
 }
 
 /// `active && |x| >= t` for `ax = |x|`.
-fn is_outlier(b: &mut KernelBuilder, ax: Value, setup: (Value, Value)) -> Value {
-    let ge = b.cmp(CmpOp::Ge, ax, setup.1);
-    b.and(setup.0, ge)
+#[func]
+fn is_outlier(ax: Val<f32>, setup: (Val<bool>, Val<f32>)) -> Val<bool> {
+    let (active, t) = setup;
+    let ge = ax >= t;
+    active & ge
 }
 
 /// `(1 / absmax) * 127` in `f32`.
-fn code_scale(b: &mut KernelBuilder, absmax: Value) -> Value {
-    let one = b.const_f32(1.0);
-    let inv = b.div(one, absmax);
-    let c127 = b.const_f32(MAX_CODE as f32);
-    b.mul(inv, c127)
+#[func]
+fn code_scale(absmax: Val<f32>) -> Val<f32> {
+    let inv = 1.0f32 / absmax;
+    inv * comptime!(MAX_CODE as f32)
 }
 
 /// `clamp(round_half_even(x * scale), -127, 127)` as `i32` (NaN gives 0).
-fn code_of(b: &mut KernelBuilder, x: Value, scale: Value) -> Value {
-    let v = b.mul(x, scale);
-    let q = b.float_to_int(v, ScalarType::I32, Rounding::NearestEven);
-    let lo = b.const_i32(-MAX_CODE);
-    let hi = b.const_i32(MAX_CODE);
-    let q = b.max(q, lo);
-    b.min(q, hi)
+#[func]
+fn code_of(x: Val<f32>, scale: Val<f32>) -> Val<i32> {
+    let v = x * scale;
+    let q = v.to_i32(Rounding::NearestEven);
+    let lo = val(comptime!(-MAX_CODE));
+    let hi = val(MAX_CODE);
+    let q = max(q, lo);
+    min(q, hi)
 }
 
 fn check(dtype: DType) -> Result<()> {
     check_float_dtype(dtype)
+}
+
+/// The kernel of [`int8_outlier_cols`].
+#[kernel(name = Int8Spec::OutlierCols { dtype }.name(), grid = cols, signature = Int8OutlierCols)]
+pub fn outlier_cols_kernel(
+    #[config] dtype: DType,
+    rows: u32,
+    cols: u32,
+    threshold: f32,
+    #[shape(rows, cols)]
+    #[dtype(dtype)]
+    a: In<Float>,
+    #[shape(cols)] outlier_flags: Out<u32>,
+) {
+    let c = work_item();
+    let setup = outlier_setup(threshold, dtype);
+    let mut flag: u32;
+    let rv = rows;
+    let cv = cols;
+    for r in 0u32..rv {
+        let row = r * cv;
+        let idx = row + c;
+        let x = a[idx];
+        let ax = abs(x);
+        let out = is_outlier(ax, setup);
+        let bit = select(out, 1u32, 0u32);
+        flag = flag | bit;
+    }
+    outlier_flags[c] = flag;
 }
 
 /// Builds `int8_outlier_cols_{dtype}`: `outlier_flags[c] = 1` when any element of column `c` is
@@ -235,46 +288,59 @@ fn check(dtype: DType) -> Result<()> {
 ///
 /// # Errors
 /// [`Error::Unsupported`] for a non-float dtype.
-pub fn int8_outlier_cols(dtype: DType) -> Result<Kernel> {
+pub fn int8_outlier_cols(dtype: DType) -> Result<TypedKernel<Int8OutlierCols>> {
     check(dtype)?;
-    let mut b = KernelBuilder::new(&Int8Spec::OutlierCols { dtype }.name());
-    let rows = b.scalar_param("rows", ScalarType::U32);
-    let cols = b.scalar_param("cols", ScalarType::U32);
-    let threshold = b.scalar_param("threshold", ScalarType::F32);
-    let a = b.buffer_param(
-        "a",
-        dtype,
-        &[Dim::Param(rows), Dim::Param(cols)],
-        Access::Read,
-    );
-    let flags = b.buffer_param(
-        "outlier_flags",
-        DType::U32,
-        &[Dim::Param(cols)],
-        Access::Write,
-    );
-    b.set_grid(Dim::Param(cols));
-    let c = b.work_item();
-    let setup = outlier_setup(&mut b, threshold, dtype);
-    let flag = b.var("flag", ScalarType::U32);
-    let (rv, cv) = (b.param(rows), b.param(cols));
-    let zero = b.const_u32(0);
-    b.for_range(zero, rv, 1, |b, r| {
-        let row = b.mul(r, cv);
-        let idx = b.add(row, c);
-        let x = b.load(a, idx);
-        let ax = b.abs(x);
-        let out = is_outlier(b, ax, setup);
-        let one = b.const_u32(1);
-        let z = b.const_u32(0);
-        let bit = b.select(out, one, z);
-        let cur = b.read_var(flag);
-        let f = b.or(cur, bit);
-        b.assign(flag, f);
-    });
-    let f = b.read_var(flag);
-    b.store(flags, c, f);
-    Ok(b.finish())
+    outlier_cols_kernel(dtype)
+}
+
+/// The kernel of [`int8_vectorwise_quant`].
+#[kernel(
+    name = Int8Spec::VectorwiseQuant { dtype }.name(),
+    grid = rows,
+    signature = Int8VectorwiseQuant
+)]
+pub fn vectorwise_quant_kernel(
+    #[config] dtype: DType,
+    rows: u32,
+    cols: u32,
+    threshold: f32,
+    #[shape(rows, cols)]
+    #[dtype(dtype)]
+    a: In<Float>,
+    #[shape(cols)] outlier_flags: In<u32>,
+    #[shape(rows, cols)] ca: Out<i8>,
+    #[shape(rows)] row_stats: Out<f32>,
+) {
+    let r = work_item();
+    let setup = outlier_setup(threshold, dtype);
+    let cv = cols;
+    let base = r * cv;
+    let zero = val(0u32);
+    let acc = var::<f32>("absmax");
+    for c in zero..cv {
+        let idx = base + c;
+        let x = a[idx];
+        let ax = abs(x);
+        let out = is_outlier(ax, setup);
+        let v = select(out, 0.0f32, ax);
+        // torch `max`: a NaN element makes the result NaN, and a NaN result stays NaN.
+        let cur = acc;
+        let take = (v > cur) | (v != v);
+        acc = select(take, v, cur);
+    }
+    let am = acc;
+    row_stats[r] = am;
+    let scale = code_scale(am);
+    for c in zero..cv {
+        let idx = base + c;
+        let x = a[idx];
+        let ax = abs(x);
+        let out = is_outlier(ax, setup);
+        let flagged = outlier_flags[c] != 0u32;
+        let zeroed = out | flagged;
+        let q = code_of(x, scale);
+        ca[idx] = select(zeroed, 0i32, q);
+    }
 }
 
 /// Builds `int8_vectorwise_quant_{dtype}` (bitsandbytes `int8_vectorwise_quant`): row
@@ -284,94 +350,80 @@ pub fn int8_outlier_cols(dtype: DType) -> Result<Kernel> {
 ///
 /// # Errors
 /// [`Error::Unsupported`] for a non-float dtype.
-pub fn int8_vectorwise_quant(dtype: DType) -> Result<Kernel> {
+pub fn int8_vectorwise_quant(dtype: DType) -> Result<TypedKernel<Int8VectorwiseQuant>> {
     check(dtype)?;
-    let mut b = KernelBuilder::new(&Int8Spec::VectorwiseQuant { dtype }.name());
-    let rows = b.scalar_param("rows", ScalarType::U32);
-    let cols = b.scalar_param("cols", ScalarType::U32);
-    let threshold = b.scalar_param("threshold", ScalarType::F32);
-    let shape = [Dim::Param(rows), Dim::Param(cols)];
-    let a = b.buffer_param("a", dtype, &shape, Access::Read);
-    let flags = b.buffer_param(
-        "outlier_flags",
-        DType::U32,
-        &[Dim::Param(cols)],
-        Access::Read,
-    );
-    let ca = b.buffer_param("ca", DType::I8, &shape, Access::Write);
-    let stats = b.buffer_param("row_stats", DType::F32, &[Dim::Param(rows)], Access::Write);
-    b.set_grid(Dim::Param(rows));
-    let r = b.work_item();
-    let setup = outlier_setup(&mut b, threshold, dtype);
-    let cv = b.param(cols);
-    let base = b.mul(r, cv);
-    let zero = b.const_u32(0);
-    let acc = b.var("absmax", ScalarType::F32);
-    b.for_range(zero, cv, 1, |b, c| {
-        let idx = b.add(base, c);
-        let x = b.load(a, idx);
-        let ax = b.abs(x);
-        let out = is_outlier(b, ax, setup);
-        let z = b.const_f32(0.0);
-        let v = b.select(out, z, ax);
-        // torch `max`: a NaN element makes the result NaN, and a NaN result stays NaN.
-        let cur = b.read_var(acc);
-        let gt = b.cmp(CmpOp::Gt, v, cur);
-        let nan = b.cmp(CmpOp::Ne, v, v);
-        let take = b.or(gt, nan);
-        let m = b.select(take, v, cur);
-        b.assign(acc, m);
-    });
-    let am = b.read_var(acc);
-    b.store(stats, r, am);
-    let scale = code_scale(&mut b, am);
-    b.for_range(zero, cv, 1, |b, c| {
-        let idx = b.add(base, c);
-        let x = b.load(a, idx);
-        let ax = b.abs(x);
-        let out = is_outlier(b, ax, setup);
-        let flag = b.load(flags, c);
-        let z = b.const_u32(0);
-        let flagged = b.cmp(CmpOp::Ne, flag, z);
-        let zeroed = b.or(out, flagged);
-        let q = code_of(b, x, scale);
-        let zi = b.const_i32(0);
-        let code = b.select(zeroed, zi, q);
-        b.store(ca, idx, code);
-    });
-    Ok(b.finish())
+    vectorwise_quant_kernel(dtype)
+}
+
+/// The kernel of [`quantize_rowwise_int8`].
+#[kernel(
+    name = Int8Spec::QuantizeRowwise { dtype }.name(),
+    grid = rows,
+    signature = QuantizeRowwiseInt8
+)]
+pub fn quantize_rowwise_kernel(
+    #[config] dtype: DType,
+    rows: u32,
+    cols: u32,
+    #[shape(rows, cols)]
+    #[dtype(dtype)]
+    a: In<Float>,
+    #[shape(rows, cols)] q: Out<i8>,
+    #[shape(rows)] absmax: Out<f32>,
+) {
+    let r = work_item();
+    let cv = cols;
+    let base = r * cv;
+    let am = reduce_absmax(a, base, cv, NanMode::Propagate);
+    absmax[r] = am;
+    let scale = code_scale(am);
+    for c in 0u32..cv {
+        let idx = base + c;
+        let x = a[idx];
+        q[idx] = code_of(x, scale);
+    }
 }
 
 /// Builds `quantize_rowwise_int8_{dtype}`: per-row symmetric absmax int8 (the vector-wise codes
 /// and statistics with threshold 0, see the module docs), the row absmax from one NaN-propagating
-/// [`crate::Op::Reduce`].
+/// [`qforge_ir::Op::Reduce`].
 ///
 /// # Errors
 /// [`Error::Unsupported`] for a non-float dtype.
-pub fn quantize_rowwise_int8(dtype: DType) -> Result<Kernel> {
+pub fn quantize_rowwise_int8(dtype: DType) -> Result<TypedKernel<QuantizeRowwiseInt8>> {
     check(dtype)?;
-    let mut b = KernelBuilder::new(&Int8Spec::QuantizeRowwise { dtype }.name());
-    let rows = b.scalar_param("rows", ScalarType::U32);
-    let cols = b.scalar_param("cols", ScalarType::U32);
-    let shape = [Dim::Param(rows), Dim::Param(cols)];
-    let a = b.buffer_param("a", dtype, &shape, Access::Read);
-    let q = b.buffer_param("q", DType::I8, &shape, Access::Write);
-    let absmax = b.buffer_param("absmax", DType::F32, &[Dim::Param(rows)], Access::Write);
-    b.set_grid(Dim::Param(rows));
-    let r = b.work_item();
-    let cv = b.param(cols);
-    let base = b.mul(r, cv);
-    let am = b.reduce_absmax(a, base, cv, NanMode::Propagate);
-    b.store(absmax, r, am);
-    let scale = code_scale(&mut b, am);
-    let zero = b.const_u32(0);
-    b.for_range(zero, cv, 1, |b, c| {
-        let idx = b.add(base, c);
-        let x = b.load(a, idx);
-        let code = code_of(b, x, scale);
-        b.store(q, idx, code);
-    });
-    Ok(b.finish())
+    quantize_rowwise_kernel(dtype)
+}
+
+/// The kernel of [`int8_vectorwise_dequant`].
+#[kernel(
+    name = Int8Spec::VectorwiseDequant { dtype }.name(),
+    grid = n,
+    signature = Int8VectorwiseDequant
+)]
+pub fn vectorwise_dequant_kernel(
+    #[config] dtype: DType,
+    rows: u32,
+    cols: u32,
+    n: u32,
+    #[shape(rows, cols)] ca: In<i8>,
+    #[shape(rows)] stats: In<f32>,
+    #[shape(rows, cols)]
+    #[dtype(dtype)]
+    out: Out<Float>,
+) {
+    let i = work_item();
+    let rv = rows;
+    let cv = cols;
+    let (r, inside) = element_row(i, rv, cv);
+    if inside {
+        let q = ca[i];
+        let qf = q.to_f32();
+        let s = stats[r];
+        let y = qf * s;
+        let y = y * DEQUANT_SCALE;
+        store_rounded(out, i, y, Rounding::NearestEven);
+    }
 }
 
 /// Builds `int8_vectorwise_dequant_{dtype}` (bitsandbytes `int8_vectorwise_dequant`, which
@@ -379,30 +431,9 @@ pub fn quantize_rowwise_int8(dtype: DType) -> Result<Kernel> {
 ///
 /// # Errors
 /// [`Error::Unsupported`] for a non-float dtype.
-pub fn int8_vectorwise_dequant(dtype: DType) -> Result<Kernel> {
+pub fn int8_vectorwise_dequant(dtype: DType) -> Result<TypedKernel<Int8VectorwiseDequant>> {
     check(dtype)?;
-    let mut b = KernelBuilder::new(&Int8Spec::VectorwiseDequant { dtype }.name());
-    let rows = b.scalar_param("rows", ScalarType::U32);
-    let cols = b.scalar_param("cols", ScalarType::U32);
-    let n = b.scalar_param("n", ScalarType::U32);
-    let shape = [Dim::Param(rows), Dim::Param(cols)];
-    let ca = b.buffer_param("ca", DType::I8, &shape, Access::Read);
-    let stats = b.buffer_param("stats", DType::F32, &[Dim::Param(rows)], Access::Read);
-    let out = b.buffer_param("out", dtype, &shape, Access::Write);
-    b.set_grid(Dim::Param(n));
-    let i = b.work_item();
-    let (rv, cv) = (b.param(rows), b.param(cols));
-    let (r, inside) = mm::element_row(&mut b, i, rv, cv);
-    b.if_then(inside, |b| {
-        let q = b.load(ca, i);
-        let qf = b.int_to_float(q);
-        let s = b.load(stats, r);
-        let y = b.mul(qf, s);
-        let c = b.const_f32(DEQUANT_SCALE);
-        let y = b.mul(y, c);
-        b.store_auto(out, i, y);
-    });
-    Ok(b.finish())
+    vectorwise_dequant_kernel(dtype)
 }
 
 #[cfg(test)]
@@ -420,10 +451,10 @@ mod tests {
     #[test]
     fn library_int8_rejects_integer_dtypes() {
         for e in [
-            int8_outlier_cols(DType::I8),
-            int8_vectorwise_quant(DType::U8),
-            int8_vectorwise_dequant(DType::I32),
-            quantize_rowwise_int8(DType::U32),
+            int8_outlier_cols(DType::I8).map(TypedKernel::into_kernel),
+            int8_vectorwise_quant(DType::U8).map(TypedKernel::into_kernel),
+            int8_vectorwise_dequant(DType::I32).map(TypedKernel::into_kernel),
+            quantize_rowwise_int8(DType::U32).map(TypedKernel::into_kernel),
         ] {
             let msg = e.unwrap_err().to_string();
             assert!(msg.contains("not supported"), "{msg}");

@@ -2,16 +2,15 @@
 //! `y = x @ dequant(W).T + bias` and the input gradient `dX = dY @ dequant(W)`, with the weight
 //! decoded in registers only. Exact semantics: [`crate::matmul4`].
 
-use crate::matmul4::{Direction, Matmul4, TileConfig};
+use crate::matmul4::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
 use crate::BLOCKSIZES_4BIT;
-use qforge_ir::{Arg, DType, Scalar};
+use qforge_ir::dsl::{FloatIn, FloatOut};
+use qforge_ir::DType;
 
-use crate::ops::{
-    blocksize_u32, cached_kernel, count_u32, expect_len, f32_le, float_input, scalar_u32,
-};
+use crate::ops::{blocksize_u32, cached_typed, count_u32, expect_len, float_input};
 use crate::quant4::host::{Absmax4, QuantState4};
-use qforge_runtime::Device;
 use qforge_runtime::HostTensor;
+use qforge_runtime::{launch_typed, Device};
 use qforge_runtime::{Error, Result};
 
 /// What [`suggest_tile_sizes`] needs to know about a device.
@@ -96,7 +95,7 @@ pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> Til
 
 /// The tile `(tm, tn)` for `rows x cols` outputs, halved (`tn` first, or `tm` first when
 /// `rows_first`) while there would be fewer than `want` work items.
-fn shrink(
+pub(crate) fn shrink(
     (rows, cols): (usize, usize),
     (mut tm, mut tn): (usize, usize),
     want: usize,
@@ -201,6 +200,45 @@ fn check_shapes(
     })
 }
 
+/// The absmax arguments of a matmul kernel: `absmax`, or the nested four.
+struct Scales<'a> {
+    absmax: Option<&'a [f32]>,
+    offset: Option<f32>,
+    n_nested: Option<u32>,
+    qabsmax: Option<&'a [u8]>,
+    nested_absmax: Option<&'a [f32]>,
+    nested_code: Option<&'a [f32]>,
+}
+
+impl<'a> Scales<'a> {
+    fn of(absmax: &'a Absmax4, n_nested: u32) -> Scales<'a> {
+        match absmax {
+            Absmax4::Plain(absmax) => Scales {
+                absmax: Some(absmax),
+                offset: None,
+                n_nested: None,
+                qabsmax: None,
+                nested_absmax: None,
+                nested_code: None,
+            },
+            Absmax4::Nested {
+                qabsmax,
+                nested_absmax,
+                nested_code,
+                offset,
+                ..
+            } => Scales {
+                absmax: None,
+                offset: Some(*offset),
+                n_nested: Some(n_nested),
+                qabsmax: Some(qabsmax),
+                nested_absmax: Some(nested_absmax),
+                nested_code: Some(nested_code),
+            },
+        }
+    }
+}
+
 /// Runs one matmul kernel variant.
 fn run(
     dev: &dyn Device,
@@ -278,7 +316,6 @@ fn run(
         direction,
         tile,
     };
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
     let n_tiles = outs.div_ceil(tile.tn);
     let n_items = count_u32(
         op,
@@ -294,45 +331,68 @@ fn run(
     if d.m == 0 {
         return HostTensor::new(dtype, shape, out);
     }
-    let mut scalars = vec![
-        scalar_u32(d.m),
-        scalar_u32(d.n),
-        scalar_u32(d.k),
-        scalar_u32(n_items),
-        scalar_u32(n_tiles),
-    ];
-    let mut buffers: Vec<Vec<u8>> = Vec::new();
-    match &state.absmax {
-        Absmax4::Plain(absmax) => {
-            scalars.extend([scalar_u32(n_packed), scalar_u32(n_blocks)]);
-            buffers.push(f32_le(absmax));
-        }
-        Absmax4::Nested {
-            qabsmax,
-            nested_absmax,
-            nested_code,
-            offset,
-            ..
-        } => {
-            scalars.extend([
-                Arg::Scalar(Scalar::f32(*offset)),
-                scalar_u32(n_packed),
-                scalar_u32(n_blocks),
-                scalar_u32(n_nested),
-            ]);
-            buffers.extend([qabsmax.clone(), f32_le(nested_absmax), f32_le(nested_code)]);
-        }
+    let s = Scales::of(&state.absmax, n_nested);
+    let act = FloatIn {
+        dtype,
+        bytes: &act.data,
+    };
+    let result = FloatOut {
+        dtype,
+        bytes: &mut out,
+    };
+    if forward {
+        let kernel = cached_typed(&spec.name(), || spec.build_forward())?;
+        launch_typed(
+            dev,
+            &kernel,
+            &mut Matmul4bitArgs {
+                m: d.m,
+                n: d.n,
+                k: d.k,
+                n_items,
+                n_tiles,
+                offset: s.offset,
+                n_packed,
+                n_blocks,
+                n_nested: s.n_nested,
+                x: act,
+                packed,
+                absmax: s.absmax,
+                qabsmax: s.qabsmax,
+                nested_absmax: s.nested_absmax,
+                nested_code: s.nested_code,
+                bias: bias.map(|b| FloatIn {
+                    dtype,
+                    bytes: &b.data,
+                }),
+                y: result,
+            },
+        )?;
+    } else {
+        let kernel = cached_typed(&spec.name(), || spec.build_backward_input())?;
+        launch_typed(
+            dev,
+            &kernel,
+            &mut Matmul4bitDxArgs {
+                m: d.m,
+                n: d.n,
+                k: d.k,
+                n_items,
+                n_tiles,
+                offset: s.offset,
+                n_packed,
+                n_blocks,
+                n_nested: s.n_nested,
+                dy: act,
+                packed,
+                absmax: s.absmax,
+                qabsmax: s.qabsmax,
+                nested_absmax: s.nested_absmax,
+                nested_code: s.nested_code,
+                dx: result,
+            },
+        )?;
     }
-    let mut args = scalars;
-    args.push(Arg::Read(&act.data));
-    args.push(Arg::Read(packed));
-    args.extend(buffers.iter().map(|b| Arg::Read(b)));
-    if let Some(b) = bias {
-        args.push(Arg::Read(&b.data));
-    }
-    args.push(Arg::Write(&mut out));
-    dev.launch(&kernel, &mut args)?;
-    drop(args);
     HostTensor::new(dtype, shape, out)
 }
 

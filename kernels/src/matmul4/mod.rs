@@ -16,7 +16,7 @@
 //!   `dequantize_4bit` in that dtype. bitsandbytes computes `x @ dequantize_4bit(W).to(x.dtype).T`,
 //!   which the host op reproduces by choosing `weight_dtype` from the weight and `x` dtypes.
 //! * Activations are widened to `f32` exactly.
-//! * The reduction is one [`crate::Stmt::Accumulate`]: over `k` forward in [`K_ORDER`]
+//! * The reduction is one [`qforge_ir::Stmt::Accumulate`]: over `k` forward in [`K_ORDER`]
 //!   (element `i` fused with `fma` into partial `i % 16`), over `n` backward in [`DX_ORDER`]
 //!   (partial `i % 8`); the partials start at `-0.0` and are combined by the halving tree
 //!   (`p[j] += p[j + W/2]` for `j < W/2`, then `W/4`, ..., 1). Tiling over `M`, `N`
@@ -39,19 +39,32 @@
 //!
 //! Rows of a tile past `m`, `n` or `k` read the last valid row (so no load leaves the buffers)
 //! and store nothing.
+//!
+//! Both kernels are written in the kernel language ([`matmul_4bit_kernel`] with
+//! [`Matmul4bitArgs`], [`matmul_4bit_dx_kernel`] with [`Matmul4bitDxArgs`]; the nested absmax
+//! parameters are `#[when(nested)]`). The tile's one `accumulate` is a builder fragment in the
+//! helper calling convention (`tile::accumulate_tile`): an `#[accumulate]` loop names a fixed
+//! list of accumulators, a tile has a build-time number (`TM * TN`) of them. `reference.rs`
+//! keeps the builder version, which the tests prove identical (same IR, so the same speed).
 
 pub(crate) mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
+mod reference;
+#[cfg(test)]
 mod tests;
 
-use crate::tile::{row_bases, store_tile, tile_of};
+use qforge_macros::kernel;
+
+use crate::funcs::{round_to, vars};
+use crate::tile::{
+    accumulate_tile, load_rows, row_starts, store_sums, work_tile, Factors, Row, TileFactors,
+};
 use crate::{check_blocksize_4bit, check_float_dtype, QuantType, NESTED_BLOCKSIZE};
-use qforge_ir::routines::round::round_to;
+use qforge_ir::dsl::{Buf, Float, In, IntoDim, Out, Scalar, Table, TypedKernel, Val};
 use qforge_ir::KernelBuilder;
-use qforge_ir::{Access, Dim, Kernel, ParamId, TableId, Value, VarId};
-use qforge_ir::{BinaryOp, ReduceOrder};
-use qforge_ir::{DType, ScalarType};
+use qforge_ir::ReduceOrder;
+use qforge_ir::{DType, Dim, Kernel};
 use qforge_ir::{Error, Result};
 
 /// The canonical order of the forward K reduction: 16 strided partials and the halving tree. A
@@ -161,221 +174,324 @@ impl Matmul4 {
         )
     }
 
-    /// Builds the kernel (see the module docs).
+    /// Builds the kernel (see the module docs): [`matmul_4bit_kernel`] or
+    /// [`matmul_4bit_dx_kernel`] by direction, as a plain [`Kernel`].
     ///
     /// # Errors
     /// [`Error::Unsupported`] for an unsupported blocksize, dtype or tile.
     pub fn build(&self) -> Result<Kernel> {
+        match self.direction {
+            Direction::Forward { .. } => self.build_forward().map(TypedKernel::into_kernel),
+            Direction::BackwardInput => self.build_backward_input().map(TypedKernel::into_kernel),
+        }
+    }
+
+    /// Builds the forward kernel with its typed signature ([`Matmul4bitArgs`]).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for an unsupported blocksize, dtype or tile, or a backward
+    /// direction.
+    pub fn build_forward(&self) -> Result<TypedKernel<Matmul4bit>> {
+        self.check(true)?;
+        matmul_4bit_kernel(*self)
+    }
+
+    /// Builds the input-gradient kernel with its typed signature ([`Matmul4bitDxArgs`]).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for an unsupported blocksize, dtype or tile, or a forward
+    /// direction.
+    pub fn build_backward_input(&self) -> Result<TypedKernel<Matmul4bitDx>> {
+        self.check(false)?;
+        matmul_4bit_dx_kernel(*self)
+    }
+
+    fn check(&self, forward: bool) -> Result<()> {
         check_blocksize_4bit(self.blocksize)?;
         check_float_dtype(self.dtype)?;
         check_float_dtype(self.weight_dtype)?;
         self.tile.check()?;
-        let mut b = KernelBuilder::new(&self.name());
-        let p = Params::declare(&mut b, self);
-        let (tm, tn) = (self.tile.tm, self.tile.tn);
-        let (mv, nv, kv) = (b.param(p.m), b.param(p.n), b.param(p.k));
-        // Forward: outputs (m, n), reduce over k; backward: outputs (m, k), reduce over n.
-        let (cols, reduce_len, act_len) = match self.direction {
-            Direction::Forward { .. } => (nv, kv, kv),
-            Direction::BackwardInput => (kv, nv, nv),
-        };
-        let (rows, outs) = tile_of(&mut b, p.n_tiles, self.tile, mv, cols);
-        // Row starts of the activation (`m * K` or `m * N`).
-        let act_base = row_bases(&mut b, &rows, act_len);
-        let vars: Vec<VarId> = (0..tm * tn)
-            .map(|i| b.var(&format!("acc{i}"), ScalarType::F32))
-            .collect();
-        let table = b.table_f32("code", &self.quant_type.dequant_table());
-        let direction = self.direction;
-        let order = match direction {
-            Direction::Forward { .. } => K_ORDER,
-            Direction::BackwardInput => DX_ORDER,
-        };
-        b.accumulate(reduce_len, order, &vars, |b, i| {
-            let acts: Vec<Value> = act_base
-                .iter()
-                .map(|base| {
-                    let idx = b.add(*base, i);
-                    b.load(p.act, idx)
-                })
-                .collect();
-            let weights: Vec<Value> = outs
-                .iter()
-                .map(|o| {
-                    // Flat weight element: (n, k) -> n*K + k.
-                    let e = match direction {
-                        Direction::Forward { .. } => {
-                            let row = b.mul(o.clamped, kv);
-                            b.add(row, i)
-                        }
-                        Direction::BackwardInput => {
-                            let row = b.mul(i, kv);
-                            b.add(row, o.clamped)
-                        }
-                    };
-                    let w = weight(b, &p, table, self.blocksize, e);
-                    round_to(b, w, self.weight_dtype)
-                })
-                .collect();
-            let mut factors = Vec::new();
-            for a in &acts {
-                for w in &weights {
-                    factors.push((*a, *w));
-                }
-            }
-            factors
-        });
-        store_tile(&mut b, (&rows, &outs), p.out, cols, |b, at, _, o| {
-            let y = b.read_var(vars[at]);
-            match p.bias {
-                Some(bias) => {
-                    let bv = b.load(bias, o.clamped);
-                    b.add(y, bv)
-                }
-                None => y,
-            }
-        });
-        Ok(b.finish())
+        if matches!(self.direction, Direction::Forward { .. }) != forward {
+            return Err(Error::Unsupported(format!(
+                "{}: built as the {} kernel",
+                self.name(),
+                if forward { "forward" } else { "input-gradient" }
+            )));
+        }
+        Ok(())
     }
-}
 
-/// The parameters of a matmul kernel.
-struct Params {
-    m: ParamId,
-    n: ParamId,
-    k: ParamId,
-    n_tiles: ParamId,
-    /// `x` (forward) or `dY` (backward).
-    act: ParamId,
-    packed: ParamId,
-    scale: Scale,
-    bias: Option<ParamId>,
-    /// `y` (forward) or `dX` (backward).
-    out: ParamId,
+    /// Whether the kernel takes a bias.
+    fn has_bias(&self) -> bool {
+        matches!(self.direction, Direction::Forward { bias: true })
+    }
 }
 
 /// Where the per-block absmax comes from.
+#[derive(Clone, Copy, Debug)]
 enum Scale {
     Plain {
-        absmax: ParamId,
+        absmax: Buf<In<f32>>,
     },
     Nested {
-        offset: ParamId,
-        qabsmax: ParamId,
-        nested_absmax: ParamId,
-        nested_code: ParamId,
+        offset: Scalar<f32>,
+        qabsmax: Buf<In<u8>>,
+        nested_absmax: Buf<In<f32>>,
+        nested_code: Buf<In<f32>>,
     },
 }
 
-impl Params {
-    fn declare(b: &mut KernelBuilder, spec: &Matmul4) -> Params {
-        let m = b.scalar_param("m", ScalarType::U32);
-        let n = b.scalar_param("n", ScalarType::U32);
-        let k = b.scalar_param("k", ScalarType::U32);
-        let n_items = b.scalar_param("n_items", ScalarType::U32);
-        let n_tiles = b.scalar_param("n_tiles", ScalarType::U32);
-        let offset = spec
-            .nested
-            .then(|| b.scalar_param("offset", ScalarType::F32));
-        let n_packed = b.scalar_param("n_packed", ScalarType::U32);
-        let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
-        let n_nested = spec
-            .nested
-            .then(|| b.scalar_param("n_nested", ScalarType::U32));
-        let dt = spec.dtype;
-        let (act_name, act_cols, out_name, out_cols) = match spec.direction {
-            Direction::Forward { .. } => ("x", k, "y", n),
-            Direction::BackwardInput => ("dy", n, "dx", k),
-        };
-        let act = b.buffer_param(
-            act_name,
-            dt,
-            &[Dim::Param(m), Dim::Param(act_cols)],
-            Access::Read,
-        );
-        let packed = b.buffer_param("packed", DType::U8, &[Dim::Param(n_packed)], Access::Read);
-        let scale = match (offset, n_nested) {
-            (Some(offset), Some(n_nested)) => Scale::Nested {
+/// The scale parameters a kernel was built with (`absmax`, or the nested four).
+///
+/// # Errors
+/// [`Error::Unsupported`] when they are neither (not reachable from the kernels'
+/// `#[when]` conditions).
+fn scale(
+    _: &mut KernelBuilder,
+    offset: Option<Scalar<f32>>,
+    absmax: Option<Buf<In<f32>>>,
+    qabsmax: Option<Buf<In<u8>>>,
+    nested_absmax: Option<Buf<In<f32>>>,
+    nested_code: Option<Buf<In<f32>>>,
+) -> Result<Scale> {
+    match (absmax, offset, qabsmax, nested_absmax, nested_code) {
+        (Some(absmax), None, None, None, None) => Ok(Scale::Plain { absmax }),
+        (None, Some(offset), Some(qabsmax), Some(nested_absmax), Some(nested_code)) => {
+            Ok(Scale::Nested {
                 offset,
-                qabsmax: b.buffer_param(
-                    "qabsmax",
-                    DType::U8,
-                    &[Dim::Param(n_blocks)],
-                    Access::Read,
-                ),
-                nested_absmax: b.buffer_param(
-                    "nested_absmax",
-                    DType::F32,
-                    &[Dim::Param(n_nested)],
-                    Access::Read,
-                ),
-                nested_code: b.buffer_param(
-                    "nested_code",
-                    DType::F32,
-                    &[Dim::Const(256)],
-                    Access::Read,
-                ),
-            },
-            _ => Scale::Plain {
-                absmax: b.buffer_param("absmax", DType::F32, &[Dim::Param(n_blocks)], Access::Read),
-            },
-        };
-        let bias = matches!(spec.direction, Direction::Forward { bias: true })
-            .then(|| b.buffer_param("bias", dt, &[Dim::Param(n)], Access::Read));
-        let out = b.buffer_param(
-            out_name,
-            dt,
-            &[Dim::Param(m), Dim::Param(out_cols)],
-            Access::Write,
-        );
-        b.set_grid(Dim::Param(n_items));
-        Params {
-            m,
-            n,
-            k,
-            n_tiles,
-            act,
-            packed,
-            scale,
-            bias,
-            out,
+                qabsmax,
+                nested_absmax,
+                nested_code,
+            })
         }
+        _ => Err(Error::Unsupported(
+            "matmul_4bit: the absmax parameters are neither plain nor nested".into(),
+        )),
     }
 }
 
-/// The dequantized weight of flat element `e`: `table[nibble] * absmax[e / blocksize]`.
-fn weight(b: &mut KernelBuilder, p: &Params, table: TableId, blocksize: u32, e: Value) -> Value {
-    let one = b.const_u32(1);
-    let byte_idx = b.shr(e, one);
-    let byte = b.load(p.packed, byte_idx);
+/// The dim of an optional (`#[when]`) scalar parameter, declared only where it is present.
+struct OptionalDim(Option<Scalar<u32>>);
+
+impl IntoDim for OptionalDim {
+    fn dim(self) -> Dim {
+        self.0.map_or(Dim::Const(0), IntoDim::dim)
+    }
+}
+
+/// The 4-bit weight: codes, scales and the decode table.
+#[derive(Clone, Copy, Debug)]
+struct Weights {
+    packed: Buf<In<u8>>,
+    scale: Scale,
+    code: Table<f32>,
+    blocksize: u32,
+}
+
+/// The dequantized weight of flat element `e`: `code[nibble] * absmax[e / blocksize]`.
+#[qforge_macros::func]
+fn weight(w: Weights, e: Val<u32>) -> Val<f32> {
+    let packed = w.packed;
+    let code = w.code;
+    let one = val(1u32);
+    let byte = packed[e >> one];
     // Even elements sit in the high nibble: shift by 4 * (1 - (e & 1)).
-    let parity = b.and(e, one);
-    let odd_flip = b.binary(BinaryOp::Xor, parity, one);
-    let two = b.const_u32(2);
-    let shift = b.shl(odd_flip, two);
-    let shifted = b.shr(byte, shift);
-    let fifteen = b.const_u32(15);
-    let nibble = b.and(shifted, fifteen);
-    let code = b.lookup(table, nibble);
-    let bs_shift = b.const_u32(blocksize.trailing_zeros());
-    let block = b.shr(e, bs_shift);
-    let absmax = match p.scale {
-        Scale::Plain { absmax } => b.load(absmax, block),
+    let odd_flip = (e & one) ^ one;
+    let shift = odd_flip << 2u32;
+    let nibble = (byte >> shift) & 15u32;
+    let c = code[nibble];
+    let block = e >> comptime!(w.blocksize.trailing_zeros());
+    let absmax = match w.scale {
+        Scale::Plain { absmax } => absmax[block],
         Scale::Nested {
             offset,
             qabsmax,
             nested_absmax,
             nested_code,
         } => {
-            let q = b.load(qabsmax, block);
-            let c = b.load(nested_code, q);
-            let nshift = b.const_u32(NESTED_BLOCKSIZE.trailing_zeros());
-            let nb = b.shr(block, nshift);
-            let na = b.load(nested_absmax, nb);
-            let prod = b.mul(c, na);
-            let off = b.param(offset);
-            b.add(prod, off)
+            let q = qabsmax[block];
+            let nc = nested_code[q];
+            let na = nested_absmax[block >> comptime!(NESTED_BLOCKSIZE.trailing_zeros())];
+            nc * na + read(offset)
         }
     };
-    b.mul(code, absmax)
+    c * absmax
+}
+
+/// The factors of a matmul tile: activation rows and decoded weights.
+struct Products {
+    /// `x` (forward) or `dY` (backward).
+    act: Buf<In<Float>>,
+    /// Row starts of the activation tile rows.
+    act_base: Vec<Val<u32>>,
+    /// The tile outputs (weight rows forward, `dX` columns backward).
+    outs: Vec<Row>,
+    weights: Weights,
+    forward: bool,
+    /// `K`, the weight's row length.
+    k: Val<u32>,
+    weight_dtype: DType,
+}
+
+/// The decoded weight of each tile output at reduction index `i` (flat element `n * K + k`).
+#[qforge_macros::func]
+fn load_weights(p: &Products, i: Val<u32>) -> Vec<Val<f32>> {
+    let kv = p.k;
+    #[comptime]
+    let mut ws = Vec::new();
+    for o in p.outs.iter().copied() {
+        let e = if p.forward {
+            o.clamped * kv + i
+        } else {
+            i * kv + o.clamped
+        };
+        let w = weight(p.weights, e);
+        let w = round_to(w, p.weight_dtype);
+        ws.push(w);
+    }
+    ws
+}
+
+/// The factors of a matmul tile of `spec` (declaring its `code` table): the activation `act` at
+/// the row starts `act_base`, and the 4-bit weight (`packed`, `scale`, `K = k`) of each output
+/// `outs` (weight rows when `forward`, `dX` columns otherwise).
+#[qforge_macros::func]
+fn products(
+    spec: Matmul4,
+    act: Buf<In<Float>>,
+    act_base: Vec<Val<u32>>,
+    outs: &[Row],
+    k: Val<u32>,
+    packed: Buf<In<u8>>,
+    scale: Scale,
+    forward: bool,
+) -> Products {
+    let code = table_f32("code", &spec.quant_type.dequant_table());
+    let weights = Weights {
+        packed,
+        scale,
+        code,
+        blocksize: spec.blocksize,
+    };
+    Products {
+        act,
+        act_base,
+        outs: outs.to_vec(),
+        weights,
+        forward,
+        k,
+        weight_dtype: spec.weight_dtype,
+    }
+}
+
+impl TileFactors for Products {
+    fn factors(&self, b: &mut KernelBuilder, i: Val<u32>) -> Result<Factors> {
+        let acts = load_rows(b, self.act, &self.act_base, i)?;
+        let weights = load_weights(b, self, i)?;
+        Ok((acts, weights))
+    }
+}
+
+/// Builds the forward kernel `matmul_4bit_{qt}[_nested]_bs{B}_{dtype}[_w{wdtype}][_bias]_t{TM}x{TN}`
+/// (see the module docs): `y = x @ dequant(W).T (+ bias)`, reduced over `k` in [`K_ORDER`].
+///
+/// # Errors
+/// None of its own ([`Matmul4::build_forward`] checks the spec first).
+#[kernel(name = spec.name(), grid = n_items, signature = Matmul4bit)]
+pub fn matmul_4bit_kernel(
+    #[config] spec: Matmul4,
+    m: u32,
+    n: u32,
+    k: u32,
+    n_items: u32,
+    n_tiles: u32,
+    #[when(spec.nested)] offset: f32,
+    n_packed: u32,
+    n_blocks: u32,
+    #[when(spec.nested)] n_nested: u32,
+    #[shape(m, k)]
+    #[dtype(spec.dtype)]
+    x: In<Float>,
+    #[shape(n_packed)] packed: In<u8>,
+    #[when(!spec.nested)]
+    #[shape(n_blocks)]
+    absmax: In<f32>,
+    #[when(spec.nested)]
+    #[shape(n_blocks)]
+    qabsmax: In<u8>,
+    #[when(spec.nested)]
+    #[shape(OptionalDim(n_nested))]
+    nested_absmax: In<f32>,
+    #[when(spec.nested)]
+    #[shape(256u32)]
+    nested_code: In<f32>,
+    #[when(spec.has_bias())]
+    #[shape(n)]
+    #[dtype(spec.dtype)]
+    bias: In<Float>,
+    #[shape(m, n)]
+    #[dtype(spec.dtype)]
+    y: Out<Float>,
+) {
+    let mv = m;
+    let nv = n;
+    let kv = k;
+    // Outputs (m, n), reduced over k.
+    let (rows, outs) = work_tile(n_tiles, spec.tile, mv, nv);
+    let act_base = row_starts(&rows, kv);
+    let accs = vars::<f32>(comptime!(rows.len() * outs.len()), "acc");
+    let scale = scale(offset, absmax, qabsmax, nested_absmax, nested_code);
+    let products = products(spec, x, act_base, &outs, kv, packed, scale, true);
+    accumulate_tile(kv, K_ORDER, &accs, &products);
+    store_sums(y, nv, &rows, &outs, &accs, bias, None);
+}
+
+/// Builds the input-gradient kernel `matmul_4bit_dx_{qt}[_nested]_bs{B}_{dtype}[_w{wdtype}]_t{TM}x{TK}`
+/// (see the module docs): `dX = dY @ dequant(W)`, reduced over `n` in [`DX_ORDER`].
+///
+/// # Errors
+/// None of its own ([`Matmul4::build_backward_input`] checks the spec first).
+#[kernel(name = spec.name(), grid = n_items, signature = Matmul4bitDx)]
+pub fn matmul_4bit_dx_kernel(
+    #[config] spec: Matmul4,
+    m: u32,
+    n: u32,
+    k: u32,
+    n_items: u32,
+    n_tiles: u32,
+    #[when(spec.nested)] offset: f32,
+    n_packed: u32,
+    n_blocks: u32,
+    #[when(spec.nested)] n_nested: u32,
+    #[shape(m, n)]
+    #[dtype(spec.dtype)]
+    dy: In<Float>,
+    #[shape(n_packed)] packed: In<u8>,
+    #[when(!spec.nested)]
+    #[shape(n_blocks)]
+    absmax: In<f32>,
+    #[when(spec.nested)]
+    #[shape(n_blocks)]
+    qabsmax: In<u8>,
+    #[when(spec.nested)]
+    #[shape(OptionalDim(n_nested))]
+    nested_absmax: In<f32>,
+    #[when(spec.nested)]
+    #[shape(256u32)]
+    nested_code: In<f32>,
+    #[shape(m, k)]
+    #[dtype(spec.dtype)]
+    dx: Out<Float>,
+) {
+    let mv = m;
+    let nv = n;
+    let kv = k;
+    // Outputs (m, k), reduced over n.
+    let (rows, outs) = work_tile(n_tiles, spec.tile, mv, kv);
+    let act_base = row_starts(&rows, nv);
+    let accs = vars::<f32>(comptime!(rows.len() * outs.len()), "acc");
+    let scale = scale(offset, absmax, qabsmax, nested_absmax, nested_code);
+    let products = products(spec, dy, act_base, &outs, kv, packed, scale, false);
+    accumulate_tile(nv, DX_ORDER, &accs, &products);
+    store_sums(dx, kv, &rows, &outs, &accs, None, None);
 }

@@ -10,7 +10,9 @@
 //!   [`Linear8bitLt`]: LLM.int8(); [`quantize_rowwise_int8`] / [`dequantize_rowwise_int8`]: the
 //!   per-row int8 weight format.
 //! * [`adam_step_32bit`] / [`adam_step_8bit`]: Adam and AdamW with 32-bit or 8-bit blockwise
-//!   state ([`AdamState32`], [`AdamState8`]).
+//!   state ([`AdamState32`], [`AdamState8`]). Every optimizer op takes bitsandbytes' gradient
+//!   options ([`GradOptions`]: `gnorm_scale`, `skip_zeros`; `GradOptions::default()` runs the
+//!   plain kernels) as its last argument.
 //! * [`lamb_step_32bit`] / [`lars_step_32bit`]: LAMB and LARS (bitsandbytes' `max_unorm` trust
 //!   ratio), also as their three pieces ([`lamb_norm_partials`], [`norm_scale`],
 //!   [`lamb_update_32bit`], ...) for chunked callers; [`lamb_step_8bit`] / [`lars_step_8bit`]:
@@ -24,16 +26,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use qforge_ir::dsl::{Signature, TypedKernel};
-use qforge_ir::{DType, Kernel, Scalar};
+use qforge_ir::{DType, Kernel};
 
 use qforge_runtime::HostTensor;
 use qforge_runtime::{Error, Result};
 
 pub use crate::activation::host::{act_beta, act_beta_backward};
 pub use crate::adam::host::{
-    adam_step_32bit, adam_step_8bit, AdamState32, AdamState8, OPTIM_PARAM_DTYPES,
+    adam_step_32bit, adam_step_8bit, AdamState32, AdamState8, GradOptions, OPTIM_PARAM_DTYPES,
 };
-pub use crate::adam::host::{adam_step_32bit_opts, adam_step_8bit_opts, GradOptions};
 pub use crate::blockwise8::host::{
     absmax_mean, compress_absmax, compress_absmax_with_offset, decompress_absmax,
     dequantize_blockwise, quantize_blockwise,
@@ -50,7 +51,6 @@ pub use crate::matmul4::host::{
     DeviceCaps, Linear4bit,
 };
 pub use crate::optim1::host::{optim1_step_32bit, optim1_step_8bit, Optim1State8};
-pub use crate::optim1::host::{optim1_step_32bit_opts, optim1_step_8bit_opts};
 pub use crate::optim4::host::{qadamw_step, MomentState, QAdamRng, QAdamState};
 pub use crate::optim4::launch::{launch_qadam, QAdamBuffers};
 pub use crate::optim_ademamix::host::{
@@ -61,24 +61,13 @@ pub use crate::optim_norm::host::{
     lamb_norm_partials, lamb_step_32bit, lamb_update_32bit, lars_norm_partials, lars_step_32bit,
     lars_update_32bit, norm_scale, norm_scale_eps, NormPartials,
 };
-pub use crate::optim_norm::host::{
-    lamb_norm_partials_opts, lamb_step_32bit_opts, lamb_update_32bit_opts, lars_norm_partials_opts,
-    lars_step_32bit_opts, lars_update_32bit_opts,
-};
 pub use crate::optim_norm1::host::{
     optim1_norm_partials, optim1_norm_scale, optim1_step_32bit_max_unorm,
     optim1_update_scaled_32bit,
 };
-pub use crate::optim_norm1::host::{
-    optim1_norm_partials_opts, optim1_step_32bit_max_unorm_opts, optim1_update_scaled_32bit_opts,
-};
 pub use crate::optim_norm8::host::{
     lamb8_norm_partials, lamb_step_8bit, lamb_update_8bit, lars8_norm_partials, lars_step_8bit,
     lars_update_8bit,
-};
-pub use crate::optim_norm8::host::{
-    lamb8_norm_partials_opts, lamb_step_8bit_opts, lamb_update_8bit_opts, lars8_norm_partials_opts,
-    lars_step_8bit_opts, lars_update_8bit_opts,
 };
 pub use crate::optim_staged::host::{launch_adam8, Adam8Buffers, STAGE_CHUNK};
 pub use crate::quant4::host::{dequantize_4bit, quantize_4bit, Absmax4, QuantState4};
@@ -131,11 +120,6 @@ pub(crate) fn cached_typed<S: Signature>(
 
 pub(crate) fn poisoned() -> Error {
     Error::Invalid("the kernel cache lock is poisoned (a thread panicked while holding it)".into())
-}
-
-/// A borrowed `u32` scalar argument.
-pub(crate) fn scalar_u32(v: u32) -> qforge_ir::Arg<'static> {
-    qforge_ir::Arg::Scalar(Scalar::U32(v))
 }
 
 /// The most elements one host op handles: `2^31 - 1`. The kernels index with `u32`, and every

@@ -10,13 +10,12 @@ use safetensors::Dtype;
 
 use super::group::{Family, OptimizerKind, StateBits};
 use crate::ops::{
-    adam_step_32bit_opts, adam_step_8bit_opts, ademamix_step_32bit, ademamix_step_8bit,
-    lamb8_norm_partials_opts, lamb_norm_partials_opts, lamb_update_32bit_opts,
-    lamb_update_8bit_opts, lars8_norm_partials_opts, lars_norm_partials_opts,
-    lars_update_32bit_opts, lars_update_8bit_opts, norm_scale, optim1_norm_partials_opts,
-    optim1_norm_scale, optim1_step_32bit_opts, optim1_step_8bit_opts,
-    optim1_update_scaled_32bit_opts, qadamw_step, AdamState32, AdamState8, AdemamixState32,
-    AdemamixState8, GradOptions, MomentState, NormPartials, Optim1State8, QAdamRng, QAdamState,
+    adam_step_32bit, adam_step_8bit, ademamix_step_32bit, ademamix_step_8bit, lamb8_norm_partials,
+    lamb_norm_partials, lamb_update_32bit, lamb_update_8bit, lars8_norm_partials,
+    lars_norm_partials, lars_update_32bit, lars_update_8bit, norm_scale, optim1_norm_partials,
+    optim1_norm_scale, optim1_step_32bit, optim1_step_8bit, optim1_update_scaled_32bit,
+    qadamw_step, AdamState32, AdamState8, AdemamixState32, AdemamixState8, GradOptions,
+    MomentState, NormPartials, Optim1State8, QAdamRng, QAdamState,
 };
 use qforge_runtime::Device;
 use qforge_runtime::{bytes_f32, f32_bytes, HostTensor};
@@ -430,7 +429,7 @@ impl ParamState {
                         state1: s.state1[r.clone()].to_vec(),
                         state2: s.state2[r].to_vec(),
                     };
-                    lamb_norm_partials_opts(dev, p, g, &c, h, step, opts)
+                    lamb_norm_partials(dev, p, g, &c, h, step, opts)
                 })?;
                 let scale = norm_scale(dev, &parts, h.max_unorm)?;
                 // Pass 2: the scaled update, chunk by chunk.
@@ -439,7 +438,7 @@ impl ParamState {
                         state1: s.state1[r.clone()].to_vec(),
                         state2: s.state2[r.clone()].to_vec(),
                     };
-                    lamb_update_32bit_opts(dev, p, g, &mut c, h, step, scale, opts)?;
+                    lamb_update_32bit(dev, p, g, &mut c, h, step, scale, opts)?;
                     s.state1[r.clone()].copy_from_slice(&c.state1);
                     s.state2[r].copy_from_slice(&c.state2);
                     Ok(())
@@ -448,11 +447,11 @@ impl ParamState {
             ParamState::One32(s) if kind.lars().is_some() => {
                 let h = kind.lars().ok_or_else(mismatch)?;
                 let parts = chunk_partials(params, grads, chunk, |p, g, r, _| {
-                    lars_norm_partials_opts(dev, p, g, &s[r], h, step, opts)
+                    lars_norm_partials(dev, p, g, &s[r], h, step, opts)
                 })?;
                 let scale = norm_scale(dev, &parts, h.max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, _| {
-                    lars_update_32bit_opts(dev, p, g, &mut s[r], h, step, scale, opts)
+                    lars_update_32bit(dev, p, g, &mut s[r], h, step, scale, opts)
                 })
             }
             // 8-bit LAMB / LARS: as with 32-bit state, on the 8-bit state of each chunk (whole
@@ -461,12 +460,12 @@ impl ParamState {
                 let h = kind.lamb().ok_or_else(mismatch)?;
                 let parts = chunk_partials(params, grads, chunk, |p, g, r, b| {
                     let c = adam8_chunk(s, &r, &b);
-                    lamb8_norm_partials_opts(dev, p, g, &c, h, step, opts)
+                    lamb8_norm_partials(dev, p, g, &c, h, step, opts)
                 })?;
                 let scale = norm_scale(dev, &parts, h.max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, b| {
                     let mut c = adam8_chunk(s, &r, &b);
-                    lamb_update_8bit_opts(dev, p, g, &mut c, h, step, scale, opts)?;
+                    lamb_update_8bit(dev, p, g, &mut c, h, step, scale, opts)?;
                     put_adam8_chunk(s, &c, &r, &b);
                     Ok(())
                 })
@@ -475,12 +474,12 @@ impl ParamState {
                 let h = kind.lars().ok_or_else(mismatch)?;
                 let parts = chunk_partials(params, grads, chunk, |p, g, r, b| {
                     let c = one8_chunk(s, &r, &b);
-                    lars8_norm_partials_opts(dev, p, g, &c, h, step, opts)
+                    lars8_norm_partials(dev, p, g, &c, h, step, opts)
                 })?;
                 let scale = norm_scale(dev, &parts, h.max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, b| {
                     let mut c = one8_chunk(s, &r, &b);
-                    lars_update_8bit_opts(dev, p, g, &mut c, h, step, scale, opts)?;
+                    lars_update_8bit(dev, p, g, &mut c, h, step, scale, opts)?;
                     put_one8_chunk(s, &c, &r, &b);
                     Ok(())
                 })
@@ -490,13 +489,11 @@ impl ParamState {
             ParamState::One32(s) if max_unorm > 0.0 => {
                 let (algo, h) = kind.one_state().ok_or_else(mismatch)?;
                 let parts = chunk_partials(params, grads, chunk, |p, g, r, _| {
-                    optim1_norm_partials_opts(dev, algo, p, g, &s[r], h, step, opts)
+                    optim1_norm_partials(dev, algo, p, g, &s[r], h, step, opts)
                 })?;
                 let scale = optim1_norm_scale(dev, &parts, h, max_unorm)?;
                 for_chunks(params, grads, chunk, |p, g, r, _| {
-                    optim1_update_scaled_32bit_opts(
-                        dev, algo, p, g, &mut s[r], h, step, scale, opts,
-                    )
+                    optim1_update_scaled_32bit(dev, algo, p, g, &mut s[r], h, step, scale, opts)
                 })
             }
             ParamState::Adam32(s) => {
@@ -506,7 +503,7 @@ impl ParamState {
                         state1: s.state1[r.clone()].to_vec(),
                         state2: s.state2[r.clone()].to_vec(),
                     };
-                    adam_step_32bit_opts(dev, algo, p, g, &mut c, h, step, opts)?;
+                    adam_step_32bit(dev, algo, p, g, &mut c, h, step, opts)?;
                     s.state1[r.clone()].copy_from_slice(&c.state1);
                     s.state2[r].copy_from_slice(&c.state2);
                     Ok(())
@@ -516,7 +513,7 @@ impl ParamState {
                 let (algo, h) = kind.adam().ok_or_else(mismatch)?;
                 for_chunks(params, grads, chunk, |p, g, r, b| {
                     let mut c = adam8_chunk(s, &r, &b);
-                    adam_step_8bit_opts(dev, algo, p, g, &mut c, h, step, opts)?;
+                    adam_step_8bit(dev, algo, p, g, &mut c, h, step, opts)?;
                     put_adam8_chunk(s, &c, &r, &b);
                     Ok(())
                 })
@@ -524,14 +521,14 @@ impl ParamState {
             ParamState::One32(s) => {
                 let (algo, h) = kind.one_state().ok_or_else(mismatch)?;
                 for_chunks(params, grads, chunk, |p, g, r, _| {
-                    optim1_step_32bit_opts(dev, algo, p, g, &mut s[r], h, step, opts)
+                    optim1_step_32bit(dev, algo, p, g, &mut s[r], h, step, opts)
                 })
             }
             ParamState::One8(s) => {
                 let (algo, h) = kind.one_state().ok_or_else(mismatch)?;
                 for_chunks(params, grads, chunk, |p, g, r, b| {
                     let mut c = one8_chunk(s, &r, &b);
-                    optim1_step_8bit_opts(dev, algo, p, g, &mut c, h, step, opts)?;
+                    optim1_step_8bit(dev, algo, p, g, &mut c, h, step, opts)?;
                     put_one8_chunk(s, &c, &r, &b);
                     Ok(())
                 })

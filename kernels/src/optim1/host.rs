@@ -2,15 +2,17 @@
 //! and their `8bit` variants) with 32-bit or 8-bit blockwise state, over any [`Device`]. The
 //! formulas are in [`crate::optim1`] and `docs/optimizers.md`.
 
+use crate::optim1::{Optim1Update32Args, Optim1Update8Args};
 use crate::{
     Optim1Algo, Optim1Hyper, Optim1Scalars, Optim1Spec, OptimExtSpec, StateBits, OPTIM_BLOCKSIZE,
 };
-use qforge_ir::{Arg, DType};
+use qforge_ir::dsl::{FloatIn, FloatOut};
+use qforge_ir::DType;
 
-use crate::adam::host::{expect, kernel_for, GradOptions};
-use crate::ops::{count_u32, f32_le, float_input, le_f32, scalar_u32};
-use qforge_runtime::Device;
+use crate::adam::host::{expect, GradOptions};
+use crate::ops::{cached_typed, count_u32, float_input};
 use qforge_runtime::HostTensor;
+use qforge_runtime::{launch_typed, Device};
 use qforge_runtime::{Error, Result};
 
 /// 8-bit blockwise one-state optimizer state: codes of the signed dynamic map, one per element,
@@ -58,37 +60,36 @@ pub(crate) fn prepare(
     Ok((count_u32(op, "the parameter", n as usize)?, spec))
 }
 
+/// The kernel name and whether it is the `_gs` variant ([`crate::optim_ext`]): the plain
+/// kernel for the default options, else `{name}_gs`.
+///
+/// # Errors
+/// [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+fn variant(op: &str, spec: Optim1Spec, opts: &GradOptions) -> Result<(String, bool)> {
+    opts.check(op)?;
+    Ok(if opts.is_default() {
+        (spec.name(), false)
+    } else {
+        (OptimExtSpec::One(spec).name(), true)
+    })
+}
+
 /// One Lion / SGD / RMSprop / Adagrad step with 32-bit state (`state1`, one `f32` per element,
 /// initially zeros), in place, for step number `step` (1-based; SGD takes the gradient as its
 /// momentum on step 1). Gradient elements that are NaN or ±inf zero their state and leave their
 /// parameter unchanged.
 ///
-/// # Errors
-/// [`Error::Invalid`] for an empty or non-f32 parameter, a gradient of another dtype or shape,
-/// state of the wrong length, more than `2^31 - 1` elements; [`Error::Ir`] for invalid
-/// hyperparameters or step 0; any device error.
-pub fn optim1_step_32bit(
-    dev: &dyn Device,
-    algo: Optim1Algo,
-    params: &mut HostTensor,
-    grads: &HostTensor,
-    state1: &mut [f32],
-    hyper: &Optim1Hyper,
-    step: u32,
-) -> Result<()> {
-    let opts = GradOptions::default();
-    optim1_step_32bit_opts(dev, algo, params, grads, state1, hyper, step, &opts)
-}
-
-/// [`optim1_step_32bit`] with bitsandbytes' gradient options ([`GradOptions`]): the gradient
-/// is scaled by `gnorm_scale`; with `skip_zeros`, an element whose scaled gradient after
-/// coupled weight decay (`g * gnorm_scale + p * weight_decay`; Lion: without it) is `±0` keeps
-/// its parameter and state.
+/// `opts` are bitsandbytes' gradient options ([`GradOptions`]; `GradOptions::default()` runs
+/// the plain kernel): the gradient is scaled by `gnorm_scale`; with `skip_zeros`, an element
+/// whose scaled gradient after coupled weight decay (`g * gnorm_scale + p * weight_decay`;
+/// Lion: without it) is `±0` keeps its parameter and state.
 ///
 /// # Errors
-/// As [`optim1_step_32bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+/// [`Error::Invalid`] for an empty or non-f32 parameter, a gradient of another dtype or shape,
+/// state of the wrong length, more than `2^31 - 1` elements, a `gnorm_scale` outside `[0, 1]`;
+/// [`Error::Ir`] for invalid hyperparameters or step 0; any device error.
 #[allow(clippy::too_many_arguments)]
-pub fn optim1_step_32bit_opts(
+pub fn optim1_step_32bit(
     dev: &dyn Device,
     algo: Optim1Algo,
     params: &mut HostTensor,
@@ -120,23 +121,38 @@ pub(crate) fn launch32(
 ) -> Result<()> {
     let (n, spec) = prepare(op, algo, StateBits::Bits32, params, grads)?;
     expect(op, "state1", state1.len(), n as usize)?;
-    let (kernel, extra) = kernel_for(
-        op,
-        (spec.name(), &|| spec.build()),
-        OptimExtSpec::One(spec),
-        opts,
+    let (name, gs) = variant(op, spec, opts)?;
+    let kernel = cached_typed(&name, || spec.typed32(&name, gs))?;
+    launch_typed(
+        dev,
+        &kernel,
+        &mut Optim1Update32Args {
+            n,
+            n_blocks: n.div_ceil(OPTIM_BLOCKSIZE),
+            first: scalars.first,
+            beta1: scalars.beta1,
+            one_minus_beta1: scalars.one_minus_beta1,
+            beta2: scalars.beta2,
+            one_minus_beta2: scalars.one_minus_beta2,
+            weight_decay: scalars.weight_decay,
+            decay: scalars.decay,
+            eps: scalars.eps,
+            lr: scalars.lr,
+            neg_lr: scalars.neg_lr,
+            gnorm_scale: gs.then_some(opts.gnorm_scale),
+            skip_zeros: gs.then_some(u32::from(opts.skip_zeros)),
+            p: FloatOut {
+                dtype: DType::F32,
+                bytes: &mut params.data,
+            },
+            g: FloatIn {
+                dtype: DType::F32,
+                bytes: &grads.data,
+            },
+            state1,
+            scale: None,
+        },
     )?;
-    let mut s1 = f32_le(state1);
-    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
-    args.extend(scalars.kernel_args().into_iter().map(Arg::Scalar));
-    args.extend(extra.into_iter().map(Arg::Scalar));
-    args.extend([
-        Arg::Write(&mut params.data),
-        Arg::Read(&grads.data),
-        Arg::Write(&mut s1),
-    ]);
-    dev.launch(&kernel, &mut args)?;
-    state1.copy_from_slice(&le_f32(&s1));
     Ok(())
 }
 
@@ -145,32 +161,17 @@ pub(crate) fn launch32(
 /// and requantizes the state with a new absmax and the exact nearest code. Otherwise as
 /// [`optim1_step_32bit`].
 ///
+/// `opts` are bitsandbytes' gradient options ([`GradOptions`]; `GradOptions::default()` runs
+/// the plain kernel): the gradient is scaled by `gnorm_scale` (RMSprop's and Adagrad's update
+/// numerator stays the raw gradient, as in bitsandbytes); with `skip_zeros`, an element whose
+/// raw gradient is `±0` keeps its parameter, and its state keeps its dequantized value
+/// (requantized with the block's new absmax).
+///
 /// # Errors
 /// As [`optim1_step_32bit`], with the 8-bit state's lengths (codes per element, absmax per
 /// block).
-pub fn optim1_step_8bit(
-    dev: &dyn Device,
-    algo: Optim1Algo,
-    params: &mut HostTensor,
-    grads: &HostTensor,
-    state: &mut Optim1State8,
-    hyper: &Optim1Hyper,
-    step: u32,
-) -> Result<()> {
-    let opts = GradOptions::default();
-    optim1_step_8bit_opts(dev, algo, params, grads, state, hyper, step, &opts)
-}
-
-/// [`optim1_step_8bit`] with bitsandbytes' gradient options ([`GradOptions`]): the gradient is
-/// scaled by `gnorm_scale` (RMSprop's and Adagrad's update numerator stays the raw gradient,
-/// as in bitsandbytes); with `skip_zeros`, an element whose raw gradient is `±0` keeps its
-/// parameter, and its state keeps its dequantized value (requantized with the block's new
-/// absmax).
-///
-/// # Errors
-/// As [`optim1_step_8bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
 #[allow(clippy::too_many_arguments)]
-pub fn optim1_step_8bit_opts(
+pub fn optim1_step_8bit(
     dev: &dyn Device,
     algo: Optim1Algo,
     params: &mut HostTensor,
@@ -186,23 +187,38 @@ pub fn optim1_step_8bit_opts(
     expect(OP, "state1", state.state1.len(), n as usize)?;
     expect(OP, "absmax1", state.absmax1.len(), blocks as usize)?;
     let scalars = hyper.scalars(algo, step)?;
-    let (kernel, extra) = kernel_for(
-        OP,
-        (spec.name(), &|| spec.build()),
-        OptimExtSpec::One(spec),
-        opts,
+    let (name, gs) = variant(OP, spec, opts)?;
+    let kernel = cached_typed(&name, || spec.typed8(&name, gs))?;
+    launch_typed(
+        dev,
+        &kernel,
+        &mut Optim1Update8Args {
+            n,
+            n_blocks: blocks,
+            first: scalars.first,
+            beta1: scalars.beta1,
+            one_minus_beta1: scalars.one_minus_beta1,
+            beta2: scalars.beta2,
+            one_minus_beta2: scalars.one_minus_beta2,
+            weight_decay: scalars.weight_decay,
+            decay: scalars.decay,
+            eps: scalars.eps,
+            lr: scalars.lr,
+            neg_lr: scalars.neg_lr,
+            gnorm_scale: gs.then_some(opts.gnorm_scale),
+            skip_zeros: gs.then_some(u32::from(opts.skip_zeros)),
+            p: FloatOut {
+                dtype: DType::F32,
+                bytes: &mut params.data,
+            },
+            g: FloatIn {
+                dtype: DType::F32,
+                bytes: &grads.data,
+            },
+            state1: &mut state.state1,
+            absmax1: &mut state.absmax1,
+            scale: None,
+        },
     )?;
-    let mut a1 = f32_le(&state.absmax1);
-    let mut args = vec![scalar_u32(n), scalar_u32(blocks)];
-    args.extend(scalars.kernel_args().into_iter().map(Arg::Scalar));
-    args.extend(extra.into_iter().map(Arg::Scalar));
-    args.extend([
-        Arg::Write(&mut params.data),
-        Arg::Read(&grads.data),
-        Arg::Write(&mut state.state1),
-        Arg::Write(&mut a1),
-    ]);
-    dev.launch(&kernel, &mut args)?;
-    state.absmax1 = le_f32(&a1);
     Ok(())
 }

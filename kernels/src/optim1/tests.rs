@@ -255,3 +255,55 @@ fn optim1_hyperparameters_are_checked() {
     let e = spec.build().unwrap_err().to_string();
     assert!(e.contains("rmsprop8bit_bf16") && e.contains("f32"), "{e}");
 }
+
+/// The typed kernels refuse the other state width, and their arguments are checked by name:
+/// a `_gs` kernel launched without `gnorm_scale` is an error naming it.
+#[test]
+fn typed_kernels_check_the_state_width_and_the_gs_arguments() {
+    use crate::optim1::Optim1Update32Args;
+    use qforge_ir::dsl::{FloatIn, FloatOut};
+    let spec = |state| Optim1Spec {
+        algo: Optim1Algo::Sgd,
+        state,
+        dtype: DType::F32,
+    };
+    assert!(spec(StateBits::Bits8).typed32("x", false).is_err());
+    assert!(spec(StateBits::Bits32).typed8("x", false).is_err());
+    let k = spec(StateBits::Bits32)
+        .typed32("sgd32_f32_gs", true)
+        .unwrap();
+    let (mut p, g, mut s) = (vec![0u8; 8], vec![0u8; 8], vec![0.0f32; 2]);
+    let s1 = Optim1Hyper::defaults(Optim1Algo::Sgd)
+        .scalars(Optim1Algo::Sgd, 1)
+        .unwrap();
+    let mut args = Optim1Update32Args {
+        n: 2,
+        n_blocks: 1,
+        first: s1.first,
+        beta1: s1.beta1,
+        one_minus_beta1: s1.one_minus_beta1,
+        beta2: s1.beta2,
+        one_minus_beta2: s1.one_minus_beta2,
+        weight_decay: s1.weight_decay,
+        decay: s1.decay,
+        eps: s1.eps,
+        lr: s1.lr,
+        neg_lr: s1.neg_lr,
+        gnorm_scale: None,
+        skip_zeros: Some(0),
+        p: FloatOut {
+            dtype: DType::F32,
+            bytes: &mut p,
+        },
+        g: FloatIn {
+            dtype: DType::F32,
+            bytes: &g,
+        },
+        state1: &mut s,
+        scale: None,
+    };
+    let e = k.args(&mut args).unwrap_err().to_string();
+    assert!(e.contains("gnorm_scale"), "{e}");
+    args.gnorm_scale = Some(1.0);
+    assert!(k.args(&mut args).is_ok());
+}

@@ -2,13 +2,15 @@
 //! state, over any [`Device`]. The formulas are in [`crate::optim_ademamix`] and
 //! `docs/optimizers.md`.
 
+use crate::optim_ademamix::{Ademamix32Args, Ademamix8Args, AdemamixScalars};
 use crate::{AdemamixHyper, AdemamixSpec, StateBits, OPTIM_BLOCKSIZE};
-use qforge_ir::{Arg, DType};
+use qforge_ir::dsl::{FloatIn, FloatOut};
+use qforge_ir::DType;
 
 use crate::adam::host::expect;
-use crate::ops::{cached_kernel, count_u32, f32_le, float_input, le_f32, scalar_u32};
-use qforge_runtime::Device;
+use crate::ops::{cached_typed, count_u32, float_input};
 use qforge_runtime::HostTensor;
+use qforge_runtime::{launch_typed, Device};
 use qforge_runtime::{Error, Result};
 
 /// 32-bit AdEMAMix state, one `f32` per element each (initially zeros).
@@ -99,19 +101,41 @@ pub fn ademamix_step_32bit(
         expect(OP, what, s.len(), n as usize)?;
     }
     let scalars = hyper.scalars(step)?;
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
-    let (mut m1, mut nu, mut m2) = (f32_le(&state.m1), f32_le(&state.nu), f32_le(&state.m2));
-    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
-    args.extend(scalars.kernel_args().into_iter().map(Arg::Scalar));
-    args.extend([
-        Arg::Write(&mut params.data),
-        Arg::Read(&grads.data),
-        Arg::Write(&mut m1),
-        Arg::Write(&mut nu),
-        Arg::Write(&mut m2),
-    ]);
-    dev.launch(&kernel, &mut args)?;
-    (state.m1, state.nu, state.m2) = (le_f32(&m1), le_f32(&nu), le_f32(&m2));
+    let kernel = cached_typed(&spec.name(), || spec.typed32())?;
+    let AdemamixScalars(
+        [beta1, one_minus_beta1, beta2, one_minus_beta2, beta3, one_minus_beta3, alpha, c1, c2, eps, decay, neg_lr],
+    ) = scalars;
+    launch_typed(
+        dev,
+        &kernel,
+        &mut Ademamix32Args {
+            n,
+            n_blocks: n.div_ceil(OPTIM_BLOCKSIZE),
+            beta1,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            beta3,
+            one_minus_beta3,
+            alpha,
+            c1,
+            c2,
+            eps,
+            decay,
+            neg_lr,
+            p: FloatOut {
+                dtype: DType::F32,
+                bytes: &mut params.data,
+            },
+            g: FloatIn {
+                dtype: DType::F32,
+                bytes: &grads.data,
+            },
+            state1: &mut state.m1,
+            state2: &mut state.nu,
+            state3: &mut state.m2,
+        },
+    )?;
     Ok(())
 }
 
@@ -137,19 +161,45 @@ pub fn ademamix_step_8bit(
         expect(OP, &what, state.absmax[k].len(), blocks as usize)?;
     }
     let scalars = hyper.scalars(step)?;
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
-    let mut a: Vec<Vec<u8>> = state.absmax.iter().map(|x| f32_le(x)).collect();
-    let mut args = vec![scalar_u32(n), scalar_u32(blocks)];
-    args.extend(scalars.kernel_args().into_iter().map(Arg::Scalar));
-    args.extend([Arg::Write(&mut params.data), Arg::Read(&grads.data)]);
-    for (c, ab) in state.codes.iter_mut().zip(a.iter_mut()) {
-        args.push(Arg::Write(c));
-        args.push(Arg::Write(ab));
-    }
-    dev.launch(&kernel, &mut args)?;
-    drop(args);
-    for (dst, src) in state.absmax.iter_mut().zip(&a) {
-        *dst = le_f32(src);
-    }
+    let kernel = cached_typed(&spec.name(), || spec.typed8())?;
+    let AdemamixScalars(
+        [beta1, one_minus_beta1, beta2, one_minus_beta2, beta3, one_minus_beta3, alpha, c1, c2, eps, decay, neg_lr],
+    ) = scalars;
+    let [codes1, codes2, codes3] = &mut state.codes;
+    let [absmax1, absmax2, absmax3] = &mut state.absmax;
+    launch_typed(
+        dev,
+        &kernel,
+        &mut Ademamix8Args {
+            n,
+            n_blocks: blocks,
+            beta1,
+            one_minus_beta1,
+            beta2,
+            one_minus_beta2,
+            beta3,
+            one_minus_beta3,
+            alpha,
+            c1,
+            c2,
+            eps,
+            decay,
+            neg_lr,
+            p: FloatOut {
+                dtype: DType::F32,
+                bytes: &mut params.data,
+            },
+            g: FloatIn {
+                dtype: DType::F32,
+                bytes: &grads.data,
+            },
+            state1: codes1,
+            absmax1,
+            state2: codes2,
+            absmax2,
+            state3: codes3,
+            absmax3,
+        },
+    )?;
     Ok(())
 }

@@ -21,21 +21,26 @@
 //! then 32-bit `state1, state2, state3: f32[n] readwrite` (`m1`, `nu`, `m2`) or 8-bit
 //! `state1: u8[n], absmax1: f32[n_blocks], state2: u8[n], absmax2, state3: u8[n], absmax3`
 //! (all readwrite)`)`.
+//!
+//! The kernels are written in the kernel language ([`kernel`]: [`kernel::ademamix32`],
+//! [`kernel::ademamix8bit`]); the host ops launch them through their typed arguments
+//! ([`Ademamix32Args`], [`Ademamix8Args`]).
 
 mod catalog;
 pub(crate) mod host;
+pub mod kernel;
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;
 
+pub use crate::optim_ademamix::kernel::{Ademamix32, Ademamix32Args, Ademamix8, Ademamix8Args};
+
 use crate::adam::{check_f32_scalars, step_exponent};
-use crate::adam::{state_tables, StateBits, OPTIM_BLOCKSIZE};
-use crate::emit::{block_range, inv_absmax};
-use crate::nearest;
-use crate::BlockwiseMap;
-use qforge_ir::CmpOp;
-use qforge_ir::KernelBuilder;
-use qforge_ir::{Access, Dim, Kernel, ParamId, Value};
-use qforge_ir::{DType, Scalar, ScalarType};
+use crate::adam::{StateBits, OPTIM_BLOCKSIZE};
+use qforge_ir::dsl::TypedKernel;
+use qforge_ir::Kernel;
+use qforge_ir::{DType, Scalar};
 use qforge_ir::{Error, Result};
 
 /// One AdEMAMix kernel variant.
@@ -194,7 +199,7 @@ impl AdemamixScalars {
 }
 
 /// The `f32` scalar names, in parameter order.
-const SCALAR_NAMES: [&str; 12] = [
+pub(crate) const SCALAR_NAMES: [&str; 12] = [
     "beta1",
     "one_minus_beta1",
     "beta2",
@@ -220,6 +225,18 @@ impl AdemamixSpec {
     /// # Errors
     /// [`Error::Unsupported`] for a parameter dtype other than `f32`.
     pub fn build(&self) -> Result<Kernel> {
+        self.check_dtype()?;
+        match self.state {
+            StateBits::Bits32 => kernel::ademamix32(self).map(TypedKernel::into_kernel),
+            StateBits::Bits8 => kernel::ademamix8bit(self).map(TypedKernel::into_kernel),
+        }
+    }
+
+    /// `Ok` for an `f32` parameter dtype.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a parameter dtype other than `f32`.
+    fn check_dtype(&self) -> Result<()> {
         if self.dtype != DType::F32 {
             return Err(Error::Unsupported(format!(
                 "{}: AdEMAMix kernels support f32 parameters only, got {}",
@@ -227,135 +244,38 @@ impl AdemamixSpec {
                 self.dtype
             )));
         }
-        build(self)
+        Ok(())
     }
-}
 
-/// `(finite, [m1, nu, m2])` of one element; all `+0.0` for a non-finite `g`.
-fn moments(b: &mut KernelBuilder, h: &[Value], g: Value, old: [Value; 3]) -> (Value, [Value; 3]) {
-    let t1 = b.mul(h[1], g);
-    let m1 = b.fma(old[0], h[0], t1);
-    let t2 = b.mul(h[3], g);
-    let t2 = b.mul(t2, g);
-    let nu = b.fma(old[1], h[2], t2);
-    let t3 = b.mul(h[5], g);
-    let m2 = b.fma(old[2], h[4], t3);
-    let ag = b.abs(g);
-    let inf = b.const_f32(f32::INFINITY);
-    let finite = b.cmp(CmpOp::Lt, ag, inf);
-    let zero = b.const_f32(0.0);
-    let out = [m1, nu, m2].map(|x| b.select(finite, x, zero));
-    (finite, out)
-}
-
-/// The new parameter from the decayed old one and the new moments.
-fn param(b: &mut KernelBuilder, h: &[Value], p: Value, s: [Value; 3]) -> Value {
-    let pd = b.mul(p, h[10]);
-    let a = b.div(s[0], h[7]);
-    let num = b.fma(h[6], s[2], a);
-    let sq = b.sqrt(s[1]);
-    let d = b.div(sq, h[8]);
-    let den = b.add(d, h[9]);
-    let r = b.div(num, den);
-    b.fma(h[11], r, pd)
-}
-
-fn build(spec: &AdemamixSpec) -> Result<Kernel> {
-    let mut b = KernelBuilder::new(&spec.name());
-    let n = b.scalar_param("n", ScalarType::U32);
-    let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
-    let ps: Vec<ParamId> = SCALAR_NAMES
-        .iter()
-        .map(|s| b.scalar_param(s, ScalarType::F32))
-        .collect();
-    let shape = [Dim::Param(n)];
-    let blocks = [Dim::Param(n_blocks)];
-    let p = b.buffer_param("p", DType::F32, &shape, Access::ReadWrite);
-    let g = b.buffer_param("g", DType::F32, &shape, Access::Read);
-    let eight = spec.state == StateBits::Bits8;
-    let sdt = if eight { DType::U8 } else { DType::F32 };
-    let mut st = Vec::new();
-    let mut am = Vec::new();
-    for k in 1..=3 {
-        st.push(b.buffer_param(&format!("state{k}"), sdt, &shape, Access::ReadWrite));
-        if eight {
-            let a = b.buffer_param(
-                &format!("absmax{k}"),
-                DType::F32,
-                &blocks,
-                Access::ReadWrite,
-            );
-            am.push(a);
+    /// The typed 32-bit kernel ([`kernel::ademamix32`]).
+    ///
+    /// # Errors
+    /// As [`AdemamixSpec::build`]; [`Error::Unsupported`] for 8-bit state.
+    pub fn typed32(&self) -> Result<TypedKernel<Ademamix32>> {
+        self.check_dtype()?;
+        match self.state {
+            StateBits::Bits32 => kernel::ademamix32(self),
+            StateBits::Bits8 => Err(Error::Unsupported(format!(
+                "{} has 8-bit state, not 32-bit",
+                self.name()
+            ))),
         }
     }
-    b.set_grid(Dim::Param(n_blocks));
-    let h: Vec<Value> = ps.iter().map(|x| b.param(*x)).collect();
-    let block = b.work_item();
-    let nv = b.param(n);
-    let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);
-    if !eight {
-        b.for_range(start, end, 1, |b, e| {
-            let gv = b.load(g, e);
-            let old = [0, 1, 2].map(|k| b.load(st[k], e));
-            let (finite, s) = moments(b, &h, gv, old);
-            for k in 0..3 {
-                b.store(st[k], e, s[k]);
-            }
-            // Straight-line: a non-finite gradient keeps the old parameter.
-            let pv = b.load(p, e);
-            let stepped = param(b, &h, pv, s);
-            let out = b.select(finite, stepped, pv);
-            b.store(p, e, out);
-        });
-        return Ok(b.finish());
-    }
-    // m1 and m2 on the signed map, nu on the unsigned one.
-    let signed = state_tables(&mut b, BlockwiseMap::Dynamic, "1")?;
-    let unsigned = state_tables(&mut b, BlockwiseMap::DynamicUnsigned, "2")?;
-    let tables = [&signed, &unsigned, &signed];
-    let old_a: Vec<Value> = am.iter().map(|a| b.load(*a, block)).collect();
-    let update = |b: &mut KernelBuilder, e: Value| -> (Value, Value, [Value; 3]) {
-        let gv = b.load(g, e);
-        let old = [0, 1, 2].map(|k| {
-            let q = b.load(st[k], e);
-            let c = b.lookup(tables[k].code, q);
-            b.mul(c, old_a[k])
-        });
-        let (finite, s) = moments(b, &h, gv, old);
-        (gv, finite, s)
-    };
-    let accs = [1, 2, 3].map(|k| b.var(&format!("absmax{k}_acc"), ScalarType::F32));
-    // Pass 1: the new absmax of each state.
-    b.for_range(start, end, 1, |b, e| {
-        let (_, _, s) = update(b, e);
-        for k in 0..3 {
-            let a = b.abs(s[k]);
-            let cur = b.read_var(accs[k]);
-            let mx = b.max(cur, a);
-            b.assign(accs[k], mx);
+
+    /// The typed 8-bit kernel ([`kernel::ademamix8bit`]).
+    ///
+    /// # Errors
+    /// As [`AdemamixSpec::build`]; [`Error::Unsupported`] for 32-bit state.
+    pub fn typed8(&self) -> Result<TypedKernel<Ademamix8>> {
+        self.check_dtype()?;
+        match self.state {
+            StateBits::Bits8 => kernel::ademamix8bit(self),
+            StateBits::Bits32 => Err(Error::Unsupported(format!(
+                "{} has 32-bit state, not 8-bit",
+                self.name()
+            ))),
         }
-    });
-    let mut inv = Vec::new();
-    for k in 0..3 {
-        let a = b.read_var(accs[k]);
-        b.store(am[k], block, a);
-        inv.push(inv_absmax(&mut b, a));
     }
-    // Pass 2 (straight-line): the same states again, the parameter (unchanged where the
-    // gradient is not finite) and the requantized states.
-    b.for_range(start, end, 1, |b, e| {
-        let (_, finite, s) = update(b, e);
-        let pv = b.load(p, e);
-        let stepped = param(b, &h, pv, s);
-        let out = b.select(finite, stepped, pv);
-        b.store(p, e, out);
-        for k in 0..3 {
-            let sc = b.mul(s[k], inv[k]);
-            let q = nearest::emit_code(b, sc, &tables[k].nearest);
-            b.store(st[k], e, q);
-        }
-    });
-    Ok(b.finish())
 }
 
 /// [`crate::KernelSpec::example_args`] of an AdEMAMix kernel on `values` (`n >= 1`):

@@ -2,13 +2,14 @@
 //! norm of a gradient in one pinned order, through the `grad_sqnorm_{dtype}` kernel
 //! ([`crate::optim_ext`]) and a sequential host sum of its per-block partials.
 
+use crate::optim_ext::{grad_sqnorm, GradSqnormArgs};
 use crate::{OptimExtSpec, OPTIM_BLOCKSIZE};
-use qforge_ir::Arg;
+use qforge_ir::dsl::FloatIn;
 
-use crate::ops::{cached_kernel, float_input, le_f32, scalar_u32};
-use qforge_runtime::Device;
+use crate::ops::{cached_typed, float_input};
 use qforge_runtime::HostTensor;
 use qforge_runtime::Result;
+use qforge_runtime::{launch_typed, Device};
 
 /// The per-block partial sums of `g^2` of `grads` (one `f32` per block of [`OPTIM_BLOCKSIZE`]
 /// elements, each in the order `Strided(8)` with `fma`), on `dev`.
@@ -18,17 +19,23 @@ use qforge_runtime::Result;
 pub fn grad_sqnorm_partials(dev: &dyn Device, grads: &HostTensor) -> Result<Vec<f32>> {
     let n = float_input("grad_sqnorm", grads)?;
     let spec = OptimExtSpec::GradNorm(grads.dtype);
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
+    let kernel = cached_typed(&spec.name(), || grad_sqnorm(grads.dtype))?;
     let blocks = n.div_ceil(OPTIM_BLOCKSIZE);
-    let mut out = vec![0u8; 4 * blocks as usize];
-    let mut args = vec![
-        scalar_u32(n),
-        scalar_u32(blocks),
-        Arg::Read(&grads.data),
-        Arg::Write(&mut out),
-    ];
-    dev.launch(&kernel, &mut args)?;
-    Ok(le_f32(&out))
+    let mut out = vec![0.0f32; blocks as usize];
+    launch_typed(
+        dev,
+        &kernel,
+        &mut GradSqnormArgs {
+            n,
+            n_blocks: blocks,
+            g: FloatIn {
+                dtype: grads.dtype,
+                bytes: &grads.data,
+            },
+            gnorm_part: &mut out,
+        },
+    )?;
+    Ok(out)
 }
 
 /// The squared norm from the partials of every chunk, concatenated in block order: an `f32`

@@ -34,26 +34,32 @@
 //!
 //! `grad_sqnorm_{dtype}` `(n: u32, n_blocks: u32, g: dtype[n] read, gnorm_part: f32[n_blocks]
 //! write)`: one work item per block of [`OPTIM_BLOCKSIZE`] elements stores the block's
-//! `sum g^2` in LAMB's order ([`NORM_ORDER`]: element `i` into partial `i % 8` with
-//! `fma(g, g, partial)`, partials from `-0.0`, then the halving tree). The host sums the partials
-//! in block order from `-0.0` (as `optim_norm_scale` does) to the squared norm.
+//! `sum g^2` in LAMB's order ([`crate::optim_norm::NORM_ORDER`]: element `i` into partial
+//! `i % 8` with `fma(g, g, partial)`, partials from `-0.0`, then the halving tree). The host sums
+//! the partials in block order from `-0.0` (as `optim_norm_scale` does) to the squared norm. It
+//! is written in the kernel language ([`kernel::grad_sqnorm`]) and launched through
+//! [`GradSqnormArgs`].
 
 mod catalog;
 pub(crate) mod host;
+pub mod kernel;
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;
 
+pub use crate::optim_ext::kernel::{GradSqnorm, GradSqnormArgs};
+
 use crate::adam::{OptimSpec, StateBits, OPTIM_BLOCKSIZE};
 use crate::check_float_dtype;
-use crate::emit::{block_range, range_len};
 use crate::optim1::{Optim1Algo, Optim1Hyper, Optim1Spec};
-use crate::optim_norm::{NormRule, OptimNormSpec, NORM_ORDER};
+use crate::optim_norm::{NormRule, OptimNormSpec};
 use crate::optim_norm8::OptimNorm8Spec;
-use qforge_ir::KernelBuilder;
+use qforge_ir::dsl::TypedKernel;
+use qforge_ir::Kernel;
 use qforge_ir::OwnedArg;
 use qforge_ir::Result;
-use qforge_ir::{Access, Dim, Kernel};
-use qforge_ir::{DType, Scalar, ScalarType};
+use qforge_ir::{DType, Scalar};
 
 /// A `_gs` kernel variant or the gradient-norm kernel (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -153,7 +159,7 @@ impl OptimExtSpec {
         match self {
             OptimExtSpec::Adam(s) => s.build_ext(&self.name()),
             OptimExtSpec::One(s) => s.build_ext(&self.name()),
-            OptimExtSpec::GradNorm(d) => build_grad_norm(&self.name(), *d),
+            OptimExtSpec::GradNorm(d) => grad_sqnorm(*d).map(TypedKernel::into_kernel),
             OptimExtSpec::Norm1(a) => crate::optim_norm1::build(*a, false),
             OptimExtSpec::Norm1Gs(a) => crate::optim_norm1::build(*a, true),
             OptimExtSpec::Norm(s) => s.build_gs(&self.name()),
@@ -162,32 +168,13 @@ impl OptimExtSpec {
     }
 }
 
-fn build_grad_norm(name: &str, dtype: DType) -> Result<Kernel> {
+/// The typed `grad_sqnorm_{dtype}` kernel ([`kernel::grad_sqnorm`]).
+///
+/// # Errors
+/// [`crate::Error::Unsupported`] for a dtype other than f32, f16, bf16.
+pub fn grad_sqnorm(dtype: DType) -> Result<TypedKernel<GradSqnorm>> {
     check_float_dtype(dtype)?;
-    let mut b = KernelBuilder::new(name);
-    let n = b.scalar_param("n", ScalarType::U32);
-    let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
-    let g = b.buffer_param("g", dtype, &[Dim::Param(n)], Access::Read);
-    let out = b.buffer_param(
-        "gnorm_part",
-        DType::F32,
-        &[Dim::Param(n_blocks)],
-        Access::Write,
-    );
-    b.set_grid(Dim::Param(n_blocks));
-    let block = b.work_item();
-    let nv = b.param(n);
-    let (start, end) = block_range(&mut b, block, OPTIM_BLOCKSIZE, nv);
-    let len = range_len(&mut b, start, end);
-    let acc = b.var("gnorm_acc", ScalarType::F32);
-    b.accumulate(len, NORM_ORDER, &[acc], |b, i| {
-        let e = b.add(start, i);
-        let gv = b.load(g, e);
-        vec![(gv, gv)]
-    });
-    let s = b.read_var(acc);
-    b.store(out, block, s);
-    Ok(b.finish())
+    kernel::grad_sqnorm(dtype)
 }
 
 /// The `gnorm_scale` of the catalog's example arguments (exercises the scaling).

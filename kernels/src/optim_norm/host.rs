@@ -7,13 +7,16 @@
 //! one whole-tensor [`lamb_step_32bit`] / [`lars_step_32bit`]. Formulas: `docs/optimizers.md`,
 //! section "LAMB and LARS".
 
+use crate::optim_norm::kernel::{lamb32, lamb_norm, lars32, lars_norm, optim_norm_scale};
+use crate::optim_norm::{Lamb32Args, LambNormArgs, Lars32Args, LarsNormArgs, OptimNormScaleArgs};
 use crate::{LambHyper, LarsHyper, NormRule, OptimExtSpec, OptimNormSpec, OPTIM_BLOCKSIZE};
-use qforge_ir::{Arg, DType, Scalar};
+use qforge_ir::dsl::{FloatIn, FloatOut};
+use qforge_ir::DType;
 
-use crate::adam::host::{expect, kernel_for, param_grad_pair, GradOptions};
-use crate::ops::{cached_kernel, count_u32, f32_le, le_f32, scalar_u32, AdamState32};
-use qforge_runtime::Device;
+use crate::adam::host::{expect, param_grad_pair, GradOptions};
+use crate::ops::{cached_typed, count_u32, AdamState32};
 use qforge_runtime::HostTensor;
+use qforge_runtime::{launch_typed, Device};
 use qforge_runtime::{Error, Result};
 
 /// Per-block partial sums of one tensor (or chunk): `unorm[b]` the sum of squared updates and
@@ -75,113 +78,43 @@ pub(crate) fn partials_opts(opts: &GradOptions) -> GradOptions {
     }
 }
 
-/// Launches a partials kernel (its `_gs` variant for a `gnorm_scale` other than 1) and returns
-/// the two per-block arrays.
-fn partials(
+/// The kernel name and whether it is the `_gs` variant ([`crate::optim_ext`]): `plain` for
+/// the default options, else `ext`'s name.
+///
+/// # Errors
+/// [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+pub(crate) fn variant(
     op: &str,
-    dev: &dyn Device,
-    spec: OptimNormSpec,
-    n: u32,
-    mut scalars: Vec<Scalar>,
-    inputs: &[&[u8]],
+    plain: String,
+    ext: OptimExtSpec,
     opts: &GradOptions,
-) -> Result<NormPartials> {
-    let (kernel, extra) = kernel_for(
-        op,
-        (spec.name(), &|| spec.build()),
-        OptimExtSpec::Norm(spec),
-        &partials_opts(opts),
-    )?;
-    scalars.extend(extra);
-    partials_with(dev, &kernel, n, scalars, inputs)
-}
-
-/// The update kernel of `spec` (its `_gs` variant for non-default options) and the scalars
-/// `first` followed by the variant's.
-fn update_kernel(
-    op: &str,
-    spec: OptimNormSpec,
-    first: Vec<Scalar>,
-    opts: &GradOptions,
-) -> Result<(std::sync::Arc<qforge_ir::Kernel>, Vec<Scalar>)> {
-    let (kernel, extra) = kernel_for(
-        op,
-        (spec.name(), &|| spec.build()),
-        OptimExtSpec::Norm(spec),
-        opts,
-    )?;
-    let mut scalars = first;
-    scalars.extend(extra);
-    Ok((kernel, scalars))
-}
-
-/// Launches a built update kernel: `(n, n_blocks, scalars.., buffers.., scale)`, the layout
-/// every update-norm update kernel shares (`buffers`: params, grads, then the state in kernel
-/// order).
-pub(crate) fn update_with(
-    dev: &dyn Device,
-    kernel: &qforge_ir::Kernel,
-    n: u32,
-    scalars: Vec<Scalar>,
-    buffers: Vec<Arg<'_>>,
-    scale: f32,
-) -> Result<()> {
-    let sc = scale.to_le_bytes();
-    let mut args = vec![scalar_u32(n), scalar_u32(n.div_ceil(OPTIM_BLOCKSIZE))];
-    args.extend(scalars.into_iter().map(Arg::Scalar));
-    args.extend(buffers);
-    args.push(Arg::Read(&sc));
-    dev.launch(kernel, &mut args)
-}
-
-/// Launches a built partials kernel (the layout of [`partials`]).
-pub(crate) fn partials_with(
-    dev: &dyn Device,
-    kernel: &qforge_ir::Kernel,
-    n: u32,
-    scalars: Vec<Scalar>,
-    inputs: &[&[u8]],
-) -> Result<NormPartials> {
-    let blocks = n.div_ceil(OPTIM_BLOCKSIZE);
-    let mut up = vec![0u8; 4 * blocks as usize];
-    let mut pp = vec![0u8; 4 * blocks as usize];
-    let mut args = vec![scalar_u32(n), scalar_u32(blocks)];
-    args.extend(scalars.into_iter().map(Arg::Scalar));
-    args.extend(inputs.iter().map(|b| Arg::Read(b)));
-    args.extend([Arg::Write(&mut up), Arg::Write(&mut pp)]);
-    dev.launch(kernel, &mut args)?;
-    Ok(NormPartials {
-        unorm: le_f32(&up),
-        pnorm: le_f32(&pp),
+) -> Result<(String, bool)> {
+    opts.check(op)?;
+    Ok(if opts.is_default() {
+        (plain, false)
+    } else {
+        (ext.name(), true)
     })
+}
+
+/// The number of [`OPTIM_BLOCKSIZE`]-element blocks of `n` elements.
+pub(crate) fn blocks(n: u32) -> u32 {
+    n.div_ceil(OPTIM_BLOCKSIZE)
 }
 
 /// The LAMB norm partials of step `step` (1-based) for a parameter, its gradient and its
 /// 32-bit state before the step; nothing is modified.
 ///
-/// # Errors
-/// [`Error::Invalid`] for an empty or non-float parameter, a gradient of another dtype or
-/// shape, state of the wrong length, more than `2^31 - 1` elements; [`Error::Ir`] for invalid
-/// hyperparameters or step 0; any device error.
-pub fn lamb_norm_partials(
-    dev: &dyn Device,
-    params: &HostTensor,
-    grads: &HostTensor,
-    state: &AdamState32,
-    hyper: &LambHyper,
-    step: u32,
-) -> Result<NormPartials> {
-    let opts = GradOptions::default();
-    lamb_norm_partials_opts(dev, params, grads, state, hyper, step, &opts)
-}
-
-/// [`lamb_norm_partials`] with bitsandbytes' gradient options: the gradient is multiplied by
-/// `opts.gnorm_scale` before any use (`lamb_norm_*_gs`); `skip_zeros` does not apply to the
-/// norm (bitsandbytes' precondition kernel takes none).
+/// `opts` are bitsandbytes' gradient options ([`GradOptions`]; `GradOptions::default()` runs
+/// the plain kernel): the gradient is multiplied by `opts.gnorm_scale` before any use
+/// (`lamb_norm_*_gs`); `skip_zeros` does not apply to the norm (bitsandbytes' precondition
+/// kernel takes none).
 ///
 /// # Errors
-/// As [`lamb_norm_partials`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
-pub fn lamb_norm_partials_opts(
+/// [`Error::Invalid`] for an empty or non-float parameter, a gradient of another dtype or
+/// shape, state of the wrong length, more than `2^31 - 1` elements, a `gnorm_scale` outside
+/// `[0, 1]`; [`Error::Ir`] for invalid hyperparameters or step 0; any device error.
+pub fn lamb_norm_partials(
     dev: &dyn Device,
     params: &HostTensor,
     grads: &HostTensor,
@@ -195,38 +128,52 @@ pub fn lamb_norm_partials_opts(
     expect(OP, "state1", state.state1.len(), n as usize)?;
     expect(OP, "state2", state.state2.len(), n as usize)?;
     let s = hyper.scalars(step)?;
-    let (s1, s2) = (f32_le(&state.state1), f32_le(&state.state2));
     let spec = OptimNormSpec::Partials {
         rule: NormRule::Lamb,
         dtype,
     };
-    let inputs: [&[u8]; 4] = [&params.data, &grads.data, &s1, &s2];
-    partials(OP, dev, spec, n, s.partials_args(), &inputs, opts)
+    let opts = partials_opts(opts);
+    let (name, gs) = variant(OP, spec.name(), OptimExtSpec::Norm(spec), &opts)?;
+    let kernel = cached_typed(&name, || lamb_norm(dtype, &name, gs))?;
+    let mut out = NormPartials::zeros(n as usize);
+    launch_typed(
+        dev,
+        &kernel,
+        &mut LambNormArgs {
+            n,
+            n_blocks: blocks(n),
+            beta1: s.beta1,
+            one_minus_beta1: s.one_minus_beta1,
+            beta2: s.beta2,
+            one_minus_beta2: s.one_minus_beta2,
+            inv_c1: s.inv_c1,
+            inv_c2: s.inv_c2,
+            eps: s.eps,
+            gnorm_scale: gs.then_some(opts.gnorm_scale),
+            p: FloatIn {
+                dtype,
+                bytes: &params.data,
+            },
+            g: FloatIn {
+                dtype,
+                bytes: &grads.data,
+            },
+            state1: &state.state1,
+            state2: &state.state2,
+            unorm_part: &mut out.unorm,
+            pnorm_part: &mut out.pnorm,
+        },
+    )?;
+    Ok(out)
 }
 
 /// The LARS norm partials of step `step` (1-based) for an `f32` parameter, its gradient and its
-/// momentum before the step; nothing is modified.
+/// momentum before the step; nothing is modified. `opts` as for [`lamb_norm_partials`]
+/// (`gnorm_scale` only; `GradOptions::default()` runs the plain kernel).
 ///
 /// # Errors
 /// As [`lamb_norm_partials`]; the parameter must be `f32`.
 pub fn lars_norm_partials(
-    dev: &dyn Device,
-    params: &HostTensor,
-    grads: &HostTensor,
-    state1: &[f32],
-    hyper: &LarsHyper,
-    step: u32,
-) -> Result<NormPartials> {
-    let opts = GradOptions::default();
-    lars_norm_partials_opts(dev, params, grads, state1, hyper, step, &opts)
-}
-
-/// [`lars_norm_partials`] with bitsandbytes' gradient options (as
-/// [`lamb_norm_partials_opts`]: `gnorm_scale` only).
-///
-/// # Errors
-/// As [`lars_norm_partials`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
-pub fn lars_norm_partials_opts(
     dev: &dyn Device,
     params: &HostTensor,
     grads: &HostTensor,
@@ -239,13 +186,37 @@ pub fn lars_norm_partials_opts(
     let (n, _) = prepare(OP, NormRule::Lars, params, grads)?;
     expect(OP, "state1", state1.len(), n as usize)?;
     let s = hyper.scalars(step)?;
-    let s1 = f32_le(state1);
     let spec = OptimNormSpec::Partials {
         rule: NormRule::Lars,
         dtype: DType::F32,
     };
-    let inputs: [&[u8]; 3] = [&params.data, &grads.data, &s1];
-    partials(OP, dev, spec, n, s.partials_args(), &inputs, opts)
+    let opts = partials_opts(opts);
+    let (name, gs) = variant(OP, spec.name(), OptimExtSpec::Norm(spec), &opts)?;
+    let kernel = cached_typed(&name, || lars_norm(&name, gs))?;
+    let mut out = NormPartials::zeros(n as usize);
+    launch_typed(
+        dev,
+        &kernel,
+        &mut LarsNormArgs {
+            n,
+            n_blocks: blocks(n),
+            first: s.first,
+            momentum: s.momentum,
+            gnorm_scale: gs.then_some(opts.gnorm_scale),
+            p: FloatIn {
+                dtype: DType::F32,
+                bytes: &params.data,
+            },
+            g: FloatIn {
+                dtype: DType::F32,
+                bytes: &grads.data,
+            },
+            state1,
+            unorm_part: &mut out.unorm,
+            pnorm_part: &mut out.pnorm,
+        },
+    )?;
+    Ok(out)
 }
 
 /// The trust-ratio scale of a whole tensor from its partials (all blocks, in order):
@@ -290,49 +261,36 @@ pub fn norm_scale_eps(
         )));
     }
     let nb = count_u32(OP, "the partials", blocks)?;
-    let spec = OptimNormSpec::Scale;
-    let kernel = cached_kernel(&spec.name(), || spec.build())?;
-    let (up, pp) = (f32_le(&partials.unorm), f32_le(&partials.pnorm));
-    let mut out = vec![0u8; 4];
-    let mut args = vec![
-        scalar_u32(nb),
-        Arg::Scalar(Scalar::f32(max_unorm as f32)),
-        Arg::Scalar(Scalar::f32(eps)),
-        Arg::Read(&up),
-        Arg::Read(&pp),
-        Arg::Write(&mut out),
-    ];
-    dev.launch(&kernel, &mut args)?;
-    Ok(f32::from_le_bytes([out[0], out[1], out[2], out[3]]))
+    let kernel = cached_typed(&OptimNormSpec::Scale.name(), optim_norm_scale)?;
+    let mut scale = [0.0f32];
+    launch_typed(
+        dev,
+        &kernel,
+        &mut OptimNormScaleArgs {
+            n_blocks: nb,
+            max_unorm: max_unorm as f32,
+            eps,
+            unorm_part: &partials.unorm,
+            pnorm_part: &partials.pnorm,
+            scale: &mut scale,
+        },
+    )?;
+    Ok(scale[0])
 }
 
 /// The LAMB update of step `step` with a given `scale` (from [`norm_scale`]), in place: AdamW
 /// (decoupled weight decay before the update) with the step multiplied by `scale`. Gradient
 /// elements that are NaN or ±inf zero their moments and leave their parameter unchanged.
 ///
-/// # Errors
-/// As [`lamb_norm_partials`]; [`Error::Invalid`] for a `scale` that is not finite and `>= 0`.
-pub fn lamb_update_32bit(
-    dev: &dyn Device,
-    params: &mut HostTensor,
-    grads: &HostTensor,
-    state: &mut AdamState32,
-    hyper: &LambHyper,
-    step: u32,
-    scale: f32,
-) -> Result<()> {
-    let opts = GradOptions::default();
-    lamb_update_32bit_opts(dev, params, grads, state, hyper, step, scale, &opts)
-}
-
-/// [`lamb_update_32bit`] with bitsandbytes' gradient options (`lamb32_*_gs`): the gradient is
-/// multiplied by `opts.gnorm_scale` first, and with `skip_zeros` an element whose scaled
-/// gradient is `±0` keeps its parameter and both moments (as [`crate::ops::adam_step_32bit_opts`]).
+/// `opts` are bitsandbytes' gradient options ([`GradOptions`]; `GradOptions::default()` runs
+/// the plain kernel; otherwise `lamb32_*_gs`): the gradient is multiplied by
+/// `opts.gnorm_scale` first, and with `skip_zeros` an element whose scaled gradient is `±0`
+/// keeps its parameter and both moments (as [`crate::ops::adam_step_32bit`]).
 ///
 /// # Errors
-/// As [`lamb_update_32bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+/// As [`lamb_norm_partials`]; [`Error::Invalid`] for a `scale` that is not finite and `>= 0`.
 #[allow(clippy::too_many_arguments)]
-pub fn lamb_update_32bit_opts(
+pub fn lamb_update_32bit(
     dev: &dyn Device,
     params: &mut HostTensor,
     grads: &HostTensor,
@@ -352,17 +310,36 @@ pub fn lamb_update_32bit_opts(
         rule: NormRule::Lamb,
         dtype,
     };
-    let (kernel, scalars) = update_kernel(OP, spec, s.update_args(), opts)?;
-    let (mut s1, mut s2) = (f32_le(&state.state1), f32_le(&state.state2));
-    let buffers = vec![
-        Arg::Write(&mut params.data),
-        Arg::Read(&grads.data),
-        Arg::Write(&mut s1),
-        Arg::Write(&mut s2),
-    ];
-    update_with(dev, &kernel, n, scalars, buffers, scale)?;
-    state.state1 = le_f32(&s1);
-    state.state2 = le_f32(&s2);
+    let (name, gs) = variant(OP, spec.name(), OptimExtSpec::Norm(spec), opts)?;
+    let kernel = cached_typed(&name, || lamb32(dtype, &name, gs))?;
+    launch_typed(
+        dev,
+        &kernel,
+        &mut Lamb32Args {
+            n,
+            n_blocks: blocks(n),
+            beta1: s.beta1,
+            one_minus_beta1: s.one_minus_beta1,
+            beta2: s.beta2,
+            one_minus_beta2: s.one_minus_beta2,
+            decay: s.decay,
+            step_size: s.step_size,
+            eps_c2: s.eps_c2,
+            gnorm_scale: gs.then_some(opts.gnorm_scale),
+            skip_zeros: gs.then_some(u32::from(opts.skip_zeros)),
+            p: FloatOut {
+                dtype,
+                bytes: &mut params.data,
+            },
+            g: FloatIn {
+                dtype,
+                bytes: &grads.data,
+            },
+            state1: &mut state.state1,
+            state2: &mut state.state2,
+            scale: &[scale],
+        },
+    )?;
     Ok(())
 }
 
@@ -371,30 +348,16 @@ pub fn lamb_update_32bit_opts(
 /// `scale`. Non-finite gradient elements zero their momentum and leave their parameter
 /// unchanged.
 ///
-/// # Errors
-/// As [`lars_norm_partials`]; [`Error::Invalid`] for a `scale` that is not finite and `>= 0`.
-pub fn lars_update_32bit(
-    dev: &dyn Device,
-    params: &mut HostTensor,
-    grads: &HostTensor,
-    state1: &mut [f32],
-    hyper: &LarsHyper,
-    step: u32,
-    scale: f32,
-) -> Result<()> {
-    let opts = GradOptions::default();
-    lars_update_32bit_opts(dev, params, grads, state1, hyper, step, scale, &opts)
-}
-
-/// [`lars_update_32bit`] with bitsandbytes' gradient options (`lars32_f32_gs`): the gradient
-/// is multiplied by `opts.gnorm_scale` first, and with `skip_zeros` an element whose scaled
-/// gradient after coupled weight decay is `±0` keeps its parameter and momentum (as
-/// [`crate::ops::optim1_step_32bit_opts`] for SGD).
+/// `opts` are bitsandbytes' gradient options ([`GradOptions`]; `GradOptions::default()` runs
+/// the plain kernel; otherwise `lars32_f32_gs`): the gradient is multiplied by
+/// `opts.gnorm_scale` first, and with `skip_zeros` an element whose scaled gradient after
+/// coupled weight decay is `±0` keeps its parameter and momentum (as
+/// [`crate::ops::optim1_step_32bit`] for SGD).
 ///
 /// # Errors
-/// As [`lars_update_32bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+/// As [`lars_norm_partials`]; [`Error::Invalid`] for a `scale` that is not finite and `>= 0`.
 #[allow(clippy::too_many_arguments)]
-pub fn lars_update_32bit_opts(
+pub fn lars_update_32bit(
     dev: &dyn Device,
     params: &mut HostTensor,
     grads: &HostTensor,
@@ -413,19 +376,38 @@ pub fn lars_update_32bit_opts(
         rule: NormRule::Lars,
         dtype: DType::F32,
     };
-    let (kernel, scalars) = update_kernel(OP, spec, s.update_args(), opts)?;
-    let mut s1 = f32_le(state1);
-    let buffers = vec![
-        Arg::Write(&mut params.data),
-        Arg::Read(&grads.data),
-        Arg::Write(&mut s1),
-    ];
-    update_with(dev, &kernel, n, scalars, buffers, scale)?;
-    state1.copy_from_slice(&le_f32(&s1));
+    let (name, gs) = variant(OP, spec.name(), OptimExtSpec::Norm(spec), opts)?;
+    let kernel = cached_typed(&name, || lars32(&name, gs))?;
+    launch_typed(
+        dev,
+        &kernel,
+        &mut Lars32Args {
+            n,
+            n_blocks: blocks(n),
+            first: s.first,
+            momentum: s.momentum,
+            weight_decay: s.weight_decay,
+            neg_lr: s.neg_lr,
+            gnorm_scale: gs.then_some(opts.gnorm_scale),
+            skip_zeros: gs.then_some(u32::from(opts.skip_zeros)),
+            p: FloatOut {
+                dtype: DType::F32,
+                bytes: &mut params.data,
+            },
+            g: FloatIn {
+                dtype: DType::F32,
+                bytes: &grads.data,
+            },
+            state1,
+            scale: &[scale],
+        },
+    )?;
     Ok(())
 }
 
-/// One whole-tensor LAMB step (partials, scale, update); returns the scale it applied.
+/// One whole-tensor LAMB step (partials, scale, update); returns the scale it applied. `opts`
+/// ([`GradOptions`]; `GradOptions::default()`: the plain kernels) are passed to both the norm
+/// partials ([`lamb_norm_partials`]) and the update ([`lamb_update_32bit`]).
 ///
 /// # Errors
 /// As [`lamb_norm_partials`].
@@ -436,32 +418,17 @@ pub fn lamb_step_32bit(
     state: &mut AdamState32,
     hyper: &LambHyper,
     step: u32,
-) -> Result<f32> {
-    let opts = GradOptions::default();
-    lamb_step_32bit_opts(dev, params, grads, state, hyper, step, &opts)
-}
-
-/// [`lamb_step_32bit`] with bitsandbytes' gradient options, passed to both the norm partials
-/// ([`lamb_norm_partials_opts`]) and the update ([`lamb_update_32bit_opts`]).
-///
-/// # Errors
-/// As [`lamb_update_32bit_opts`].
-pub fn lamb_step_32bit_opts(
-    dev: &dyn Device,
-    params: &mut HostTensor,
-    grads: &HostTensor,
-    state: &mut AdamState32,
-    hyper: &LambHyper,
-    step: u32,
     opts: &GradOptions,
 ) -> Result<f32> {
-    let parts = lamb_norm_partials_opts(dev, params, grads, state, hyper, step, opts)?;
+    let parts = lamb_norm_partials(dev, params, grads, state, hyper, step, opts)?;
     let scale = norm_scale(dev, &parts, hyper.max_unorm)?;
-    lamb_update_32bit_opts(dev, params, grads, state, hyper, step, scale, opts)?;
+    lamb_update_32bit(dev, params, grads, state, hyper, step, scale, opts)?;
     Ok(scale)
 }
 
-/// One whole-tensor LARS step (partials, scale, update); returns the scale it applied.
+/// One whole-tensor LARS step (partials, scale, update); returns the scale it applied. `opts`
+/// ([`GradOptions`]; `GradOptions::default()`: the plain kernels) are passed to both the norm
+/// partials ([`lars_norm_partials`]) and the update ([`lars_update_32bit`]).
 ///
 /// # Errors
 /// As [`lars_norm_partials`].
@@ -472,27 +439,10 @@ pub fn lars_step_32bit(
     state1: &mut [f32],
     hyper: &LarsHyper,
     step: u32,
-) -> Result<f32> {
-    let opts = GradOptions::default();
-    lars_step_32bit_opts(dev, params, grads, state1, hyper, step, &opts)
-}
-
-/// [`lars_step_32bit`] with bitsandbytes' gradient options, passed to both the norm partials
-/// ([`lars_norm_partials_opts`]) and the update ([`lars_update_32bit_opts`]).
-///
-/// # Errors
-/// As [`lars_update_32bit_opts`].
-pub fn lars_step_32bit_opts(
-    dev: &dyn Device,
-    params: &mut HostTensor,
-    grads: &HostTensor,
-    state1: &mut [f32],
-    hyper: &LarsHyper,
-    step: u32,
     opts: &GradOptions,
 ) -> Result<f32> {
-    let parts = lars_norm_partials_opts(dev, params, grads, state1, hyper, step, opts)?;
+    let parts = lars_norm_partials(dev, params, grads, state1, hyper, step, opts)?;
     let scale = norm_scale(dev, &parts, hyper.max_unorm)?;
-    lars_update_32bit_opts(dev, params, grads, state1, hyper, step, scale, opts)?;
+    lars_update_32bit(dev, params, grads, state1, hyper, step, scale, opts)?;
     Ok(scale)
 }

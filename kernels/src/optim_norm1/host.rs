@@ -6,18 +6,18 @@
 //! of every chunk, takes one scale, then updates chunk by chunk. Formulas:
 //! `docs/optimizers.md`, section "max_unorm for RMSprop and Adagrad".
 
-use crate::optim_norm1::partials_args;
+use crate::optim_norm1::Optim1NormArgs;
 use crate::{Optim1Algo, Optim1Hyper, OptimExtSpec, StateBits};
+use qforge_ir::dsl::FloatIn;
 use qforge_ir::DType;
 
-use crate::adam::host::{expect, kernel_for, GradOptions};
-use crate::ops::{count_u32, f32_le, float_input};
+use crate::adam::host::{expect, GradOptions};
+use crate::ops::{cached_typed, count_u32, float_input};
 use crate::optim1::host::{launch32, prepare};
-use crate::optim_norm::host::{
-    check_scale, norm_scale_eps, partials_opts, partials_with, NormPartials,
-};
-use qforge_runtime::Device;
+use crate::optim_norm::host::NormPartials;
+use crate::optim_norm::host::{blocks, check_scale, norm_scale_eps, partials_opts, variant};
 use qforge_runtime::HostTensor;
+use qforge_runtime::{launch_typed, Device};
 use qforge_runtime::{Error, Result};
 
 /// Checks the rule: RMSprop and Adagrad only.
@@ -34,31 +34,17 @@ fn check_algo(op: &str, algo: Optim1Algo) -> Result<()> {
 /// The update-norm partials of step `step` (1-based) of RMSprop / Adagrad for an `f32`
 /// parameter, its gradient and its state before the step; nothing is modified.
 ///
-/// # Errors
-/// [`Error::Invalid`] for another rule, an empty or non-f32 parameter, a gradient of another
-/// dtype or shape, state of the wrong length, more than `2^31 - 1` elements; [`Error::Ir`] for
-/// invalid hyperparameters or step 0; any device error.
-pub fn optim1_norm_partials(
-    dev: &dyn Device,
-    algo: Optim1Algo,
-    params: &HostTensor,
-    grads: &HostTensor,
-    state1: &[f32],
-    hyper: &Optim1Hyper,
-    step: u32,
-) -> Result<NormPartials> {
-    let opts = GradOptions::default();
-    optim1_norm_partials_opts(dev, algo, params, grads, state1, hyper, step, &opts)
-}
-
-/// [`optim1_norm_partials`] with bitsandbytes' gradient options: the gradient is multiplied by
-/// `opts.gnorm_scale` before any use (`{algo}_norm_f32_gs`); `skip_zeros` does not apply to
-/// the norm (bitsandbytes' precondition kernel takes none).
+/// `opts` are bitsandbytes' gradient options ([`GradOptions`]; `GradOptions::default()` runs
+/// the plain kernel): the gradient is multiplied by `opts.gnorm_scale` before any use
+/// (`{algo}_norm_f32_gs`); `skip_zeros` does not apply to the norm (bitsandbytes'
+/// precondition kernel takes none).
 ///
 /// # Errors
-/// As [`optim1_norm_partials`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+/// [`Error::Invalid`] for another rule, an empty or non-f32 parameter, a gradient of another
+/// dtype or shape, state of the wrong length, more than `2^31 - 1` elements, a `gnorm_scale`
+/// outside `[0, 1]`; [`Error::Ir`] for invalid hyperparameters or step 0; any device error.
 #[allow(clippy::too_many_arguments)]
-pub fn optim1_norm_partials_opts(
+pub fn optim1_norm_partials(
     dev: &dyn Device,
     algo: Optim1Algo,
     params: &HostTensor,
@@ -82,18 +68,35 @@ pub fn optim1_norm_partials_opts(
     let n = count_u32(OP, "the parameter", n as usize)?;
     expect(OP, "state1", state1.len(), n as usize)?;
     let s = hyper.scalars(algo, step)?;
-    let s1 = f32_le(state1);
-    let inputs: [&[u8]; 3] = [&params.data, &grads.data, &s1];
-    let spec = OptimExtSpec::Norm1(algo);
-    let (kernel, extra) = kernel_for(
-        OP,
-        (spec.name(), &|| spec.build()),
-        OptimExtSpec::Norm1Gs(algo),
-        &partials_opts(opts),
+    let opts = partials_opts(opts);
+    let plain = OptimExtSpec::Norm1(algo).name();
+    let (name, gs) = variant(OP, plain, OptimExtSpec::Norm1Gs(algo), &opts)?;
+    let kernel = cached_typed(&name, || crate::optim_norm1::typed(algo, gs))?;
+    let mut out = NormPartials::zeros(n as usize);
+    launch_typed(
+        dev,
+        &kernel,
+        &mut Optim1NormArgs {
+            n,
+            n_blocks: blocks(n),
+            beta1: s.beta1,
+            one_minus_beta1: s.one_minus_beta1,
+            eps: s.eps,
+            gnorm_scale: gs.then_some(opts.gnorm_scale),
+            p: FloatIn {
+                dtype: DType::F32,
+                bytes: &params.data,
+            },
+            g: FloatIn {
+                dtype: DType::F32,
+                bytes: &grads.data,
+            },
+            state1,
+            unorm_part: &mut out.unorm,
+            pnorm_part: &mut out.pnorm,
+        },
     )?;
-    let mut scalars = partials_args(&s);
-    scalars.extend(extra);
-    partials_with(dev, &kernel, n, scalars, &inputs)
+    Ok(out)
 }
 
 /// The scale of a whole tensor from its partials: `norm_scale` with the threshold epsilon
@@ -113,32 +116,16 @@ pub fn optim1_norm_scale(
 /// The RMSprop / Adagrad update of step `step` with the step multiplied by `scale`, in place:
 /// the plain 32-bit kernel with `lr * scale` and `-lr * scale` (`f32` products).
 ///
+/// `opts` are bitsandbytes' gradient options ([`GradOptions`]; `GradOptions::default()` runs
+/// the plain kernel): non-default options run the `_gs` kernel (`rmsprop32_f32_gs` /
+/// `adagrad32_f32_gs`, as [`crate::ops::optim1_step_32bit`]) with `lr` and `neg_lr`
+/// multiplied by `scale`.
+///
 /// # Errors
 /// As [`optim1_norm_partials`]; [`Error::Invalid`] for a `scale` that is not finite and
 /// `>= 0`.
 #[allow(clippy::too_many_arguments)]
 pub fn optim1_update_scaled_32bit(
-    dev: &dyn Device,
-    algo: Optim1Algo,
-    params: &mut HostTensor,
-    grads: &HostTensor,
-    state1: &mut [f32],
-    hyper: &Optim1Hyper,
-    step: u32,
-    scale: f32,
-) -> Result<()> {
-    let opts = GradOptions::default();
-    optim1_update_scaled_32bit_opts(dev, algo, params, grads, state1, hyper, step, scale, &opts)
-}
-
-/// [`optim1_update_scaled_32bit`] with bitsandbytes' gradient options: the `_gs` kernel
-/// (`rmsprop32_f32_gs` / `adagrad32_f32_gs`, [`crate::ops::optim1_step_32bit_opts`]) with `lr` and
-/// `neg_lr` multiplied by `scale`.
-///
-/// # Errors
-/// As [`optim1_update_scaled_32bit`]; [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
-#[allow(clippy::too_many_arguments)]
-pub fn optim1_update_scaled_32bit_opts(
     dev: &dyn Device,
     algo: Optim1Algo,
     params: &mut HostTensor,
@@ -161,7 +148,8 @@ pub fn optim1_update_scaled_32bit_opts(
 }
 
 /// One whole-tensor RMSprop / Adagrad step with `max_unorm` (partials, scale, scaled update);
-/// returns the scale.
+/// returns the scale. `opts` ([`GradOptions`]; `GradOptions::default()`: the plain kernels)
+/// are passed to both the norm partials and the update.
 ///
 /// # Errors
 /// As the pieces.
@@ -175,32 +163,10 @@ pub fn optim1_step_32bit_max_unorm(
     hyper: &Optim1Hyper,
     step: u32,
     max_unorm: f64,
-) -> Result<f32> {
-    let opts = GradOptions::default();
-    optim1_step_32bit_max_unorm_opts(
-        dev, algo, params, grads, state1, hyper, step, max_unorm, &opts,
-    )
-}
-
-/// [`optim1_step_32bit_max_unorm`] with bitsandbytes' gradient options, passed to both the norm
-/// partials and the update.
-///
-/// # Errors
-/// As the pieces.
-#[allow(clippy::too_many_arguments)]
-pub fn optim1_step_32bit_max_unorm_opts(
-    dev: &dyn Device,
-    algo: Optim1Algo,
-    params: &mut HostTensor,
-    grads: &HostTensor,
-    state1: &mut [f32],
-    hyper: &Optim1Hyper,
-    step: u32,
-    max_unorm: f64,
     opts: &GradOptions,
 ) -> Result<f32> {
-    let parts = optim1_norm_partials_opts(dev, algo, params, grads, state1, hyper, step, opts)?;
+    let parts = optim1_norm_partials(dev, algo, params, grads, state1, hyper, step, opts)?;
     let scale = optim1_norm_scale(dev, &parts, hyper, max_unorm)?;
-    optim1_update_scaled_32bit_opts(dev, algo, params, grads, state1, hyper, step, scale, opts)?;
+    optim1_update_scaled_32bit(dev, algo, params, grads, state1, hyper, step, scale, opts)?;
     Ok(scale)
 }

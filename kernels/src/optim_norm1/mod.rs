@@ -19,17 +19,23 @@
 //! Parameters: `(n: u32, n_blocks: u32, beta1, one_minus_beta1, eps: f32, p: f32[n] read,
 //! g: f32[n] read, state1: f32[n] read, unorm_part: f32[n_blocks] write,
 //! pnorm_part: f32[n_blocks] write)`.
+//!
+//! The kernel is written in the kernel language ([`kernel::optim1_norm`]); the host ops launch
+//! it through its typed arguments ([`Optim1NormArgs`]).
 
 pub(crate) mod host;
+pub mod kernel;
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;
 
+pub use crate::optim_norm1::kernel::{Optim1Norm, Optim1NormArgs};
+
 use crate::optim1::{Optim1Algo, Optim1Scalars};
-use crate::optim_norm::{declare, emit_partials, is_finite, partial_outputs};
-use crate::optim_norm::{declare_gs, scaled_grad};
-use qforge_ir::KernelBuilder;
-use qforge_ir::{Access, Dim, Kernel, Value};
-use qforge_ir::{DType, Scalar};
+use qforge_ir::dsl::TypedKernel;
+use qforge_ir::Kernel;
+use qforge_ir::Scalar;
 use qforge_ir::{Error, Result};
 
 /// The rules with a `max_unorm` norm kernel here.
@@ -48,14 +54,15 @@ pub fn partials_args(s: &Optim1Scalars) -> Vec<Scalar> {
         .collect()
 }
 
-/// Builds `{algo}_norm_f32` (see the module docs); with `gs` its `_gs` variant
-/// `{algo}_norm_f32_gs`, which takes `gnorm_scale: f32` after `eps` and uses `g * gnorm_scale`
-/// for every `g` (bitsandbytes' precondition kernel scales the gradient first).
+/// The typed `{algo}_norm_f32` ([`kernel::optim1_norm`], see the module docs); with `gs` its
+/// `_gs` variant `{algo}_norm_f32_gs`, which takes `gnorm_scale: f32` after `eps` and uses
+/// `g * gnorm_scale` for every `g` (bitsandbytes' precondition kernel scales the gradient
+/// first).
 ///
 /// # Errors
 /// [`Error::Unsupported`] for Lion and SGD (SGD's is LARS's `lars_norm_f32`; Lion has none,
 /// see `docs/optimizers.md`).
-pub(crate) fn build(algo: Optim1Algo, gs: bool) -> Result<Kernel> {
+pub(crate) fn typed(algo: Optim1Algo, gs: bool) -> Result<TypedKernel<Optim1Norm>> {
     let rms = match algo {
         Optim1Algo::Rmsprop => true,
         Optim1Algo::Adagrad => false,
@@ -72,35 +79,13 @@ pub(crate) fn build(algo: Optim1Algo, gs: bool) -> Result<Kernel> {
     } else {
         name(algo)
     };
-    let mut b = KernelBuilder::new(&kname);
-    let (n, n_blocks, ps) = declare(&mut b, &[], &["beta1", "one_minus_beta1", "eps"]);
-    let gsp = declare_gs(&mut b, gs);
-    let shape = [Dim::Param(n)];
-    let p = b.buffer_param("p", DType::F32, &shape, Access::Read);
-    let g = b.buffer_param("g", DType::F32, &shape, Access::Read);
-    let s1 = b.buffer_param("state1", DType::F32, &shape, Access::Read);
-    let outs = partial_outputs(&mut b, n_blocks);
-    b.set_grid(Dim::Param(n_blocks));
-    let v: Vec<Value> = ps.iter().map(|q| b.param(*q)).collect();
-    let (beta1, one_minus_beta1, eps) = (v[0], v[1], v[2]);
-    let gsv = gsp.map(|q| b.param(q));
-    emit_partials(&mut b, n, p, outs, |b, e| {
-        let graw = b.load(g, e);
-        let gv = scaled_grad(b, gsv, graw);
-        let s_old = b.load(s1, e);
-        let s = if rms {
-            let t = b.mul(one_minus_beta1, gv);
-            let t = b.mul(t, gv);
-            b.fma(s_old, beta1, t)
-        } else {
-            b.fma(gv, gv, s_old)
-        };
-        let sq = b.sqrt(s);
-        let den = b.add(sq, eps);
-        let u = b.div(gv, den);
-        let finite = is_finite(b, gv);
-        let zero = b.const_f32(0.0);
-        b.select(finite, u, zero)
-    });
-    Ok(b.finish())
+    kernel::optim1_norm(rms, &kname, gs)
+}
+
+/// Builds `{algo}_norm_f32` ([`typed`]); with `gs` its `_gs` variant.
+///
+/// # Errors
+/// As [`typed`].
+pub(crate) fn build(algo: Optim1Algo, gs: bool) -> Result<Kernel> {
+    typed(algo, gs).map(TypedKernel::into_kernel)
 }

@@ -44,23 +44,36 @@
 //! with a flag) take `gnorm_scale: f32` after the other scalars and use `g * gnorm_scale` for
 //! every `g`; `lars8bit_f32_gs` also takes `skip_zeros: u32` with `sgd8bit_f32_gs`'s semantics
 //! (raw `g == 0`), `lamb8bit_*_gs` none (as `adamw8bit_*_gs`), the partials none.
+//!
+//! The partials are written in the kernel language ([`kernel::lamb8_norm`],
+//! [`kernel::lars8_norm`]); the updates are the kernel-language 8-bit AdamW / SGD kernels in
+//! their trust-ratio scaled form ([`crate::adam::optim8::adam8bit`],
+//! [`crate::optim1::kernel::optim1_8bit`]). The host ops launch all four through their typed
+//! arguments ([`Lamb8NormArgs`], [`Lars8NormArgs`], `Adam8bitArgs`,
+//! [`crate::optim1::Optim1Update8Args`]).
 
 mod catalog;
 pub(crate) mod host;
+pub mod kernel;
+#[cfg(test)]
+mod reference;
 #[cfg(test)]
 mod tests;
 
+pub use crate::optim_norm8::kernel::{Lamb8Norm, Lamb8NormArgs, Lars8Norm, Lars8NormArgs};
+
+use crate::adam::optim8::{adam8bit, Adam8bit};
+use crate::adam::Form;
 use crate::adam::{example_absmax, example_grad};
 use crate::adam::{AdamScalars, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
-use crate::optim1::{Optim1Algo, Optim1Hyper, Optim1Spec};
-use crate::optim_norm::{declare, emit_partials, partial_outputs, LAMB_NORM_SCALARS};
-use crate::optim_norm::{declare_gs, scaled_grad};
-use crate::optim_norm::{lamb_norm_update, lars_norm_update, EXAMPLE_SCALE};
+use crate::check_float_dtype;
+use crate::optim1::kernel::optim1_8bit;
+use crate::optim1::{Optim1Algo, Optim1Hyper, Optim1Scalars, Optim1Spec, Optim1Update8};
+use crate::optim_norm::EXAMPLE_SCALE;
 use crate::optim_norm::{LambHyper, LarsHyper, NormRule, EXAMPLE_STEP};
-use crate::{check_float_dtype, BlockwiseMap};
-use qforge_ir::KernelBuilder;
+use qforge_ir::dsl::TypedKernel;
+use qforge_ir::Kernel;
 use qforge_ir::OwnedArg;
-use qforge_ir::{Access, Dim, Kernel, Value};
 use qforge_ir::{DType, Scalar};
 use qforge_ir::{Error, Result};
 
@@ -133,15 +146,40 @@ impl OptimNorm8Spec {
         }
         match (*self, rule) {
             (OptimNorm8Spec::Partials { .. }, NormRule::Lamb) => {
-                Ok(build_lamb8_partials(name, dtype, gs))
+                kernel::lamb8_norm(dtype, name, gs).map(TypedKernel::into_kernel)
             }
-            (OptimNorm8Spec::Partials { .. }, NormRule::Lars) => Ok(build_lars8_partials(name, gs)),
+            (OptimNorm8Spec::Partials { .. }, NormRule::Lars) => {
+                kernel::lars8_norm(name, gs).map(TypedKernel::into_kernel)
+            }
             (OptimNorm8Spec::Update { .. }, NormRule::Lamb) => {
                 adamw8_spec(dtype).build_scaled(name, gs)
             }
             (OptimNorm8Spec::Update { .. }, NormRule::Lars) => sgd8_spec().build_scaled(name, gs),
         }
     }
+}
+
+/// The typed `lamb8bit_{dtype}` kernel named `name`: [`adam8bit`] of `adamw8bit_{dtype}` in its
+/// trust-ratio scaled form (`gs`: also the `_gs` scalar `gnorm_scale`).
+///
+/// # Errors
+/// [`Error::Unsupported`] for a parameter dtype other than f32, f16, bf16.
+pub(crate) fn lamb8_update(dtype: DType, name: &str, gs: bool) -> Result<TypedKernel<Adam8bit>> {
+    let form = Form {
+        grad_opts: gs,
+        scaled: true,
+        staged: false,
+    };
+    adam8bit(&adamw8_spec(dtype), name, form)
+}
+
+/// The typed `lars8bit_f32` kernel named `name`: [`optim1_8bit`] of `sgd8bit_f32` with the
+/// trust-ratio buffer (`gs`: also the `_gs` scalars `gnorm_scale`, `skip_zeros`).
+///
+/// # Errors
+/// None in practice (`sgd8bit_f32` always builds); the builder's errors otherwise.
+pub(crate) fn lars8_update(name: &str, gs: bool) -> Result<TypedKernel<Optim1Update8>> {
+    optim1_8bit(&sgd8_spec(), name, gs, true)
 }
 
 /// `adamw8bit_{dtype}`: the kernel `lamb8bit_{dtype}` scales.
@@ -169,10 +207,18 @@ impl LambHyper {
     /// # Errors
     /// [`Error::Unsupported`] for step 0 or invalid hyperparameters ([`LambHyper::check`]).
     pub fn update8_args(&self, step: u32) -> Result<Vec<Scalar>> {
-        self.check()?;
         let spec = adamw8_spec(DType::F32);
-        let s: AdamScalars = self.adam().scalars(&spec, step)?;
-        Ok(s.kernel_args(&spec))
+        Ok(self.update8_scalars(step)?.kernel_args(&spec))
+    }
+
+    /// The scalars of `lamb8bit_*` for step `step` (1-based) as a struct (as
+    /// [`LambHyper::update8_args`]).
+    ///
+    /// # Errors
+    /// As [`LambHyper::update8_args`].
+    pub fn update8_scalars(&self, step: u32) -> Result<AdamScalars> {
+        self.check()?;
+        self.adam().scalars(&adamw8_spec(DType::F32), step)
     }
 }
 
@@ -195,79 +241,18 @@ impl LarsHyper {
     /// # Errors
     /// [`Error::Unsupported`] for step 0 or invalid hyperparameters ([`LarsHyper::check`]).
     pub fn update8_args(&self, step: u32) -> Result<Vec<Scalar>> {
-        self.check()?;
-        Ok(self.sgd().scalars(Optim1Algo::Sgd, step)?.kernel_args())
+        Ok(self.update8_scalars(step)?.kernel_args())
     }
-}
 
-/// `code[state[e]] * absmax` (the 8-bit kernels' decode).
-fn decode(
-    b: &mut KernelBuilder,
-    code: qforge_ir::TableId,
-    state: qforge_ir::ParamId,
-    absmax: Value,
-    e: Value,
-) -> Value {
-    let q = b.load(state, e);
-    let c = b.lookup(code, q);
-    b.mul(c, absmax)
-}
-
-fn build_lamb8_partials(name: &str, dtype: DType, gs: bool) -> Kernel {
-    let mut b = KernelBuilder::new(name);
-    let (n, n_blocks, ps) = declare(&mut b, &[], &LAMB_NORM_SCALARS);
-    let gsp = declare_gs(&mut b, gs);
-    let shape = [Dim::Param(n)];
-    let blocks = [Dim::Param(n_blocks)];
-    let p = b.buffer_param("p", dtype, &shape, Access::Read);
-    let g = b.buffer_param("g", dtype, &shape, Access::Read);
-    let s1 = b.buffer_param("state1", DType::U8, &shape, Access::Read);
-    let a1 = b.buffer_param("absmax1", DType::F32, &blocks, Access::Read);
-    let s2 = b.buffer_param("state2", DType::U8, &shape, Access::Read);
-    let a2 = b.buffer_param("absmax2", DType::F32, &blocks, Access::Read);
-    let outs = partial_outputs(&mut b, n_blocks);
-    b.set_grid(Dim::Param(n_blocks));
-    let code1 = b.table_f32("code1", &BlockwiseMap::Dynamic.code());
-    let code2 = b.table_f32("code2", &BlockwiseMap::DynamicUnsigned.code());
-    let s: Vec<Value> = ps.iter().map(|q| b.param(*q)).collect();
-    let gsv = gsp.map(|q| b.param(q));
-    let block = b.work_item();
-    let old_a1 = b.load(a1, block);
-    let old_a2 = b.load(a2, block);
-    emit_partials(&mut b, n, p, outs, |b, e| {
-        let graw = b.load(g, e);
-        let gv = scaled_grad(b, gsv, graw);
-        let m_old = decode(b, code1, s1, old_a1, e);
-        let v_old = decode(b, code2, s2, old_a2, e);
-        lamb_norm_update(b, &s, gv, m_old, v_old)
-    });
-    b.finish()
-}
-
-fn build_lars8_partials(name: &str, gs: bool) -> Kernel {
-    let mut b = KernelBuilder::new(name);
-    let (n, n_blocks, ps) = declare(&mut b, &["first"], &["momentum"]);
-    let gsp = declare_gs(&mut b, gs);
-    let shape = [Dim::Param(n)];
-    let p = b.buffer_param("p", DType::F32, &shape, Access::Read);
-    let g = b.buffer_param("g", DType::F32, &shape, Access::Read);
-    let s1 = b.buffer_param("state1", DType::U8, &shape, Access::Read);
-    let a1 = b.buffer_param("absmax1", DType::F32, &[Dim::Param(n_blocks)], Access::Read);
-    let outs = partial_outputs(&mut b, n_blocks);
-    b.set_grid(Dim::Param(n_blocks));
-    let code1 = b.table_f32("code1", &BlockwiseMap::Dynamic.code());
-    let first = b.param(ps[0]);
-    let mom = b.param(ps[1]);
-    let gsv = gsp.map(|q| b.param(q));
-    let block = b.work_item();
-    let old_a1 = b.load(a1, block);
-    emit_partials(&mut b, n, p, outs, |b, e| {
-        let graw = b.load(g, e);
-        let gv = scaled_grad(b, gsv, graw);
-        let s_old = decode(b, code1, s1, old_a1, e);
-        lars_norm_update(b, first, mom, gv, s_old)
-    });
-    b.finish()
+    /// The scalars of `lars8bit_f32` for step `step` (1-based) as a struct (as
+    /// [`LarsHyper::update8_args`]).
+    ///
+    /// # Errors
+    /// As [`LarsHyper::update8_args`].
+    pub fn update8_scalars(&self, step: u32) -> Result<Optim1Scalars> {
+        self.check()?;
+        self.sgd().scalars(Optim1Algo::Sgd, step)
+    }
 }
 
 /// [`crate::KernelSpec::example_args`] of an 8-bit update-norm kernel on `values`

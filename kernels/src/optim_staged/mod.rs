@@ -17,15 +17,18 @@
 //! entry are never read; on exit they hold the updated moments before requantization (`+0.0`
 //! for both where the gradient is not finite). The runtime launches the kernel over chunks of
 //! the parameter with one reused workspace, so the stage stays small.
+//!
+//! The kernel is the kernel-language [`crate::adam::optim8::adam8bit`] in its staged form; the
+//! host launches it through its typed arguments ([`crate::adam::Adam8bitArgs`]).
 
 mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod tests;
 
-use crate::adam::optim8::build8;
-use crate::adam::{Form, OptimSpec, StateBits};
+use crate::adam::{Adam8bit, Form, OptimSpec, StateBits};
 use crate::optim_ext::{self, OptimExtSpec};
+use qforge_ir::dsl::TypedKernel;
 use qforge_ir::DType;
 use qforge_ir::Kernel;
 use qforge_ir::OwnedArg;
@@ -58,6 +61,15 @@ impl OptimStagedSpec {
     /// [`Error::Unsupported`] for 32-bit state (it has no codes to stage) or a parameter dtype
     /// other than f32, f16, bf16.
     pub fn build(&self) -> Result<Kernel> {
+        self.typed().map(TypedKernel::into_kernel)
+    }
+
+    /// The typed kernel ([`crate::adam::optim8::adam8bit`] in its staged form), launched
+    /// through [`Adam8bitArgs`](crate::adam::Adam8bitArgs).
+    ///
+    /// # Errors
+    /// As [`OptimStagedSpec::build`].
+    pub fn typed(&self) -> Result<TypedKernel<Adam8bit>> {
         crate::check_float_dtype(self.spec.dtype)?;
         if self.spec.state != StateBits::Bits8 {
             return Err(Error::Unsupported(format!(
@@ -70,7 +82,7 @@ impl OptimStagedSpec {
             scaled: false,
             staged: true,
         };
-        build8(&self.spec, &self.name(), form)
+        self.spec.typed8(&self.name(), form)
     }
 }
 

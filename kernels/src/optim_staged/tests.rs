@@ -3,13 +3,15 @@
 //! over several steps, whatever the stages held before; the stages hold the moments that were
 //! requantized.
 
-use crate::adam::{OptimAlgo, OptimSpec, StateBits};
+use crate::adam::{AdamHyper, OptimAlgo, OptimSpec, StateBits};
 use crate::optim_ext::OptimExtSpec;
+use crate::optim_staged::host::{launch_adam8, Adam8Buffers};
 use crate::optim_staged::OptimStagedSpec;
 use crate::test_util::{bytes, floats, nearest, out, run};
 use crate::{BlockwiseMap, KernelSpec};
-use qforge_ir::DType;
 use qforge_ir::OwnedArg;
+use qforge_ir::{Arg, DType, Scalar};
+use qforge_runtime::{Device, InterpreterDevice};
 
 /// Two full blocks and a partial one, with NaN, inf, zero and subnormal values.
 fn values(n: usize, salt: usize) -> Vec<f32> {
@@ -124,4 +126,114 @@ fn staged_names_and_32bit_state() {
         err.contains("adamw32_staged_bf16") && err.contains("8-bit"),
         "{err}"
     );
+}
+
+/// The interpreter presented as a GPU backend, so [`launch_adam8`] takes its plain, unstaged
+/// path (one launch of `adam{,w}8bit_{dtype}[_gs]`).
+struct GpuLike;
+
+impl Device for GpuLike {
+    fn name(&self) -> &str {
+        "interpreter as a gpu"
+    }
+    fn backend(&self) -> &'static str {
+        "ptx"
+    }
+    fn compile(&self, kernel: &qforge_ir::Kernel) -> qforge_runtime::Result<()> {
+        InterpreterDevice.compile(kernel)
+    }
+    fn launch(
+        &self,
+        kernel: &qforge_ir::Kernel,
+        args: &mut [Arg<'_>],
+    ) -> qforge_runtime::Result<()> {
+        InterpreterDevice.launch(kernel, args)
+    }
+}
+
+/// Parameter, gradient, codes and absmax of one 8-bit step, as bytes.
+#[derive(Clone, Debug, PartialEq)]
+struct Bufs {
+    params: Vec<u8>,
+    grads: Vec<u8>,
+    state: [Vec<u8>; 4],
+}
+
+impl Bufs {
+    fn new(n: usize, dtype: DType) -> Bufs {
+        let nb = n.div_ceil(256);
+        let p: Vec<f32> = values(n, 1).iter().map(|v| v * 0.02).collect();
+        Bufs {
+            params: bytes(dtype, &p),
+            grads: bytes(dtype, &values(n, 2)),
+            state: [vec![0; n], vec![0; 4 * nb], vec![0; n], vec![0; 4 * nb]],
+        }
+    }
+
+    fn adam8(&mut self) -> Adam8Buffers<'_> {
+        let [s1, a1, s2, a2] = &mut self.state;
+        Adam8Buffers {
+            params: &mut self.params,
+            grads: &self.grads,
+            state1: s1,
+            absmax1: a1,
+            state2: s2,
+            absmax2: a2,
+        }
+    }
+}
+
+/// `launch_adam8`'s two typed paths, the staged one (CPU devices) and the plain one (GPU
+/// devices), give the same bits over several steps; its scalar lists are checked by name.
+#[test]
+fn launch_adam8_plain_and_staged_paths_agree() {
+    let n = 2 * 256 + 77;
+    for (algo, dtype, gs) in [
+        (OptimAlgo::AdamW, DType::F32, false),
+        (OptimAlgo::Adam, DType::BF16, true),
+        (OptimAlgo::AdamW, DType::F16, true),
+    ] {
+        let spec = OptimSpec {
+            algo,
+            state: StateBits::Bits8,
+            dtype,
+        };
+        let hyper = AdamHyper {
+            weight_decay: if algo == OptimAlgo::AdamW { 0.01 } else { 0.0 },
+            ..AdamHyper::default()
+        };
+        let extra = if gs {
+            OptimExtSpec::Adam(spec).ext_args(0.75, false)
+        } else {
+            Vec::new()
+        };
+        let mut staged = Bufs::new(n, dtype);
+        let mut plain = staged.clone();
+        for t in 1..=3 {
+            let scalars = hyper.scalars(&spec, t).unwrap().kernel_args(&spec);
+            launch_adam8(&InterpreterDevice, spec, &scalars, &extra, staged.adam8()).unwrap();
+            launch_adam8(&GpuLike, spec, &scalars, &extra, plain.adam8()).unwrap();
+            assert!(
+                staged == plain,
+                "{algo:?} {dtype} gs={gs}: step {t} differs"
+            );
+        }
+        assert!(staged.state[1].iter().any(|b| *b != 0));
+        assert!(staged.state[3].iter().any(|b| *b != 0));
+    }
+    let spec = OptimSpec {
+        algo: OptimAlgo::AdamW,
+        state: StateBits::Bits8,
+        dtype: DType::F32,
+    };
+    let mut scalars = AdamHyper::default()
+        .scalars(&spec, 1)
+        .unwrap()
+        .kernel_args(&spec);
+    let mut b = Bufs::new(n, DType::F32);
+    let e = launch_adam8(&GpuLike, spec, &scalars[1..], &[], b.adam8()).unwrap_err();
+    assert!(e.to_string().contains("takes the f32 scalars"), "{e}");
+    scalars[5] = Scalar::U32(1);
+    let e = launch_adam8(&GpuLike, spec, &scalars, &[], b.adam8()).unwrap_err();
+    assert!(e.to_string().contains("step_size must be an f32"), "{e}");
 }
