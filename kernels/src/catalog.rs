@@ -286,11 +286,6 @@ pub(crate) fn host_absmax(values: &[f32], blocksize: usize, propagate_nan: bool)
         .collect()
 }
 
-/// A `u32` scalar argument (example arguments of kernels without a typed signature).
-pub(crate) fn u32_arg(v: usize) -> OwnedArg {
-    OwnedArg::Scalar(qforge_ir::Scalar::U32(v as u32))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

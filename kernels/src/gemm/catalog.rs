@@ -1,8 +1,10 @@
-//! The dense products in the catalog ([`Gemm::catalog`]).
+//! The dense products in the catalog ([`Gemm::catalog`]), with example arguments made through
+//! their typed signature.
 
+use qforge_ir::dsl::{FloatIn, FloatOut};
 use qforge_ir::{Kernel, OwnedArg, Result};
 
-use super::Gemm;
+use super::{Gemm, GemmKernelArgs};
 use crate::catalog::float_bytes;
 use crate::CatalogEntry;
 
@@ -19,7 +21,39 @@ impl CatalogEntry for Gemm {
         64
     }
 
+    /// A reduction over `L = values.len()` with `M = 1 + L % 3` and `N = 3 + L % 5`: the
+    /// operands, bias and residual cycle through `values` (rounded to the dtype), the output
+    /// starts zeroed.
     fn example_args(&self, values: &[f32]) -> Result<Vec<OwnedArg>> {
-        Ok(Gemm::example_args(self, values, float_bytes))
+        let l = values.len().max(1);
+        let (m, n) = (1 + l % 3, 3 + l % 5);
+        let n_tiles = n.div_ceil(self.tile.tn as usize);
+        let n_items = m.div_ceil(self.tile.tm as usize) * n_tiles;
+        let dtype = self.dtype;
+        let cycle = |count: usize, shift: usize| -> Vec<u8> {
+            let v: Vec<f32> = (0..count)
+                .map(|i| values.get((i + i / l + shift) % l).copied().unwrap_or(0.0))
+                .collect();
+            float_bytes(dtype, &v)
+        };
+        let (a, b, bias, r) = (cycle(m * l, 0), cycle(n * l, 1), cycle(n, 2), cycle(m * n, 3));
+        let mut c = vec![0u8; m * n * dtype.size_bytes()];
+        let kernel = self.build_typed()?;
+        let mut args = GemmKernelArgs {
+            m: m as u32,
+            n: n as u32,
+            l: l as u32,
+            n_items: n_items as u32,
+            n_tiles: n_tiles as u32,
+            a: FloatIn { dtype, bytes: &a },
+            b: FloatIn { dtype, bytes: &b },
+            bias: self.bias.then_some(FloatIn { dtype, bytes: &bias }),
+            r: self.residual.then_some(FloatIn { dtype, bytes: &r }),
+            c: FloatOut {
+                dtype,
+                bytes: &mut c,
+            },
+        };
+        Ok(OwnedArg::copy_all(&kernel.args(&mut args)?))
     }
 }

@@ -254,40 +254,6 @@ pub fn gemm_kernel(
 }
 
 impl Gemm {
-    /// Example launch arguments (for the catalog's conformance runs) reducing over
-    /// `L = values.len()` with `M = 1 + L % 3` and `N = 3 + L % 5`: the operands, bias and
-    /// residual cycle through `values` (stored as the dtype with `to_bytes`, e.g. rounding),
-    /// the output starts zeroed.
-    pub fn example_args(
-        &self,
-        values: &[f32],
-        to_bytes: fn(DType, &[f32]) -> Vec<u8>,
-    ) -> Vec<qforge_ir::OwnedArg> {
-        use qforge_ir::OwnedArg;
-        use qforge_ir::Scalar;
-        let l = values.len().max(1);
-        let (m, n) = (1 + l % 3, 3 + l % 5);
-        let n_tiles = n.div_ceil(self.tile.tn as usize);
-        let n_items = m.div_ceil(self.tile.tm as usize) * n_tiles;
-        let cycle = |count: usize, shift: usize| -> Vec<f32> {
-            (0..count)
-                .map(|i| values.get((i + i / l + shift) % l).copied().unwrap_or(0.0))
-                .collect()
-        };
-        let u = |v: usize| OwnedArg::Scalar(Scalar::U32(v as u32));
-        let mut args = vec![u(m), u(n), u(l), u(n_items), u(n_tiles)];
-        args.push(OwnedArg::Read(to_bytes(self.dtype, &cycle(m * l, 0))));
-        args.push(OwnedArg::Read(to_bytes(self.dtype, &cycle(n * l, 1))));
-        if self.bias {
-            args.push(OwnedArg::Read(to_bytes(self.dtype, &cycle(n, 2))));
-        }
-        if self.residual {
-            args.push(OwnedArg::Read(to_bytes(self.dtype, &cycle(m * n, 3))));
-        }
-        args.push(OwnedArg::Write(vec![0; m * n * self.dtype.size_bytes()]));
-        args
-    }
-
     /// The catalog's dense products: the forward (`nn` with bias), `dX` with a residual
     /// (`nt`), `dW` (`tt`) and the bias gradient (`nt`) in `f32`, and the forward in `bf16`.
     pub fn catalog() -> Vec<Gemm> {

@@ -1,10 +1,11 @@
 //! The fused 4-bit matmuls in the catalog: blocksize 64 in every quant type, dtype, absmax form
 //! and direction, plus blocksize 256 with an `f32` activation and a `bf16` weight.
 
-use qforge_ir::{DType, Kernel, OwnedArg, Result, Scalar};
+use qforge_ir::dsl::{FloatIn, FloatOut};
+use qforge_ir::{DType, Kernel, OwnedArg, Result};
 
-use super::{Direction, Matmul4, TileConfig};
-use crate::catalog::{first_finite, float_bytes, mix, u32_arg};
+use super::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
+use crate::catalog::{first_finite, float_bytes, mix};
 use crate::doublequant::NESTED_MAP;
 use crate::{CatalogEntry, QuantType, FLOAT_DTYPES, NESTED_BLOCKSIZE};
 
@@ -94,48 +95,78 @@ impl CatalogEntry for Matmul4 {
         let elems = n * k;
         let n_packed = elems.div_ceil(2);
         let n_blocks = elems.div_ceil(self.blocksize as usize);
+        let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE as usize);
         let cycle = |count: usize, shift: usize| -> Vec<f32> {
             (0..count)
                 .map(|i| values[(i + i / len + shift) % len])
                 .collect()
         };
-        let act_len = m * len;
-        let mut args = vec![
-            u32_arg(m),
-            u32_arg(n),
-            u32_arg(k),
-            u32_arg(n_items),
-            u32_arg(n_tiles),
-        ];
-        if self.nested {
-            args.push(OwnedArg::Scalar(Scalar::f32(first_finite(values) * 0.5)));
-        }
-        args.extend([u32_arg(n_packed), u32_arg(n_blocks)]);
-        let n_nested = n_blocks.div_ceil(NESTED_BLOCKSIZE as usize);
-        if self.nested {
-            args.push(u32_arg(n_nested));
-        }
-        args.push(OwnedArg::Read(float_bytes(self.dtype, &cycle(act_len, 0))));
+        let dtype = self.dtype;
+        let act = float_bytes(dtype, &cycle(m * len, 0));
         let packed: Vec<u8> = (0..n_packed)
             .map(|j| mix(j, values[j % len]) as u8)
             .collect();
-        args.push(OwnedArg::Read(packed));
         let absmax: Vec<f32> = (0..n_blocks).map(|b| values[b % len].abs()).collect();
-        if self.nested {
-            let qabsmax: Vec<u8> = (0..n_blocks).map(|b| mix(b, absmax[b]) as u8).collect();
-            let nested: Vec<f32> = (0..n_nested).map(|i| values[(i + 1) % len].abs()).collect();
-            args.extend([
-                OwnedArg::Read(qabsmax),
-                OwnedArg::Read(float_bytes(DType::F32, &nested)),
-                OwnedArg::Read(float_bytes(DType::F32, &NESTED_MAP.code())),
-            ]);
-        } else {
-            args.push(OwnedArg::Read(float_bytes(DType::F32, &absmax)));
-        }
-        if matches!(self.direction, Direction::Forward { bias: true }) {
-            args.push(OwnedArg::Read(float_bytes(self.dtype, &cycle(n, 3))));
-        }
-        args.push(OwnedArg::Write(vec![0; m * outs * self.dtype.size_bytes()]));
+        let qabsmax: Vec<u8> = (0..n_blocks).map(|b| mix(b, absmax[b]) as u8).collect();
+        let nested_absmax: Vec<f32> = (0..n_nested).map(|i| values[(i + 1) % len].abs()).collect();
+        let nested_code = NESTED_MAP.code();
+        let bias = float_bytes(dtype, &cycle(n, 3));
+        let mut out = vec![0u8; m * outs * dtype.size_bytes()];
+        let nested = self.nested;
+        let u = |v: usize| v as u32;
+        let args = match self.direction {
+            Direction::Forward { bias: has_bias } => {
+                let kernel = self.build_forward()?;
+                let mut args = Matmul4bitArgs {
+                    m: u(m),
+                    n: u(n),
+                    k: u(k),
+                    n_items: u(n_items),
+                    n_tiles: u(n_tiles),
+                    offset: nested.then_some(first_finite(values) * 0.5),
+                    n_packed: u(n_packed),
+                    n_blocks: u(n_blocks),
+                    n_nested: nested.then_some(u(n_nested)),
+                    x: FloatIn { dtype, bytes: &act },
+                    packed: &packed,
+                    absmax: (!nested).then_some(&absmax[..]),
+                    qabsmax: nested.then_some(&qabsmax[..]),
+                    nested_absmax: nested.then_some(&nested_absmax[..]),
+                    nested_code: nested.then_some(&nested_code[..]),
+                    bias: has_bias.then_some(FloatIn { dtype, bytes: &bias }),
+                    y: FloatOut {
+                        dtype,
+                        bytes: &mut out,
+                    },
+                };
+                OwnedArg::copy_all(&kernel.args(&mut args)?)
+            }
+            Direction::BackwardInput => {
+                let kernel = self.build_backward_input()?;
+                let mut args = Matmul4bitDxArgs {
+                    m: u(m),
+                    n: u(n),
+                    k: u(k),
+                    n_items: u(n_items),
+                    n_tiles: u(n_tiles),
+                    offset: nested.then_some(first_finite(values) * 0.5),
+                    n_packed: u(n_packed),
+                    n_blocks: u(n_blocks),
+                    n_nested: nested.then_some(u(n_nested)),
+                    dy: FloatIn { dtype, bytes: &act },
+                    packed: &packed,
+                    absmax: (!nested).then_some(&absmax[..]),
+                    qabsmax: nested.then_some(&qabsmax[..]),
+                    nested_absmax: nested.then_some(&nested_absmax[..]),
+                    nested_code: nested.then_some(&nested_code[..]),
+                    dx: FloatOut {
+                        dtype,
+                        bytes: &mut out,
+                    },
+                };
+                OwnedArg::copy_all(&kernel.args(&mut args)?)
+            }
+        };
         Ok(args)
     }
 }
