@@ -72,6 +72,7 @@ pub mod optim_norm;
 pub mod optim_norm1;
 pub mod optim_norm8;
 pub mod optim_staged;
+pub(crate) mod optim_funcs;
 pub mod quant4;
 #[cfg(test)]
 mod test_util;

@@ -2,52 +2,12 @@
 //! `skip_zeros`, [`crate::optim_ext`]). Semantics and parameters are documented in
 //! [`crate::adam`].
 
-use qforge_macros::{func, kernel};
+use qforge_macros::kernel;
 
-use crate::adam::optim8::{moments, Betas};
-use crate::adam::{OptimAlgo, OptimSpec, OPTIM_BLOCKSIZE};
-use crate::funcs::block_range;
-use qforge_ir::dsl::{Float, In, InOut, Scalar, Val};
+use crate::adam::{OptimAlgo, OptimSpec};
+use crate::optim_funcs::{betas, grad_options, moments, optim_block, scaled_grad, skip_moments};
+use qforge_ir::dsl::{Float, In, InOut};
 use qforge_ir::Rounding;
-
-/// The `_gs` values: `gnorm_scale` and `skip_zeros != 0`.
-#[func]
-fn grad_options(
-    gnorm_scale: Option<Scalar<f32>>,
-    skip_zeros: Option<Scalar<u32>>,
-) -> (Option<Val<f32>>, Option<Val<bool>>) {
-    let gs = read_option(gnorm_scale);
-    let skip = match read_option(skip_zeros) {
-        Some(s) => Some(s != 0u32),
-        None => None,
-    };
-    (gs, skip)
-}
-
-/// `_gs`: a skipped element (`skip_zeros` on and the scaled gradient `g == ±0`) keeps its
-/// moments and its parameter (no weight decay either): `(finite && !skipped, m, v)`.
-#[func]
-#[allow(clippy::too_many_arguments)]
-fn skip_rule(
-    skip: Option<Val<bool>>,
-    g: Val<f32>,
-    m_old: Val<f32>,
-    v_old: Val<f32>,
-    finite: Val<bool>,
-    m: Val<f32>,
-    v: Val<f32>,
-) -> (Val<bool>, Val<f32>, Val<f32>) {
-    match skip {
-        Some(on) => {
-            let sk = on && g == 0.0f32;
-            let m = select(sk, m_old, m);
-            let v = select(sk, v_old, v);
-            let keep = !sk;
-            (finite && keep, m, v)
-        }
-        None => (finite, m, v),
-    }
-}
 
 /// The 32-bit Adam / AdamW kernel `name` of `spec`; `grad_opts` adds the `_gs` scalars
 /// `gnorm_scale`, `skip_zeros` (see the module docs).
@@ -80,29 +40,19 @@ pub fn adam32(
     #[shape(n)] state1: InOut<f32>,
     #[shape(n)] state2: InOut<f32>,
 ) {
-    let h = Betas {
-        beta1: beta1,
-        one_minus_beta1: one_minus_beta1,
-        beta2: beta2,
-        one_minus_beta2: one_minus_beta2,
-    };
+    let h = betas(beta1, one_minus_beta1, beta2, one_minus_beta2);
     let decay = read_option(decay);
     let step_size = step_size;
     let eps_c2 = eps_c2;
     let (gs, skip) = grad_options(gnorm_scale, skip_zeros);
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
+    let (_, start, end) = optim_block(n);
     for e in start..end {
         let graw = g[e];
         let m_old = state1[e];
         let v_old = state2[e];
-        let gv = match gs {
-            Some(s) => graw * s,
-            None => graw,
-        };
+        let gv = scaled_grad(graw, gs);
         let (finite, m, v) = moments(h, gv, m_old, v_old);
-        let (finite, m, v) = skip_rule(skip, gv, m_old, v_old, finite, m, v);
+        let (finite, m, v) = skip_moments(skip, gv, m_old, v_old, finite, m, v);
         state1[e] = m;
         state2[e] = v;
         // Straight-line (no branch, so a vectorizing backend takes the loop whole): a

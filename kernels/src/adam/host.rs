@@ -30,6 +30,12 @@ impl AdamState32 {
             state2: vec![0.0; n],
         }
     }
+
+    /// `Ok` when both moments have `n` elements.
+    pub(crate) fn check(&self, op: &str, n: u32) -> Result<()> {
+        expect(op, "state1", self.state1.len(), n as usize)?;
+        expect(op, "state2", self.state2.len(), n as usize)
+    }
 }
 
 /// 8-bit blockwise optimizer state (blocks of [`OPTIM_BLOCKSIZE`] elements): `m` as codes of the
@@ -59,6 +65,19 @@ impl AdamState8 {
             absmax2: vec![0.0; blocks],
         }
     }
+
+    /// `Ok` when the state fits `n` elements: codes per element, absmax per block.
+    pub(crate) fn check(&self, op: &str, n: u32) -> Result<()> {
+        expect_state8(
+            op,
+            n,
+            &[("state1", self.state1.len()), ("state2", self.state2.len())],
+            &[
+                ("absmax1", self.absmax1.len()),
+                ("absmax2", self.absmax2.len()),
+            ],
+        )
+    }
 }
 
 /// Checks a parameter/gradient pair of an optimizer step (non-empty floats, the gradient of the
@@ -70,6 +89,21 @@ pub(crate) fn param_grad_pair(op: &str, params: &HostTensor, grads: &HostTensor)
         return Err(Error::Invalid(format!(
             "{op}: the gradient ({} {:?}) must have the parameter's dtype and shape ({} {:?})",
             grads.dtype, grads.shape, params.dtype, params.shape
+        )));
+    }
+    count_u32(op, "the parameter", n as usize)
+}
+
+/// Checks an `f32`-only parameter/gradient pair (non-empty, both `f32` of one shape, at most
+/// `2^31 - 1` elements); returns the element count.
+pub(crate) fn f32_pair(op: &str, params: &HostTensor, grads: &HostTensor) -> Result<u32> {
+    let n = float_input(op, params)?;
+    float_input(op, grads)?;
+    if params.dtype != DType::F32 || grads.dtype != DType::F32 || grads.shape != params.shape {
+        return Err(Error::Invalid(format!(
+            "{op}: the parameter and the gradient must both be f32 of one shape, got {} {:?} and \
+             {} {:?}",
+            params.dtype, params.shape, grads.dtype, grads.shape
         )));
     }
     count_u32(op, "the parameter", n as usize)
@@ -101,6 +135,51 @@ pub(crate) fn expect(op: &str, what: &str, got: usize, want: usize) -> Result<()
             "{op}: {what} has {got} elements, the parameter needs {want}"
         )))
     }
+}
+
+/// Checks the lengths of an 8-bit state for `n` elements: codes per element, absmax per block.
+pub(crate) fn expect_state8(
+    op: &str,
+    n: u32,
+    codes: &[(&str, usize)],
+    absmax: &[(&str, usize)],
+) -> Result<()> {
+    for (what, len) in codes {
+        expect(op, what, *len, n as usize)?;
+    }
+    let blocks = n.div_ceil(OPTIM_BLOCKSIZE) as usize;
+    for (what, len) in absmax {
+        expect(op, what, *len, blocks)?;
+    }
+    Ok(())
+}
+
+/// The options a kernel without `skip_zeros` honours: `gnorm_scale` only (bitsandbytes'
+/// precondition kernels and blockwise 8-bit two-state kernels take no `skip_zeros`).
+pub(crate) fn partials_opts(opts: &GradOptions) -> GradOptions {
+    GradOptions {
+        skip_zeros: false,
+        ..*opts
+    }
+}
+
+/// The kernel name and whether it is the `_gs` variant ([`crate::optim_ext`]): `plain` for
+/// the default options, else `ext`'s name.
+///
+/// # Errors
+/// [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
+pub(crate) fn variant(
+    op: &str,
+    plain: String,
+    ext: OptimExtSpec,
+    opts: &GradOptions,
+) -> Result<(String, bool)> {
+    opts.check(op)?;
+    Ok(if opts.is_default() {
+        (plain, false)
+    } else {
+        (ext.name(), true)
+    })
 }
 
 /// bitsandbytes' per-step gradient options of an update ([`crate::optim_ext`]):
@@ -173,16 +252,9 @@ pub fn adam_step_32bit(
 ) -> Result<()> {
     const OP: &str = "adam_step_32bit";
     let (n, spec) = prepare(OP, algo, StateBits::Bits32, params, grads)?;
-    expect(OP, "state1", state.state1.len(), n as usize)?;
-    expect(OP, "state2", state.state2.len(), n as usize)?;
+    state.check(OP, n)?;
     let scalars = hyper.scalars(&spec, step)?;
-    opts.check(OP)?;
-    let gs = !opts.is_default();
-    let name = if gs {
-        OptimExtSpec::Adam(spec).name()
-    } else {
-        spec.name()
-    };
+    let (name, gs) = variant(OP, spec.name(), OptimExtSpec::Adam(spec), opts)?;
     let kernel = cached_typed(&name, || spec.typed32(&name, gs))?;
     launch_typed(
         dev,
@@ -239,17 +311,10 @@ pub fn adam_step_8bit(
 ) -> Result<()> {
     const OP: &str = "adam_step_8bit";
     let (n, spec) = prepare(OP, algo, StateBits::Bits8, params, grads)?;
-    let blocks = n.div_ceil(OPTIM_BLOCKSIZE);
-    expect(OP, "state1", state.state1.len(), n as usize)?;
-    expect(OP, "state2", state.state2.len(), n as usize)?;
-    expect(OP, "absmax1", state.absmax1.len(), blocks as usize)?;
-    expect(OP, "absmax2", state.absmax2.len(), blocks as usize)?;
+    state.check(OP, n)?;
     let scalars = hyper.scalars(&spec, step)?;
     // Without a scale there is nothing for the variant to do.
-    let opts = GradOptions {
-        skip_zeros: false,
-        ..*opts
-    };
+    let opts = partials_opts(opts);
     opts.check(OP)?;
     let gnorm_scale = (!opts.is_default()).then_some(opts.gnorm_scale);
     let bufs = Adam8State {

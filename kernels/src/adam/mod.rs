@@ -55,7 +55,7 @@ pub mod optim8;
 #[cfg(test)]
 mod reference;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use crate::adam::adam32::{Adam32, Adam32Args};
 pub use crate::adam::optim8::{Adam8bit, Adam8bitArgs};

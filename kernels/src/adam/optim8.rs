@@ -4,22 +4,16 @@
 
 use qforge_macros::{func, kernel};
 
-use crate::adam::{Form, OptimAlgo, OptimSpec, OPTIM_BLOCKSIZE};
-use crate::funcs::{block_range, inv_absmax};
+use crate::adam::{Form, OptimAlgo, OptimSpec};
+use crate::funcs::inv_absmax;
+// `is_finite` and `absmax_step` stay reachable here (other families import them from this path).
+pub(crate) use crate::optim_funcs::{absmax_step, is_finite};
+use crate::optim_funcs::{betas, moments, optim_block, scaled_grad, Betas};
 use crate::{nearest, BlockwiseMap};
-use qforge_ir::dsl::{Buf, Float, In, InOut, Table, TypedKernel, Val, Var};
+use qforge_ir::dsl::{Buf, Float, In, InOut, Table, TypedKernel, Val};
 use qforge_ir::Kernel;
 use qforge_ir::Result;
 use qforge_ir::Rounding;
-
-/// The moment decays, as values.
-#[derive(Clone, Copy)]
-pub(crate) struct Betas {
-    pub(crate) beta1: Val<f32>,
-    pub(crate) one_minus_beta1: Val<f32>,
-    pub(crate) beta2: Val<f32>,
-    pub(crate) one_minus_beta2: Val<f32>,
-}
 
 /// One moment's 8-bit state: the codes, the code table and the nearest-code thresholds.
 #[derive(Clone, Copy)]
@@ -46,36 +40,7 @@ pub(crate) fn state8(codes: Buf<InOut<u8>>, map: BlockwiseMap, which: &str) -> S
 #[func]
 fn grad(g: Buf<In<Float>>, e: Val<u32>, gnorm_scale: Option<Val<f32>>) -> Val<f32> {
     let gv = g[e];
-    match gnorm_scale {
-        Some(s) => gv * s,
-        None => gv,
-    }
-}
-
-/// `|g| < inf`: `g` is neither NaN nor ±inf.
-#[func]
-pub(crate) fn is_finite(g: Val<f32>) -> Val<bool> {
-    let ag = abs(g);
-    ag < f32::INFINITY
-}
-
-/// `(finite, m, v)`: the Adam moments `m = fma(g, 1 - beta1, m * beta1)`,
-/// `v = fma((1 - beta2) * g, g, v * beta2)`, both `+0.0` for a non-finite `g`.
-#[func]
-pub(crate) fn moments(
-    h: Betas,
-    g: Val<f32>,
-    m_old: Val<f32>,
-    v_old: Val<f32>,
-) -> (Val<bool>, Val<f32>, Val<f32>) {
-    let mb = m_old * h.beta1;
-    let m = fma(g, h.one_minus_beta1, mb);
-    let gs = h.one_minus_beta2 * g;
-    let vb = v_old * h.beta2;
-    let v = fma(gs, g, vb);
-    let finite = is_finite(g);
-    let zero = val(0.0f32);
-    (finite, select(finite, m, zero), select(finite, v, zero))
+    scaled_grad(gv, gnorm_scale)
 }
 
 /// The updated moments of element `e` from the old codes and absmax.
@@ -95,13 +60,6 @@ fn update(
     let m_old = s1.code[s1.codes[e]] * old_a1;
     let v_old = s2.code[s2.codes[e]] * old_a2;
     moments(h, gv, m_old, v_old)
-}
-
-/// `acc = max(acc, |x|)` (`select(|x| > acc, |x|, acc)`: a NaN moment is skipped).
-#[func]
-pub(crate) fn absmax_step(acc: Var<f32>, x: Val<f32>) {
-    let a = abs(x);
-    acc = max(acc, a);
 }
 
 /// The 8-bit Adam / AdamW kernel `name` of `spec` in the variant `form` (see the module docs).
@@ -146,12 +104,7 @@ pub fn adam8bit(
 ) {
     let s1 = state8(state1, BlockwiseMap::Dynamic, "1");
     let s2 = state8(state2, BlockwiseMap::DynamicUnsigned, "2");
-    let h = Betas {
-        beta1: beta1,
-        one_minus_beta1: one_minus_beta1,
-        beta2: beta2,
-        one_minus_beta2: one_minus_beta2,
-    };
+    let h = betas(beta1, one_minus_beta1, beta2, one_minus_beta2);
     let decay = read_option(decay);
     let step_size = step_size;
     let c2 = c2;
@@ -165,9 +118,7 @@ pub fn adam8bit(
         }
         None => step_size,
     };
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
+    let (block, start, end) = optim_block(n);
     let old_a1 = absmax1[block];
     let old_a2 = absmax2[block];
     let acc1 = var::<f32>("absmax1_acc");

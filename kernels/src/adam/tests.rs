@@ -33,7 +33,7 @@ fn decay(h: &AdamHyper, algo: OptimAlgo, p: f32) -> f32 {
     }
 }
 
-fn grads(n: usize, step: u32) -> Vec<f32> {
+pub(crate) fn grads(n: usize, step: u32) -> Vec<f32> {
     (0..n)
         .map(|i| match (i + step as usize) % 41 {
             0 => f32::NAN,
@@ -47,7 +47,7 @@ fn grads(n: usize, step: u32) -> Vec<f32> {
         .collect()
 }
 
-fn hyper(algo: OptimAlgo) -> AdamHyper {
+pub(crate) fn hyper(algo: OptimAlgo) -> AdamHyper {
     AdamHyper {
         lr: 3e-3,
         beta1: 0.85,

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use qforge_ir::dsl::{Signature, TypedKernel};
-use qforge_ir::{DType, Kernel};
+use qforge_ir::DType;
 
 use qforge_runtime::HostTensor;
 use qforge_runtime::{Error, Result};
@@ -78,24 +78,6 @@ pub use crate::{AdemamixHyper, Optim1Algo, Optim1Hyper};
 pub use crate::{BlockwiseMap, QuantType};
 pub use crate::{LambHyper, LarsHyper};
 pub use crate::{MomentScheme, QAdamSpec};
-
-/// The library kernel called `name`, built by `build` on first use and cached for the process.
-pub(crate) fn cached_kernel(
-    name: &str,
-    build: impl FnOnce() -> qforge_ir::Result<Kernel>,
-) -> Result<Arc<Kernel>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Kernel>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(k) = cache.lock().map_err(|_| poisoned())?.get(name) {
-        return Ok(Arc::clone(k));
-    }
-    let kernel = Arc::new(build()?);
-    cache
-        .lock()
-        .map_err(|_| poisoned())?
-        .insert(name.to_string(), Arc::clone(&kernel));
-    Ok(kernel)
-}
 
 /// The typed kernel called `name` from the process-wide cache of typed kernels, built by
 /// `build` on first use.

@@ -9,11 +9,13 @@ use crate::{
 use qforge_ir::dsl::{FloatIn, FloatOut};
 use qforge_ir::DType;
 
-use crate::adam::host::{expect, GradOptions};
-use crate::ops::{cached_typed, count_u32, float_input};
+use crate::adam::host::{expect, expect_state8, f32_pair, variant, GradOptions};
+use crate::ops::cached_typed;
+#[cfg(doc)] // the `# Errors` sections link to it
+use qforge_runtime::Error;
 use qforge_runtime::HostTensor;
+use qforge_runtime::Result;
 use qforge_runtime::{launch_typed, Device};
-use qforge_runtime::{Error, Result};
 
 /// 8-bit blockwise one-state optimizer state: codes of the signed dynamic map, one per element,
 /// and one `f32` absmax per block of [`OPTIM_BLOCKSIZE`] elements.
@@ -33,6 +35,16 @@ impl Optim1State8 {
             absmax1: vec![0.0; n.div_ceil(OPTIM_BLOCKSIZE as usize)],
         }
     }
+
+    /// `Ok` when the state fits `n` elements: codes per element, absmax per block.
+    pub(crate) fn check(&self, op: &str, n: u32) -> Result<()> {
+        expect_state8(
+            op,
+            n,
+            &[("state1", self.state1.len())],
+            &[("absmax1", self.absmax1.len())],
+        )
+    }
 }
 
 /// Checks the parameter/gradient pair (f32 only, same shape); returns `n` and the spec.
@@ -43,21 +55,13 @@ pub(crate) fn prepare(
     params: &HostTensor,
     grads: &HostTensor,
 ) -> Result<(u32, Optim1Spec)> {
-    let n = float_input(op, params)?;
-    float_input(op, grads)?;
-    if params.dtype != DType::F32 || grads.dtype != DType::F32 || grads.shape != params.shape {
-        return Err(Error::Invalid(format!(
-            "{op}: the parameter and the gradient must both be f32 of one shape, got {} {:?} and \
-             {} {:?}",
-            params.dtype, params.shape, grads.dtype, grads.shape
-        )));
-    }
+    let n = f32_pair(op, params, grads)?;
     let spec = Optim1Spec {
         algo,
         state,
         dtype: DType::F32,
     };
-    Ok((count_u32(op, "the parameter", n as usize)?, spec))
+    Ok((n, spec))
 }
 
 /// The kernel name and whether it is the `_gs` variant ([`crate::optim_ext`]): the plain
@@ -65,13 +69,8 @@ pub(crate) fn prepare(
 ///
 /// # Errors
 /// [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
-fn variant(op: &str, spec: Optim1Spec, opts: &GradOptions) -> Result<(String, bool)> {
-    opts.check(op)?;
-    Ok(if opts.is_default() {
-        (spec.name(), false)
-    } else {
-        (OptimExtSpec::One(spec).name(), true)
-    })
+fn variant1(op: &str, spec: Optim1Spec, opts: &GradOptions) -> Result<(String, bool)> {
+    variant(op, spec.name(), OptimExtSpec::One(spec), opts)
 }
 
 /// One Lion / SGD / RMSprop / Adagrad step with 32-bit state (`state1`, one `f32` per element,
@@ -121,7 +120,7 @@ pub(crate) fn launch32(
 ) -> Result<()> {
     let (n, spec) = prepare(op, algo, StateBits::Bits32, params, grads)?;
     expect(op, "state1", state1.len(), n as usize)?;
-    let (name, gs) = variant(op, spec, opts)?;
+    let (name, gs) = variant1(op, spec, opts)?;
     let kernel = cached_typed(&name, || spec.typed32(&name, gs))?;
     launch_typed(
         dev,
@@ -183,18 +182,16 @@ pub fn optim1_step_8bit(
 ) -> Result<()> {
     const OP: &str = "optim1_step_8bit";
     let (n, spec) = prepare(OP, algo, StateBits::Bits8, params, grads)?;
-    let blocks = n.div_ceil(OPTIM_BLOCKSIZE);
-    expect(OP, "state1", state.state1.len(), n as usize)?;
-    expect(OP, "absmax1", state.absmax1.len(), blocks as usize)?;
+    state.check(OP, n)?;
     let scalars = hyper.scalars(algo, step)?;
-    let (name, gs) = variant(OP, spec, opts)?;
+    let (name, gs) = variant1(OP, spec, opts)?;
     let kernel = cached_typed(&name, || spec.typed8(&name, gs))?;
     launch_typed(
         dev,
         &kernel,
         &mut Optim1Update8Args {
             n,
-            n_blocks: blocks,
+            n_blocks: n.div_ceil(OPTIM_BLOCKSIZE),
             first: scalars.first,
             beta1: scalars.beta1,
             one_minus_beta1: scalars.one_minus_beta1,

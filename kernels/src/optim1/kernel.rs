@@ -5,10 +5,12 @@
 
 use qforge_macros::{func, kernel};
 
-use crate::adam::optim8::{absmax_step, is_finite, state8, State8};
-use crate::adam::OPTIM_BLOCKSIZE;
-use crate::funcs::{block_range, inv_absmax};
+use crate::adam::optim8::{state8, State8};
+use crate::funcs::inv_absmax;
 use crate::optim1::{Optim1Algo, Optim1Spec};
+use crate::optim_funcs::{
+    absmax_step, grad_options, is_finite, momentum_of, optim_block, scaled_grad, skip_state,
+};
 use crate::BlockwiseMap;
 use qforge_ir::dsl::{Buf, Float, In, InOut, Scalar, Val};
 use qforge_ir::Rounding;
@@ -55,29 +57,6 @@ fn hyper(v: [Val<f32>; 9], scale: Option<Buf<In<f32>>>, first: Scalar<u32>) -> H
     }
 }
 
-/// The `_gs` values: `gnorm_scale` and `skip_zeros != 0`.
-#[func]
-fn grad_options(
-    gnorm_scale: Option<Scalar<f32>>,
-    skip_zeros: Option<Scalar<u32>>,
-) -> (Option<Val<f32>>, Option<Val<bool>>) {
-    let gs = read_option(gnorm_scale);
-    let skip = match read_option(skip_zeros) {
-        Some(s) => Some(s != 0u32),
-        None => None,
-    };
-    (gs, skip)
-}
-
-/// `g * gnorm_scale` in a `_gs` kernel, `g` otherwise.
-#[func]
-fn scale_grad(g: Val<f32>, gs: Option<Val<f32>>) -> Val<f32> {
-    match gs {
-        Some(s) => g * s,
-        None => g,
-    }
-}
-
 /// The new state of one element from `(g, p, s_old)`: `(finite, gw, s)`, `s = +0.0` for a
 /// non-finite `g`. Lion's `gw` is `g`.
 #[func]
@@ -100,11 +79,7 @@ fn new_state(
     };
     let s = match algo {
         Optim1Algo::Lion => fma(s_old, h.beta2, h.one_minus_beta2 * g),
-        Optim1Algo::Sgd => {
-            let m = fma(s_old, h.beta1, gw);
-            let first = h.first != 0u32;
-            select(first, gw, m)
-        }
+        Optim1Algo::Sgd => momentum_of(h.first, h.beta1, gw, s_old),
         Optim1Algo::Rmsprop => {
             // CUDA: 8-bit `(1-b)*(g*g)`, 32-bit `(1-b)*g*g` (left to right).
             let t = if bits8 {
@@ -119,27 +94,6 @@ fn new_state(
     let finite = is_finite(g);
     let zero = val(0.0f32);
     (finite, gw, select(finite, s, zero))
-}
-
-/// `_gs`: a skipped element (`skip_zeros` on and `x == ±0`) keeps its old state `s_old` and is
-/// not applied: `(finite && !skipped, s)`.
-#[func]
-fn skip_rule(
-    skip: Option<Val<bool>>,
-    x: Val<f32>,
-    s_old: Val<f32>,
-    finite: Val<bool>,
-    s: Val<f32>,
-) -> (Val<bool>, Val<f32>) {
-    match skip {
-        Some(on) => {
-            let sk = on && x == 0.0f32;
-            let s = select(sk, s_old, s);
-            let keep = !sk;
-            (finite && keep, s)
-        }
-        None => (finite, s),
-    }
 }
 
 /// The new parameter of one element with a finite gradient. `x` is the numerator of RMSprop
@@ -221,18 +175,16 @@ pub fn optim1_32bit(
     let h = hyper(v, scale, first);
     let (gs, skip) = grad_options(gnorm_scale, skip_zeros);
     let algo = spec.algo;
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
+    let (_, start, end) = optim_block(n);
     for e in start..end {
         let graw = g[e];
-        let gv = scale_grad(graw, gs);
+        let gv = scaled_grad(graw, gs);
         let pv = p[e];
         let s_old = state1[e];
         let (finite, gw, s) = new_state(algo, false, h, gv, pv, s_old);
         // `_gs` (bitsandbytes' 32-bit kernel): skipped when the gradient after scaling and
         // coupled weight decay is zero; state and parameter stay.
-        let (finite, s) = skip_rule(skip, gw, s_old, finite, s);
+        let (finite, s) = skip_state(skip, gw, s_old, finite, s);
         state1[e] = s;
         // Straight-line: a non-finite gradient keeps the old parameter.
         let stepped = new_param(algo, h, gv, pv, s_old, s, gw);
@@ -256,14 +208,14 @@ fn update8(
     e: Val<u32>,
 ) -> (Val<f32>, Val<f32>, Val<f32>, Val<f32>, Val<bool>, Val<f32>) {
     let graw = g[e];
-    let gv = scale_grad(graw, gs);
+    let gv = scaled_grad(graw, gs);
     let pv = p[e];
     let s_old = s1.code[s1.codes[e]] * old_a1;
     let (finite, _, s) = new_state(algo, true, h, gv, pv, s_old);
     // `_gs` (bitsandbytes' 8-bit kernel): skipped when the raw gradient is zero; the state
     // keeps its dequantized value, which then takes part in the block's new absmax and is
     // requantized with it like every other element.
-    let (finite, s) = skip_rule(skip, graw, s_old, finite, s);
+    let (finite, s) = skip_state(skip, graw, s_old, finite, s);
     (graw, gv, pv, s_old, finite, s)
 }
 
@@ -315,9 +267,7 @@ pub fn optim1_8bit(
     let h = hyper(v, scale, first);
     let (gs, skip) = grad_options(gnorm_scale, skip_zeros);
     let algo = spec.algo;
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
+    let (block, start, end) = optim_block(n);
     let s1 = state8(state1, BlockwiseMap::Dynamic, "1");
     let old_a1 = absmax1[block];
     let acc = var::<f32>("absmax1_acc");

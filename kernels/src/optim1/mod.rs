@@ -46,7 +46,7 @@ pub mod kernel;
 #[cfg(test)]
 mod reference;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use crate::optim1::kernel::{Optim1Update32, Optim1Update32Args};
 pub use crate::optim1::kernel::{Optim1Update8, Optim1Update8Args};

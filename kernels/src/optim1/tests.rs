@@ -5,6 +5,7 @@
 //! last block.
 #![allow(clippy::needless_range_loop)] // element-wise models index several arrays
 
+use crate::adam::tests::grads;
 use crate::adam::StateBits;
 use crate::optim1::{Optim1Algo, Optim1Hyper, Optim1Spec};
 use crate::test_util::{bytes, floats};
@@ -12,6 +13,31 @@ use crate::test_util::{nearest, out, run};
 use crate::BlockwiseMap;
 use qforge_ir::OwnedArg;
 use qforge_ir::{DType, Scalar};
+
+/// Runs an 8-bit one-state kernel on `args` (the scalars, then `p, g, state1, absmax1`) and
+/// checks `state1`, `absmax1` and `p` bit for bit against the model's `q`, `a` and `p`;
+/// returns the four buffers for the next step.
+pub(crate) fn run_and_check8(
+    k: &qforge_ir::Kernel,
+    mut args: Vec<OwnedArg>,
+    what: &str,
+    q: &[u8],
+    a: &[f32],
+    p: &[f32],
+) -> Vec<OwnedArg> {
+    run(k, &mut args);
+    let base = args.len() - 4;
+    assert_eq!(out(&args, base + 2), q, "{what} state1");
+    let ka = floats(DType::F32, out(&args, base + 3));
+    for b in 0..a.len() {
+        assert_eq!(ka[b].to_bits(), a[b].to_bits(), "{what} absmax1[{b}]");
+    }
+    let kp = floats(DType::F32, out(&args, base));
+    for i in 0..p.len() {
+        assert_eq!(kp[i].to_bits(), p[i].to_bits(), "{what} p[{i}]");
+    }
+    args[base..].to_vec()
+}
 
 /// Host model of one element: `(s, p)` after step `t`.
 fn model(
@@ -61,20 +87,6 @@ fn model(
             (s, (-lr).mul_add(x / (s.sqrt() + eps), p))
         }
     }
-}
-
-fn grads(n: usize, step: u32) -> Vec<f32> {
-    (0..n)
-        .map(|i| match (i + step as usize) % 41 {
-            0 => f32::NAN,
-            1 => f32::INFINITY,
-            2 => f32::NEG_INFINITY,
-            3 => 0.0,
-            4 => -0.0,
-            5 => 1e-41,
-            _ => ((i * 37 + step as usize * 11) % 101) as f32 * 0.013 - 0.6,
-        })
-        .collect()
 }
 
 fn hyper(algo: Optim1Algo, wd: f64) -> Optim1Hyper {
@@ -192,19 +204,8 @@ fn optim1_8bit_matches_host_model_over_steps() {
                 let mut args = scalar_args(algo, &h, n, t);
                 tail[1] = OwnedArg::Read(bytes(DType::F32, &g));
                 args.extend(tail);
-                run(&k, &mut args);
-                let base = args.len() - 4;
                 let what = format!("{} wd {wd} t{t}", k.name);
-                assert_eq!(out(&args, base + 2), &q[..], "{what} state1");
-                let ka = floats(DType::F32, out(&args, base + 3));
-                for b in 0..nb {
-                    assert_eq!(ka[b].to_bits(), a[b].to_bits(), "{what} absmax1[{b}]");
-                }
-                let kp = floats(DType::F32, out(&args, base));
-                for i in 0..n {
-                    assert_eq!(kp[i].to_bits(), p[i].to_bits(), "{what} p[{i}]");
-                }
-                tail = args[base..].to_vec();
+                tail = run_and_check8(&k, args, &what, &q, &a, &p);
             }
         }
     }

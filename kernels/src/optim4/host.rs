@@ -4,8 +4,8 @@
 
 use crate::{AdamHyper, MomentScheme, QAdamScalars, QAdamSpec};
 
-use crate::ops::{f32_le, le_f32};
-use crate::optim4::launch::{launch_qadam, QAdamBuffers};
+use crate::ops::le_f32;
+use crate::optim4::launch::{check_range, launch_qadam_typed, TypedMoment};
 use qforge_runtime::Device;
 use qforge_runtime::HostTensor;
 use qforge_runtime::{Error, Result};
@@ -120,7 +120,7 @@ pub struct QAdamRng {
 /// Gradient elements that are NaN or ±inf zero that element's moments and leave its parameter
 /// unchanged. A quantized moment needs `n` to be a multiple of its block (the small-tensor rule
 /// of [`QAdamState::new`] guarantees it). CPU devices run the staged kernel in chunks
-/// ([`launch_qadam`]; the same bits).
+/// ([`crate::ops::launch_qadam`]; the same bits).
 ///
 /// # Errors
 /// [`Error::Invalid`] for an empty or non-float parameter, a gradient of another dtype or shape,
@@ -156,18 +156,20 @@ pub fn qadamw_step(
     }
     let spec = QAdamSpec::new(state.m1.scheme, state.m2.scheme, params.dtype);
     let scalars = QAdamScalars::new(hyper, step)?;
-    let mut a1 = f32_le(&state.m1.absmax);
-    let mut a2 = f32_le(&state.m2.absmax);
-    let bufs = QAdamBuffers {
-        params: &mut params.data,
-        grads: &grads.data,
-        m1_codes: &mut state.m1.codes,
-        m1_absmax: &mut a1,
-        m2_codes: &mut state.m2.codes,
-        m2_absmax: &mut a2,
-    };
-    launch_qadam(dev, spec, &scalars, rng, bufs)?;
-    state.m1.absmax = le_f32(&a1);
-    state.m2.absmax = le_f32(&a2);
+    check_range(OP, n as usize, rng)?;
+    let mut m1 = TypedMoment::new(state.m1.scheme, &mut state.m1.codes, &mut state.m1.absmax);
+    let mut m2 = TypedMoment::new(state.m2.scheme, &mut state.m2.codes, &mut state.m2.absmax);
+    let r = launch_qadam_typed(
+        dev,
+        spec,
+        &scalars,
+        rng,
+        &mut params.data,
+        &grads.data,
+        [&mut m1, &mut m2],
+    );
+    m1.finish();
+    m2.finish();
+    r?;
     Ok(())
 }

@@ -7,11 +7,13 @@ use crate::{AdemamixHyper, AdemamixSpec, StateBits, OPTIM_BLOCKSIZE};
 use qforge_ir::dsl::{FloatIn, FloatOut};
 use qforge_ir::DType;
 
-use crate::adam::host::expect;
-use crate::ops::{cached_typed, count_u32, float_input};
+use crate::adam::host::{expect, f32_pair};
+use crate::ops::cached_typed;
+#[cfg(doc)] // the `# Errors` sections link to it
+use qforge_runtime::Error;
 use qforge_runtime::HostTensor;
+use qforge_runtime::Result;
 use qforge_runtime::{launch_typed, Device};
-use qforge_runtime::{Error, Result};
 
 /// 32-bit AdEMAMix state, one `f32` per element each (initially zeros).
 #[derive(Clone, Debug, PartialEq)]
@@ -63,20 +65,12 @@ fn prepare(
     p: &HostTensor,
     g: &HostTensor,
 ) -> Result<(u32, AdemamixSpec)> {
-    let n = float_input(op, p)?;
-    float_input(op, g)?;
-    if p.dtype != DType::F32 || g.dtype != DType::F32 || g.shape != p.shape {
-        return Err(Error::Invalid(format!(
-            "{op}: the parameter and the gradient must both be f32 of one shape, got {} {:?} and \
-             {} {:?}",
-            p.dtype, p.shape, g.dtype, g.shape
-        )));
-    }
+    let n = f32_pair(op, p, g)?;
     let spec = AdemamixSpec {
         state,
         dtype: DType::F32,
     };
-    Ok((count_u32(op, "the parameter", n as usize)?, spec))
+    Ok((n, spec))
 }
 
 /// One AdEMAMix step with 32-bit state, in place, for step number `step` (1-based; bias

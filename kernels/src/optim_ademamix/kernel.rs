@@ -4,10 +4,10 @@
 
 use qforge_macros::{func, kernel};
 
-use crate::adam::optim8::{absmax_step, is_finite, state8, State8};
-use crate::adam::OPTIM_BLOCKSIZE;
-use crate::funcs::{block_range, inv_absmax};
+use crate::adam::optim8::{state8, State8};
+use crate::funcs::inv_absmax;
 use crate::optim_ademamix::AdemamixSpec;
+use crate::optim_funcs::{absmax_step, is_finite, optim_block};
 use crate::BlockwiseMap;
 use qforge_ir::dsl::{Buf, Float, In, InOut, Val};
 use qforge_ir::Rounding;
@@ -100,9 +100,7 @@ pub fn ademamix32(
         decay: decay,
         neg_lr: neg_lr,
     };
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
+    let (_, start, end) = optim_block(n);
     for e in start..end {
         let gv = g[e];
         let old = [state1[e], state2[e], state3[e]];
@@ -185,9 +183,7 @@ pub fn ademamix8bit(
         decay: decay,
         neg_lr: neg_lr,
     };
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
+    let (block, start, end) = optim_block(n);
     // m1 and m2 on the signed map, nu on the unsigned one.
     let s1 = state8(state1, BlockwiseMap::Dynamic, "1");
     let s2 = state8(state2, BlockwiseMap::DynamicUnsigned, "2");

@@ -3,14 +3,13 @@
 
 use qforge_macros::kernel;
 
-use crate::adam::OPTIM_BLOCKSIZE;
-use crate::funcs::block_range;
+use crate::optim_funcs::norm_block;
 use crate::optim_norm::NORM_ORDER;
 use qforge_ir::dsl::{Float, In, Out};
 use qforge_ir::DType;
 
-/// The per-block partial sums of `g^2` (one work item per block of [`OPTIM_BLOCKSIZE`]
-/// elements, in the order [`NORM_ORDER`]).
+/// The per-block partial sums of `g^2` (one work item per block of
+/// [`OPTIM_BLOCKSIZE`](crate::adam::OPTIM_BLOCKSIZE) elements, in the order [`NORM_ORDER`]).
 #[kernel(name = "grad_sqnorm_{dtype}", grid = n_blocks, signature = GradSqnorm)]
 pub fn grad_sqnorm(
     #[config] dtype: DType,
@@ -21,10 +20,7 @@ pub fn grad_sqnorm(
     g: In<Float>,
     #[shape(n_blocks)] gnorm_part: Out<f32>,
 ) {
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
-    let len = end - start;
+    let (block, start, len) = norm_block(n);
     let gnorm_acc = var::<f32>("gnorm_acc");
     #[accumulate(NORM_ORDER)]
     for i in 0..len {

@@ -4,9 +4,12 @@
 //! several steps with many `±0` gradients, NaN and ±inf, with and without weight decay.
 #![allow(clippy::needless_range_loop)] // element-wise models index several arrays
 
-use crate::adam::{AdamHyper, OptimAlgo, OptimSpec, StateBits};
+use crate::adam::tests::hyper as adam_hyper;
+use crate::adam::{OptimAlgo, OptimSpec, StateBits};
+use crate::optim1::tests::run_and_check8;
 use crate::optim1::{Optim1Algo, Optim1Hyper, Optim1Spec};
 use crate::optim_ext::OptimExtSpec;
+use crate::optim_norm::tests::block_sum_sq;
 use crate::test_util::{bytes, floats, nearest, out, round, run};
 use crate::{BlockwiseMap, KernelSpec};
 use qforge_ir::OwnedArg;
@@ -53,16 +56,6 @@ fn scalars(head: Vec<Scalar>, n: usize, scale: f32, skip: Option<bool>) -> Vec<O
         args.push(OwnedArg::Scalar(Scalar::U32(u32::from(s))));
     }
     args
-}
-
-fn adam_hyper(algo: OptimAlgo) -> AdamHyper {
-    AdamHyper {
-        lr: 3e-3,
-        beta1: 0.85,
-        beta2: 0.99,
-        eps: 1e-6,
-        weight_decay: if algo == OptimAlgo::AdamW { 0.05 } else { 0.0 },
-    }
 }
 
 #[test]
@@ -398,19 +391,8 @@ fn optim1_8bit_gs_matches_host_model() {
                 let mut args = scalars(head, n, SCALE, Some(skip));
                 tail[1] = OwnedArg::Read(bytes(DType::F32, &g));
                 args.extend(tail);
-                run(&k, &mut args);
-                let base = args.len() - 4;
                 let what = format!("{} wd {wd} skip {skip} t{t}", k.name);
-                assert_eq!(out(&args, base + 2), &q[..], "{what} state1");
-                let ka = floats(DType::F32, out(&args, base + 3));
-                for b in 0..nb {
-                    assert_eq!(ka[b].to_bits(), a[b].to_bits(), "{what} absmax1[{b}]");
-                }
-                let kp = floats(DType::F32, out(&args, base));
-                for i in 0..n {
-                    assert_eq!(kp[i].to_bits(), p[i].to_bits(), "{what} p[{i}]");
-                }
-                tail = args[base..].to_vec();
+                tail = run_and_check8(&k, args, &what, &q, &a, &p);
             }
         }
     }
@@ -487,20 +469,9 @@ fn grad_sqnorm_matches_strided_host_sum() {
             for b in 0..nb {
                 // 8 partials from -0.0, element i of the block into i % 8, then the tree.
                 let r = &g[b * 256..((b + 1) * 256).min(n)];
-                let mut acc = [-0.0f32; 8];
-                for (i, x) in r.iter().enumerate() {
-                    acc[i % 8] = x.mul_add(*x, acc[i % 8]);
-                }
-                let mut w = 8;
-                while w > 1 {
-                    w /= 2;
-                    for j in 0..w {
-                        acc[j] += acc[j + w];
-                    }
-                }
                 assert_eq!(
                     parts[b].to_bits(),
-                    acc[0].to_bits(),
+                    block_sum_sq(r).to_bits(),
                     "{} n {n} [{b}]",
                     k.name
                 );

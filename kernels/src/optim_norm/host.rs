@@ -13,7 +13,7 @@ use crate::{LambHyper, LarsHyper, NormRule, OptimExtSpec, OptimNormSpec, OPTIM_B
 use qforge_ir::dsl::{FloatIn, FloatOut};
 use qforge_ir::DType;
 
-use crate::adam::host::{expect, param_grad_pair, GradOptions};
+use crate::adam::host::{expect, param_grad_pair, partials_opts, variant, GradOptions};
 use crate::ops::{cached_typed, count_u32, AdamState32};
 use qforge_runtime::HostTensor;
 use qforge_runtime::{launch_typed, Device};
@@ -69,34 +69,6 @@ pub(crate) fn prepare(
     Ok((n, params.dtype))
 }
 
-/// The options a partials kernel honours: `gnorm_scale` only (bitsandbytes' precondition
-/// kernels take no `skip_zeros`).
-pub(crate) fn partials_opts(opts: &GradOptions) -> GradOptions {
-    GradOptions {
-        skip_zeros: false,
-        ..*opts
-    }
-}
-
-/// The kernel name and whether it is the `_gs` variant ([`crate::optim_ext`]): `plain` for
-/// the default options, else `ext`'s name.
-///
-/// # Errors
-/// [`Error::Invalid`] for a `gnorm_scale` outside `[0, 1]`.
-pub(crate) fn variant(
-    op: &str,
-    plain: String,
-    ext: OptimExtSpec,
-    opts: &GradOptions,
-) -> Result<(String, bool)> {
-    opts.check(op)?;
-    Ok(if opts.is_default() {
-        (plain, false)
-    } else {
-        (ext.name(), true)
-    })
-}
-
 /// The number of [`OPTIM_BLOCKSIZE`]-element blocks of `n` elements.
 pub(crate) fn blocks(n: u32) -> u32 {
     n.div_ceil(OPTIM_BLOCKSIZE)
@@ -125,8 +97,7 @@ pub fn lamb_norm_partials(
 ) -> Result<NormPartials> {
     const OP: &str = "lamb_norm_partials";
     let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
-    expect(OP, "state1", state.state1.len(), n as usize)?;
-    expect(OP, "state2", state.state2.len(), n as usize)?;
+    state.check(OP, n)?;
     let s = hyper.scalars(step)?;
     let spec = OptimNormSpec::Partials {
         rule: NormRule::Lamb,
@@ -303,8 +274,7 @@ pub fn lamb_update_32bit(
     const OP: &str = "lamb_update_32bit";
     check_scale(OP, scale)?;
     let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
-    expect(OP, "state1", state.state1.len(), n as usize)?;
-    expect(OP, "state2", state.state2.len(), n as usize)?;
+    state.check(OP, n)?;
     let s = hyper.scalars(step)?;
     let spec = OptimNormSpec::Update {
         rule: NormRule::Lamb,

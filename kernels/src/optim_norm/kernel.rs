@@ -6,40 +6,12 @@
 
 use qforge_macros::{func, kernel};
 
-use crate::adam::optim8::is_finite;
-use crate::adam::OPTIM_BLOCKSIZE;
-use crate::funcs::block_range;
+use crate::optim_funcs::{betas, optim_block, store_partials};
+use crate::optim_funcs::{finite_or_zero, grad_options, is_finite, moment_update, moments};
+use crate::optim_funcs::{momentum_of, norm_block, scaled_grad, skip_moments, skip_state};
 use crate::optim_norm::NORM_ORDER;
 use qforge_ir::dsl::{Float, In, InOut, Out, Val};
 use qforge_ir::{DType, ReduceOrder, Rounding};
-
-/// `g * gnorm_scale` (one rounding) in a `_gs` kernel, else `g`.
-#[func]
-pub(crate) fn scaled_grad(g: Val<f32>, gnorm_scale: Option<Val<f32>>) -> Val<f32> {
-    match gnorm_scale {
-        Some(s) => g * s,
-        None => g,
-    }
-}
-
-/// The Adam moments of one element before the non-finite rule, from
-/// `[beta1, one_minus_beta1, beta2, one_minus_beta2]`: `m = fma(g, one_minus_beta1, m * beta1)`,
-/// `v = fma(one_minus_beta2 * g, g, v * beta2)`.
-#[func]
-fn moment_update(
-    betas: [Val<f32>; 4],
-    g: Val<f32>,
-    m_old: Val<f32>,
-    v_old: Val<f32>,
-) -> (Val<f32>, Val<f32>) {
-    let [beta1, one_minus_beta1, beta2, one_minus_beta2] = betas;
-    let mb = m_old * beta1;
-    let m = fma(g, one_minus_beta1, mb);
-    let gs = one_minus_beta2 * g;
-    let vb = v_old * beta2;
-    let v = fma(gs, g, vb);
-    (m, v)
-}
 
 /// LAMB's update value of one element for the norm, from `[beta1, one_minus_beta1, beta2,
 /// one_minus_beta2, inv_c1, inv_c2, eps]`, the widened gradient and the old moments:
@@ -53,24 +25,14 @@ pub(crate) fn lamb_norm_update(
     v_old: Val<f32>,
 ) -> Val<f32> {
     let [beta1, one_minus_beta1, beta2, one_minus_beta2, inv_c1, inv_c2, eps] = s;
-    let betas = [beta1, one_minus_beta1, beta2, one_minus_beta2];
-    let (m, v) = moment_update(betas, gv, m_old, v_old);
+    let h = betas(beta1, one_minus_beta1, beta2, one_minus_beta2);
+    let (m, v) = moment_update(h, gv, m_old, v_old);
     let mh = m * inv_c1;
     let vh = v * inv_c2;
     let sv = sqrt(vh);
     let den = sv + eps;
     let u = mh / den;
-    let finite = is_finite(gv);
-    let zero = val(0.0f32);
-    select(finite, u, zero)
-}
-
-/// `first ? g : fma(s_old, momentum, g)` (SGD's momentum).
-#[func]
-fn momentum_of(first: Val<u32>, mom: Val<f32>, g: Val<f32>, s_old: Val<f32>) -> Val<f32> {
-    let m = fma(s_old, mom, g);
-    let is_first = first != 0u32;
-    select(is_first, g, m)
+    finite_or_zero(gv, u)
 }
 
 /// LARS's update value of one element for the norm: `first ? g : fma(s_old, momentum, g)`,
@@ -83,9 +45,7 @@ pub(crate) fn lars_norm_update(
     s_old: Val<f32>,
 ) -> Val<f32> {
     let u = momentum_of(first, mom, gv, s_old);
-    let finite = is_finite(gv);
-    let zero = val(0.0f32);
-    select(finite, u, zero)
+    finite_or_zero(gv, u)
 }
 
 /// `lamb_norm_{dtype}` (or its `_gs` variant `name`): the per-block sums of squared updates and
@@ -127,10 +87,7 @@ pub fn lamb_norm(
         eps,
     ];
     let gsv = read_option(gnorm_scale);
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
-    let len = end - start;
+    let (block, start, len) = norm_block(n);
     let unorm_acc = var::<f32>("unorm_acc");
     let pnorm_acc = var::<f32>("pnorm_acc");
     #[accumulate(NORM_ORDER)]
@@ -145,10 +102,7 @@ pub fn lamb_norm(
         unorm_acc = sum(u * u);
         pnorm_acc = sum(pv * pv);
     }
-    let su = unorm_acc;
-    let sp = pnorm_acc;
-    unorm_part[block] = su;
-    pnorm_part[block] = sp;
+    store_partials(unorm_part, pnorm_part, block, unorm_acc, pnorm_acc);
 }
 
 /// `lars_norm_f32` (or its `_gs` variant `name`): the per-block sums of squared updates and
@@ -176,10 +130,7 @@ pub fn lars_norm(
     let fv = first;
     let mom = momentum;
     let gsv = read_option(gnorm_scale);
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
-    let len = end - start;
+    let (block, start, len) = norm_block(n);
     let unorm_acc = var::<f32>("unorm_acc");
     let pnorm_acc = var::<f32>("pnorm_acc");
     #[accumulate(NORM_ORDER)]
@@ -193,10 +144,7 @@ pub fn lars_norm(
         unorm_acc = sum(u * u);
         pnorm_acc = sum(pv * pv);
     }
-    let su = unorm_acc;
-    let sp = pnorm_acc;
-    unorm_part[block] = su;
-    pnorm_part[block] = sp;
+    store_partials(unorm_part, pnorm_part, block, unorm_acc, pnorm_acc);
 }
 
 /// `optim_norm_scale`: one work item sums both partial arrays sequentially and stores
@@ -229,64 +177,6 @@ pub fn optim_norm_scale(
     scale[zero] = s;
 }
 
-/// `_gs`: a skipped element (`skip_zeros` on and `x == ±0`) keeps its old moments and is not
-/// applied: `(finite && !skipped, m, v)`.
-#[func]
-fn skip_moments(
-    skip: Option<Val<bool>>,
-    x: Val<f32>,
-    m_old: Val<f32>,
-    v_old: Val<f32>,
-    finite: Val<bool>,
-    m: Val<f32>,
-    v: Val<f32>,
-) -> (Val<bool>, Val<f32>, Val<f32>) {
-    match skip {
-        Some(on) => {
-            let sk = on && x == 0.0f32;
-            let m = select(sk, m_old, m);
-            let v = select(sk, v_old, v);
-            let keep = !sk;
-            (finite && keep, m, v)
-        }
-        None => (finite, m, v),
-    }
-}
-
-/// `_gs`: a skipped element keeps its old state and is not applied: `(finite && !skipped, s)`.
-#[func]
-fn skip_state(
-    skip: Option<Val<bool>>,
-    x: Val<f32>,
-    s_old: Val<f32>,
-    finite: Val<bool>,
-    s: Val<f32>,
-) -> (Val<bool>, Val<f32>) {
-    match skip {
-        Some(on) => {
-            let sk = on && x == 0.0f32;
-            let s = select(sk, s_old, s);
-            let keep = !sk;
-            (finite && keep, s)
-        }
-        None => (finite, s),
-    }
-}
-
-/// The `_gs` values: `gnorm_scale` and `skip_zeros != 0`.
-#[func]
-fn grad_options(
-    gnorm_scale: Option<qforge_ir::dsl::Scalar<f32>>,
-    skip_zeros: Option<qforge_ir::dsl::Scalar<u32>>,
-) -> (Option<Val<f32>>, Option<Val<bool>>) {
-    let gs = read_option(gnorm_scale);
-    let skip = match read_option(skip_zeros) {
-        Some(s) => Some(s != 0u32),
-        None => None,
-    };
-    (gs, skip)
-}
-
 /// `lamb32_{dtype}` (or its `_gs` variant `name`): AdamW with the step multiplied by
 /// `scale[0]` (`ss = scale * step_size`, once per work item).
 #[kernel(name = name, grid = n_blocks, signature = Lamb32)]
@@ -316,10 +206,7 @@ pub fn lamb32(
     #[shape(n)] state2: InOut<f32>,
     #[shape(1)] scale: In<f32>,
 ) {
-    let b1 = beta1;
-    let omb1 = one_minus_beta1;
-    let b2 = beta2;
-    let omb2 = one_minus_beta2;
+    let h = betas(beta1, one_minus_beta1, beta2, one_minus_beta2);
     let dec = decay;
     let step = step_size;
     let ec2 = eps_c2;
@@ -327,19 +214,13 @@ pub fn lamb32(
     let zero = val(0u32);
     let sc = scale[zero];
     let ss = sc * step;
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
+    let (_, start, end) = optim_block(n);
     for e in start..end {
         let graw = g[e];
         let gv = scaled_grad(graw, gsv);
         let m_old = state1[e];
         let v_old = state2[e];
-        let (m, v) = moment_update([b1, omb1, b2, omb2], gv, m_old, v_old);
-        let finite = is_finite(gv);
-        let fzero = val(0.0f32);
-        let m = select(finite, m, fzero);
-        let v = select(finite, v, fzero);
+        let (finite, m, v) = moments(h, gv, m_old, v_old);
         // `_gs` (as `adamw32_*_gs`): a skipped element (scaled gradient `±0`) keeps its
         // moments and its parameter.
         let (finite, m, v) = skip_moments(skip, gv, m_old, v_old, finite, m, v);
@@ -388,9 +269,7 @@ pub fn lars32(
     let zero = val(0u32);
     let sc = scale[zero];
     let nls = nl * sc;
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
+    let (_, start, end) = optim_block(n);
     for e in start..end {
         let graw = g[e];
         let gv = scaled_grad(graw, gsv);

@@ -70,7 +70,7 @@ pub mod kernel;
 #[cfg(test)]
 pub(crate) mod reference;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use crate::optim_norm::kernel::{Lamb32, Lamb32Args, LambNorm, LambNormArgs};
 pub use crate::optim_norm::kernel::{Lars32, Lars32Args, LarsNorm, LarsNormArgs};

@@ -19,13 +19,13 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
     bytes(DType::F32, v)
 }
 
-fn u32a(v: usize) -> OwnedArg {
+pub(crate) fn u32a(v: usize) -> OwnedArg {
     OwnedArg::Scalar(Scalar::U32(v as u32))
 }
 
 /// Model of the per-block sum of squares: 8 partials from `-0.0`, element `i` of the block
 /// into partial `i % 8` with `fma(x, x, partial)`, then the halving tree.
-fn block_sum_sq(x: &[f32]) -> f32 {
+pub(crate) fn block_sum_sq(x: &[f32]) -> f32 {
     let mut acc = [-0.0f32; 8];
     for (i, v) in x.iter().enumerate() {
         acc[i % 8] = v.mul_add(*v, acc[i % 8]);
@@ -208,7 +208,7 @@ fn run_scale(up: Vec<u8>, pp: Vec<u8>, nb: usize, tail: Vec<Scalar>) -> f32 {
 }
 
 /// Deterministic values in about `[-amp, amp]`.
-fn wave(n: usize, seed: u32, amp: f32) -> Vec<f32> {
+pub(crate) fn wave(n: usize, seed: u32, amp: f32) -> Vec<f32> {
     (0..n)
         .map(|i| {
             let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;

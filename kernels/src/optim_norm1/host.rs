@@ -11,11 +11,11 @@ use crate::{Optim1Algo, Optim1Hyper, OptimExtSpec, StateBits};
 use qforge_ir::dsl::FloatIn;
 use qforge_ir::DType;
 
-use crate::adam::host::{expect, GradOptions};
-use crate::ops::{cached_typed, count_u32, float_input};
+use crate::adam::host::{expect, partials_opts, variant, GradOptions};
+use crate::ops::cached_typed;
 use crate::optim1::host::{launch32, prepare};
 use crate::optim_norm::host::NormPartials;
-use crate::optim_norm::host::{blocks, check_scale, norm_scale_eps, partials_opts, variant};
+use crate::optim_norm::host::{blocks, check_scale, norm_scale_eps};
 use qforge_runtime::HostTensor;
 use qforge_runtime::{launch_typed, Device};
 use qforge_runtime::{Error, Result};
@@ -56,16 +56,7 @@ pub fn optim1_norm_partials(
 ) -> Result<NormPartials> {
     const OP: &str = "optim1_norm_partials";
     check_algo(OP, algo)?;
-    let n = float_input(OP, params)?;
-    float_input(OP, grads)?;
-    if params.dtype != DType::F32 || grads.dtype != DType::F32 || grads.shape != params.shape {
-        return Err(Error::Invalid(format!(
-            "{OP}: the parameter and the gradient must both be f32 of one shape, got {} {:?} and \
-             {} {:?}",
-            params.dtype, params.shape, grads.dtype, grads.shape
-        )));
-    }
-    let n = count_u32(OP, "the parameter", n as usize)?;
+    let (n, _) = prepare(OP, algo, StateBits::Bits32, params, grads)?;
     expect(OP, "state1", state1.len(), n as usize)?;
     let s = hyper.scalars(algo, step)?;
     let opts = partials_opts(opts);

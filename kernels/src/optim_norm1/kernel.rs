@@ -4,10 +4,7 @@
 
 use qforge_macros::kernel;
 
-use crate::adam::optim8::is_finite;
-use crate::adam::OPTIM_BLOCKSIZE;
-use crate::funcs::block_range;
-use crate::optim_norm::kernel::scaled_grad;
+use crate::optim_funcs::{finite_or_zero, norm_block, scaled_grad, store_partials};
 use crate::optim_norm::NORM_ORDER;
 use qforge_ir::dsl::{Float, In, Out};
 use qforge_ir::DType;
@@ -41,10 +38,7 @@ pub fn optim1_norm(
     let omb1 = one_minus_beta1;
     let ev = eps;
     let gsv = read_option(gnorm_scale);
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
-    let len = end - start;
+    let (block, start, len) = norm_block(n);
     let unorm_acc = var::<f32>("unorm_acc");
     let pnorm_acc = var::<f32>("pnorm_acc");
     #[accumulate(NORM_ORDER)]
@@ -62,15 +56,10 @@ pub fn optim1_norm(
         let sq = sqrt(s);
         let den = sq + ev;
         let u = gv / den;
-        let finite = is_finite(gv);
-        let zero = val(0.0f32);
-        let u = select(finite, u, zero);
+        let u = finite_or_zero(gv, u);
         let pv = p[e];
         unorm_acc = sum(u * u);
         pnorm_acc = sum(pv * pv);
     }
-    let su = unorm_acc;
-    let sp = pnorm_acc;
-    unorm_part[block] = su;
-    pnorm_part[block] = sp;
+    store_partials(unorm_part, pnorm_part, block, unorm_acc, pnorm_acc);
 }

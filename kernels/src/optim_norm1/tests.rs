@@ -5,24 +5,11 @@
 
 use crate::optim1::{Optim1Algo, Optim1Hyper};
 use crate::optim_ext::OptimExtSpec;
+use crate::optim_norm::tests::block_sum_sq;
 use crate::optim_norm1::{partials_args, NORM1_ALGOS};
 use crate::test_util::{bytes, floats, out, run};
 use qforge_ir::OwnedArg;
 use qforge_ir::{DType, Scalar};
-
-/// The `Strided(8)` `fma` sum of `x * x` over one block.
-fn strided(xs: &[f32]) -> f32 {
-    let mut acc = [-0.0f32; 8];
-    for (i, x) in xs.iter().enumerate() {
-        acc[i % 8] = x.mul_add(*x, acc[i % 8]);
-    }
-    for w in [4, 2, 1] {
-        for j in 0..w {
-            acc[j] += acc[j + w];
-        }
-    }
-    acc[0]
-}
 
 #[test]
 fn norm1_partials_match_the_precondition_model() {
@@ -94,10 +81,10 @@ fn norm1_partials_match_the_precondition_model() {
                 let what = format!("{} n {n} block {b}", k.name);
                 assert_eq!(
                     up[b].to_bits(),
-                    strided(&u[r.clone()]).to_bits(),
+                    block_sum_sq(&u[r.clone()]).to_bits(),
                     "{what} u"
                 );
-                assert_eq!(pp[b].to_bits(), strided(&p[r]).to_bits(), "{what} p");
+                assert_eq!(pp[b].to_bits(), block_sum_sq(&p[r]).to_bits(), "{what} p");
             }
         }
     }

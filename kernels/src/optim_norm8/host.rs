@@ -13,52 +13,17 @@ use crate::adam::optim8::Adam8bitArgs;
 use crate::optim1::Optim1Update8Args;
 use crate::optim_norm8::kernel::{lamb8_norm, lars8_norm};
 use crate::optim_norm8::{lamb8_update, lars8_update, Lamb8NormArgs, Lars8NormArgs};
-use crate::{LambHyper, LarsHyper, NormRule, OptimExtSpec, OptimNorm8Spec, OPTIM_BLOCKSIZE};
+use crate::{LambHyper, LarsHyper, NormRule, OptimExtSpec, OptimNorm8Spec};
 use qforge_ir::dsl::{FloatIn, FloatOut};
 use qforge_ir::DType;
 
-use crate::adam::host::{expect, GradOptions};
+use crate::adam::host::{partials_opts, variant, GradOptions};
 use crate::ops::cached_typed;
 use crate::ops::{norm_scale, AdamState8, NormPartials, Optim1State8};
-use crate::optim_norm::host::{blocks, check_scale, partials_opts, prepare, variant};
+use crate::optim_norm::host::{blocks, check_scale, prepare};
 use qforge_runtime::HostTensor;
 use qforge_runtime::Result;
 use qforge_runtime::{launch_typed, Device};
-
-/// Checks the lengths of an 8-bit state for `n` elements: codes per element, absmax per block.
-fn expect_state8(
-    op: &str,
-    n: u32,
-    codes: &[(&str, usize)],
-    absmax: &[(&str, usize)],
-) -> Result<()> {
-    for (what, len) in codes {
-        expect(op, what, *len, n as usize)?;
-    }
-    let blocks = n.div_ceil(OPTIM_BLOCKSIZE) as usize;
-    for (what, len) in absmax {
-        expect(op, what, *len, blocks)?;
-    }
-    Ok(())
-}
-
-fn check_adam8(op: &str, n: u32, s: &AdamState8) -> Result<()> {
-    expect_state8(
-        op,
-        n,
-        &[("state1", s.state1.len()), ("state2", s.state2.len())],
-        &[("absmax1", s.absmax1.len()), ("absmax2", s.absmax2.len())],
-    )
-}
-
-fn check_one8(op: &str, n: u32, s: &Optim1State8) -> Result<()> {
-    expect_state8(
-        op,
-        n,
-        &[("state1", s.state1.len())],
-        &[("absmax1", s.absmax1.len())],
-    )
-}
 
 /// The kernel name of `spec` and whether it is the `_gs` variant (for non-default `opts`).
 fn variant8(op: &str, spec: OptimNorm8Spec, opts: &GradOptions) -> Result<(String, bool)> {
@@ -88,7 +53,7 @@ pub fn lamb8_norm_partials(
 ) -> Result<NormPartials> {
     const OP: &str = "lamb8_norm_partials";
     let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
-    check_adam8(OP, n, state)?;
+    state.check(OP, n)?;
     let s = hyper.scalars(step)?;
     let spec = OptimNorm8Spec::Partials {
         rule: NormRule::Lamb,
@@ -149,7 +114,7 @@ pub fn lars8_norm_partials(
 ) -> Result<NormPartials> {
     const OP: &str = "lars8_norm_partials";
     let (n, _) = prepare(OP, NormRule::Lars, params, grads)?;
-    check_one8(OP, n, state)?;
+    state.check(OP, n)?;
     let s = hyper.scalars(step)?;
     let spec = OptimNorm8Spec::Partials {
         rule: NormRule::Lars,
@@ -212,7 +177,7 @@ pub fn lamb_update_8bit(
     const OP: &str = "lamb_update_8bit";
     check_scale(OP, scale)?;
     let (n, dtype) = prepare(OP, NormRule::Lamb, params, grads)?;
-    check_adam8(OP, n, state)?;
+    state.check(OP, n)?;
     let s = hyper.update8_scalars(step)?;
     let spec = OptimNorm8Spec::Update {
         rule: NormRule::Lamb,
@@ -284,7 +249,7 @@ pub fn lars_update_8bit(
     const OP: &str = "lars_update_8bit";
     check_scale(OP, scale)?;
     let (n, _) = prepare(OP, NormRule::Lars, params, grads)?;
-    check_one8(OP, n, state)?;
+    state.check(OP, n)?;
     let s = hyper.update8_scalars(step)?;
     let spec = OptimNorm8Spec::Update {
         rule: NormRule::Lars,

@@ -6,9 +6,8 @@
 
 use qforge_macros::kernel;
 
-use crate::adam::OPTIM_BLOCKSIZE;
-use crate::funcs::block_range;
-use crate::optim_norm::kernel::{lamb_norm_update, lars_norm_update, scaled_grad};
+use crate::optim_funcs::{norm_block, scaled_grad, store_partials};
+use crate::optim_norm::kernel::{lamb_norm_update, lars_norm_update};
 use crate::optim_norm::NORM_ORDER;
 use crate::BlockwiseMap;
 use qforge_ir::dsl::{Float, In, Out};
@@ -60,10 +59,7 @@ pub fn lamb8_norm(
     let item = work_item();
     let old_a1 = absmax1[item];
     let old_a2 = absmax2[item];
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
-    let len = end - start;
+    let (block, start, len) = norm_block(n);
     let unorm_acc = var::<f32>("unorm_acc");
     let pnorm_acc = var::<f32>("pnorm_acc");
     #[accumulate(NORM_ORDER)]
@@ -78,10 +74,7 @@ pub fn lamb8_norm(
         unorm_acc = sum(u * u);
         pnorm_acc = sum(pv * pv);
     }
-    let su = unorm_acc;
-    let sp = pnorm_acc;
-    unorm_part[block] = su;
-    pnorm_part[block] = sp;
+    store_partials(unorm_part, pnorm_part, block, unorm_acc, pnorm_acc);
 }
 
 /// `lars8_norm_f32` (or its `_gs` variant `name`): LARS's per-block partial sums with the old
@@ -113,10 +106,7 @@ pub fn lars8_norm(
     let gsv = read_option(gnorm_scale);
     let item = work_item();
     let old_a1 = absmax1[item];
-    let block = work_item();
-    let nv = n;
-    let (start, end) = block_range(block, OPTIM_BLOCKSIZE, nv);
-    let len = end - start;
+    let (block, start, len) = norm_block(n);
     let unorm_acc = var::<f32>("unorm_acc");
     let pnorm_acc = var::<f32>("pnorm_acc");
     #[accumulate(NORM_ORDER)]
@@ -130,8 +120,5 @@ pub fn lars8_norm(
         unorm_acc = sum(u * u);
         pnorm_acc = sum(pv * pv);
     }
-    let su = unorm_acc;
-    let sp = pnorm_acc;
-    unorm_part[block] = su;
-    pnorm_part[block] = sp;
+    store_partials(unorm_part, pnorm_part, block, unorm_acc, pnorm_acc);
 }

@@ -6,6 +6,7 @@
 #![allow(clippy::needless_range_loop)] // element-wise models index several arrays
 
 use crate::optim_ext::OptimExtSpec;
+use crate::optim_norm::tests::{block_sum_sq, u32a, wave};
 use crate::optim_norm::{LambHyper, LarsHyper, NormRule, OptimNormSpec};
 use crate::optim_norm8::OptimNorm8Spec;
 use crate::test_util::{bytes, floats, nearest, out, round, run};
@@ -15,27 +16,6 @@ use qforge_ir::OwnedArg;
 use qforge_ir::{DType, Scalar};
 
 const BS: usize = 256;
-
-fn u32a(v: usize) -> OwnedArg {
-    OwnedArg::Scalar(Scalar::U32(v as u32))
-}
-
-/// Model of the per-block sum of squares: 8 partials from `-0.0`, element `i` of the block
-/// into partial `i % 8` with `fma(x, x, partial)`, then the halving tree.
-fn block_sum_sq(x: &[f32]) -> f32 {
-    let mut acc = [-0.0f32; 8];
-    for (i, v) in x.iter().enumerate() {
-        acc[i % 8] = v.mul_add(*v, acc[i % 8]);
-    }
-    let mut w = 8;
-    while w > 1 {
-        w /= 2;
-        for j in 0..w {
-            acc[j] += acc[j + w];
-        }
-    }
-    acc[0]
-}
 
 /// Model of the scale kernel (threshold epsilon 0): sequential sums from `-0.0`, square roots,
 /// `thr / unorm` when clipping.
@@ -82,16 +62,6 @@ impl State8 {
             }
         }
     }
-}
-
-/// Deterministic values in about `[-amp, amp]`.
-fn wave(n: usize, seed: u32, amp: f32) -> Vec<f32> {
-    (0..n)
-        .map(|i| {
-            let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
-            (x as f32 / (1u32 << 24) as f32 * 2.0 - 1.0) * amp
-        })
-        .collect()
 }
 
 /// The gradient of step `t`: NaN, ±inf, ±0 and a subnormal among wave values.
