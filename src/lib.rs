@@ -5,6 +5,8 @@
 //! ([`checkpoint`]: `quantize`, `dequantize`) and `qforge check` ([`cli::check`]).
 #![deny(missing_docs)]
 
+/// `f16` and `bf16` element types (the `half` crate), for typed kernel arguments.
+pub use half;
 pub use qforge_codegen as codegen;
 pub use qforge_ir as ir;
 pub use qforge_kernels as kernels;

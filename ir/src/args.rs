@@ -38,10 +38,22 @@ pub fn bind(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Binding> {
         message,
     };
     if args.len() != kernel.params.len() {
+        // Name the first parameter without an argument, or the last one when there are extras.
+        let (param, what) = match kernel.params.iter().nth(args.len()) {
+            Some((_, p)) => (p.name.as_str(), "missing from here on"),
+            None => (
+                kernel
+                    .params
+                    .iter()
+                    .last()
+                    .map_or("*", |(_, p)| p.name.as_str()),
+                "extra arguments after this last parameter",
+            ),
+        };
         return Err(err(
-            "*",
+            param,
             format!(
-                "expected {} arguments, got {}",
+                "expected {} arguments, got {} ({what})",
                 kernel.params.len(),
                 args.len()
             ),

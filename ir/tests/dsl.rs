@@ -63,6 +63,52 @@ fn typed_arguments_bind_by_name_and_run() {
 }
 
 #[test]
+fn half_precision_arguments_carry_their_dtype() {
+    use half::{bf16, f16};
+    let x = [1.0f32, 2.0, 3.0];
+    let mut yb = [
+        bf16::from_f32(0.5),
+        bf16::from_f32(0.25),
+        bf16::from_f32(-1.0),
+    ];
+    let k = axpy(DType::BF16, Rounding::NearestEven).unwrap();
+    let mut args = AxpyArgs {
+        n: 3,
+        a: 2.0,
+        x: &x,
+        y: FloatOut::bf16(&mut yb),
+    };
+    let mut list = k.args(&mut args).unwrap();
+    interp::run(k.kernel(), &mut list).unwrap();
+    assert_eq!(yb.map(bf16::to_f32), [2.5, 4.25, 5.0]);
+    // f16 bytes for a bf16 kernel name the parameter; FloatIn carries its dtype too.
+    let mut yh = [f16::ZERO; 3];
+    let mut args = AxpyArgs {
+        n: 3,
+        a: 2.0,
+        x: &x,
+        y: FloatOut::f16(&mut yh),
+    };
+    let e = k.args(&mut args).unwrap_err().to_string();
+    assert!(e.contains("parameter 'y'") && e.contains("got f16"), "{e}");
+    // A positional list one short names the first parameter without an argument.
+    let mut y = [bf16::ZERO; 3];
+    let mut args = AxpyArgs {
+        n: 3,
+        a: 2.0,
+        x: &x,
+        y: FloatOut::bf16(&mut y),
+    };
+    let mut list = k.args(&mut args).unwrap();
+    list.pop();
+    let e = interp::run(k.kernel(), &mut list).unwrap_err().to_string();
+    assert!(e.contains("parameter 'y'") && e.contains("missing"), "{e}");
+    let xs = [f16::ONE; 2];
+    assert_eq!(FloatIn::f16(&xs).dtype, DType::F16);
+    assert_eq!(FloatIn::bf16(&[bf16::ONE; 2]).bytes.len(), 4);
+}
+
+#[test]
 fn typed_argument_mistakes_name_the_parameter() {
     let k = axpy(DType::BF16, Rounding::NearestEven).unwrap();
     let x = [1.0f32; 4];

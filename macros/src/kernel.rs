@@ -185,6 +185,23 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
                 ));
                 continue;
             };
+            match (holds_float(&ty), &dtype) {
+                (true, None) => errs.push(syn::Error::new(
+                    ident.span(),
+                    format!(
+                        "`Float` buffer `{ident}` needs its dtype: `#[dtype(expr)]` (f32, f16 or \
+                         bf16, chosen when the kernel is built)"
+                    ),
+                )),
+                (false, Some(d)) => errs.push(syn::Error::new(
+                    d.span(),
+                    format!(
+                        "`#[dtype(...)]` is only for `Float` buffers; `{ident}`'s element type \
+                         is its dtype"
+                    ),
+                )),
+                _ => {}
+            }
             names.insert(ident.to_string(), Name::Plain);
             params.push(Param {
                 ident,
@@ -370,4 +387,17 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             #k::dsl::TypedKernel::finish(__qf_kernel)
         }
     }
+}
+
+/// Whether a buffer type (`In<Float>`, `Out<Float>`, ...) holds `Float` elements, whose dtype is
+/// chosen when the kernel is built.
+fn holds_float(ty: &Type) -> bool {
+    let Type::Path(p) = ty else { return false };
+    let Some(seg) = p.path.segments.last() else {
+        return false;
+    };
+    let syn::PathArguments::AngleBracketed(args) = &seg.arguments else {
+        return false;
+    };
+    matches!(args.args.first(), Some(syn::GenericArgument::Type(Type::Path(e))) if e.path.is_ident("Float"))
 }

@@ -369,11 +369,66 @@ pub fn table(rows: &[CheckRow], unavailable: &[Unavailable]) -> Vec<String> {
     let failed = compared.iter().filter(|r| r.status == "mismatch").count();
     let generated = compared.iter().filter(|r| generated_only(r)).count();
     let skipped = compared.iter().filter(|r| r.status == "skipped").count() - generated;
-    lines.push(format!(
+    let reference_failed = rows
+        .iter()
+        .filter(|r| r.backend == "interpreter" && r.status == "mismatch")
+        .count();
+    let mut summary = format!(
         "{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact, {failed} \
          mismatching, {generated} code generated only (no device here to run it), {skipped} not \
          runnable",
         backends.len().saturating_sub(1)
-    ));
+    );
+    if reference_failed > 0 {
+        summary += &format!(
+            "; {reference_failed} kernel(s) failed on the interpreter itself (nothing compared)"
+        );
+    }
+    lines.push(summary);
     lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(kernel: &str, backend: &str, status: &'static str, reason: Option<&str>) -> CheckRow {
+        CheckRow {
+            kernel: kernel.into(),
+            backend: backend.into(),
+            status,
+            mismatches: 0,
+            elements: 0,
+            compile_ms: 0.0,
+            reason: reason.map(String::from),
+        }
+    }
+
+    #[test]
+    fn a_kernel_failing_on_the_interpreter_is_counted_in_the_summary() {
+        let rows = [
+            row("good", "interpreter", "exact", None),
+            row("good", "cranelift", "exact", None),
+            row(
+                "bad",
+                "interpreter",
+                "mismatch",
+                Some("expected 7 arguments, got 6"),
+            ),
+        ];
+        let lines = table(&rows, &[]);
+        let summary = lines.last().unwrap();
+        assert!(summary.contains("1 bit-exact"), "{summary}");
+        assert!(
+            summary.contains("1 kernel(s) failed on the interpreter itself"),
+            "{summary}"
+        );
+        assert!(!passed(&rows));
+        let fine = &rows[..2];
+        assert!(!table(fine, &[])
+            .last()
+            .unwrap()
+            .contains("interpreter itself"));
+        assert!(passed(fine));
+    }
 }

@@ -97,7 +97,7 @@ elem!(f32 => f32, Some(DType::F32); u32 => u32, Some(DType::U32); i32 => i32, So
 #[diagnostic::on_unimplemented(
     message = "storing into a `{Self}` buffer needs a rounding",
     label = "`buf[i] = v` cannot round",
-    note = "write `store_rounded(buf, i, v, Rounding::NearestEven)` (or another rounding)"
+    note = "write `store_rounded(buf, i, v, Rounding::NearestEven)` (f16 and bf16 stores round to nearest even)"
 )]
 pub trait PlainStore: Elem {}
 impl PlainStore for f32 {}

@@ -107,6 +107,22 @@ impl<'a> FloatIn<'a> {
             bytes: bytemuck::cast_slice(v),
         }
     }
+
+    /// `f16` elements.
+    pub fn f16(v: &'a [f16]) -> Self {
+        FloatIn {
+            dtype: DType::F16,
+            bytes: bytemuck::cast_slice(v),
+        }
+    }
+
+    /// `bf16` elements.
+    pub fn bf16(v: &'a [bf16]) -> Self {
+        FloatIn {
+            dtype: DType::BF16,
+            bytes: bytemuck::cast_slice(v),
+        }
+    }
 }
 
 impl<'a> FloatOut<'a> {
@@ -114,6 +130,22 @@ impl<'a> FloatOut<'a> {
     pub fn f32(v: &'a mut [f32]) -> Self {
         FloatOut {
             dtype: DType::F32,
+            bytes: bytemuck::cast_slice_mut(v),
+        }
+    }
+
+    /// `f16` elements.
+    pub fn f16(v: &'a mut [f16]) -> Self {
+        FloatOut {
+            dtype: DType::F16,
+            bytes: bytemuck::cast_slice_mut(v),
+        }
+    }
+
+    /// `bf16` elements.
+    pub fn bf16(v: &'a mut [bf16]) -> Self {
+        FloatOut {
+            dtype: DType::BF16,
             bytes: bytemuck::cast_slice_mut(v),
         }
     }
