@@ -50,6 +50,7 @@
 
 pub mod adam32;
 mod catalog;
+pub(crate) use catalog::{example_args_gs, example_args_staged};
 pub(crate) mod host;
 pub mod optim8;
 #[cfg(test)]
@@ -554,63 +555,4 @@ pub(crate) fn example_absmax(values: &[f32]) -> Vec<f32> {
 }
 
 /// The hyperparameters of the catalog's example arguments: AdamW-like values at step 3.
-const EXAMPLE_STEP: u32 = 3;
-
-/// [`crate::KernelSpec::example_args`] of an optimizer kernel on `values` (`n >= 1`):
-/// the parameter is `values`; the gradient is `values` rotated by one with a NaN at the last
-/// element (n >= 2) and `+inf` at the middle one (n >= 3); 32-bit state is
-/// `m = values[i] * 0.5`, `v = |values[i]|`; 8-bit codes are mixed from the values and each
-/// absmax is the NaN-ignoring `max |x|` of the block's values (0, inf and NaN-only blocks
-/// included).
-pub(crate) fn example_args(
-    spec: &OptimSpec,
-    values: &[f32],
-    mix: impl Fn(usize, f32) -> u32,
-    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
-) -> Result<Vec<qforge_ir::OwnedArg>> {
-    use qforge_ir::OwnedArg;
-    let n = values.len();
-    let bs = OPTIM_BLOCKSIZE as usize;
-    let n_blocks = n.div_ceil(bs);
-    let grad = example_grad(values);
-    let hyper = AdamHyper {
-        weight_decay: if spec.algo == OptimAlgo::AdamW {
-            0.01
-        } else {
-            0.0
-        },
-        ..AdamHyper::default()
-    };
-    let scalars = hyper.scalars(spec, EXAMPLE_STEP)?;
-    let mut args = vec![
-        OwnedArg::Scalar(Scalar::U32(n as u32)),
-        OwnedArg::Scalar(Scalar::U32(n_blocks as u32)),
-    ];
-    args.extend(scalars.kernel_args(spec).into_iter().map(OwnedArg::Scalar));
-    args.push(OwnedArg::Write(float_bytes(spec.dtype, values)));
-    args.push(OwnedArg::Read(float_bytes(spec.dtype, &grad)));
-    match spec.state {
-        StateBits::Bits32 => {
-            let m: Vec<f32> = values.iter().map(|v| v * 0.5).collect();
-            let v: Vec<f32> = values.iter().map(|v| v.abs()).collect();
-            args.push(OwnedArg::Write(float_bytes(DType::F32, &m)));
-            args.push(OwnedArg::Write(float_bytes(DType::F32, &v)));
-        }
-        StateBits::Bits8 => {
-            let absmax = example_absmax(values);
-            let codes = |salt: usize| -> Vec<u8> {
-                values
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| mix(i + salt, *v) as u8)
-                    .collect()
-            };
-            args.push(OwnedArg::Write(codes(0)));
-            args.push(OwnedArg::Write(float_bytes(DType::F32, &absmax)));
-            args.push(OwnedArg::Write(codes(7919)));
-            let absmax2: Vec<f32> = absmax.iter().map(|a| a * a).collect();
-            args.push(OwnedArg::Write(float_bytes(DType::F32, &absmax2)));
-        }
-    }
-    Ok(args)
-}
+pub(crate) const EXAMPLE_STEP: u32 = 3;

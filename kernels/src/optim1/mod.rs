@@ -4,7 +4,7 @@
 //! The formulas and their sources are in `docs/optimizers.md`; every operation below is one
 //! `f32` operation rounded to nearest even unless it says `fma`.
 //!
-//! Layout as in [`crate::adam`]: blocks of [`OPTIM_BLOCKSIZE`] elements, one work
+//! Layout as in [`crate::adam`]: blocks of [`OPTIM_BLOCKSIZE`](crate::OPTIM_BLOCKSIZE) elements, one work
 //! item per block. All four rules take the same scalar list ([`Optim1Scalars::kernel_args`]),
 //! derived on the host in `f64` and rounded once to `f32`; a rule ignores the ones it does not
 //! use.
@@ -41,6 +41,7 @@
 //! ([`Optim1Update32Args`], [`Optim1Update8Args`]).
 
 mod catalog;
+pub(crate) use catalog::example_args_gs;
 pub(crate) mod host;
 pub mod kernel;
 #[cfg(test)]
@@ -51,8 +52,8 @@ pub(crate) mod tests;
 pub use crate::optim1::kernel::{Optim1Update32, Optim1Update32Args};
 pub use crate::optim1::kernel::{Optim1Update8, Optim1Update8Args};
 
+use crate::adam::StateBits;
 use crate::adam::{check_f32_scalars, step_exponent};
-use crate::adam::{StateBits, OPTIM_BLOCKSIZE};
 use qforge_ir::dsl::TypedKernel;
 use qforge_ir::Kernel;
 use qforge_ir::{DType, Scalar};
@@ -378,58 +379,4 @@ fn build(spec: &Optim1Spec, name: &str, grad_opts: bool, scaled: bool) -> Result
             kernel::optim1_8bit(spec, name, grad_opts, scaled).map(TypedKernel::into_kernel)
         }
     }
-}
-
-/// The step of the catalog's example arguments (not 1, so SGD's momentum path runs).
-const EXAMPLE_STEP: u32 = 3;
-
-/// [`crate::KernelSpec::example_args`] of a one-state optimizer kernel on `values`
-/// (`n >= 1`): parameter `values`; gradient `values` rotated by one with NaN at the last element
-/// (n >= 2) and `+inf` at the middle one (n >= 3); 32-bit state `|values[i]| * 0.5` (Lion and
-/// SGD: `values[i] * 0.5`); 8-bit codes mixed from the values, absmax the NaN-ignoring
-/// `max |x|` of each block; hyperparameters with weight decay 0.01 (coupled and decoupled paths
-/// both run).
-pub(crate) fn example_args(
-    spec: &Optim1Spec,
-    values: &[f32],
-    mix: impl Fn(usize, f32) -> u32,
-    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
-) -> Result<Vec<qforge_ir::OwnedArg>> {
-    use qforge_ir::OwnedArg;
-    let n = values.len();
-    let bs = OPTIM_BLOCKSIZE as usize;
-    let grad = crate::adam::example_grad(values);
-    let hyper = Optim1Hyper {
-        weight_decay: 0.01,
-        ..Optim1Hyper::defaults(spec.algo)
-    };
-    let scalars = hyper.scalars(spec.algo, EXAMPLE_STEP)?;
-    let mut args = vec![
-        OwnedArg::Scalar(Scalar::U32(n as u32)),
-        OwnedArg::Scalar(Scalar::U32(n.div_ceil(bs) as u32)),
-    ];
-    args.extend(scalars.kernel_args().into_iter().map(OwnedArg::Scalar));
-    args.push(OwnedArg::Write(float_bytes(spec.dtype, values)));
-    args.push(OwnedArg::Read(float_bytes(spec.dtype, &grad)));
-    match spec.state {
-        StateBits::Bits32 => {
-            let signed = matches!(spec.algo, Optim1Algo::Lion | Optim1Algo::Sgd);
-            let s: Vec<f32> = values
-                .iter()
-                .map(|v| if signed { v * 0.5 } else { v.abs() * 0.5 })
-                .collect();
-            args.push(OwnedArg::Write(float_bytes(DType::F32, &s)));
-        }
-        StateBits::Bits8 => {
-            let absmax = crate::adam::example_absmax(values);
-            let codes: Vec<u8> = values
-                .iter()
-                .enumerate()
-                .map(|(i, v)| mix(i, *v) as u8)
-                .collect();
-            args.push(OwnedArg::Write(codes));
-            args.push(OwnedArg::Write(float_bytes(DType::F32, &absmax)));
-        }
-    }
-    Ok(args)
 }

@@ -240,7 +240,7 @@ fn stage_slice(stage: &mut [f32], len: usize) -> Option<&mut [f32]> {
 
 /// The element type of a kernel's `m{k}_code` ([`crate::optim4::kernel`]): picks the codes of
 /// that type from [`TypedMoment::chunk`].
-trait CodeElem: Sized {
+pub(crate) trait CodeElem: Sized {
     fn pick<'s>(u: Option<&'s mut [u8]>, i: Option<&'s mut [i8]>) -> Option<&'s mut [Self]>;
 }
 impl CodeElem for u8 {

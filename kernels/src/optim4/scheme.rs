@@ -1,13 +1,13 @@
 //! The host side of the quantized-AdamW kernels ([`crate::optim4`]): the moment
 //! schemes with their tables, block sizes, floors, the small-tensor rule and the initial state,
-//! the per-step kernel scalars and sizes, and the catalog's example arguments.
+//! the per-step kernel scalars and sizes (the catalog's example arguments are in
+//! `catalog.rs`).
 
 use crate::adam::AdamHyper;
 use crate::adam::{check_f32_scalars, step_exponent};
 use crate::optim4::quant::{self as q, DYN4_BITS, NF4_BITS};
-use crate::optim4::{QAdamSpec, UniformSource};
 use crate::OptimAlgo;
-use qforge_ir::{DType, Scalar};
+use qforge_ir::Scalar;
 use qforge_ir::{Error, Result};
 
 /// Block of the 4-bit schemes (elements per absmax).
@@ -331,97 +331,4 @@ impl QAdamSizes {
         ]
         .map(Scalar::U32)
     }
-}
-
-/// [`crate::KernelSpec::example_args`] of a quantized-AdamW kernel on `values`
-/// (`n >= 1`, Philox uniforms): the parameter is `values`; the gradient is `values` rotated by
-/// one with a NaN at the last element (n >= 2) and `+inf` at the middle one (n >= 3); `f32`
-/// moments are `values[i] * 0.5` and `|values[i]|`; quantized moments have codes mixed from the
-/// values and each absmax is the NaN-propagating `max |x|` of the block's values (so 0, inf and
-/// NaN blocks reach the kernel); hyperparameters are AdamW-like values at step 3, seed 1234,
-/// parameter id 3.
-pub(crate) fn example_args(
-    spec: &QAdamSpec,
-    values: &[f32],
-    mix: impl Fn(usize, f32) -> u32,
-    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
-) -> Result<Vec<qforge_ir::OwnedArg>> {
-    use qforge_ir::OwnedArg;
-    let n = values.len();
-    let n32 =
-        u32::try_from(n).map_err(|_| Error::Unsupported(format!("{n} elements exceed u32")))?;
-    let hyper = AdamHyper {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-    };
-    let scalars = QAdamScalars::new(&hyper, 3)?;
-    let mut args: Vec<OwnedArg> = spec
-        .sizes(n32)
-        .args()
-        .into_iter()
-        .map(OwnedArg::Scalar)
-        .collect();
-    args.extend(
-        scalars
-            .kernel_args(1234, 3, 0)
-            .into_iter()
-            .map(OwnedArg::Scalar),
-    );
-    args.push(OwnedArg::Write(float_bytes(spec.dtype, values)));
-    let grad = crate::adam::example_grad(values);
-    args.push(OwnedArg::Read(float_bytes(spec.dtype, &grad)));
-    for (which, scheme) in [(0usize, spec.m1), (1, spec.m2)] {
-        let salt = 7919 * which;
-        match scheme.bits() {
-            32 => {
-                let m: Vec<f32> = values
-                    .iter()
-                    .map(|v| if which == 0 { v * 0.5 } else { v.abs() })
-                    .collect();
-                args.push(OwnedArg::Write(float_bytes(DType::F32, &m)));
-            }
-            bits => {
-                let (codes, _) = scheme.state_lens(n);
-                let q: Vec<u8> = (0..codes)
-                    .map(|i| mix(i + salt, values[(i * (8 / bits as usize)) % n]) as u8)
-                    .collect();
-                let absmax: Vec<f32> = values
-                    .chunks(scheme.block() as usize)
-                    .map(|c| {
-                        c.iter().fold(0.0f32, |acc, v| {
-                            if v.is_nan() || acc.is_nan() {
-                                f32::NAN
-                            } else {
-                                acc.max(v.abs())
-                            }
-                        })
-                    })
-                    .collect();
-                args.push(OwnedArg::Write(q));
-                args.push(OwnedArg::Write(float_bytes(DType::F32, &absmax)));
-            }
-        }
-    }
-    if spec.uniforms == UniformSource::Buffer {
-        for scheme in [spec.m1, spec.m2] {
-            if scheme.stochastic() {
-                let u: Vec<f32> = (0..n)
-                    .map(|i| (mix(i, values[i]) >> 8) as f32 / 16_777_216.0)
-                    .collect();
-                args.push(OwnedArg::Read(float_bytes(DType::F32, &u)));
-            }
-        }
-    }
-    // Staged: the workspace of each quantized moment, filled with NaN the kernel must not read.
-    if spec.staged {
-        for scheme in [spec.m1, spec.m2] {
-            if scheme != MomentScheme::Fp32 {
-                args.push(OwnedArg::Write(float_bytes(DType::F32, &vec![f32::NAN; n])));
-            }
-        }
-    }
-    Ok(args)
 }

@@ -13,7 +13,7 @@
 //! A non-finite `g` sets all three states to `+0.0` and leaves the parameter unchanged.
 //!
 //! 8-bit state: `m1` and `m2` as signed dynamic map codes, `nu` as unsigned dynamic map codes,
-//! each with its own `f32` absmax per block of [`OPTIM_BLOCKSIZE`]; two passes as in
+//! each with its own `f32` absmax per block of [`OPTIM_BLOCKSIZE`](crate::OPTIM_BLOCKSIZE); two passes as in
 //! [`crate::adam`].
 //!
 //! Parameters: `(n: u32, n_blocks: u32, beta1, one_minus_beta1, beta2, one_minus_beta2, beta3,
@@ -36,8 +36,8 @@ mod tests;
 
 pub use crate::optim_ademamix::kernel::{Ademamix32, Ademamix32Args, Ademamix8, Ademamix8Args};
 
+use crate::adam::StateBits;
 use crate::adam::{check_f32_scalars, step_exponent};
-use crate::adam::{StateBits, OPTIM_BLOCKSIZE};
 use qforge_ir::dsl::TypedKernel;
 use qforge_ir::Kernel;
 use qforge_ir::{DType, Scalar};
@@ -276,63 +276,4 @@ impl AdemamixSpec {
             ))),
         }
     }
-}
-
-/// [`crate::KernelSpec::example_args`] of an AdEMAMix kernel on `values` (`n >= 1`):
-/// parameter `values`; gradient `values` rotated by one with NaN at the last element (n >= 2)
-/// and `+inf` at the middle one (n >= 3); 32-bit state `m1 = v/2`, `nu = |v|`, `m2 = v/4`;
-/// 8-bit codes mixed from the values with absmax the NaN-ignoring `max |x|` of each block;
-/// default hyperparameters with both schedulers, step 3.
-pub(crate) fn example_args(
-    spec: &AdemamixSpec,
-    values: &[f32],
-    mix: impl Fn(usize, f32) -> u32,
-    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
-) -> Result<Vec<qforge_ir::OwnedArg>> {
-    use qforge_ir::OwnedArg;
-    let n = values.len();
-    let bs = OPTIM_BLOCKSIZE as usize;
-    let grad = crate::adam::example_grad(values);
-    let hyper = AdemamixHyper {
-        t_alpha: Some(10),
-        t_beta3: Some(10),
-        ..AdemamixHyper::default()
-    };
-    let mut args = vec![
-        OwnedArg::Scalar(Scalar::U32(n as u32)),
-        OwnedArg::Scalar(Scalar::U32(n.div_ceil(bs) as u32)),
-    ];
-    args.extend(
-        hyper
-            .scalars(3)?
-            .kernel_args()
-            .into_iter()
-            .map(OwnedArg::Scalar),
-    );
-    args.push(OwnedArg::Write(float_bytes(spec.dtype, values)));
-    args.push(OwnedArg::Read(float_bytes(spec.dtype, &grad)));
-    match spec.state {
-        StateBits::Bits32 => {
-            for f in [0.5f32, -1.0, 0.25] {
-                let s: Vec<f32> = values
-                    .iter()
-                    .map(|v| if f < 0.0 { v.abs() } else { v * f })
-                    .collect();
-                args.push(OwnedArg::Write(float_bytes(DType::F32, &s)));
-            }
-        }
-        StateBits::Bits8 => {
-            let absmax = crate::adam::example_absmax(values);
-            for salt in [0usize, 7919, 104_729] {
-                let codes: Vec<u8> = values
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| mix(i + salt, *v) as u8)
-                    .collect();
-                args.push(OwnedArg::Write(codes));
-                args.push(OwnedArg::Write(float_bytes(DType::F32, &absmax)));
-            }
-        }
-    }
-    Ok(args)
 }

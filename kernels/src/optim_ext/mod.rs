@@ -33,7 +33,7 @@
 //! alike, `skip_zeros` only the updates that take it ([`OptimExtSpec::takes_skip_zeros`]).
 //!
 //! `grad_sqnorm_{dtype}` `(n: u32, n_blocks: u32, g: dtype[n] read, gnorm_part: f32[n_blocks]
-//! write)`: one work item per block of [`OPTIM_BLOCKSIZE`] elements stores the block's
+//! write)`: one work item per block of [`OPTIM_BLOCKSIZE`](crate::OPTIM_BLOCKSIZE) elements stores the block's
 //! `sum g^2` in LAMB's order ([`crate::optim_norm::NORM_ORDER`]: element `i` into partial
 //! `i % 8` with `fma(g, g, partial)`, partials from `-0.0`, then the halving tree). The host sums
 //! the partials in block order from `-0.0` (as `optim_norm_scale` does) to the squared norm. It
@@ -50,14 +50,13 @@ mod tests;
 
 pub use crate::optim_ext::kernel::{GradSqnorm, GradSqnormArgs};
 
-use crate::adam::{OptimSpec, StateBits, OPTIM_BLOCKSIZE};
+use crate::adam::{OptimSpec, StateBits};
 use crate::check_float_dtype;
-use crate::optim1::{Optim1Algo, Optim1Hyper, Optim1Spec};
+use crate::optim1::{Optim1Algo, Optim1Spec};
 use crate::optim_norm::{NormRule, OptimNormSpec};
 use crate::optim_norm8::OptimNorm8Spec;
 use qforge_ir::dsl::TypedKernel;
 use qforge_ir::Kernel;
-use qforge_ir::OwnedArg;
 use qforge_ir::Result;
 use qforge_ir::{DType, Scalar};
 
@@ -178,76 +177,4 @@ pub fn grad_sqnorm(dtype: DType) -> Result<TypedKernel<GradSqnorm>> {
 }
 
 /// The `gnorm_scale` of the catalog's example arguments (exercises the scaling).
-const EXAMPLE_GNORM_SCALE: f32 = 0.75;
-
-/// [`crate::KernelSpec::example_args`] of a `_gs` variant: the plain kernel's example
-/// arguments ([`crate::adam::example_args`], [`crate::optim1`]'s) with
-/// `gnorm_scale = 0.75` and `skip_zeros = 1` inserted after its scalars (the example values
-/// contain zeros, so skipped elements occur). The norm kernel takes the gradient `values`.
-pub(crate) fn example_args(
-    spec: &OptimExtSpec,
-    values: &[f32],
-    mix: impl Fn(usize, f32) -> u32,
-    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
-) -> Result<Vec<OwnedArg>> {
-    let mut args = match spec {
-        OptimExtSpec::Adam(s) => crate::adam::example_args(s, values, mix, float_bytes)?,
-        OptimExtSpec::One(s) => crate::optim1::example_args(s, values, mix, float_bytes)?,
-        OptimExtSpec::GradNorm(d) => {
-            let n = values.len();
-            let blocks = n.div_ceil(OPTIM_BLOCKSIZE as usize);
-            return Ok(vec![
-                OwnedArg::Scalar(Scalar::U32(n as u32)),
-                OwnedArg::Scalar(Scalar::U32(blocks as u32)),
-                OwnedArg::Read(float_bytes(*d, values)),
-                OwnedArg::Write(vec![0; 4 * blocks]),
-            ]);
-        }
-        OptimExtSpec::Norm1(a) => return norm1_example_args(*a, values, float_bytes),
-        OptimExtSpec::Norm1Gs(a) => norm1_example_args(*a, values, float_bytes)?,
-        OptimExtSpec::Norm(s) => crate::optim_norm::example_args(s, values, float_bytes)?,
-        OptimExtSpec::Norm8(s) => crate::optim_norm8::example_args(s, values, mix, float_bytes)?,
-    };
-    let at = args
-        .iter()
-        .position(|a| !matches!(a, OwnedArg::Scalar(_)))
-        .unwrap_or(args.len());
-    let extra = spec.ext_args(EXAMPLE_GNORM_SCALE, true);
-    args.splice(at..at, extra.into_iter().map(OwnedArg::Scalar));
-    Ok(args)
-}
-
-/// The example arguments of `{algo}_norm_f32`: parameter `values`, the optimizers' example
-/// gradient (NaN, inf), state `|values| * 0.5`, weight decay 0.01 at step 3.
-fn norm1_example_args(
-    algo: Optim1Algo,
-    values: &[f32],
-    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
-) -> Result<Vec<OwnedArg>> {
-    let n = values.len();
-    let blocks = n.div_ceil(OPTIM_BLOCKSIZE as usize);
-    let h = Optim1Hyper {
-        weight_decay: 0.01,
-        ..Optim1Hyper::defaults(algo)
-    };
-    let s = h.scalars(algo, 3)?;
-    let mut args = vec![
-        OwnedArg::Scalar(Scalar::U32(n as u32)),
-        OwnedArg::Scalar(Scalar::U32(blocks as u32)),
-    ];
-    args.extend(
-        crate::optim_norm1::partials_args(&s)
-            .into_iter()
-            .map(OwnedArg::Scalar),
-    );
-    let grad = crate::adam::example_grad(values);
-    let state: Vec<f32> = values.iter().map(|v| v.abs() * 0.5).collect();
-    args.extend([
-        OwnedArg::Read(float_bytes(DType::F32, values)),
-        OwnedArg::Read(float_bytes(DType::F32, &grad)),
-        OwnedArg::Read(float_bytes(DType::F32, &state)),
-        OwnedArg::Write(vec![0; 4 * blocks]),
-        OwnedArg::Write(vec![0; 4 * blocks]),
-    ]);
-    Ok(args)
-}
+pub(crate) const EXAMPLE_GNORM_SCALE: f32 = 0.75;

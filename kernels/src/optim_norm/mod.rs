@@ -6,7 +6,7 @@
 //!
 //! A step is three kernels, each with one defined order:
 //! 1. `lamb_norm_{dtype}` / `lars_norm_f32` ([`OptimNormSpec::Partials`]): one work item per
-//!    block of [`OPTIM_BLOCKSIZE`] elements writes the block's sum of squared updates
+//!    block of [`OPTIM_BLOCKSIZE`](crate::OPTIM_BLOCKSIZE) elements writes the block's sum of squared updates
 //!    `unorm_part[b]` and sum of squared parameters `pnorm_part[b]`, each a
 //!    [`crate::Stmt::Accumulate`] with order `Strided(8)` over the block's elements (element `i`
 //!    of the block into partial `i % 8` with `fma(x, x, partial)`, then the halving tree).
@@ -64,6 +64,7 @@
 //! [`OptimNormScaleArgs`], [`Lamb32Args`], [`Lars32Args`]).
 
 mod catalog;
+pub(crate) use catalog::example_args_gs;
 pub(crate) mod host;
 mod hyper;
 pub mod kernel;
@@ -76,12 +77,10 @@ pub use crate::optim_norm::kernel::{Lamb32, Lamb32Args, LambNorm, LambNormArgs};
 pub use crate::optim_norm::kernel::{Lars32, Lars32Args, LarsNorm, LarsNormArgs};
 pub use crate::optim_norm::kernel::{OptimNormScale, OptimNormScaleArgs};
 
-use crate::adam::OPTIM_BLOCKSIZE;
 use crate::check_float_dtype;
 use qforge_ir::dsl::TypedKernel;
-use qforge_ir::OwnedArg;
 use qforge_ir::ReduceOrder;
-use qforge_ir::{DType, Kernel, Scalar};
+use qforge_ir::{DType, Kernel};
 use qforge_ir::{Error, Result};
 
 pub use crate::optim_norm::hyper::{LambHyper, LambScalars, LarsHyper, LarsScalars};
@@ -213,92 +212,3 @@ pub(crate) const EXAMPLE_STEP: u32 = 3;
 
 /// The scale the catalog's update kernels read.
 pub(crate) const EXAMPLE_SCALE: f32 = 0.375;
-
-/// [`crate::KernelSpec::example_args`] of an update-norm kernel on `values`
-/// (`n >= 1`): parameter `values`, gradient `values` rotated by one with NaN at the last element
-/// (n >= 2) and `+inf` at the middle one (n >= 3), `state1 = values * 0.5`,
-/// `state2 = |values|`; weight decay 0.01 at step 3; the update kernels read `scale = 0.375`.
-/// The scale kernel takes `n` partials: `unorm_part = values * values`, `pnorm_part = |values|`
-/// rotated by one (so NaN, inf and zero partials reach it).
-pub(crate) fn example_args(
-    spec: &OptimNormSpec,
-    values: &[f32],
-    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
-) -> Result<Vec<OwnedArg>> {
-    let n = values.len();
-    let n_blocks = n.div_ceil(OPTIM_BLOCKSIZE as usize);
-    let u32_arg = |v: usize| OwnedArg::Scalar(Scalar::U32(v as u32));
-    let (rule, dtype, partials) = match *spec {
-        OptimNormSpec::Scale => {
-            let up: Vec<f32> = values.iter().map(|v| v * v).collect();
-            let pp: Vec<f32> = (0..n).map(|i| values[(i + 1) % n].abs()).collect();
-            return Ok(vec![
-                u32_arg(n),
-                OwnedArg::Scalar(Scalar::f32(1.0)),
-                OwnedArg::Scalar(Scalar::f32(0.0)),
-                OwnedArg::Read(float_bytes(DType::F32, &up)),
-                OwnedArg::Read(float_bytes(DType::F32, &pp)),
-                OwnedArg::Write(vec![0; 4]),
-            ]);
-        }
-        OptimNormSpec::Partials { rule, dtype } => (rule, dtype, true),
-        OptimNormSpec::Update { rule, dtype } => (rule, dtype, false),
-    };
-    let grad = crate::adam::example_grad(values);
-    let mut args = vec![u32_arg(n), u32_arg(n_blocks)];
-    let scalars = match rule {
-        NormRule::Lamb => {
-            let s = LambHyper {
-                weight_decay: 0.01,
-                ..LambHyper::default()
-            }
-            .scalars(EXAMPLE_STEP)?;
-            if partials {
-                s.partials_args()
-            } else {
-                s.update_args()
-            }
-        }
-        NormRule::Lars => {
-            let s = LarsHyper {
-                weight_decay: 0.01,
-                ..LarsHyper::default()
-            }
-            .scalars(EXAMPLE_STEP)?;
-            if partials {
-                s.partials_args()
-            } else {
-                s.update_args()
-            }
-        }
-    };
-    args.extend(scalars.into_iter().map(OwnedArg::Scalar));
-    let p = float_bytes(dtype, values);
-    args.push(if partials {
-        OwnedArg::Read(p)
-    } else {
-        OwnedArg::Write(p)
-    });
-    args.push(OwnedArg::Read(float_bytes(dtype, &grad)));
-    let m: Vec<f32> = values.iter().map(|v| v * 0.5).collect();
-    let v: Vec<f32> = values.iter().map(|v| v.abs()).collect();
-    let mut states = vec![m];
-    if rule == NormRule::Lamb {
-        states.push(v);
-    }
-    for s in states {
-        let bytes = float_bytes(DType::F32, &s);
-        args.push(if partials {
-            OwnedArg::Read(bytes)
-        } else {
-            OwnedArg::Write(bytes)
-        });
-    }
-    if partials {
-        args.push(OwnedArg::Write(vec![0; 4 * n_blocks]));
-        args.push(OwnedArg::Write(vec![0; 4 * n_blocks]));
-    } else {
-        args.push(OwnedArg::Read(float_bytes(DType::F32, &[EXAMPLE_SCALE])));
-    }
-    Ok(args)
-}

@@ -1,6 +1,6 @@
 //! Update-norm (trust-ratio) optimizers with 8-bit blockwise state: 8-bit LAMB and LARS. The
 //! state is qforge's 8-bit optimizer state exactly as the 8-bit AdamW / SGD-momentum kernels
-//! keep it (blocks of [`OPTIM_BLOCKSIZE`] elements; `state1` codes of the signed dynamic map,
+//! keep it (blocks of [`OPTIM_BLOCKSIZE`](crate::OPTIM_BLOCKSIZE) elements; `state1` codes of the signed dynamic map,
 //! `state2` codes of the unsigned dynamic map, one `f32` absmax per block and state), and the
 //! trust ratio is the one of the 32-bit LAMB / LARS kernels ([`crate::optim_norm`]).
 //! bitsandbytes' `LAMB8bit` / `LARS8bit` use its non-blockwise 8-bit path instead (one absmax
@@ -53,6 +53,7 @@
 //! [`crate::optim1::Optim1Update8Args`]).
 
 mod catalog;
+pub(crate) use catalog::example_args_gs;
 pub(crate) mod host;
 pub mod kernel;
 #[cfg(test)]
@@ -64,16 +65,13 @@ pub use crate::optim_norm8::kernel::{Lamb8Norm, Lamb8NormArgs, Lars8Norm, Lars8N
 
 use crate::adam::optim8::{adam8bit, Adam8bit};
 use crate::adam::Form;
-use crate::adam::{example_absmax, example_grad};
-use crate::adam::{AdamScalars, OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
+use crate::adam::{AdamScalars, OptimAlgo, OptimSpec, StateBits};
 use crate::check_float_dtype;
 use crate::optim1::kernel::optim1_8bit;
 use crate::optim1::{Optim1Algo, Optim1Hyper, Optim1Scalars, Optim1Spec, Optim1Update8};
-use crate::optim_norm::EXAMPLE_SCALE;
-use crate::optim_norm::{LambHyper, LarsHyper, NormRule, EXAMPLE_STEP};
+use crate::optim_norm::{LambHyper, LarsHyper, NormRule};
 use qforge_ir::dsl::TypedKernel;
 use qforge_ir::Kernel;
-use qforge_ir::OwnedArg;
 use qforge_ir::{DType, Scalar};
 use qforge_ir::{Error, Result};
 
@@ -253,72 +251,4 @@ impl LarsHyper {
         self.check()?;
         self.sgd().scalars(Optim1Algo::Sgd, step)
     }
-}
-
-/// [`crate::KernelSpec::example_args`] of an 8-bit update-norm kernel on `values`
-/// (`n >= 1`), as the 8-bit AdamW / SGD kernels' ([`crate::adam`]): parameter
-/// `values`; gradient `values` rotated by one with NaN at the last element (n >= 2) and `+inf`
-/// at the middle one (n >= 3); codes mixed from the values, `absmax1` the NaN-ignoring
-/// `max |x|` of each block of the values and `absmax2` its square; weight decay 0.01 at step 3;
-/// the update kernels read `scale = 0.375`.
-pub(crate) fn example_args(
-    spec: &OptimNorm8Spec,
-    values: &[f32],
-    mix: impl Fn(usize, f32) -> u32,
-    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
-) -> Result<Vec<OwnedArg>> {
-    let n = values.len();
-    let n_blocks = n.div_ceil(OPTIM_BLOCKSIZE as usize);
-    let (rule, dtype) = spec.rule_dtype();
-    let partials = matches!(spec, OptimNorm8Spec::Partials { .. });
-    let lamb = LambHyper {
-        weight_decay: 0.01,
-        ..LambHyper::default()
-    };
-    let lars = LarsHyper {
-        weight_decay: 0.01,
-        ..LarsHyper::default()
-    };
-    let scalars = match (rule, partials) {
-        (NormRule::Lamb, true) => lamb.scalars(EXAMPLE_STEP)?.partials_args(),
-        (NormRule::Lamb, false) => lamb.update8_args(EXAMPLE_STEP)?,
-        (NormRule::Lars, true) => lars.scalars(EXAMPLE_STEP)?.partials_args(),
-        (NormRule::Lars, false) => lars.update8_args(EXAMPLE_STEP)?,
-    };
-    let state_arg = |bytes: Vec<u8>| {
-        if partials {
-            OwnedArg::Read(bytes)
-        } else {
-            OwnedArg::Write(bytes)
-        }
-    };
-    let mut args = vec![
-        OwnedArg::Scalar(Scalar::U32(n as u32)),
-        OwnedArg::Scalar(Scalar::U32(n_blocks as u32)),
-    ];
-    args.extend(scalars.into_iter().map(OwnedArg::Scalar));
-    args.push(state_arg(float_bytes(dtype, values)));
-    args.push(OwnedArg::Read(float_bytes(dtype, &example_grad(values))));
-    let absmax = example_absmax(values);
-    let codes = |salt: usize| -> Vec<u8> {
-        values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| mix(i + salt, *v) as u8)
-            .collect()
-    };
-    args.push(state_arg(codes(0)));
-    args.push(state_arg(float_bytes(DType::F32, &absmax)));
-    if rule == NormRule::Lamb {
-        let absmax2: Vec<f32> = absmax.iter().map(|a| a * a).collect();
-        args.push(state_arg(codes(7919)));
-        args.push(state_arg(float_bytes(DType::F32, &absmax2)));
-    }
-    if partials {
-        args.push(OwnedArg::Write(vec![0; 4 * n_blocks]));
-        args.push(OwnedArg::Write(vec![0; 4 * n_blocks]));
-    } else {
-        args.push(OwnedArg::Read(float_bytes(DType::F32, &[EXAMPLE_SCALE])));
-    }
-    Ok(args)
 }

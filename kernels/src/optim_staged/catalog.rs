@@ -5,7 +5,7 @@ use qforge_ir::{Kernel, OwnedArg, Result};
 
 use qforge_ir::DType;
 
-use super::{example_args, OptimStagedSpec};
+use super::OptimStagedSpec;
 use crate::catalog::{float_bytes, mix};
 use crate::CatalogEntry;
 use crate::{OptimAlgo, OptimSpec, StateBits, OPTIM_BLOCKSIZE};
@@ -48,6 +48,6 @@ impl CatalogEntry for OptimStagedSpec {
     }
 
     fn example_args(&self, values: &[f32]) -> Result<Vec<OwnedArg>> {
-        example_args(self, values, mix, float_bytes)
+        crate::adam::example_args_staged(self, values, mix, float_bytes)
     }
 }

@@ -27,11 +27,8 @@ pub(crate) mod host;
 mod tests;
 
 use crate::adam::{Adam8bit, Form, OptimSpec, StateBits};
-use crate::optim_ext::{self, OptimExtSpec};
 use qforge_ir::dsl::TypedKernel;
-use qforge_ir::DType;
 use qforge_ir::Kernel;
-use qforge_ir::OwnedArg;
 use qforge_ir::{Error, Result};
 
 /// One staged 8-bit Adam / AdamW kernel (see the module docs).
@@ -84,24 +81,4 @@ impl OptimStagedSpec {
         };
         self.spec.typed8(&self.name(), form)
     }
-}
-
-/// [`crate::KernelSpec::example_args`] of a staged kernel: the plain (or `_gs`)
-/// kernel's example arguments, then both stages filled with NaN (contents the kernel must not
-/// read).
-pub(crate) fn example_args(
-    spec: &OptimStagedSpec,
-    values: &[f32],
-    mix: impl Fn(usize, f32) -> u32,
-    float_bytes: impl Fn(DType, &[f32]) -> Vec<u8>,
-) -> Result<Vec<OwnedArg>> {
-    let mut args = if spec.grad_opts {
-        optim_ext::example_args(&OptimExtSpec::Adam(spec.spec), values, mix, &float_bytes)?
-    } else {
-        crate::adam::example_args(&spec.spec, values, mix, &float_bytes)?
-    };
-    let stale = vec![f32::NAN; values.len()];
-    args.push(OwnedArg::Write(float_bytes(DType::F32, &stale)));
-    args.push(OwnedArg::Write(float_bytes(DType::F32, &stale)));
-    Ok(args)
 }
