@@ -68,11 +68,11 @@ pub mod optim1;
 pub mod optim4;
 pub mod optim_ademamix;
 pub mod optim_ext;
+pub(crate) mod optim_funcs;
 pub mod optim_norm;
 pub mod optim_norm1;
 pub mod optim_norm8;
 pub mod optim_staged;
-pub(crate) mod optim_funcs;
 pub mod quant4;
 #[cfg(test)]
 mod test_util;

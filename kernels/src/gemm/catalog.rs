@@ -36,7 +36,12 @@ impl CatalogEntry for Gemm {
                 .collect();
             float_bytes(dtype, &v)
         };
-        let (a, b, bias, r) = (cycle(m * l, 0), cycle(n * l, 1), cycle(n, 2), cycle(m * n, 3));
+        let (a, b, bias, r) = (
+            cycle(m * l, 0),
+            cycle(n * l, 1),
+            cycle(n, 2),
+            cycle(m * n, 3),
+        );
         let mut c = vec![0u8; m * n * dtype.size_bytes()];
         let kernel = self.build_typed()?;
         let mut args = GemmKernelArgs {
@@ -47,7 +52,10 @@ impl CatalogEntry for Gemm {
             n_tiles: n_tiles as u32,
             a: FloatIn { dtype, bytes: &a },
             b: FloatIn { dtype, bytes: &b },
-            bias: self.bias.then_some(FloatIn { dtype, bytes: &bias }),
+            bias: self.bias.then_some(FloatIn {
+                dtype,
+                bytes: &bias,
+            }),
             r: self.residual.then_some(FloatIn { dtype, bytes: &r }),
             c: FloatOut {
                 dtype,

@@ -133,7 +133,10 @@ impl CatalogEntry for Matmul4 {
                     qabsmax: nested.then_some(&qabsmax[..]),
                     nested_absmax: nested.then_some(&nested_absmax[..]),
                     nested_code: nested.then_some(&nested_code[..]),
-                    bias: has_bias.then_some(FloatIn { dtype, bytes: &bias }),
+                    bias: has_bias.then_some(FloatIn {
+                        dtype,
+                        bytes: &bias,
+                    }),
                     y: FloatOut {
                         dtype,
                         bytes: &mut out,
