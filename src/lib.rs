@@ -15,6 +15,12 @@ pub use qforge_kernels as kernels;
 pub use qforge_macros::{func, kernel};
 pub use qforge_runtime as runtime;
 
+/// Every library kernel compiled ahead of time for every CPU feature level of the target
+/// (feature `aot`; `build.rs`): `KERNELS` for [`qforge_runtime::AotDevice`] (device `cpu-aot`).
+#[cfg(feature = "aot")]
+pub mod aot_kernels {
+    qforge_runtime::include_kernels!();
+}
 pub mod bench;
 pub mod checkpoint;
 pub mod cli;

@@ -1,4 +1,5 @@
-//! The `qforge` command line: `check`, `quantize`, `dequantize`, `bench`, `finetune`.
+//! The `qforge` command line: `check`, `quantize`, `dequantize`, `bench`, `finetune`, `compile`,
+//! `list-kernels`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -6,7 +7,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use qforge::checkpoint::{self, QuantizeOptions, WeightFormat};
 use qforge::cli::check::{self, CheckRow};
-use qforge::devices::{available_devices, device_by_name};
+use qforge::cli::compile::{self as compile_cmd, Source};
+use qforge::devices::{available_devices, open_device};
 use qforge::ir::DType;
 use qforge::{Error, Result};
 
@@ -29,8 +31,10 @@ enum Command {
         /// Print JSON lines instead of a table.
         #[arg(long)]
         json: bool,
-        /// Run only on this device (cpu, interpreter, cpu-llvm, wgpu or cuda with their features); a
-        /// device that cannot start is an error (exit code 2). Default: every device that can.
+        /// Run only on this device (auto, cpu, interpreter, cpu-llvm, wgpu or cuda with their
+        /// features; auto: the fastest conformant CPU device, cpu-llvm with the `llvm` feature,
+        /// else cpu); a device that cannot start is an error (exit code 2). Default: every
+        /// device that can.
         #[arg(long)]
         device: Option<String>,
         /// Check only the kernels whose name contains this string (exit code 2 when none does).
@@ -84,8 +88,10 @@ enum Command {
         /// to whole quantization blocks).
         #[arg(long, default_value_t = 0, hide_default_value = true)]
         chunk_elements: usize,
-        /// Device: cpu, interpreter, cpu-llvm (`llvm` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
-        #[arg(long, default_value = "cpu")]
+        /// Device: auto (the fastest conformant device compiled in: cpu-llvm with the `llvm`
+        /// feature, else cpu; printed on stderr), cpu, interpreter, cpu-llvm (`llvm` feature),
+        /// wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        #[arg(long, default_value = "auto")]
         device: String,
     },
     /// Restore full-precision weights from a quantized checkpoint (bitsandbytes 4-bit, LLM.int8,
@@ -108,8 +114,10 @@ enum Command {
         /// Elements per kernel launch (default 4 Mi).
         #[arg(long, default_value_t = 0, hide_default_value = true)]
         chunk_elements: usize,
-        /// Device: cpu, interpreter, cpu-llvm (`llvm` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
-        #[arg(long, default_value = "cpu")]
+        /// Device: auto (the fastest conformant device compiled in: cpu-llvm with the `llvm`
+        /// feature, else cpu; printed on stderr), cpu, interpreter, cpu-llvm (`llvm` feature),
+        /// wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        #[arg(long, default_value = "auto")]
         device: String,
     },
     /// Quick benchmark of the library kernels (about half a minute on 2 cores): one line per kernel, shape
@@ -121,9 +129,10 @@ enum Command {
         /// Keep only the cases whose kernel name contains this string.
         #[arg(long)]
         filter: Option<String>,
-        /// Device: cpu, interpreter (cases scaled down), cpu-llvm (`llvm` feature), wgpu (`wgpu`
-        /// feature) or cuda (`cuda` feature).
-        #[arg(long, default_value = "cpu")]
+        /// Device: auto (the fastest conformant device compiled in: cpu-llvm with the `llvm`
+        /// feature, else cpu; printed on stderr), cpu, interpreter (cases scaled down), cpu-llvm
+        /// (`llvm` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        #[arg(long, default_value = "auto")]
         device: String,
     },
     /// Train bottleneck adapters after frozen NF4 feed-forward blocks so that they reproduce the
@@ -155,9 +164,57 @@ enum Command {
         /// Print the summary as one JSON line (the last line printed).
         #[arg(long)]
         json: bool,
-        /// Device: cpu, interpreter, cpu-llvm (`llvm` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
-        #[arg(long, default_value = "cpu")]
+        /// Device: auto (the fastest conformant device compiled in: cpu-llvm with the `llvm`
+        /// feature, else cpu; printed on stderr), cpu, interpreter, cpu-llvm (`llvm` feature),
+        /// wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        #[arg(long, default_value = "auto")]
         device: String,
+    },
+    /// Compile one kernel ahead of time: a library kernel (--kernel NAME, see list-kernels) or
+    /// a kernel in the text form (FILE.qir). Writes the code to OUT, its manifest to OUT.json and
+    /// the kernel's text form to OUT.qir; without -o, a text target's code goes to stdout.
+    Compile {
+        /// A kernel in the text form (.qir), parsed and verified.
+        #[arg(required_unless_present = "kernel", conflicts_with = "kernel")]
+        file: Option<PathBuf>,
+        /// A library kernel by name (`qforge list-kernels`).
+        #[arg(long)]
+        kernel: Option<String>,
+        /// cpu-obj (a native relocatable object), clif (Cranelift IR), llvm-ir, ptx, wgsl,
+        /// spirv or stablehlo.
+        #[arg(long)]
+        target: String,
+        /// CPU feature level of cpu-obj, clif and llvm-ir: x86-64, x86-64-v2, x86-64-v3,
+        /// x86-64-v4 or aarch64 (default: the best level of this machine).
+        #[arg(long)]
+        feature_level: Option<String>,
+        /// NVIDIA architecture of ptx: 80 (A100) or 90 (H100/H200); default 80.
+        #[arg(long)]
+        sm: Option<String>,
+        /// stablehlo: the value of every dimension parameter (StableHLO shapes are static;
+        /// default 4).
+        #[arg(long)]
+        dim: Option<u32>,
+        /// wgsl and spirv: exact software fma, division and square root (for drivers that
+        /// break the numeric contract).
+        #[arg(long)]
+        soft_math: bool,
+        /// cpu-obj, clif and llvm-ir: no bounds checks on buffer accesses.
+        #[arg(long)]
+        no_bounds_checks: bool,
+        /// Output file of the code (OUT.json and OUT.qir are written next to it). Required for
+        /// the binary targets cpu-obj and spirv.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// List the library's kernel names, one per line (the names `compile --kernel` takes).
+    ListKernels {
+        /// Only the names that contain this string.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Print a JSON array of {"name", "family"} objects instead.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -179,6 +236,21 @@ macro_rules! out {
     }};
 }
 
+/// Opens the device `--device name` names. `auto` says which device it chose: on stderr for
+/// the commands whose stdout may be JSON (`check`, `bench`, `finetune`), as the first line of
+/// the report on stdout for `quantize` and `dequantize` (their stderr holds only an error).
+fn start_device(name: &str, report_on_stdout: bool) -> Result<Box<dyn qforge::runtime::Device>> {
+    let (device, announcement) = open_device(name)?;
+    if let Some(line) = announcement {
+        if report_on_stdout {
+            out!("{line}");
+        } else {
+            eprintln!("{line}");
+        }
+    }
+    Ok(device)
+}
+
 fn float_dtype(name: &str) -> Result<DType> {
     match name {
         "f32" | "float32" => Ok(DType::F32),
@@ -194,7 +266,7 @@ fn check(json: bool, device: Option<&str>, filter: Option<&str>) -> Result<bool>
     let (devices, unavailable) = match device {
         // The interpreter is the reference every row is compared with: nothing else to run.
         Some("interpreter") => (Vec::new(), Vec::new()),
-        Some(name) => (vec![device_by_name(name)?], Vec::new()),
+        Some(name) => (vec![start_device(name, false)?], Vec::new()),
         None => available_devices(),
     };
     let mut on_row = |r: &CheckRow| {
@@ -296,7 +368,7 @@ fn quantize(input: PathBuf, output: PathBuf, a: QuantizeArgs, device: &str) -> R
         overwrite: a.overwrite,
         chunk_elements: a.chunk_elements,
     };
-    let device = device_by_name(device)?;
+    let device = start_device(device, true)?;
     let bar = (input_size(&input) > 100 << 20).then(|| indicatif::ProgressBar::new(0));
     let mut progress = |done: usize, total: usize| {
         if let Some(bar) = &bar {
@@ -375,7 +447,7 @@ fn quantize(input: PathBuf, output: PathBuf, a: QuantizeArgs, device: &str) -> R
 
 fn bench(json: bool, filter: Option<&str>, device: &str) -> Result<()> {
     use qforge::bench::{self, cases, report};
-    let device = device_by_name(device)?;
+    let device = start_device(device, false)?;
     // The cases build their inputs on their first (warm-up) run: listing and filtering is cheap.
     let size = cases::CaseSize::for_backend(device.backend());
     let cases = bench::filter_cases(cases::cases(size)?, filter)?;
@@ -421,7 +493,7 @@ fn finetune(
     };
     // A bad --out is found before the training, not after it.
     finetune::check_out_dir(out_dir)?;
-    let device = device_by_name(device)?;
+    let device = start_device(device, false)?;
     let bar = indicatif::ProgressBar::new(steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps {msg}")
@@ -442,6 +514,66 @@ fn finetune(
     );
     if json {
         out!("{}", report.json());
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to stdout; a closed pipe ends the process quietly, any other write error is
+/// exit code 2.
+fn write_stdout(bytes: &[u8]) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("error: writing to stdout: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn compile(req: &compile_cmd::Request, output: Option<&std::path::Path>) -> Result<()> {
+    // A binary target without -o is refused before compiling.
+    let binary = matches!(req.target.as_str(), "cpu-obj" | "spirv");
+    if binary && output.is_none() {
+        return Err(Error::Usage(format!(
+            "--target {} produces binary code: give an output file with -o",
+            req.target
+        )));
+    }
+    let artifact = compile_cmd::compile(req)?;
+    match output {
+        Some(out) => {
+            let [code, manifest, qir] = compile_cmd::write(&artifact, out)?;
+            out!(
+                "kernel {} ({}): wrote {} ({} bytes), {} and {}",
+                artifact.manifest.kernel,
+                artifact.manifest.target,
+                code.display(),
+                artifact.code.bytes().len(),
+                manifest.display(),
+                qir.display()
+            );
+        }
+        None => write_stdout(&artifact.code.bytes()),
+    }
+    Ok(())
+}
+
+fn list_kernels(filter: Option<&str>, json: bool) -> Result<()> {
+    let listed = qforge::cli::list::list(filter);
+    if let (Some(f), true) = (filter, listed.is_empty()) {
+        return Err(Error::Usage(format!(
+            "--filter '{f}' matches no library kernel name"
+        )));
+    }
+    if json {
+        out!("{}", qforge::cli::list::to_json(&listed));
+    } else {
+        for l in &listed {
+            out!("{}", l.name);
+        }
     }
     Ok(())
 }
@@ -514,7 +646,7 @@ fn main() -> ExitCode {
                 max_shard_size: Some(checkpoint::emit::parse_size(&max_shard_size)?),
                 chunk_elements,
             };
-            let device = device_by_name(&device)?;
+            let device = start_device(&device, true)?;
             let r = checkpoint::dequantize_model(device.as_ref(), &input, &output, &opts)?;
             out!(
                 "{} weights restored, {} tensors copied; {} bytes; wrote {}",
@@ -550,6 +682,37 @@ fn main() -> ExitCode {
             model, layers, rank, steps, &optimizer, lr, &out, json, &device,
         )
         .map(|_| ExitCode::SUCCESS),
+        Command::Compile {
+            file,
+            kernel,
+            target,
+            feature_level,
+            sm,
+            dim,
+            soft_math,
+            no_bounds_checks,
+            output,
+        } => {
+            let source = match (kernel, file) {
+                (Some(name), _) => Source::Library(name),
+                (None, Some(path)) => Source::File(path),
+                // clap requires one of them.
+                (None, None) => Source::Library(String::new()),
+            };
+            let req = compile_cmd::Request {
+                source,
+                target,
+                feature_level,
+                sm,
+                dim,
+                soft_math,
+                no_bounds_checks,
+            };
+            compile(&req, output.as_deref()).map(|_| ExitCode::SUCCESS)
+        }
+        Command::ListKernels { filter, json } => {
+            list_kernels(filter.as_deref(), json).map(|_| ExitCode::SUCCESS)
+        }
     };
     result.unwrap_or_else(|e: Error| {
         eprintln!("error: {e}");

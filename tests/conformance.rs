@@ -42,7 +42,8 @@ fn inputs(blocksize: usize) -> impl Strategy<Value = Vec<f32>> {
 /// device list: a feature dropped from the test command must not make a device vanish.
 fn required_devices_are_compiled_in() {
     for name in qforge_testkit::required_names() {
-        let is_device = ["cpu", "cpu-llvm", "wgpu", "cuda", "stablehlo"].contains(&name.as_str());
+        let is_device =
+            ["cpu", "cpu-llvm", "cpu-aot", "wgpu", "cuda", "stablehlo"].contains(&name.as_str());
         assert!(
             !is_device || DEVICE_NAMES.contains(&name.as_str()),
             "{name} is required here but this build lacks its cargo feature (devices: {DEVICE_NAMES:?})"

@@ -1,9 +1,18 @@
-//! insta snapshots of every library kernel: its IR text and its Cranelift IR, one file per
-//! (kernel, backend) in `snapshots/`. Review changes in diffs; create new ones locally with
+//! insta snapshots of the library's kernels: the IR text of every kernel (one file per kernel),
+//! the full backend text of a few representative kernels, and for every kernel and backend the
+//! FNV-1a hash of its text (`snapshots/backend_text_hashes.snap`, one line per kernel), so that
+//! any change to any kernel's code shows up in review as a named line without 1,800 files of
+//! generated code in the diff. Create new snapshots locally with
 //! `INSTA_UPDATE=always cargo test --test snapshots` (CI never writes snapshots).
 
 use qforge::codegen::cranelift::clif_text;
-use qforge::ir::{text, verify};
+use qforge::codegen::llvm::LlvmOptions;
+use qforge::codegen::ptx::{ptx_text, SmTarget};
+use qforge::codegen::stablehlo::StableHloBackend;
+use qforge::codegen::wgsl::WgslBackend;
+use qforge::codegen::Backend;
+use qforge::ir::cpu_abi::fnv1a;
+use qforge::ir::{text, verify, Kernel};
 use qforge::kernels;
 
 fn settings() -> insta::Settings {
@@ -14,11 +23,70 @@ fn settings() -> insta::Settings {
     s
 }
 
+/// Kernels whose backend text is kept in full: the NF4 quantize (absmax reduction, the search of
+/// the 4-bit code) and dequantize (two codes per byte), the 8-bit blockwise quantize (the search
+/// of a 256-entry code) and dequantize (a 256-entry lookup), the NF4 GEMV tile (strided
+/// `accumulate`, fused 4-bit decodes) and the 8-bit AdamW step (loops, variables, `fma`).
+const REPRESENTATIVE: [&str; 6] = [
+    "quantize_4bit_nf4_bs64_f32",
+    "dequantize_4bit_nf4_bs64_f32",
+    "quantize_blockwise_dynamic_bs256_f32",
+    "dequantize_blockwise_dynamic_bs256_f32",
+    "matmul_4bit_nf4_bs64_f32_t1x4",
+    "adamw8bit_f32",
+];
+
+/// The LLVM options of the snapshots: 16 lanes, AVX-512 permutes and VBMI 4-bit decodes.
+const LLVM: LlvmOptions = LlvmOptions {
+    bounds_checks: true,
+    lanes: 16,
+    x86_avx512: true,
+    x86_avx512_vbmi: true,
+    x86_avx2: true,
+};
+
+fn library() -> Vec<Kernel> {
+    kernels::catalog()
+        .iter()
+        .map(|e| e.build().expect("library kernels build"))
+        .collect()
+}
+
+/// Each backend's snapshot text of `kernel`: (file suffix, text).
+fn backend_texts(kernel: &Kernel) -> Vec<(&'static str, String)> {
+    let name = &kernel.name;
+    vec![
+        (
+            "clif",
+            clif_text(kernel).unwrap_or_else(|e| panic!("{name}: {e}")),
+        ),
+        (
+            "ptx",
+            ptx_text(kernel, SmTarget::Sm80).unwrap_or_else(|e| panic!("{name}: {e}")),
+        ),
+        (
+            "wgsl",
+            WgslBackend
+                .emit_text(kernel)
+                .unwrap_or_else(|e| panic!("{name}: {e}")),
+        ),
+        (
+            "stablehlo",
+            StableHloBackend
+                .emit_text(kernel)
+                .unwrap_or_else(|e| panic!("{name}: {e}")),
+        ),
+        (
+            "llvm",
+            qforge::codegen::llvm::lower(kernel, &LLVM).unwrap_or_else(|e| panic!("{name}: {e}")),
+        ),
+    ]
+}
+
 #[test]
-fn ir_text_and_clif_of_every_library_kernel() {
+fn ir_text_of_every_library_kernel() {
     settings().bind(|| {
-        for entry in kernels::catalog() {
-            let kernel = entry.build().expect("library kernels build");
+        for kernel in library() {
             verify(&kernel).expect("library kernels verify");
             let ir = text::print(&kernel);
             assert_eq!(
@@ -28,45 +96,37 @@ fn ir_text_and_clif_of_every_library_kernel() {
                 kernel.name
             );
             insta::assert_snapshot!(format!("{}.ir", kernel.name), ir);
-            insta::assert_snapshot!(
-                format!("{}.clif", kernel.name),
-                clif_text(&kernel).expect("lowers to Cranelift")
-            );
         }
     });
 }
 
-/// LLVM IR text (16 lanes, AVX-512 permutes and VBMI 4-bit decodes) of a few representative
-/// kernels: a 4-bit dequantize (one byte, two codes per iteration), an 8-bit dequantize (a
-/// 256-entry permute lookup), the NF4 GEMV tile (strided accumulate, fused 4-bit decodes) and an
-/// 8-bit quantize (the level search of `search_sorted`, 32 lanes). The text of every kernel is long
-/// (vector constants are spelled lane by lane), so only these are kept; `tests/llvm.rs` checks
-/// every kernel's text for determinism and fast-math flags.
 #[test]
-fn llvm_text_of_representative_kernels() {
-    use qforge::codegen::llvm::{lower, LlvmOptions};
-    let options = LlvmOptions {
-        bounds_checks: true,
-        lanes: 16,
-        x86_avx512: true,
-        x86_avx512_vbmi: true,
-        x86_avx2: true,
-    };
-    let names = [
-        "dequantize_4bit_nf4_bs64_f32",
-        "dequantize_blockwise_dynamic_bs256_f32",
-        "matmul_4bit_nf4_bs64_f32_t1x4",
-        "quantize_blockwise_dynamic_bs256_f32",
-    ];
+fn backend_text_of_representative_kernels() {
+    let kernels = library();
     settings().bind(|| {
-        for name in names {
-            let entry = kernels::catalog()
-                .into_iter()
-                .find(|e| e.name() == name)
+        for name in REPRESENTATIVE {
+            let kernel = kernels
+                .iter()
+                .find(|k| k.name == name)
                 .unwrap_or_else(|| panic!("{name} is in the catalog"));
-            let kernel = entry.build().expect("library kernels build");
-            let text = lower(&kernel, &options).expect("lowers to LLVM IR");
-            insta::assert_snapshot!(format!("{name}.llvm"), text);
+            for (suffix, text) in backend_texts(kernel) {
+                insta::assert_snapshot!(format!("{name}.{suffix}"), text);
+            }
         }
     });
+}
+
+#[test]
+fn backend_text_hashes_of_every_library_kernel() {
+    let lines: Vec<String> = library()
+        .iter()
+        .map(|kernel| {
+            let hashes: Vec<String> = backend_texts(kernel)
+                .into_iter()
+                .map(|(suffix, text)| format!("{suffix}={:016x}", fnv1a(text.as_bytes())))
+                .collect();
+            format!("{} {}", kernel.name, hashes.join(" "))
+        })
+        .collect();
+    settings().bind(|| insta::assert_snapshot!("backend_text_hashes", lines.join("\n")));
 }

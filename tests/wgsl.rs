@@ -12,28 +12,19 @@ use qforge::ir::{
 };
 use qforge::kernels;
 
-fn settings() -> insta::Settings {
-    let mut s = insta::Settings::clone_current();
-    s.set_snapshot_path(concat!(env!("CARGO_MANIFEST_DIR"), "/snapshots"));
-    s.set_prepend_module_to_snapshot(false);
-    s.set_omit_expression(true);
-    s
-}
-
+/// (The text itself is reviewed through `tests/snapshots.rs`: representative kernels in full, a
+/// hash per kernel.)
 #[test]
-fn every_library_kernel_validates_and_matches_its_snapshot() {
+fn every_library_kernel_validates() {
     let mut count = 0;
-    settings().bind(|| {
-        for entry in kernels::catalog() {
-            let kernel = entry.build().expect("library kernels build");
-            let art = WgslBackend
-                .lower(&kernel)
-                .unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
-            assert_eq!(art.module.entry_points.len(), 1, "{}", kernel.name);
-            insta::assert_snapshot!(format!("{}.wgsl", kernel.name), art.wgsl);
-            count += 1;
-        }
-    });
+    for entry in kernels::catalog() {
+        let kernel = entry.build().expect("library kernels build");
+        let art = WgslBackend
+            .lower(&kernel)
+            .unwrap_or_else(|e| panic!("{}: {e}", kernel.name));
+        assert_eq!(art.module.entry_points.len(), 1, "{}", kernel.name);
+        count += 1;
+    }
     assert!(count > 100, "catalog unexpectedly small: {count}");
 }
 

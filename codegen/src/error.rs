@@ -16,6 +16,13 @@ pub enum Error {
         /// The op (text-form name).
         op: String,
     },
+    /// A target this build cannot produce (unknown triple or level, a level of another
+    /// architecture).
+    #[error("target: {0}")]
+    Target(String),
+    /// An artifact or manifest that cannot be used (wrong version, corrupted code).
+    #[error("artifact: {0}")]
+    Artifact(String),
     /// The backend's own tool rejected the emitted code (a bug in qforge).
     #[error("backend '{backend}': {message}")]
     Backend {

@@ -3,6 +3,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+pub mod compile;
 pub mod cranelift;
 pub mod decompose;
 mod error;
@@ -13,4 +14,5 @@ pub mod stablehlo;
 pub mod wgsl;
 
 pub use backend::Backend;
+pub use compile::{compile, Artifact, Target};
 pub use error::{Error, Result};

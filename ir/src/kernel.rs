@@ -226,13 +226,7 @@ impl Kernel {
     /// process and version that prints the same text. Used in artifact manifests and module
     /// keys; a device's in-process kernel cache uses the much cheaper [`Kernel::fingerprint`].
     pub fn content_hash(&self) -> u64 {
-        let text = crate::text::print(self);
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in text.bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h
+        crate::cpu_abi::fnv1a(crate::text::print(self).as_bytes())
     }
 
     /// A 64-bit hash of the kernel's structure (the derived [`Hash`] with `FxHasher`): equal

@@ -24,6 +24,7 @@ mod ops;
 mod source;
 mod types;
 
+pub mod cpu_abi;
 pub mod dsl;
 pub mod interp;
 pub mod routines;

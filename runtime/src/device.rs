@@ -1,9 +1,57 @@
-//! The `Device` trait and the interpreter device.
+//! The `Device` trait, what a device can do ([`Caps`]) and the interpreter device.
 
 use qforge_ir::dsl::{Signature, TypedKernel};
 use qforge_ir::{Arg, Kernel};
 
 use crate::error::Result;
+
+/// What kind of machine runs a device's kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeviceKind {
+    /// Native code on the host CPU: work items spread over threads, vectorized
+    /// [`Caps::vector_lanes`] wide.
+    Cpu,
+    /// A GPU: one work item per thread, [`Caps::parallel_threads`] threads resident at once.
+    Gpu,
+    /// The reference interpreter or another sequential evaluator (the default).
+    Interpreter,
+    /// An XLA/StableHLO evaluator: whole-kernel modules, one launch at a time.
+    Xla,
+}
+
+/// What a device can do, for host ops that choose tiles and kernel variants: they read these,
+/// never a device's name or backend. Results never depend on them, only speed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Caps {
+    /// The kind of machine.
+    pub kind: DeviceKind,
+    /// `f32` lanes of the device's vector code: 4 for Cranelift's 128-bit vectors, 8 or 16
+    /// for the LLVM backend (AVX2 or AVX-512), 1 for scalar code, GPUs and evaluators.
+    pub vector_lanes: u32,
+    /// Work items that run at once: a CPU device's launch threads, a GPU's resident threads,
+    /// 1 for a sequential device.
+    pub parallel_threads: u32,
+}
+
+impl Caps {
+    /// A sequential device without vector code (the interpreter; the default of
+    /// [`Device::caps`]).
+    pub const SEQUENTIAL: Caps = Caps {
+        kind: DeviceKind::Interpreter,
+        vector_lanes: 1,
+        parallel_threads: 1,
+    };
+
+    /// Resident threads assumed for a GPU whose real number is not queried (64 Ki, e.g. 32
+    /// SMs x 2048).
+    pub const GPU_THREADS: u32 = 65536;
+
+    /// Whether the device is a GPU (host ops then pick their GPU tiles and unstaged kernels).
+    pub fn is_gpu(&self) -> bool {
+        self.kind == DeviceKind::Gpu
+    }
+}
 
 /// Something that compiles and runs kernels. Buffers are host byte slices; a device that keeps
 /// memory elsewhere copies in and out around the launch.
@@ -27,11 +75,15 @@ pub trait Device: Send + Sync {
     /// failure.
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()>;
 
-    /// The `f32` lanes of the device's vector code: 4 for Cranelift's 128-bit vectors, 8 or 16
-    /// for the LLVM backend (AVX2 or AVX-512), 1 for scalar code or when unknown (the
-    /// default). Tile heuristics read it (`qforge_kernels::ops::DeviceCaps`); results never depend on it.
+    /// What the device can do ([`Caps`]); host ops choose tiles and kernels from it. The
+    /// default is [`Caps::SEQUENTIAL`].
+    fn caps(&self) -> Caps {
+        Caps::SEQUENTIAL
+    }
+
+    /// The `f32` lanes of the device's vector code: [`Caps::vector_lanes`] of [`Device::caps`].
     fn vector_lanes(&self) -> u32 {
-        1
+        self.caps().vector_lanes
     }
 }
 
@@ -66,5 +118,8 @@ impl Device for InterpreterDevice {
     }
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
         Ok(qforge_ir::interp::run(kernel, args)?)
+    }
+    fn caps(&self) -> Caps {
+        Caps::SEQUENTIAL
     }
 }

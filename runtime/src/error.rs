@@ -10,6 +10,7 @@ pub enum Error {
     #[error(transparent)]
     Ir(#[from] qforge_ir::Error),
     /// Code generation failed.
+    #[cfg(feature = "compiler")]
     #[error(transparent)]
     Codegen(#[from] qforge_codegen::Error),
     /// The device failed to compile or run a kernel.

@@ -3,6 +3,7 @@
 //! bitsandbytes functional API (`quantize_4bit`, `dequantize_4bit`, `quantize_blockwise`, ...).
 #![deny(missing_docs)]
 
+pub mod aot;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -16,10 +17,17 @@ mod wgpu;
 
 #[cfg(feature = "wgpu")]
 pub use self::wgpu::{Conformance, WgpuDevice};
-pub use cpu::{CpuDevice, CpuOptions};
+pub use aot::{AotDevice, AotKernel, Policy};
+
+/// Whether this build links the code generators and JITs (qforge-runtime's `compiler`
+/// feature); `false` in a program that runs only ahead-of-time kernels.
+pub const JIT_LINKED: bool = cfg!(feature = "compiler");
+#[cfg(feature = "compiler")]
+pub use cpu::CpuDevice;
+pub use cpu::CpuOptions;
 #[cfg(feature = "cuda")]
 pub use cuda::CudaDevice;
-pub use device::{launch_typed, Device, InterpreterDevice};
+pub use device::{launch_typed, Caps, Device, DeviceKind, InterpreterDevice};
 pub use error::{Error, Result};
 #[cfg(feature = "stablehlo")]
 pub use stablehlo::StableHloDevice;

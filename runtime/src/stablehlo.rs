@@ -3,12 +3,13 @@
 //! device of the process shares: a pool of runners, one per core by default
 //! (`QFORGE_STABLEHLO_RUNNERS` sets the number), so launches from several threads run at once.
 //!
-//! Each launch binds the arguments, lowers the kernel for exactly those shapes
-//! (`qforge_codegen::stablehlo::lower`), writes the module and the raw argument bytes to a fresh
-//! temporary folder, asks the runner (`scripts/stablehlo_runner.py`) to evaluate it, and copies
-//! the results into the writable arguments. The reference interpreter computes with IEEE
-//! semantics and keeps subnormals, so this device is bit-exact; it is slow (an interpreter),
-//! meant for conformance, not speed.
+//! Each launch binds the arguments, compiles the kernel for exactly those shapes
+//! (`qforge_codegen::compile` for `Target::StableHloShapes`: StableHLO shapes are static, and a
+//! kernel's dimension parameters may differ from each other), writes the module and the raw
+//! argument bytes to a fresh temporary folder, asks the runner (`scripts/stablehlo_runner.py`)
+//! to evaluate it, and copies the results into the writable arguments. The reference
+//! interpreter computes with IEEE semantics and keeps subnormals, so this device is bit-exact;
+//! it is slow (an interpreter), meant for conformance, not speed.
 //!
 //! The Python interpreter is `QFORGE_STABLEHLO_PYTHON` when set, else
 //! `target/stablehlo-venv/bin/python` of this workspace, which `scripts/install-stablehlo.sh`
@@ -21,10 +22,11 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use qforge_codegen::stablehlo::{lower, Shapes, BACKEND};
+use qforge_codegen::compile::{Launch, Options, Target};
+use qforge_codegen::stablehlo::{Shapes, BACKEND};
 use qforge_ir::{Arg, Kernel, ParamKind};
 
-use crate::device::Device;
+use crate::device::{Caps, Device, DeviceKind};
 use crate::error::{Error, Result};
 
 const NAME: &str = "stablehlo";
@@ -244,6 +246,13 @@ impl Device for StableHloDevice {
         BACKEND
     }
 
+    fn caps(&self) -> Caps {
+        Caps {
+            kind: DeviceKind::Xla,
+            ..Caps::SEQUENTIAL
+        }
+    }
+
     fn compile(&self, kernel: &Kernel) -> Result<()> {
         Ok(qforge_ir::verify(kernel)?)
     }
@@ -258,7 +267,28 @@ impl Device for StableHloDevice {
             grid: binding.grid,
             elements: binding.elements.clone(),
         };
-        let module = lower(kernel, &shapes)?;
+        let artifact = qforge_codegen::compile(
+            kernel,
+            &Target::StableHloShapes(shapes.clone()),
+            &Options::default(),
+        )?;
+        match &artifact.manifest.launch {
+            Launch::StableHloShapes { grid, elements }
+                if *grid == shapes.grid && *elements == shapes.elements => {}
+            other => {
+                return Err(device_error(format!(
+                    "{}: the stablehlo artifact launches as {other:?}, expected grid {} and \
+                     elements {:?}",
+                    kernel.name, shapes.grid, shapes.elements
+                )))
+            }
+        }
+        let module = artifact.code.text().ok_or_else(|| {
+            device_error(format!(
+                "{}: the stablehlo artifact has no text",
+                kernel.name
+            ))
+        })?;
         let dir = self.folder()?;
         let result = (|| {
             let io = |e: std::io::Error| device_error(format!("{}: {e}", dir.display()));

@@ -2,4 +2,6 @@
 //! arguments and prints).
 
 pub mod check;
+pub mod compile;
+pub mod list;
 pub mod signals;

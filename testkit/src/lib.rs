@@ -30,6 +30,7 @@ pub use cases::{config, random_cases, run_cases, runner};
 pub const KNOWN: &[&str] = &[
     "cpu",
     "cpu-llvm",
+    "cpu-aot",
     "wgpu",
     "cuda",
     "stablehlo",
@@ -40,12 +41,14 @@ pub const KNOWN: &[&str] = &[
 ];
 
 /// What `.ci/run` installs and so what must be present whenever [`ci`] is true and
-/// `QFORGE_REQUIRE` is not set: the Cranelift and LLVM CPU devices, the wgpu device (Mesa's
+/// `QFORGE_REQUIRE` is not set: the Cranelift and LLVM CPU devices, the ahead-of-time CPU
+/// device (feature `aot`), the wgpu device (Mesa's
 /// lavapipe), the StableHLO runner, NVIDIA's `ptxas`, the shared golden vectors and models, and
 /// the Python with transformers. Not `cuda`: CI has no GPU.
 pub const CI_REQUIRES: &[&str] = &[
     "cpu",
     "cpu-llvm",
+    "cpu-aot",
     "wgpu",
     "stablehlo",
     "ptxas",

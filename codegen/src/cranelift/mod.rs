@@ -85,60 +85,7 @@ impl Default for LowerOptions {
     }
 }
 
-/// Where each launch argument goes in the `args` array of the lowered function.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ArgLayout {
-    params: usize,
-    tables: usize,
-    bounds_checks: bool,
-}
-
-impl ArgLayout {
-    /// The layout for `kernel` lowered with or without bounds checks.
-    pub fn new(kernel: &Kernel, bounds_checks: bool) -> Self {
-        ArgLayout {
-            params: kernel.params.len(),
-            tables: kernel.tables.len(),
-            bounds_checks,
-        }
-    }
-
-    /// Slot of table number `table` (its arena index).
-    pub fn table(&self, table: usize) -> usize {
-        self.params + table
-    }
-
-    /// Slot of the pointer to the `u32` status word, when bounds checks are on.
-    pub fn status(&self) -> Option<usize> {
-        self.bounds_checks.then_some(self.params + self.tables)
-    }
-
-    /// Slot of the element count of parameter number `param`, when bounds checks are on (the
-    /// slot exists for scalar parameters too and is ignored there).
-    pub fn count(&self, param: usize) -> Option<usize> {
-        self.bounds_checks
-            .then_some(self.params + self.tables + 1 + param)
-    }
-
-    /// Whether the function checks buffer accesses.
-    pub fn bounds_checks(&self) -> bool {
-        self.bounds_checks
-    }
-
-    /// Number of 64-bit slots in `args`.
-    pub fn len(&self) -> usize {
-        if self.bounds_checks {
-            2 * self.params + self.tables + 1
-        } else {
-            self.params + self.tables
-        }
-    }
-
-    /// True when the function takes no argument slot at all.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+pub use qforge_ir::cpu_abi::ArgLayout;
 
 /// A kernel lowered to Cranelift IR, ready for a JIT or an object writer.
 #[derive(Clone, Debug)]
@@ -180,7 +127,12 @@ impl crate::Backend for CraneliftBackend {
 /// Cranelift's verifier rejects the function (a bug in this backend).
 pub fn lower(kernel: &Kernel, options: &LowerOptions) -> Result<LoweredKernel> {
     qforge_ir::verify(kernel)?;
-    let kernel = &*prepare(kernel)?;
+    lower_prepared(&*prepare(kernel)?, options)
+}
+
+/// [`lower`] for a verified kernel already through [`prepare`] (the compile pipeline's
+/// emission step).
+pub(crate) fn lower_prepared(kernel: &Kernel, options: &LowerOptions) -> Result<LoweredKernel> {
     let function = lower::build(kernel, options)?;
     let flags = settings::Flags::new(settings::builder());
     cranelift_codegen::verify_function(&function, &flags).map_err(|errors| Error::Backend {
@@ -191,6 +143,24 @@ pub fn lower(kernel: &Kernel, options: &LowerOptions) -> Result<LoweredKernel> {
         function,
         layout: ArgLayout::new(kernel, options.bounds_checks),
     })
+}
+
+/// The symbol names of the routines Cranelift calls where the target lacks an instruction
+/// (`fma` without FMA, `floor`/`ceil`/`trunc`/`nearest` without SSE4.1, `pshufb` without
+/// SSSE3): `qforge_fmaf`, `qforge_floorf`, `qforge_ceilf`, `qforge_truncf`,
+/// `qforge_nearbyintf`, `qforge_pshufb`, which the runtime defines with exact semantics; other
+/// libcalls keep Cranelift's default names.
+pub fn libcall_name(call: cranelift_codegen::ir::LibCall) -> String {
+    use cranelift_codegen::ir::LibCall;
+    match call {
+        LibCall::FmaF32 => "qforge_fmaf".into(),
+        LibCall::FloorF32 => "qforge_floorf".into(),
+        LibCall::CeilF32 => "qforge_ceilf".into(),
+        LibCall::TruncF32 => "qforge_truncf".into(),
+        LibCall::NearestF32 => "qforge_nearbyintf".into(),
+        LibCall::X86Pshufb => "qforge_pshufb".into(),
+        other => cranelift_module::default_libcall_names()(other),
+    }
 }
 
 /// The kernel this backend lowers: `kernel` with [`qforge_ir::Op::SearchSorted`] rewritten into

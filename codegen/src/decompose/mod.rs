@@ -62,14 +62,21 @@ pub enum SearchStrategy {
 /// # Errors
 /// [`crate::Error::Ir`] when the kernel does not verify (before or after the rewrite).
 pub fn search(kernel: &Kernel, strategy: SearchStrategy) -> Result<Cow<'_, Kernel>> {
-    let has_search = kernel
-        .values
-        .iter()
-        .any(|(_, d)| matches!(d.op, Op::SearchSorted { .. }));
-    if !has_search {
+    if !has_search(kernel) {
         return Ok(Cow::Borrowed(kernel));
     }
     qforge_ir::verify(kernel)?;
+    let out = rewrite(kernel, strategy)?;
+    qforge_ir::verify(&out)?;
+    Ok(out)
+}
+
+/// [`search`] on a kernel known to verify, without verifying (the compile pipeline verifies
+/// once, and after each pass in debug builds).
+pub(crate) fn rewrite(kernel: &Kernel, strategy: SearchStrategy) -> Result<Cow<'_, Kernel>> {
+    if !has_search(kernel) {
+        return Ok(Cow::Borrowed(kernel));
+    }
     let (mut b, body) = KernelBuilder::edit(kernel.clone());
     let mut pass = Pass {
         strategy,
@@ -78,8 +85,15 @@ pub fn search(kernel: &Kernel, strategy: SearchStrategy) -> Result<Cow<'_, Kerne
     let body = pass.block(&mut b, body);
     let mut out = b.finish_with(body);
     drop_unread_tables(&mut out);
-    qforge_ir::verify(&out)?;
     Ok(Cow::Owned(out))
+}
+
+/// Whether `kernel` has a [`Op::SearchSorted`] to rewrite.
+fn has_search(kernel: &Kernel) -> bool {
+    kernel
+        .values
+        .iter()
+        .any(|(_, d)| matches!(d.op, Op::SearchSorted { .. }))
 }
 
 /// The entries of the sorted `table` that can count: all but its trailing `+inf` entries (no

@@ -134,6 +134,11 @@ impl crate::Backend for LlvmBackend {
 /// f16/bf16 store rounding other than `rne` or an unsupported lane count.
 pub fn lower(kernel: &Kernel, options: &LlvmOptions) -> Result<String> {
     qforge_ir::verify(kernel)?;
+    lower_prepared(&*prepare(kernel, options)?, options)
+}
+
+/// [`lower`] for a verified kernel already through [`prepare`] with `options`.
+pub(crate) fn lower_prepared(kernel: &Kernel, options: &LlvmOptions) -> Result<String> {
     if !supported_lanes(options.lanes) {
         return Err(crate::Error::Unsupported {
             backend: BACKEND,
@@ -143,7 +148,7 @@ pub fn lower(kernel: &Kernel, options: &LlvmOptions) -> Result<String> {
             ),
         });
     }
-    emit::module(&*prepare(kernel, options)?, options)
+    emit::module(kernel, options)
 }
 
 /// The kernel this backend lowers with `options`: `kernel` with [`qforge_ir::Op::SearchSorted`]
@@ -156,8 +161,13 @@ pub fn lower(kernel: &Kernel, options: &LlvmOptions) -> Result<String> {
 /// # Errors
 /// [`crate::Error::Ir`] when the kernel does not verify.
 pub fn prepare<'k>(kernel: &'k Kernel, options: &LlvmOptions) -> Result<Cow<'k, Kernel>> {
+    crate::decompose::search(kernel, search_strategy(options))
+}
+
+/// The search decomposition [`prepare`] uses with `options`.
+pub(crate) fn search_strategy(options: &LlvmOptions) -> SearchStrategy {
     let permutes = options.x86_avx512 && options.lanes >= 16 && options.lanes.is_multiple_of(16);
-    let strategy = if permutes {
+    if permutes {
         SearchStrategy::Levels
     } else {
         // With AVX2, level tables of up to 16 entries are one or two `vpermd` each.
@@ -168,6 +178,5 @@ pub fn prepare<'k>(kernel: &'k Kernel, options: &LlvmOptions) -> Result<Cow<'k, 
                 0
             };
         SearchStrategy::Packed { levels_up_to }
-    };
-    crate::decompose::search(kernel, strategy)
+    }
 }

@@ -162,6 +162,11 @@ impl crate::Backend for PtxBackend {
 pub fn lower(kernel: &Kernel, target: SmTarget) -> Result<PtxModule> {
     qforge_ir::verify(kernel)?;
     let kernel = &*crate::decompose::search(kernel, crate::decompose::SearchStrategy::Buckets)?;
+    lower_prepared(kernel, target)
+}
+
+/// [`lower`] for a verified kernel already through the bucket search decomposition.
+pub(crate) fn lower_prepared(kernel: &Kernel, target: SmTarget) -> Result<PtxModule> {
     let table_bytes: usize = kernel.tables.iter().map(|(_, t)| 4 * t.data.len()).sum();
     if table_bytes > CONST_BANK_BYTES {
         return Err(crate::Error::Unsupported {

@@ -143,6 +143,14 @@ impl Backend for StableHloBackend {
 /// those too).
 pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<String> {
     qforge_ir::verify(kernel)?;
+    lower_prepared(
+        &*crate::decompose::search(kernel, SearchStrategy::Buckets)?,
+        shapes,
+    )
+}
+
+/// [`lower`] for a verified kernel already through the bucket search decomposition.
+pub(crate) fn lower_prepared(kernel: &Kernel, shapes: &Shapes) -> Result<String> {
     let unsupported = |what: String| Error::Unsupported {
         backend: BACKEND,
         op: format!("{}: {what}", kernel.name),
@@ -165,6 +173,5 @@ pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<String> {
             MAX_ELEMENTS - 1
         )));
     }
-    let kernel = &*crate::decompose::search(kernel, SearchStrategy::Buckets)?;
     emit::module(kernel, shapes)
 }

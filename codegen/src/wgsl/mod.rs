@@ -254,35 +254,43 @@ impl WgslBackend {
     /// emitted module (a qforge bug).
     pub fn lower_with(&self, kernel: &Kernel, options: WgslOptions) -> Result<WgslArtifact> {
         qforge_ir::verify(kernel)?;
-        let kernel = &*crate::decompose::search(kernel, SearchStrategy::Buckets)?;
-        let layout = WgslLayout::new(kernel);
-        let source = emit::emit_source(kernel, &layout, options)?;
-        let module = naga::front::wgsl::parse_str(&source).map_err(|e| {
+        lower_prepared(
+            &*crate::decompose::search(kernel, SearchStrategy::Buckets)?,
+            options,
+        )
+    }
+}
+
+/// [`WgslBackend::lower_with`] for a verified kernel already through the bucket search
+/// decomposition.
+pub(crate) fn lower_prepared(kernel: &Kernel, options: WgslOptions) -> Result<WgslArtifact> {
+    let layout = WgslLayout::new(kernel);
+    let source = emit::emit_source(kernel, &layout, options)?;
+    let module = naga::front::wgsl::parse_str(&source).map_err(|e| {
+        backend_error(format!(
+            "naga rejected the WGSL of '{}': {}",
+            kernel.name,
+            e.emit_to_string(&source)
+        ))
+    })?;
+    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .map_err(|e| {
             backend_error(format!(
-                "naga rejected the WGSL of '{}': {}",
+                "naga's validator rejected '{}': {}",
                 kernel.name,
                 e.emit_to_string(&source)
             ))
         })?;
-        let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
-            .validate(&module)
-            .map_err(|e| {
-                backend_error(format!(
-                    "naga's validator rejected '{}': {}",
-                    kernel.name,
-                    e.emit_to_string(&source)
-                ))
-            })?;
-        let wgsl =
-            naga::back::wgsl::write_string(&module, &info, naga::back::wgsl::WriterFlags::empty())
-                .map_err(|e| backend_error(format!("naga's WGSL writer failed: {e}")))?;
-        Ok(WgslArtifact {
-            module,
-            info,
-            wgsl,
-            layout,
-        })
-    }
+    let wgsl =
+        naga::back::wgsl::write_string(&module, &info, naga::back::wgsl::WriterFlags::empty())
+            .map_err(|e| backend_error(format!("naga's WGSL writer failed: {e}")))?;
+    Ok(WgslArtifact {
+        module,
+        info,
+        wgsl,
+        layout,
+    })
 }
 
 impl WgslArtifact {

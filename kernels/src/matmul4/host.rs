@@ -33,23 +33,20 @@ pub enum DeviceCaps {
 }
 
 impl DeviceCaps {
-    /// The capabilities of `dev`, from its backend: `cranelift` and `llvm` are CPUs with the
-    /// machine's threads and the device's [`Device::vector_lanes`] (4 for Cranelift; 16 for
-    /// LLVM with AVX-512, 8 with AVX2); `ptx` and `wgsl` are GPUs (assumed 64 Ki resident
-    /// threads); anything else (the interpreter) a one-thread CPU.
+    /// The capabilities of `dev`, from [`Device::caps`]: a GPU with its resident threads, or
+    /// else a CPU with the device's parallel threads and vector lanes (a sequential device,
+    /// such as the interpreter, is a one-thread CPU without vectors).
     pub fn of(dev: &dyn Device) -> DeviceCaps {
-        match dev.backend() {
-            "cranelift" | "llvm" => DeviceCaps::Cpu {
-                threads: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
-                lanes: dev.vector_lanes(),
-            },
-            "ptx" | "wgsl" => DeviceCaps::Gpu {
-                parallel_threads: 65536,
-            },
-            _ => DeviceCaps::Cpu {
-                threads: 1,
-                lanes: 1,
-            },
+        let caps = dev.caps();
+        if caps.is_gpu() {
+            DeviceCaps::Gpu {
+                parallel_threads: caps.parallel_threads.max(1),
+            }
+        } else {
+            DeviceCaps::Cpu {
+                threads: caps.parallel_threads.max(1),
+                lanes: caps.vector_lanes.max(1),
+            }
         }
     }
 }

@@ -23,10 +23,9 @@ pub const STAGE_CHUNK: usize = 512 * 1024;
 // and must start on an even element (one Philox call per element pair).
 const _: () = assert!(STAGE_CHUNK.is_multiple_of(256));
 
-/// Whether `dev` runs the staged form: every backend but the GPU ones (`ptx`, `wgsl`), as
-/// `ops::DeviceCaps::of` tells CPUs from GPUs.
+/// Whether `dev` runs the staged form: every device but a GPU ([`Device::caps`]).
 pub(crate) fn stages(dev: &dyn Device) -> bool {
-    !matches!(dev.backend(), "ptx" | "wgsl")
+    !dev.caps().is_gpu()
 }
 
 /// The buffers of one 8-bit Adam / AdamW step as the kernels take them (little-endian bytes):

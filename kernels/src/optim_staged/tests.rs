@@ -128,7 +128,8 @@ fn staged_names_and_32bit_state() {
     );
 }
 
-/// The interpreter presented as a GPU backend, so [`launch_adam8`] takes its plain, unstaged
+/// The interpreter with a GPU's capabilities (its name and backend stay the interpreter's:
+/// host ops choose by [`Device::caps`] only), so [`launch_adam8`] takes its plain, unstaged
 /// path (one launch of `adam{,w}8bit_{dtype}[_gs]`).
 struct GpuLike;
 
@@ -137,7 +138,14 @@ impl Device for GpuLike {
         "interpreter as a gpu"
     }
     fn backend(&self) -> &'static str {
-        "ptx"
+        "interpreter"
+    }
+    fn caps(&self) -> qforge_runtime::Caps {
+        qforge_runtime::Caps {
+            kind: qforge_runtime::DeviceKind::Gpu,
+            vector_lanes: 1,
+            parallel_threads: qforge_runtime::Caps::GPU_THREADS,
+        }
     }
     fn compile(&self, kernel: &qforge_ir::Kernel) -> qforge_runtime::Result<()> {
         InterpreterDevice.compile(kernel)

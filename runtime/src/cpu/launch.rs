@@ -6,12 +6,13 @@ use std::sync::OnceLock;
 
 use qforge_ir::{bind, Arg, Binding};
 
-use super::{Compiled, CpuOptions};
+use super::entry::Compiled;
+use super::CpuOptions;
 use crate::error::{Error, Result};
 
 /// The threads of a device's multi-threaded launches, started on the first one and kept for
 /// the life of the device (a launch then costs a wake-up, not a thread start).
-pub(super) type Pool = OnceLock<std::result::Result<rayon::ThreadPool, String>>;
+pub(crate) type Pool = OnceLock<std::result::Result<rayon::ThreadPool, String>>;
 
 /// Chunks per thread of a multi-threaded launch: idle threads take the next chunk, so a thread
 /// that is slowed down (another process, a busy core) delays the launch by about one chunk.
@@ -19,7 +20,7 @@ const CHUNKS_PER_THREAD: usize = 4;
 
 /// Checks `args` against the kernel and runs every work item, on the calling thread or, when
 /// the launch is large, as contiguous chunks of the grid on the device's thread `pool`.
-pub(super) fn launch(
+pub(crate) fn launch(
     compiled: &Compiled,
     options: &CpuOptions,
     pool: &Pool,
@@ -154,7 +155,7 @@ fn thread_count(options: &CpuOptions, grid: u32, bytes: usize) -> usize {
 }
 
 /// The threads of the device's pool: [`CpuOptions::threads`], or all the cores.
-fn pool_threads(options: &CpuOptions) -> usize {
+pub(crate) fn pool_threads(options: &CpuOptions) -> usize {
     options
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))

@@ -17,7 +17,7 @@ use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, InitializationConfig, RelocMode, Target, TargetMachine};
 use inkwell::OptimizationLevel;
 
-use super::jit::Entry;
+use super::entry::Entry;
 use crate::error::{Error, Result};
 
 fn device_error(message: impl Into<String>) -> Error {
@@ -159,8 +159,9 @@ impl LlvmJit {
         self.avx2
     }
 
-    /// Optimizes and compiles the module text of one kernel into executable memory.
-    pub(super) fn compile(&self, name: &str, text: &str) -> Result<Entry> {
+    /// Optimizes and compiles the LLVM IR text of one kernel (a `Target::LlvmIr` artifact)
+    /// into executable memory; `entry` is the function the artifact's launch names.
+    pub(super) fn compile(&self, name: &str, text: &str, entry: &str) -> Result<Entry> {
         let mut guard = self
             .inner
             .lock()
@@ -180,8 +181,8 @@ impl LlvmJit {
         module.set_triple(&inner.machine.get_triple());
         module.set_data_layout(&inner.machine.get_target_data().get_data_layout());
         let function = module
-            .get_function(qforge_codegen::llvm::ENTRY)
-            .ok_or_else(|| device_error(format!("kernel '{name}': no entry function")))?;
+            .get_function(entry)
+            .ok_or_else(|| device_error(format!("kernel '{name}': no entry function '{entry}'")))?;
         for (key, value) in [
             ("target-cpu", &inner.cpu),
             ("target-features", &inner.features),
@@ -200,7 +201,7 @@ impl LlvmJit {
             .create_jit_execution_engine(OptimizationLevel::Aggressive)
             .map_err(|e| device_error(format!("kernel '{name}': LLVM JIT: {e}")))?;
         let address = engine
-            .get_function_address(qforge_codegen::llvm::ENTRY)
+            .get_function_address(entry)
             .map_err(|e| device_error(format!("kernel '{name}': {e:?}")))?;
         inner.engines.push(engine);
         // SAFETY: `address` is the compiled entry of a function with the kernel ABI

@@ -18,7 +18,7 @@ pub(super) fn launch(
     binding: &Binding,
     args: &mut [Arg<'_>],
 ) -> Result<()> {
-    let blocks = compiled.module.launch.blocks(binding.grid);
+    let blocks = binding.grid.div_ceil(compiled.threads_per_block);
     if blocks == 0 {
         return Ok(());
     }
@@ -40,7 +40,7 @@ fn run(
     args: &mut [Arg<'_>],
 ) -> std::result::Result<(), String> {
     let stream = &dev.stream;
-    let params = &compiled.module.params;
+    let params = &compiled.params;
     if params.len() != args.len() {
         return Err(format!(
             "the PTX module has {} parameters, the launch {} arguments",
@@ -85,7 +85,7 @@ fn run(
 
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
-        block_dim: (compiled.module.launch.threads_per_block, 1, 1),
+        block_dim: (compiled.threads_per_block, 1, 1),
         shared_mem_bytes: 0,
     };
     {

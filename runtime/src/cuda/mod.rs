@@ -1,7 +1,7 @@
-//! The CUDA device (cargo feature `cuda`): kernels lowered by [`qforge_codegen::ptx`] for the
-//! GPU's architecture (`sm_90` from compute capability 9.0, `sm_80` from 8.0), loaded as driver
-//! modules (the driver's JIT turns the PTX into machine code), cached by
-//! [`Kernel::fingerprint`], and launched with the backend's [`LaunchShape`]:
+//! The CUDA device (cargo feature `cuda`): kernels compiled by `qforge_codegen::compile` for
+//! `Target::Ptx` of the GPU's architecture (`sm_90` from compute capability 9.0, `sm_80` from
+//! 8.0), loaded as driver modules (the driver's JIT turns the PTX into machine code), cached by
+//! [`Kernel::fingerprint`], and launched as the artifact's `Launch::Ptx` says: its entry,
 //! [`THREADS_PER_BLOCK`] threads per block, `ceil(grid / THREADS_PER_BLOCK)` blocks.
 //!
 //! The driver library (`libcuda`) is opened at run time through cudarc's dynamic loader, so a
@@ -22,7 +22,6 @@
 //! allocation is not detected. Library kernels never index out of range on arguments that pass
 //! [`qforge_ir::bind`].
 //!
-//! [`LaunchShape`]: qforge_codegen::ptx::LaunchShape
 //! [`THREADS_PER_BLOCK`]: qforge_codegen::ptx::THREADS_PER_BLOCK
 
 mod driver;
@@ -32,10 +31,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
-use qforge_codegen::ptx::{self, PtxModule, SmTarget};
-use qforge_ir::{Arg, Kernel};
+use qforge_codegen::compile::{Launch, Options, Target};
+use qforge_codegen::ptx::{self, PtxParam, SmTarget};
+use qforge_ir::{Arg, Kernel, ParamKind};
 
-use crate::device::Device;
+use crate::device::{Caps, Device, DeviceKind};
 use crate::error::{Error, Result};
 
 /// The device name in messages and in `--device`.
@@ -45,8 +45,10 @@ const NAME: &str = "cuda";
 struct Compiled {
     /// The kernel it was lowered from (guards against hash collisions).
     kernel: Kernel,
-    /// The lowered module: parameter layout and launch shape.
-    module: PtxModule,
+    /// How each parameter is passed, in parameter order.
+    params: Vec<PtxParam>,
+    /// Threads per block (the artifact's `Launch::Ptx`).
+    threads_per_block: u32,
     /// The module's entry (keeps the driver module loaded).
     function: CudaFunction,
 }
@@ -202,18 +204,36 @@ impl CudaDevice {
                 }
             }
         }
-        let module = ptx::lower(kernel, self.target)?;
+        let artifact =
+            qforge_codegen::compile(kernel, &Target::Ptx(self.target), &Options::default())?;
+        let (entry, threads_per_block) = match &artifact.manifest.launch {
+            Launch::Ptx {
+                entry,
+                threads_per_block,
+            } if *threads_per_block > 0 => (entry.clone(), *threads_per_block),
+            other => {
+                return Err(self.err(format!(
+                    "'{}': the ptx artifact launches as {other:?}, expected a PTX entry",
+                    kernel.name
+                )))
+            }
+        };
+        let text = artifact
+            .code
+            .text()
+            .ok_or_else(|| self.err(format!("'{}': the ptx artifact has no text", kernel.name)))?;
         let function = {
             let _guard = self
                 .launch_lock
                 .lock()
                 .map_err(|_| self.err("launch lock poisoned".into()))?;
-            driver::guard(|| self.load(&module))
+            driver::guard(|| self.load(text, &entry))
                 .map_err(|m| self.err(format!("'{}': {m}", kernel.name)))?
         };
         let compiled = Arc::new(Compiled {
             kernel: kernel.clone(),
-            module,
+            params: ptx_params(kernel),
+            threads_per_block,
             function,
         });
         let mut cache = self
@@ -224,14 +244,14 @@ impl CudaDevice {
         Ok(compiled)
     }
 
-    /// Loads `module`'s text into the context and finds its entry; a JIT failure carries the
+    /// Loads the PTX `text` into the context and finds its `entry`; a JIT failure carries the
     /// driver's error log.
-    fn load(&self, module: &PtxModule) -> std::result::Result<CudaFunction, String> {
+    fn load(&self, text: &str, entry: &str) -> std::result::Result<CudaFunction, String> {
         let loaded = self
             .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(module.text.clone()))
+            .load_module(cudarc::nvrtc::Ptx::from_src(text.to_string()))
             .map_err(|e| {
-                let log = driver::jit_error_log(&module.text);
+                let log = driver::jit_error_log(text);
                 let log = if log.is_empty() {
                     String::new()
                 } else {
@@ -239,18 +259,30 @@ impl CudaDevice {
                 };
                 format!(
                     "loading the {} PTX module: {}{log}",
-                    module.target.name(),
+                    self.target.name(),
                     driver::describe(&e)
                 )
             })?;
-        loaded.load_function(&module.entry).map_err(|e| {
+        loaded.load_function(entry).map_err(|e| {
             format!(
-                "finding the entry '{}' in the loaded module: {}",
-                module.entry,
+                "finding the entry '{entry}' in the loaded module: {}",
                 driver::describe(&e)
             )
         })
     }
+}
+
+/// How each parameter of `kernel` is passed to its PTX entry: a buffer as its 64-bit device
+/// address, a scalar by value (the PTX backend's convention).
+fn ptx_params(kernel: &Kernel) -> Vec<PtxParam> {
+    kernel
+        .params
+        .iter()
+        .map(|(_, p)| match &p.kind {
+            ParamKind::Buffer { .. } => PtxParam::Pointer,
+            ParamKind::Scalar(ty) => PtxParam::Scalar(*ty),
+        })
+        .collect()
 }
 
 fn device_error(device: &str, message: String) -> Error {
@@ -266,6 +298,13 @@ impl Device for CudaDevice {
     }
     fn backend(&self) -> &'static str {
         ptx::BACKEND
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            kind: DeviceKind::Gpu,
+            vector_lanes: 1,
+            parallel_threads: Caps::GPU_THREADS,
+        }
     }
     fn compile(&self, kernel: &Kernel) -> Result<()> {
         self.compiled(kernel).map(|_| ())

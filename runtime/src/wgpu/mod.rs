@@ -1,4 +1,5 @@
-//! The wgpu device (cargo feature `wgpu`): kernels lowered by `qforge_codegen::wgsl`, compiled
+//! The wgpu device (cargo feature `wgpu`): kernels compiled by `qforge_codegen::compile` for
+//! `Target::Wgsl` (the WGSL text of the artifact, launched as its `Launch::Wgsl` says), compiled
 //! into compute pipelines on any wgpu adapter (a GPU, or Mesa's lavapipe CPU Vulkan driver),
 //! cached by [`Kernel::fingerprint`], and dispatched with the binding layout of
 //! [`WgslLayout`].
@@ -24,10 +25,11 @@ pub use probe::Conformance;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use qforge_codegen::wgsl::{WgslBackend, WgslLayout, WgslOptions};
+use qforge_codegen::compile::{Launch, Options, Target};
+use qforge_codegen::wgsl::{WgslLayout, WgslOptions, WORKGROUP_SIZE};
 use qforge_ir::{Arg, Kernel};
 
-use crate::device::Device;
+use crate::device::{Caps, Device, DeviceKind};
 use crate::error::{Error, Result};
 
 /// A compiled kernel in the cache.
@@ -221,9 +223,29 @@ impl WgpuDevice {
                 }
             }
         }
-        let artifact = WgslBackend.lower_with(kernel, self.soft_math)?;
-        let layout = artifact.layout;
-        let wgsl = artifact.wgsl;
+        let artifact =
+            qforge_codegen::compile(kernel, &Target::Wgsl(self.soft_math), &Options::default())?;
+        // The binding layout follows the parameters, which no pass changes.
+        let layout = WgslLayout::new(kernel);
+        let entry_point = match &artifact.manifest.launch {
+            Launch::Wgsl {
+                entry_point,
+                workgroup_size,
+            } if *workgroup_size == WORKGROUP_SIZE && entry_point == layout.entry_point => {
+                entry_point.clone()
+            }
+            other => {
+                return Err(self.err(format!(
+                    "'{}': the wgsl artifact launches as {other:?}, expected entry point '{}' \
+                     in workgroups of {WORKGROUP_SIZE}",
+                    kernel.name, layout.entry_point
+                )))
+            }
+        };
+        let wgsl = artifact
+            .code
+            .text()
+            .ok_or_else(|| self.err(format!("'{}': the wgsl artifact has no text", kernel.name)))?;
         let compiled = {
             let _guard = self
                 .launch_lock
@@ -234,7 +256,7 @@ impl WgpuDevice {
                     .device
                     .create_shader_module(wgpu::ShaderModuleDescriptor {
                         label: Some(&kernel.name),
-                        source: wgpu::ShaderSource::Wgsl(wgsl.as_str().into()),
+                        source: wgpu::ShaderSource::Wgsl(wgsl.into()),
                     });
                 let mut entries: Vec<wgpu::BindGroupLayoutEntry> = layout
                     .buffers
@@ -281,13 +303,13 @@ impl WgpuDevice {
                             label: Some(&kernel.name),
                             layout: Some(&pipeline_layout),
                             module: &module,
-                            entry_point: Some(layout.entry_point),
+                            entry_point: Some(&entry_point),
                             compilation_options: Default::default(),
                             cache: None,
                         });
                 Ok(Compiled {
                     kernel: kernel.clone(),
-                    layout: layout.clone(),
+                    layout,
                     bind_group_layout,
                     pipeline,
                 })
@@ -358,6 +380,13 @@ impl Device for WgpuDevice {
     }
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
         self.launch_compiled(kernel, args)
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            kind: DeviceKind::Gpu,
+            vector_lanes: 1,
+            parallel_threads: Caps::GPU_THREADS,
+        }
     }
 }
 
