@@ -1,14 +1,11 @@
 //! Native CPU objects: a Cranelift function compiled by `cranelift-object` for a named
 //! [`CpuLevel`] of a target triple, with one exported symbol.
 
-use std::str::FromStr;
-
 use cranelift_codegen::ir::Function;
 use cranelift_codegen::isa::{self, OwnedTargetIsa};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_module::{Linkage, Module};
 use cranelift_object::{ObjectBuilder, ObjectModule};
-use target_lexicon::Triple;
 
 use crate::error::{Error, Result};
 
@@ -25,16 +22,7 @@ fn target_error(message: String) -> Error {
 /// [`Error::Target`] when the triple does not parse, Cranelift has no backend for it, or its
 /// architecture is not `level`'s.
 pub(crate) fn isa(triple: &str, level: CpuLevel, pic: bool) -> Result<OwnedTargetIsa> {
-    let parsed = Triple::from_str(triple)
-        .map_err(|e| target_error(format!("target triple '{triple}': {e}")))?;
-    let arch = parsed.architecture.to_string();
-    if arch != level.arch() {
-        return Err(target_error(format!(
-            "feature level '{}' is for {}, not for the {arch} triple '{triple}'",
-            level.name(),
-            level.arch()
-        )));
-    }
+    let parsed = super::target::parse_triple(triple, level)?;
     let mut flags = settings::builder();
     for (name, value) in [
         ("opt_level", "speed"),

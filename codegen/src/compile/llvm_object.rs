@@ -28,22 +28,6 @@ pub fn llvm_cpu(level: CpuLevel) -> &'static str {
     }
 }
 
-/// Checks that `triple`'s architecture is `level`'s.
-fn check_triple(triple: &str, level: CpuLevel) -> Result<()> {
-    use std::str::FromStr;
-    let parsed = target_lexicon::Triple::from_str(triple)
-        .map_err(|e| Error::Target(format!("target triple '{triple}': {e}")))?;
-    let arch = parsed.architecture.to_string();
-    if arch != level.arch() {
-        return Err(Error::Target(format!(
-            "feature level '{}' is for {}, not for the {arch} triple '{triple}'",
-            level.name(),
-            level.arch()
-        )));
-    }
-    Ok(())
-}
-
 /// Optimizes the LLVM IR `text` of kernel `name` (entry [`crate::llvm::ENTRY`]) for `level`
 /// and writes it as an object for `triple` exporting the entry as `symbol`.
 ///
@@ -70,7 +54,7 @@ pub(crate) fn object(
 
     static INIT: std::sync::Once = std::sync::Once::new();
 
-    check_triple(triple, level)?;
+    super::target::parse_triple(triple, level)?;
     let backend = |message: String| Error::Backend {
         backend: crate::llvm::BACKEND,
         message: format!("kernel '{name}' ({}, {triple}): {message}", level.name()),
@@ -135,7 +119,7 @@ pub(crate) fn object(
     _text: &str,
     _symbol: &str,
 ) -> Result<Vec<u8>> {
-    check_triple(triple, level)?;
+    super::target::parse_triple(triple, level)?;
     Err(Error::Target(format!(
         "kernel '{name}': target cpu-obj-llvm ({}, {triple}) needs qforge-codegen's `llvm` feature",
         level.name()

@@ -161,6 +161,25 @@ pub fn extension_of_kind(kind: &str) -> &'static str {
     }
 }
 
+/// `triple` parsed, after checking that its architecture is `level`'s.
+///
+/// # Errors
+/// [`Error::Target`] when the triple does not parse or is of another architecture.
+pub(crate) fn parse_triple(triple: &str, level: CpuLevel) -> Result<target_lexicon::Triple> {
+    use std::str::FromStr;
+    let parsed = target_lexicon::Triple::from_str(triple)
+        .map_err(|e| Error::Target(format!("target triple '{triple}': {e}")))?;
+    let arch = parsed.architecture.to_string();
+    if arch != level.arch() {
+        return Err(Error::Target(format!(
+            "feature level '{}' is for {}, not for the {arch} triple '{triple}'",
+            level.name(),
+            level.arch()
+        )));
+    }
+    Ok(parsed)
+}
+
 /// What [`crate::compile()`] produces.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Target {

@@ -66,7 +66,7 @@ fn every_library_kernel_compiles_for_a_cpu_object_with_a_faithful_manifest() {
             panic!("{}: not an object", kernel.name)
         };
         assert_eq!(&bytes[..4], b"\x7fELF", "{}", kernel.name);
-        let Launch::Cpu { symbol, slots, .. } = &m_launch(&a) else {
+        let Launch::Cpu { symbol, slots, .. } = &a.manifest.launch else {
             panic!("{}: not a CPU launch", kernel.name)
         };
         assert_eq!(
@@ -89,10 +89,6 @@ fn every_library_kernel_compiles_for_a_cpu_object_with_a_faithful_manifest() {
             .len()
         );
     }
-}
-
-fn m_launch(a: &Artifact) -> Launch {
-    a.manifest.launch.clone()
 }
 
 #[test]
@@ -258,16 +254,16 @@ fn llvm_objects_compile_for_every_level_deterministically() {
                 panic!("{what}: not an object")
             };
             assert_eq!(&bytes[..4], b"\x7fELF", "{what}");
-            let Launch::Cpu { symbol, .. } = m_launch(&a) else {
+            let Launch::Cpu { symbol, .. } = &a.manifest.launch else {
                 panic!("{what}: not a CPU launch")
             };
             assert_eq!(
-                symbol,
+                *symbol,
                 llvm_symbol(&kernel.name, kernel.content_hash(), level),
                 "{what}"
             );
             assert_ne!(
-                symbol,
+                *symbol,
                 cpu_symbol(&kernel.name, kernel.content_hash(), level),
                 "{what}"
             );

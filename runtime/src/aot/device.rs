@@ -27,18 +27,13 @@ pub enum Policy {
     JitOnly,
 }
 
-/// A kernel chosen for this CPU.
-struct Chosen {
-    kernel: &'static AotKernel,
-}
-
 /// Runs kernels compiled ahead of time (`qforge-build`, [`crate::include_kernels!`]) on the
 /// host CPU, multithreaded like the JIT device, with bounds-checked code only. A launched
 /// kernel is matched to its artifact by `Kernel::content_hash`, so a program whose kernel
 /// changed after the build never runs the old code.
 pub struct AotDevice {
     /// Best level per content hash.
-    by_hash: HashMap<u64, Chosen>,
+    by_hash: HashMap<u64, &'static AotKernel>,
     /// Content hashes of the artifacts per kernel name (to tell stale from missing).
     names: HashMap<&'static str, Vec<u64>>,
     /// Kernels with artifacts none of whose levels this CPU has: name -> levels.
@@ -93,7 +88,7 @@ impl AotDevice {
     /// bounds checks, or `policy` needs the JIT and the runtime was built without its
     /// `compiler` feature (or the JIT cannot start).
     pub fn new(kernels: &'static [&'static AotKernel], policy: Policy) -> Result<Self> {
-        let mut by_hash: HashMap<u64, Chosen> = HashMap::new();
+        let mut by_hash: HashMap<u64, &'static AotKernel> = HashMap::new();
         let mut names: HashMap<&'static str, Vec<u64>> = HashMap::new();
         let mut unrunnable: HashMap<u64, Vec<&'static str>> = HashMap::new();
         for k in kernels {
@@ -116,9 +111,9 @@ impl AotDevice {
             }
             let better = by_hash
                 .get(&k.content_hash)
-                .is_none_or(|c| rank(c.kernel) < rank(k));
+                .is_none_or(|c| rank(c) < rank(k));
             if better {
-                by_hash.insert(k.content_hash, Chosen { kernel: k });
+                by_hash.insert(k.content_hash, k);
             }
         }
         unrunnable.retain(|h, _| !by_hash.contains_key(h));
@@ -175,9 +170,9 @@ impl AotDevice {
             let better = dev
                 .by_hash
                 .get(&k.content_hash)
-                .is_none_or(|c| rank(c.kernel) < rank(k));
+                .is_none_or(|c| rank(c) < rank(k));
             if better {
-                dev.by_hash.insert(k.content_hash, Chosen { kernel: k });
+                dev.by_hash.insert(k.content_hash, k);
             }
         }
         dev.unrunnable.clear();
@@ -186,14 +181,12 @@ impl AotDevice {
 
     /// The feature level of the artifact this device runs for `kernel`, if it has one.
     pub fn level_of(&self, kernel: &Kernel) -> Option<&'static str> {
-        self.by_hash
-            .get(&kernel.content_hash())
-            .map(|c| c.kernel.level)
+        self.by_hash.get(&kernel.content_hash()).map(|c| c.level)
     }
 
     /// The record (level, backend, ...) this device runs for `kernel`, if it has one.
     pub fn record_of(&self, kernel: &Kernel) -> Option<&'static AotKernel> {
-        self.by_hash.get(&kernel.content_hash()).map(|c| c.kernel)
+        self.by_hash.get(&kernel.content_hash()).copied()
     }
 
     /// Why `kernel` has no artifact to run here (missing, stale or no level for this CPU).
@@ -242,7 +235,7 @@ impl AotDevice {
         let Some(chosen) = self.by_hash.get(&hash) else {
             return Ok(Err(self.why_missing(kernel, hash)));
         };
-        let k = chosen.kernel;
+        let k = *chosen;
         if k.params != kernel.params.len() {
             return Ok(Err(format!(
                 "kernel '{}': artifact has {} parameters, the kernel {}",
@@ -299,7 +292,7 @@ impl Device for AotDevice {
 
     /// `llvm-aot` when any kernel runs an LLVM object, else `cranelift-aot`.
     fn backend(&self) -> &'static str {
-        if self.by_hash.values().any(|c| c.kernel.backend == "llvm") {
+        if self.by_hash.values().any(|c| c.backend == "llvm") {
             "llvm-aot"
         } else {
             "cranelift-aot"
@@ -339,7 +332,7 @@ impl Device for AotDevice {
             vector_lanes: self
                 .by_hash
                 .values()
-                .map(|c| c.kernel.vector_lanes)
+                .map(|c| c.vector_lanes)
                 .max()
                 .unwrap_or(4),
             parallel_threads: launch::pool_threads(&self.options) as u32,
