@@ -7,3 +7,5 @@ cd "$(dirname "$0")/.."
 out=$(cargo run -q -j2 -p qforge-example-aot)
 echo "$out"
 grep -qx "JIT compiler linked: no" <<<"$out" || { echo "examples/aot linked a JIT compiler" >&2; exit 1; }
+# The build-script contract under cargo (rerun and rewrite rules, levels, a broken kernel).
+scripts/check-aot-rebuild.sh

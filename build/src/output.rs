@@ -1,6 +1,8 @@
 //! Writing the build's files into `OUT_DIR`, each only when its content changed: artifacts
 //! (`qforge/<stem>.<ext>`, `.json`, `.qir`), the build manifest (`qforge/manifest.json`), the
-//! static library of the CPU objects and the generated Rust (`qforge_kernels.rs`).
+//! static library of the CPU objects and the generated Rust (`qforge_kernels.rs`). The
+//! `qforge/` folder belongs to qforge-build: files of earlier builds that this build did not
+//! produce (a changed kernel's old artifacts) are removed.
 
 use std::path::Path;
 
@@ -59,6 +61,7 @@ pub(crate) fn write_all(
         .map_err(|e| BuildError(format!("creating {}: {e}", dir.display())))?;
     let mut objects: Vec<(String, Vec<u8>)> = Vec::new();
     let mut manifests: Vec<String> = Vec::new();
+    let mut current: Vec<String> = vec!["manifest.json".into()];
     for a in &report.artifacts {
         let stem = stem(a);
         let code_file = format!("{stem}.{}", extension_of_kind(&a.manifest.target));
@@ -71,6 +74,7 @@ pub(crate) fn write_all(
             if write_if_changed(&dir.join(&name), &bytes)? {
                 report.written.push(format!("qforge/{name}"));
             }
+            current.push(name);
         }
         if let Code::Object(bytes) = &a.code {
             objects.push((code_file, bytes.clone()));
@@ -84,6 +88,7 @@ pub(crate) fn write_all(
     if write_if_changed(&dir.join("manifest.json"), manifest.as_bytes())? {
         report.written.push("qforge/manifest.json".into());
     }
+    remove_obsolete(&dir, &current)?;
     let lib = library_name();
     if !objects.is_empty() {
         let archive = archive(&objects)?;
@@ -101,6 +106,20 @@ pub(crate) fn write_all(
     });
     if write_if_changed(&out_dir.join("qforge_kernels.rs"), rust.as_bytes())? {
         report.written.push("qforge_kernels.rs".into());
+    }
+    Ok(())
+}
+
+/// Removes every file of `dir` not named in `current` (artifacts of kernels that changed or
+/// were dropped since the last build).
+fn remove_obsolete(dir: &Path, current: &[String]) -> Result<(), BuildError> {
+    let failed = |e: std::io::Error| BuildError(format!("cleaning {}: {e}", dir.display()));
+    for entry in std::fs::read_dir(dir).map_err(failed)? {
+        let path = entry.map_err(failed)?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if path.is_file() && !current.iter().any(|c| c == name) {
+            std::fs::remove_file(&path).map_err(failed)?;
+        }
     }
     Ok(())
 }

@@ -89,6 +89,11 @@ fn files_are_rewritten_only_when_their_content_changes() {
             changed.written
         );
     }
+    // The old kernel's artifacts are gone: `qforge/` holds exactly this build's files.
+    let files = std::fs::read_dir(dir.path().join("qforge"))
+        .expect("qforge dir")
+        .count();
+    assert_eq!(files, 2 * 3 * 3 + 1);
 }
 
 #[test]

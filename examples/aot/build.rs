@@ -28,7 +28,7 @@ fn main() {
         .collect();
     let out = std::env::var("OUT_DIR").unwrap_or_default();
     let _ = std::fs::write(
-        std::path::Path::new(&out).join("qforge/timings.txt"),
+        std::path::Path::new(&out).join("timings.txt"),
         timings,
     );
 }

@@ -17,7 +17,7 @@ mod wgpu;
 
 #[cfg(feature = "wgpu")]
 pub use self::wgpu::{Conformance, WgpuDevice};
-pub use aot::{AotDevice, AotKernel, Policy};
+pub use aot::{AotDevice, AotKernel, Policy, TextArtifact};
 
 /// Whether this build links the code generators and JITs (qforge-runtime's `compiler`
 /// feature); `false` in a program that runs only ahead-of-time kernels.

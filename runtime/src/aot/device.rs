@@ -7,14 +7,18 @@ use std::sync::{Arc, Mutex};
 use qforge_ir::cpu_abi::{ArgLayout, MANIFEST_VERSION};
 use qforge_ir::{Arg, Kernel};
 
+#[cfg(feature = "compiler")]
+use super::text_store::ReportOnce;
 use super::AotKernel;
 use crate::cpu::entry::{Compiled, Entry};
 use crate::cpu::{launch, CpuOptions};
 use crate::device::{Caps, Device, DeviceKind};
 use crate::error::{Error, Result};
 
-/// What [`AotDevice`] does with a kernel that has no artifact for this program (none built, or
-/// one built from other kernel text: stale) or none this CPU can run.
+/// What a device given ahead-of-time artifacts ([`AotDevice`]; the GPU devices'
+/// `with_artifacts` through a `TextStore`) does with a kernel that has no artifact for this
+/// program (none built, or one built from other kernel text: stale) or none it can run (no
+/// level this CPU has; another target, settings or manifest version; corrupted).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
     /// Run the artifact when there is one, else compile the kernel with the JIT (when the
@@ -44,7 +48,8 @@ pub struct AotDevice {
     /// Prepared launches by `Kernel::fingerprint`, confirmed with `==`.
     cache: Mutex<HashMap<u64, Arc<Compiled>>>,
     /// Kernels already reported as falling back.
-    reported: Mutex<Vec<String>>,
+    #[cfg(feature = "compiler")]
+    reported: ReportOnce,
     options: CpuOptions,
     pool: launch::Pool,
 }
@@ -138,7 +143,8 @@ impl AotDevice {
             #[cfg(feature = "compiler")]
             jit,
             cache: Mutex::new(HashMap::new()),
-            reported: Mutex::new(Vec::new()),
+            #[cfg(feature = "compiler")]
+            reported: ReportOnce::default(),
             options: CpuOptions::default(),
             pool: launch::Pool::new(),
         })
@@ -265,11 +271,8 @@ impl AotDevice {
     fn fallback(&self, kernel: &Kernel, why: String) -> Result<&crate::CpuDevice> {
         match (&self.jit, self.policy) {
             (Some(jit), Policy::PreferAot) => {
-                let mut reported = self.reported.lock().map_err(|_| aot_error("lock".into()))?;
-                if !reported.contains(&kernel.name) {
-                    eprintln!("qforge: {why}; compiling it with the JIT");
-                    reported.push(kernel.name.clone());
-                }
+                self.reported
+                    .report(&kernel.name, || format!("{why}; compiling it with the JIT"));
                 Ok(jit)
             }
             _ => Err(aot_error(why)),
@@ -278,7 +281,6 @@ impl AotDevice {
 
     #[cfg(not(feature = "compiler"))]
     fn fallback(&self, _kernel: &Kernel, why: String) -> Result<&dyn Device> {
-        let _ = &self.reported;
         Err(aot_error(format!(
             "{why} (and this program has no JIT: qforge-runtime's `compiler` feature is off)"
         )))

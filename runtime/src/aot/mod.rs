@@ -1,7 +1,9 @@
 //! Ahead-of-time kernels: native CPU code compiled by `qforge-build` in a build script, linked
 //! into the program and described by [`AotKernel`] records, run by [`AotDevice`] with no
 //! compiler at run time; and text artifacts ([`TextArtifact`]: PTX, WGSL, StableHLO) embedded
-//! next to them. `docs/aot.md` describes the pipeline, the manifest and the policies.
+//! next to them, which the GPU devices launch through a `TextStore` (`WgpuDevice::with_artifacts`,
+//! `CudaDevice::with_artifacts`). `docs/aot.md` describes the pipeline, the manifest and the
+//! policies.
 //!
 //! ```ignore
 //! // build.rs: qforge_build::Builder::new().library("quantize_4bit_nf4_f32_64").run();
@@ -11,9 +13,13 @@
 
 mod device;
 mod record;
+#[cfg(feature = "compiler")]
+mod text_store;
 
 pub use device::{AotDevice, Policy};
 pub use record::{host_has, AotKernel, TextArtifact};
+#[cfg(feature = "compiler")]
+pub use text_store::{Embedded, TextStore};
 
 pub use crate::cpu::entry::KernelFn;
 pub use qforge_ir::cpu_abi::MANIFEST_VERSION;
@@ -30,3 +36,5 @@ macro_rules! include_kernels {
 
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, feature = "compiler"))]
+pub(crate) mod text_tests;

@@ -22,6 +22,10 @@
 //! allocation is not detected. Library kernels never index out of range on arguments that pass
 //! [`qforge_ir::bind`].
 //!
+//! [`CudaDevice::with_artifacts`] gives the device PTX artifacts embedded by `qforge-build`
+//! ([`crate::include_kernels!`]'s `TEXT`): a kernel whose artifact matches its content hash and
+//! this GPU's [`SmTarget`] loads that PTX instead of compiling, under a [`Policy`].
+//!
 //! [`THREADS_PER_BLOCK`]: qforge_codegen::ptx::THREADS_PER_BLOCK
 
 mod driver;
@@ -31,10 +35,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
-use qforge_codegen::compile::{Launch, Options, Target};
+use qforge_codegen::compile::{Launch, Manifest, Options, Target};
 use qforge_codegen::ptx::{self, PtxParam, SmTarget};
 use qforge_ir::{Arg, Kernel, ParamKind};
 
+use crate::aot::{Policy, TextArtifact, TextStore};
 use crate::device::{Caps, Device, DeviceKind};
 use crate::error::{Error, Result};
 
@@ -72,6 +77,8 @@ pub struct CudaDevice {
     cache: Mutex<HashMap<u64, Arc<Compiled>>>,
     /// Held by every launch and module load, so launches do not interleave on the stream.
     launch_lock: Mutex<()>,
+    /// Embedded PTX artifacts and the policy for them ([`CudaDevice::with_artifacts`]).
+    artifacts: TextStore,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -137,7 +144,32 @@ impl CudaDevice {
             target,
             cache: Mutex::new(HashMap::new()),
             launch_lock: Mutex::new(()),
+            artifacts: TextStore::jit_only(NAME),
         })
+    }
+
+    /// The device, loading the PTX artifacts of `text` (the `TEXT` slice of
+    /// [`crate::include_kernels!`]) under `policy` instead of compiling: a kernel runs the
+    /// artifact of its name and `Kernel::content_hash` built for this GPU's
+    /// [`CudaDevice::target`] (setting `sm`), whose code hash and manifest version check, and
+    /// whose manifest gives a PTX entry and threads per block. Other targets' artifacts are
+    /// ignored. Kernels loaded before are dropped from the cache.
+    ///
+    /// With [`Policy::PreferAot`] a kernel without such an artifact is compiled, said once per
+    /// kernel on standard error with the reason; with [`Policy::RequireAot`] its launch (and
+    /// [`Device::compile`]) fails with [`Error::Device`] naming the kernel and what was wrong
+    /// (missing, stale, another `sm`, corrupted); [`Policy::JitOnly`] ignores `text`.
+    pub fn with_artifacts(
+        mut self,
+        text: &'static [&'static TextArtifact],
+        policy: Policy,
+    ) -> Self {
+        self.artifacts = TextStore::new(NAME, text, policy);
+        self.cache
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self
     }
 
     /// The PTX target for a GPU of compute capability `major.minor`: `sm_90` from 9.0 (Hopper
@@ -204,30 +236,27 @@ impl CudaDevice {
                 }
             }
         }
-        let artifact =
-            qforge_codegen::compile(kernel, &Target::Ptx(self.target), &Options::default())?;
-        let (entry, threads_per_block) = match &artifact.manifest.launch {
-            Launch::Ptx {
-                entry,
-                threads_per_block,
-            } if *threads_per_block > 0 => (entry.clone(), *threads_per_block),
-            other => {
-                return Err(self.err(format!(
-                    "'{}': the ptx artifact launches as {other:?}, expected a PTX entry",
-                    kernel.name
-                )))
-            }
-        };
-        let text = artifact
-            .code
-            .text()
-            .ok_or_else(|| self.err(format!("'{}': the ptx artifact has no text", kernel.name)))?;
+        let target = Target::Ptx(self.target);
+        let (text, (entry, threads_per_block)) =
+            match self.artifacts.select(kernel, &target, ptx_entry)? {
+                Some((embedded, launch)) => (embedded.code.to_string(), launch),
+                None => {
+                    let artifact = qforge_codegen::compile(kernel, &target, &Options::default())?;
+                    let launch = ptx_entry(&artifact.manifest).map_err(|why| {
+                        self.err(format!("'{}': the ptx artifact {why}", kernel.name))
+                    })?;
+                    let text = artifact.code.text().ok_or_else(|| {
+                        self.err(format!("'{}': the ptx artifact has no text", kernel.name))
+                    })?;
+                    (text.to_string(), launch)
+                }
+            };
         let function = {
             let _guard = self
                 .launch_lock
                 .lock()
                 .map_err(|_| self.err("launch lock poisoned".into()))?;
-            driver::guard(|| self.load(text, &entry))
+            driver::guard(|| self.load(&text, &entry))
                 .map_err(|m| self.err(format!("'{}': {m}", kernel.name)))?
         };
         let compiled = Arc::new(Compiled {
@@ -269,6 +298,18 @@ impl CudaDevice {
                 driver::describe(&e)
             )
         })
+    }
+}
+
+/// The entry and threads per block of a PTX artifact's manifest, when it launches as a PTX
+/// entry with at least one thread per block; else what it launches as.
+fn ptx_entry(manifest: &Manifest) -> std::result::Result<(String, u32), String> {
+    match &manifest.launch {
+        Launch::Ptx {
+            entry,
+            threads_per_block,
+        } if *threads_per_block > 0 => Ok((entry.clone(), *threads_per_block)),
+        other => Err(format!("launches as {other:?}, expected a PTX entry")),
     }
 }
 

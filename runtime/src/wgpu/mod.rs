@@ -16,7 +16,13 @@
 //! `QFORGE_WGSL_SOFT_MATH` forces the routines on a conformant driver too (`1` or `all`: all
 //! three; or a comma list of `fma`, `div`, `sqrt`; `0` or empty: none), and so does
 //! [`WgpuDevice::with_soft_math`].
+//!
+//! [`WgpuDevice::with_artifacts`] gives the device WGSL artifacts embedded by `qforge-build`
+//! ([`crate::include_kernels!`]'s `TEXT`): a kernel whose artifact matches its content hash and
+//! this device's soft-math settings runs that WGSL instead of compiling, under a [`Policy`].
 
+#[cfg(test)]
+mod artifact_tests;
 mod launch;
 mod probe;
 
@@ -25,10 +31,11 @@ pub use probe::Conformance;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use qforge_codegen::compile::{Launch, Options, Target};
+use qforge_codegen::compile::{Launch, Manifest, Options, Target};
 use qforge_codegen::wgsl::{WgslLayout, WgslOptions, WORKGROUP_SIZE};
 use qforge_ir::{Arg, Kernel};
 
+use crate::aot::{Policy, TextArtifact, TextStore};
 use crate::device::{Caps, Device, DeviceKind};
 use crate::error::{Error, Result};
 
@@ -63,6 +70,8 @@ pub struct WgpuDevice {
     conformance: Conformance,
     /// The software routines every kernel is lowered with.
     soft_math: WgslOptions,
+    /// Embedded WGSL artifacts and the policy for them ([`WgpuDevice::with_artifacts`]).
+    artifacts: TextStore,
 }
 
 impl std::fmt::Debug for WgpuDevice {
@@ -138,6 +147,7 @@ impl WgpuDevice {
             conformance: Conformance::default(),
             // The probe tests the builtins themselves.
             soft_math: WgslOptions::HARDWARE,
+            artifacts: TextStore::jit_only("wgpu"),
         };
         dev.conformance = probe::run(&dev)?;
         dev.soft_math = dev.conformance.soft_math().union(force).union(from_env);
@@ -147,6 +157,31 @@ impl WgpuDevice {
             .map_err(|_| dev.err("cache lock poisoned".into()))?
             .clear();
         Ok(dev)
+    }
+
+    /// The device, launching the WGSL artifacts of `text` (the `TEXT` slice of
+    /// [`crate::include_kernels!`]) under `policy` instead of compiling: a kernel runs the
+    /// artifact of its name and `Kernel::content_hash` whose settings are this device's
+    /// [`WgpuDevice::soft_math`] (`soft_fma`, `soft_div`, `soft_sqrt`), whose code hash and
+    /// manifest version check, and whose manifest launches it as the compiler would (entry
+    /// point, workgroup size). Other targets' artifacts are ignored. Kernels compiled before
+    /// are dropped from the cache.
+    ///
+    /// With [`Policy::PreferAot`] a kernel without such an artifact is compiled, said once per
+    /// kernel on standard error with the reason; with [`Policy::RequireAot`] its launch (and
+    /// [`Device::compile`]) fails with [`Error::Device`] naming the kernel and what was wrong
+    /// (missing, stale, wrong settings, corrupted); [`Policy::JitOnly`] ignores `text`.
+    pub fn with_artifacts(
+        mut self,
+        text: &'static [&'static TextArtifact],
+        policy: Policy,
+    ) -> Self {
+        self.artifacts = TextStore::new(self.name.clone(), text, policy);
+        self.cache
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self
     }
 
     /// What the conformance probe found when the device started: the contract rules WGSL does
@@ -223,29 +258,23 @@ impl WgpuDevice {
                 }
             }
         }
-        let artifact =
-            qforge_codegen::compile(kernel, &Target::Wgsl(self.soft_math), &Options::default())?;
+        let target = Target::Wgsl(self.soft_math);
         // The binding layout follows the parameters, which no pass changes.
         let layout = WgslLayout::new(kernel);
-        let entry_point = match &artifact.manifest.launch {
-            Launch::Wgsl {
-                entry_point,
-                workgroup_size,
-            } if *workgroup_size == WORKGROUP_SIZE && entry_point == layout.entry_point => {
-                entry_point.clone()
-            }
-            other => {
-                return Err(self.err(format!(
-                    "'{}': the wgsl artifact launches as {other:?}, expected entry point '{}' \
-                     in workgroups of {WORKGROUP_SIZE}",
-                    kernel.name, layout.entry_point
-                )))
+        let launch_check = |m: &Manifest| wgsl_entry(m, &layout);
+        let (wgsl, entry_point) = match self.artifacts.select(kernel, &target, launch_check)? {
+            Some((embedded, entry_point)) => (embedded.code.to_string(), entry_point),
+            None => {
+                let artifact = qforge_codegen::compile(kernel, &target, &Options::default())?;
+                let entry_point = wgsl_entry(&artifact.manifest, &layout).map_err(|why| {
+                    self.err(format!("'{}': the wgsl artifact {why}", kernel.name))
+                })?;
+                let wgsl = artifact.code.text().ok_or_else(|| {
+                    self.err(format!("'{}': the wgsl artifact has no text", kernel.name))
+                })?;
+                (wgsl.to_string(), entry_point)
             }
         };
-        let wgsl = artifact
-            .code
-            .text()
-            .ok_or_else(|| self.err(format!("'{}': the wgsl artifact has no text", kernel.name)))?;
         let compiled = {
             let _guard = self
                 .launch_lock
@@ -256,7 +285,7 @@ impl WgpuDevice {
                     .device
                     .create_shader_module(wgpu::ShaderModuleDescriptor {
                         label: Some(&kernel.name),
-                        source: wgpu::ShaderSource::Wgsl(wgsl.into()),
+                        source: wgpu::ShaderSource::Wgsl(wgsl.as_str().into()),
                     });
                 let mut entries: Vec<wgpu::BindGroupLayoutEntry> = layout
                     .buffers
@@ -322,6 +351,23 @@ impl WgpuDevice {
             .map_err(|_| self.err("cache lock poisoned".into()))?;
         cache.insert(hash, Arc::clone(&compiled));
         Ok(compiled)
+    }
+}
+
+/// The entry point of a WGSL artifact's manifest, when it launches as this device does: the
+/// entry point of `layout`, in workgroups of [`WORKGROUP_SIZE`]; else what it launches as.
+fn wgsl_entry(manifest: &Manifest, layout: &WgslLayout) -> std::result::Result<String, String> {
+    match &manifest.launch {
+        Launch::Wgsl {
+            entry_point,
+            workgroup_size,
+        } if *workgroup_size == WORKGROUP_SIZE && entry_point == layout.entry_point => {
+            Ok(entry_point.clone())
+        }
+        other => Err(format!(
+            "launches as {other:?}, expected entry point '{}' in workgroups of {WORKGROUP_SIZE}",
+            layout.entry_point
+        )),
     }
 }
 
