@@ -116,7 +116,10 @@ fn remove_obsolete(dir: &Path, current: &[String]) -> Result<(), BuildError> {
     let failed = |e: std::io::Error| BuildError(format!("cleaning {}: {e}", dir.display()));
     for entry in std::fs::read_dir(dir).map_err(failed)? {
         let path = entry.map_err(failed)?.path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
         if path.is_file() && !current.iter().any(|c| c == name) {
             std::fs::remove_file(&path).map_err(failed)?;
         }
