@@ -401,6 +401,75 @@ mod device {
         b.finish()
     }
 
+    /// `out[g*4*rows + 4*r + j] = sum over i < n (Strided(8)) of x[i*s + 4g + j] * y[off_r + i]`
+    /// for `rows` row groups `r` of 4 columns `j` (`outer.rs`: the accumulators as lanes, one
+    /// vector per row; the row's `y` load is uniform at `off_r + i` with `off_r = g*ystride +
+    /// r`, proven in range once before the loop when `y` is long enough, else each element
+    /// checked: a short `y` makes some work items fail).
+    fn uniform_rows_kernel(rows: u32) -> Kernel {
+        let mut b = KernelBuilder::new("llvm_uniform_rows");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let s = b.scalar_param("s", ScalarType::U32);
+        let ystride = b.scalar_param("ystride", ScalarType::U32);
+        let items = b.scalar_param("items", ScalarType::U32);
+        let nx = b.scalar_param("nx", ScalarType::U32);
+        let ny = b.scalar_param("ny", ScalarType::U32);
+        let x = b.buffer_param("x", DType::F32, &[Dim::Param(nx)], Access::Read);
+        let y = b.buffer_param("y", DType::BF16, &[Dim::Param(ny)], Access::Read);
+        let out = b.buffer_param("out", DType::F32, &[Dim::Param(items)], Access::Write);
+        b.set_grid(Dim::Param(items));
+        let g = b.work_item();
+        let four = b.const_u32(4);
+        let g4 = b.mul(g, four);
+        let cols: Vec<_> = (0..4)
+            .map(|j| {
+                let jv = b.const_u32(j);
+                b.add(g4, jv)
+            })
+            .collect();
+        let ys = b.param(ystride);
+        let gy = b.mul(g, ys);
+        let offs: Vec<_> = (0..rows)
+            .map(|r| {
+                let rv = b.const_u32(r);
+                b.add(gy, rv)
+            })
+            .collect();
+        let vars: Vec<_> = (0..4 * rows)
+            .map(|j| b.var(&format!("acc{j}"), ScalarType::F32))
+            .collect();
+        let nv = b.param(n);
+        b.accumulate(nv, ReduceOrder::Strided(8), &vars, |b, i| {
+            let sv = b.param(s);
+            let row = b.mul(i, sv);
+            let yv: Vec<_> = offs
+                .iter()
+                .map(|o| {
+                    let at = b.add(*o, i);
+                    b.load(y, at)
+                })
+                .collect();
+            yv.iter()
+                .flat_map(|yr| {
+                    cols.iter()
+                        .map(|c| {
+                            let at = b.add(row, *c);
+                            (b.load(x, at), *yr)
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        });
+        // out[g] = the sum of every accumulator, in order.
+        let mut total = b.read_var(vars[0]);
+        for v in &vars[1..] {
+            let t = b.read_var(*v);
+            total = b.add(total, t);
+        }
+        b.store(out, g, total);
+        b.finish()
+    }
+
     /// `y[i] = op(p, t[x[i]])` (`for` loop) for `op` = `i32` div (0), `i32` rem (1), `u32` div
     /// (2), `u32` rem (3) of the uniform `p` by a deferred lookup in a table holding 0, -1 and
     /// `i32::MIN`, then the looked-up value divided by `p` (4); `z[i]` = the bits of a
@@ -918,6 +987,18 @@ mod device {
             same_everywhere(&deferred_kernel(), &[n, off, stride, items, nx, nt], &[bytes_f32(&xs), ps, bytes_f32(&ts)], &[4 * items as usize]);
         }
 
+        /// Rows of accumulators-as-lanes whose uniform loads are proven in range before the
+        /// loop, or (a `y` up to 6 elements short) not, where the failing work item must match.
+        #[test]
+        fn uniform_row_loads_match_the_interpreter(n in 0u32..40, s in 4u32..40, ystride in 0u32..50, items in 1u32..4, rows_pick in 0usize..3, short in 0u32..7, seed in any::<u32>()) {
+            let rows = [1u32, 2, 4][rows_pick];
+            let nx = (n * s + 4 * items + 1).max(1);
+            let ny = ((items - 1) * ystride + rows + n).saturating_sub(short).max(1);
+            let xs: Vec<f32> = (0..nx).map(|i| ((i ^ seed) as f32 * 0.37).sin()).collect();
+            let ys: Vec<u8> = (0..ny).flat_map(|i| (((i.wrapping_mul(seed | 1) >> 7) as u16) & 0xbfff).to_le_bytes()).collect();
+            same_everywhere(&uniform_rows_kernel(rows), &[n, s, ystride, items, nx, ny], &[bytes_f32(&xs), ys], &[4 * items as usize]);
+        }
+
         #[test]
         fn accumulate_paths_match_the_interpreter(n in 0u32..70, off in 0u32..9, stride in 0u32..70, items in 1u32..4, slack in 0u32..6, seed in any::<u32>()) {
             let nx = ((items - 1) * stride + off + n).saturating_sub(slack).max(1);
@@ -930,14 +1011,14 @@ mod device {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
 
-        /// The 4-bit input gradient with tiles of 4, 8 and 16 columns and 1 or 2 rows
+        /// The 4-bit input gradient with tiles of 4, 8 and 16 columns and 1 to 16 rows
         /// (`outer.rs`: the accumulators as lanes, one vector per row, 16 lanes with the fused
         /// decodes), M and K not multiples of the tile (the last tile's clamped columns take
         /// the usual loop), blocksizes 32 to 128, nested absmax, every activation dtype;
         /// `cpu-llvm` against the interpreter.
         #[test]
         fn accumulators_as_lanes_match_the_interpreter(
-            m in 1usize..4, tm in 1u32..3, k in 1usize..300, n in 1usize..90, tn_pick in 0usize..3,
+            m in 1usize..20, tm_pick in 0usize..5, k in 1usize..300, n in 1usize..90, tn_pick in 0usize..3,
             bs_pick in 0usize..3, dtype_pick in 0usize..3, nested in any::<bool>(), seed in any::<u32>(),
         ) {
             use qforge::kernels::{QuantType, TileConfig};
@@ -956,13 +1037,13 @@ mod device {
             let bs = [32, 64, 128][bs_pick];
             let (packed, state) = ops::quantize_4bit(&InterpreterDevice, &w, QuantType::Nf4, bs, nested).unwrap();
             let dy = HostTensor::from_f32_as(dtype, vec![m, n], &vals(m * n, 2)).unwrap();
-            let tile = TileConfig { tm, tn: [4, 8, 16][tn_pick] };
+            let tile = TileConfig { tm: [1, 2, 4, 8, 16][tm_pick], tn: [4, 8, 16][tn_pick] };
             let dev = CpuDevice::llvm(CpuOptions::default()).unwrap();
             let want = ops::matmul_4bit_backward_input(&InterpreterDevice, &dy, &packed, &state, Some(tile)).unwrap();
             let got = ops::matmul_4bit_backward_input(&dev, &dy, &packed, &state, Some(tile)).unwrap();
             let (g, w) = (got.to_f32().unwrap(), want.to_f32().unwrap());
             let bad = g.iter().zip(&w).filter(|(a, b)| !(a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan())).count();
-            prop_assert_eq!(bad, 0, "M={} K={} N={} {} tile {}x{} bs {} nested {}", m, k, n, dtype, tm, tile.tn, bs, nested);
+            prop_assert_eq!(bad, 0, "M={} K={} N={} {} tile {}x{} bs {} nested {}", m, k, n, dtype, tile.tm, tile.tn, bs, nested);
         }
     }
 

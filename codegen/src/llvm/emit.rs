@@ -3,7 +3,7 @@
 //! lowering. IR variables and loop counters live in `alloca`s of the entry block, which LLVM's
 //! `mem2reg`/`SROA` turn into SSA registers.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 
 use qforge_ir::{Access, DType, Kernel, Op, ParamKind, ScalarType, Stmt, Value, VarId};
@@ -66,6 +66,11 @@ pub(super) struct Emitter<'a> {
     work_item: Option<String>,
     /// The label of the block being emitted.
     pub(super) current: String,
+    /// Scalar loads (by arena index) whose index a check before their loop proved in range
+    /// for every element it runs (`outer.rs`): lowered without their own check.
+    pub(super) in_range: HashSet<usize>,
+    /// Whether a branch uses the weights `!1` (`lanes::lanes_fast_or_exit`).
+    pub(super) cold_exits: bool,
 }
 
 /// The lookup chain (`lanes::lookup_chain`) from which a vector loop runs twice the lanes on
@@ -159,6 +164,8 @@ pub(super) fn module(kernel: &Kernel, opts: &LlvmOptions) -> Result<String> {
         deferred: HashMap::new(),
         widened_bytes: HashMap::new(),
         lanes_seed: None,
+        in_range: HashSet::new(),
+        cold_exits: false,
         params: Vec::new(),
         tables: Vec::new(),
         status: None,
@@ -183,6 +190,11 @@ pub(super) fn module(kernel: &Kernel, opts: &LlvmOptions) -> Result<String> {
     text.push_str("\nattributes #0 = { nounwind }\n");
     // The weights of a bounds check: the out-of-range branch is cold.
     text.push_str("!0 = !{!\"branch_weights\", i32 1, i32 1048575}\n");
+    if e.cold_exits {
+        // The weights of the fast-form test of a loop that leaves for checked code: leaving
+        // is cold.
+        text.push_str("!1 = !{!\"branch_weights\", i32 1048575, i32 1}\n");
+    }
     Ok(text)
 }
 
@@ -474,7 +486,13 @@ impl Emitter<'_> {
             .values
             .try_get(v)
             .ok_or_else(|| internal("let of a missing value"))?;
-        let out = self.op(&def.op, def.ty)?;
+        let out = match &def.op {
+            Op::Load { buf, index } if self.in_range.contains(&v.index()) => {
+                let index = self.val(*index)?;
+                self.load_in_range(*buf, &index)?
+            }
+            op => self.op(op, def.ty)?,
+        };
         self.set(v, out, 1);
         Ok(())
     }

@@ -290,6 +290,32 @@ impl Emitter<'_> {
         Ok(())
     }
 
+    /// One group in a loop that leaves for a checked loop on the first group whose fast forms
+    /// do not all hold: lowers the uniform `let`s and the conditions, branches to `exit` when
+    /// one fails (before the group has any effect but bounds reports, which are idempotent),
+    /// else runs the fast body and `tail` and continues in the current block.
+    pub(super) fn lanes_fast_or_exit(
+        &mut self,
+        index: Value,
+        i0: &str,
+        lanes: u32,
+        body: &[Stmt],
+        tail: &mut dyn FnMut(&mut Self) -> Result<()>,
+        exit: &str,
+    ) -> Result<()> {
+        let plan = self.lanes_plan(index, i0, lanes, body, &[], Check::Group)?;
+        if let Some(fast) = &plan.fast {
+            let fast_l = self.label("fast");
+            self.cold_exits = true;
+            self.line(format!(
+                "br i1 {fast}, label %{fast_l}, label %{exit}, !prof !1"
+            ));
+            self.start(&fast_l);
+        }
+        self.lanes_body(index, i0, lanes, body, &[], &plan, Mode::Fast)?;
+        tail(self)
+    }
+
     /// The first pass: lowers the uniform `let`s, finds the varying values and the index forms,
     /// and emits the fast forms' conditions.
     fn lanes_plan(

@@ -85,6 +85,16 @@ impl Emitter<'_> {
         .ok_or_else(|| internal("load without a value"))
     }
 
+    /// `buf[index]` without a bounds check, widened to the value type: only for an index
+    /// proven in range (see `Emitter::in_range`).
+    pub(super) fn load_in_range(&mut self, buf: ParamId, index: &str) -> Result<String> {
+        let (base, _, dtype, _) = self.buffer(buf)?;
+        let i64x = self.ins(format!("zext i32 {index} to i64"));
+        let p = self.element_ptr(&base, &i64x, dtype, elem_ty(dtype));
+        let raw = self.ins(format!("load {0}, {0}* {p}, align 1", elem_ty(dtype)));
+        Ok(self.widen(dtype, &raw, 1))
+    }
+
     /// Widens `lanes` raw elements of `dtype` to the value type: floats exactly to `f32`,
     /// `u8` by zero extension, `i8` by sign extension.
     pub(super) fn widen(&mut self, dtype: DType, raw: &str, lanes: u32) -> String {

@@ -2,9 +2,20 @@
 //! accumulator 0's expressions with one value `col_0` (defined before the loop) replaced by
 //! `col_j`, and `col_j = col_0 + j` at run time, lane `j` of one vector evaluation of
 //! accumulator 0's expressions with `col_0 + lane` in place of `col_0` is accumulator `j`'s
-//! factor. The loop then runs the elements one at a time, all accumulators at once: element `i`
-//! is fused into partial vector `i % w`, whose lane `j` is accumulator `j`'s partial `i % w`, so
-//! every accumulator sums its elements in its own pinned order, as the scalar loop does.
+//! factor. Element `i` is fused into partial vector `i % w`, whose lane `j` is accumulator
+//! `j`'s partial `i % w`, so every accumulator sums its elements in its own pinned order, as
+//! the scalar loop does.
+//!
+//! The partials of an order are independent chains, so the loop need not visit the elements in
+//! index order: it runs the ways in bands of consecutive ways, one band after another, each
+//! visiting only its ways' elements in increasing index (way-major). Only a band's partials
+//! are live, so a tile of many rows keeps them in registers (16 partial vectors: all 8 ways of
+//! 2 rows, 2 ways of 8 rows). A band's fast loop has no branch but its elements' fast-form
+//! tests (`lanes::lanes_fast_or_exit`): the uniform loads at `base + i` (a row of `dY`) are
+//! proven in range once before the loops (their last element in range, no wrap-around) and
+//! loaded unchecked, and at the first element whose forms do not all hold the rest of the band
+//! runs in a loop of checked groups, so that the checked code (gathers, per-lane reports) is
+//! outside the fast loop and its registers.
 //!
 //! This is the 4-bit matmul's input gradient, `dX[m, k] = sum over n of dY[m, n] * W[n, k]`:
 //! vectorized over `n` its weights are gathered one byte per lane, `K / 2` bytes apart; with
@@ -22,7 +33,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use qforge_ir::{Accum, Op, ScalarType, Stmt, Value};
+use qforge_ir::{Accum, BinaryOp, Op, ScalarType, Stmt, Value};
 
 use super::emit::Emitter;
 use super::reduce::NEG_ZERO;
@@ -41,6 +52,9 @@ pub(super) struct Outer {
 
 /// The most partials (ways of the order) the outer loop unrolls.
 const MAX_WAYS: u32 = 8;
+
+/// The most accumulators the plan takes (a 16 x 16 tile).
+const MAX_ACCUMULATORS: usize = 256;
 
 /// `op` with its operands replaced by `new` (in operand order; `None` when too few).
 fn with_operands(op: &Op, new: &[Value]) -> Option<Op> {
@@ -179,9 +193,19 @@ impl Matcher<'_> {
     }
 }
 
+/// Partial vectors the outer loop keeps live at once: enough independent `fma` chains to hide
+/// the instruction's latency, few enough to stay in registers with the decode's.
+const LIVE_PARTIALS: usize = 16;
+
+/// The ways one band of the outer loop runs for `groups` vectors of accumulators: all of them
+/// (element-major) for one or two groups, fewer as the groups grow, one for 16 groups or more.
+fn outer_band(ways: u32, groups: usize) -> u32 {
+    ((LIVE_PARTIALS / groups.max(1)) as u32).clamp(1, ways)
+}
+
 impl Emitter<'_> {
     /// The outer-lane plan of `accumulate` (see the module docs), or `None`: vector lanes on,
-    /// at most 64 accumulators in groups of 4 to 64 consecutive ones (powers of two; the
+    /// at most 256 accumulators in groups of 4 to 64 consecutive ones (powers of two; the
     /// largest that matches), at most [`MAX_WAYS`] partials, every accumulator of a group
     /// matching the group's first up to one value, `col_0` the same in every group, and its
     /// loads all runs.
@@ -193,7 +217,10 @@ impl Emitter<'_> {
         accs: &[Accum],
     ) -> Option<Outer> {
         let n = accs.len();
-        if self.opts.lanes == 0 || ways > MAX_WAYS || !(4..=64).contains(&n) || !n.is_power_of_two()
+        if self.opts.lanes == 0
+            || ways > MAX_WAYS
+            || !(4..=MAX_ACCUMULATORS).contains(&n)
+            || !n.is_power_of_two()
         {
             return None;
         }
@@ -204,13 +231,15 @@ impl Emitter<'_> {
                 _ => None,
             })
             .collect();
-        let cols = std::iter::successors(Some(n), |g| (*g > 4).then_some(g / 2)).find_map(|g| {
-            let cols: Option<Vec<Vec<Value>>> = accs
-                .chunks(g)
-                .map(|group| self.group_cols(index, &inside, group))
-                .collect();
-            cols.filter(|c| c.iter().all(|g| g[0] == c[0][0]))
-        })?;
+        let cols = std::iter::successors(Some(n.min(64)), |g| (*g > 4).then_some(g / 2)).find_map(
+            |g| {
+                let cols: Option<Vec<Vec<Value>>> = accs
+                    .chunks(g)
+                    .map(|group| self.group_cols(index, &inside, group))
+                    .collect();
+                cols.filter(|c| c.iter().all(|g| g[0] == c[0][0]))
+            },
+        )?;
         // The groups' first accumulators' cone, in body order. Lane `j` of a group runs its
         // accumulator `j`'s cone, loads included; a load or reduce in no accumulator's cone
         // would not run at all (and its failed bounds check would not report), so the plan
@@ -292,6 +321,63 @@ impl Emitter<'_> {
         Some(cols)
     }
 
+    /// For the scalar loads of `body` at `base + index` (or `index`), `base` defined before
+    /// the loop: `i1` whether all of them are in range for every element `0 .. len` (`len`
+    /// at least 1: `base + len - 1` below the buffer's element count, computed without
+    /// wrapping), and the loads' arena indices. `true` and none without bounds checks.
+    fn uniform_runs_in_range(
+        &mut self,
+        index: Value,
+        len: &str,
+        body: &[Stmt],
+    ) -> Result<(String, HashSet<usize>)> {
+        let lets: HashSet<usize> = body
+            .iter()
+            .filter_map(|s| match s {
+                Stmt::Let(v) => Some(v.index()),
+                _ => None,
+            })
+            .collect();
+        let mut proof = "true".to_string();
+        let mut proven = HashSet::new();
+        let last = self.ins(format!("sub i32 {len}, 1"));
+        let last = self.ins(format!("zext i32 {last} to i64"));
+        for stmt in body {
+            let Stmt::Let(v) = stmt else { continue };
+            let Some(Op::Load { buf, index: at }) = self.k.values.try_get(*v).map(|d| &d.op) else {
+                continue;
+            };
+            let base = if *at == index {
+                None
+            } else {
+                match self.k.values.try_get(*at).map(|d| &d.op) {
+                    Some(Op::Binary(BinaryOp::Add, x, y)) if *x == index || *y == index => {
+                        let base = if *x == index { *y } else { *x };
+                        if base == index || lets.contains(&base.index()) {
+                            continue;
+                        }
+                        Some(base)
+                    }
+                    _ => continue,
+                }
+            };
+            let (_, count, _, _) = self.buffer(*buf)?;
+            let Some(count) = count else { continue };
+            let top = match base {
+                Some(b) => {
+                    let b = self.val(b)?;
+                    let b = self.ins(format!("zext i32 {b} to i64"));
+                    self.ins(format!("add i64 {b}, {last}"))
+                }
+                None => last.clone(),
+            };
+            let ok = self.ins(format!("icmp ult i64 {top}, {count}"));
+            proof = self.ins(format!("and i1 {proof}, {ok}"));
+            proven.insert(v.index());
+        }
+        Ok((proof, proven))
+    }
+
     /// `i1`: whether `col_j = col_0 + j` for every accumulator (the plan's run-time condition).
     pub(super) fn outer_condition(&mut self, outer: &Outer) -> Result<String> {
         let c0 = self.val(outer.cols[0][0])?;
@@ -333,39 +419,113 @@ impl Emitter<'_> {
         let col0 = outer.cols[0][0];
         let saved = self.vals[col0.index()].clone();
         let first = self.val(col0)?;
+        // The `fma`s of one element into partial `r` of every group.
+        let fuse = |e: &mut Self, r: u32| -> Result<()> {
+            for (group, parts) in accs.chunks(lanes as usize).zip(&partials) {
+                let p = &parts[r as usize];
+                let (x, y) = (e.get(group[0].a, lanes)?, e.get(group[0].b, lanes)?);
+                let old = e.ins(format!("load {vt}, {vt}* {p}"));
+                let new = e.fma(lanes, &x, &y, &old);
+                e.line(format!("store {vt} {new}, {vt}* {p}"));
+            }
+            Ok(())
+        };
+        // One element `i` in a checked group.
         let element = |e: &mut Self, i: &str, r: u32| -> Result<()> {
             e.set(index, i.to_string(), 1);
-            e.lanes_group(col0, &first, lanes, &outer.body, &[], &mut |e| {
-                for (group, parts) in accs.chunks(lanes as usize).zip(&partials) {
-                    let p = &parts[r as usize];
-                    let (x, y) = (e.get(group[0].a, lanes)?, e.get(group[0].b, lanes)?);
-                    let old = e.ins(format!("load {vt}, {vt}* {p}"));
-                    let new = e.fma(lanes, &x, &y, &old);
-                    e.line(format!("store {vt} {new}, {vt}* {p}"));
-                }
-                Ok(())
-            })?;
+            e.lanes_group(col0, &first, lanes, &outer.body, &[], &mut |e| fuse(e, r))?;
             e.vals[col0.index()] = saved.clone();
             Ok(())
         };
+        // Bands of `band` consecutive ways, one band after another: a band's loops visit only
+        // its ways' elements (`i % ways` in the band), in increasing `i`, so every partial still
+        // fuses its elements in order while only the band's partials are live. The band's
+        // fast loop runs the full rounds (`i < len - len % ways`) with no branch but the fast
+        // forms' tests; at the first element whose forms do not all hold, that element and the
+        // rest of its round run checked, then a loop of checked rounds, then the band's share
+        // of the last `len % ways` elements.
+        // The uniform loads at `base + i` (`base` from before the loop, as `dY[m*N + n]`) are
+        // in range for every element when they are for the last one, without wrapping: one
+        // check before the loops, and the fast loops load them unchecked.
+        let (proof, in_range) = self.uniform_runs_in_range(index, len, &outer.body)?;
+        let band = outer_band(ways, outer.cols.len());
         let end = self.ins(format!("and i32 {len}, {}", !(ways - 1) as i32));
-        self.counted_loop("i32", "0", &end, ways, |e, i0| {
-            for r in 0..ways {
-                let i = e.ins(format!("add i32 {i0}, {r}"));
-                element(e, &i, r)?;
+        for first_way in (0..ways).step_by(band as usize) {
+            let rs: Vec<u32> = (first_way..first_way + band).collect();
+            let slot = self.alloca("i32");
+            self.line(format!("store i32 0, i32* {slot}"));
+            let (proven, head, checked, tail) = (
+                self.label("outer_proven"),
+                self.label("outer_band"),
+                self.label("outer_checked"),
+                self.label("outer_tail"),
+            );
+            let exits: Vec<String> = rs.iter().map(|_| self.label("outer_exit")).collect();
+            let any = self.ins(format!("icmp ult i32 0, {end}"));
+            self.cond_br(&any, &proven, &tail);
+            self.start(&proven);
+            self.cond_br(&proof, &head, &checked);
+            self.start(&head);
+            let i0 = self.ins(format!("load i32, i32* {slot}"));
+            for (r, exit) in rs.iter().zip(&exits) {
+                let i = self.ins(format!("add i32 {i0}, {r}"));
+                self.set(index, i, 1);
+                self.in_range = in_range.clone();
+                let fast = self.lanes_fast_or_exit(
+                    col0,
+                    &first,
+                    lanes,
+                    &outer.body,
+                    &mut |e| fuse(e, *r),
+                    exit,
+                );
+                self.in_range.clear();
+                fast?;
+                self.vals[col0.index()] = saved.clone();
             }
-            Ok(())
-        })?;
-        // The last `len % ways` elements: element `end + r` goes to partial `r`.
-        for r in 0..ways - 1 {
-            let i = self.ins(format!("add i32 {end}, {r}"));
-            let inside = self.ins(format!("icmp ult i32 {i}, {len}"));
-            let (then, next) = (self.label("outer_tail"), self.label("outer_next"));
-            self.cond_br(&inside, &then, &next);
-            self.start(&then);
-            element(self, &i, r)?;
-            self.br(&next);
-            self.start(&next);
+            // Continue while `i0 + ways < end`, written as `end - i0 > ways` (i0 < end).
+            let left = self.ins(format!("sub i32 {end}, {i0}"));
+            let more = self.ins(format!("icmp ugt i32 {left}, {ways}"));
+            let next = self.ins(format!("add i32 {i0}, {ways}"));
+            self.line(format!("store i32 {next}, i32* {slot}"));
+            self.cond_br(&more, &head, &tail);
+            // Leaving at the band's `j`-th element: it and the rest of the round, checked.
+            for (j, exit) in exits.iter().enumerate() {
+                self.start(exit);
+                self.vals[col0.index()] = saved.clone();
+                if j > 0 {
+                    for r in &rs[j..] {
+                        let i = self.ins(format!("add i32 {i0}, {r}"));
+                        element(self, &i, *r)?;
+                    }
+                    let next = self.ins(format!("add i32 {i0}, {ways}"));
+                    self.line(format!("store i32 {next}, i32* {slot}"));
+                }
+                self.br(&checked);
+            }
+            self.start(&checked);
+            let from = self.ins(format!("load i32, i32* {slot}"));
+            self.counted_loop("i32", &from, &end, ways, |e, i0| {
+                for r in &rs {
+                    let i = e.ins(format!("add i32 {i0}, {r}"));
+                    element(e, &i, *r)?;
+                }
+                Ok(())
+            })?;
+            self.br(&tail);
+            self.start(&tail);
+            // The band's share of the last `len % ways` elements: element `end + r` goes to
+            // partial `r`.
+            for r in rs.iter().filter(|r| **r < ways - 1) {
+                let i = self.ins(format!("add i32 {end}, {r}"));
+                let inside = self.ins(format!("icmp ult i32 {i}, {len}"));
+                let (then, next) = (self.label("outer_last"), self.label("outer_next"));
+                self.cond_br(&inside, &then, &next);
+                self.start(&then);
+                element(self, &i, *r)?;
+                self.br(&next);
+                self.start(&next);
+            }
         }
         for (parts, arrays) in partials.iter().zip(arrays.chunks(lanes as usize)) {
             for (r, p) in parts.iter().enumerate() {

@@ -115,21 +115,27 @@ pub(crate) fn shrink(
 /// The tile of the input gradient `dX = dY @ dequant(W)` (`[M, N] x [N, K]`, outputs `M x K`)
 /// on a device. Tiles never change results, only speed.
 ///
-/// * CPU with 8 lanes or more (the LLVM backend, AVX2 or AVX-512): `min(M, 2) x 16`, rows of
-///   `dY` against 16 consecutive columns of `W`, which the backend runs with the 16 columns as
-///   vector lanes and one vector per row (`codegen/src/llvm/outer.rs`: the weights of one `n`
-///   are 8 contiguous bytes, decoded once for both rows, where a loop over `n` gathers them
-///   `K / 2` bytes apart). Measured on one thread at K = N = 4096: M = 1 f32 34 ms with 1x4 over `n`
-///   against 3.8 ms; M = 16 156 ms with 4x4, 65-84 ms with 1x16, 40-51 ms with 2x16, 61 ms
-///   with 4x8 (8 lanes: no fused decode); 2x16 is the largest 16-column tile (32 outputs). `tm`
-///   halves, then `tn`, while there would be fewer than 4 work items per thread.
+/// * CPU with 8 lanes or more (the LLVM backend, AVX2 or AVX-512): `tm x 16`, `tm` the largest
+///   power of two up to `min(M, 8)` with 16 lanes (AVX-512) or `min(M, 2)` with 8 (AVX2):
+///   rows of `dY` against 16 consecutive columns of `W`, which the backend runs with the 16
+///   columns as vector lanes and one vector per row (`codegen/src/llvm/outer.rs`: the weights
+///   of one `n` are 8 contiguous bytes, decoded once for all rows, where a loop over `n`
+///   gathers them `K / 2` bytes apart; the tile's accumulators must be a power of two). The
+///   backend keeps 16 partial vectors live (2 of the 8 ways for 8 rows). Measured on one
+///   thread at K = N = 4096: M = 1 f32 34 ms with 1x4 over `n` against 3.8 ms; M = 16 156 ms
+///   with 4x4, 65-84 ms with 1x16, 40-51 ms with 2x16 (before the way-major loop); M = 256
+///   with the way-major loop: 8x16 FIXME. `tm` halves, then `tn`, while there would be fewer
+///   than 4 work items per thread.
 /// * Otherwise [`suggest_tile_sizes`] for `M x K` outputs.
 pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
     match caps {
         DeviceCaps::Cpu { threads, lanes } if lanes >= 8 => {
             let want = 4usize.saturating_mul(threads.max(1) as usize);
             let (m, k) = (m.max(1), k.max(1));
-            shrink((m, k), (m.min(2), 16), want, true)
+            // A power of two: the backend's lanes plan takes `tm x 16` accumulators only then.
+            let rows = if lanes >= 16 { 8 } else { 2 };
+            let tm = 1 << m.min(rows).ilog2();
+            shrink((m, k), (tm, 16), want, true)
         }
         _ => suggest_tile_sizes(m, k, n, caps),
     }
@@ -593,7 +599,8 @@ mod tests {
             (t.tm, t.tn)
         };
         assert_eq!(back(1, 4096, wide), (1, 16));
-        assert_eq!(back(16, 4096, wide), (2, 16));
+        assert_eq!(back(16, 4096, wide), (8, 16));
+        assert_eq!(back(7, 4096, wide), (4, 16), "a power of two");
         assert_eq!(back(3, 4096, wide), (2, 16));
         assert_eq!(
             back(2, 64, wide),

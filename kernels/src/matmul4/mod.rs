@@ -84,7 +84,7 @@ pub const DX_ORDER: ReduceOrder = crate::DOT_ORDER;
 /// The largest tile side (outputs per work item = `tm * tn`, at most [`MAX_TILE_OUTPUTS`]).
 pub const MAX_TILE: u32 = 16;
 /// The largest number of outputs one work item computes.
-pub const MAX_TILE_OUTPUTS: u32 = 32;
+pub const MAX_TILE_OUTPUTS: u32 = 256;
 
 /// Outputs per work item of a matmul kernel: `tm` rows of the activation times `tn` rows of
 /// the weight (forward) or `tn` columns of `dX` (backward). A compile-time kernel parameter;

@@ -267,8 +267,11 @@ fn library_matmul4_rejects_bad_tiles_and_blocksizes() {
     };
     let e = spec.build().unwrap_err().to_string();
     assert!(e.contains("tile 0x4"), "{e}");
-    spec.tile = TileConfig { tm: 8, tn: 8 };
-    assert!(spec.build().unwrap_err().to_string().contains("8x8"));
+    spec.tile = TileConfig { tm: 17, tn: 8 };
+    assert!(spec.build().unwrap_err().to_string().contains("17x8"));
+    spec.tile = TileConfig { tm: 16, tn: 16 };
+    spec.build()
+        .expect("a 16 x 16 tile (256 outputs) is the largest");
     spec.tile = TileConfig { tm: 1, tn: 1 };
     spec.blocksize = 48;
     assert!(spec.build().unwrap_err().to_string().contains("48"));
