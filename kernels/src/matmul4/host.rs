@@ -123,9 +123,10 @@ pub(crate) fn shrink(
 ///   gathers them `K / 2` bytes apart; the tile's accumulators must be a power of two). The
 ///   backend keeps 16 partial vectors live (2 of the 8 ways for 8 rows). Measured on one
 ///   thread at K = N = 4096: M = 1 f32 34 ms with 1x4 over `n` against 3.8 ms; M = 16 156 ms
-///   with 4x4, 65-84 ms with 1x16, 40-51 ms with 2x16 (before the way-major loop); M = 256
-///   with the way-major loop: 8x16 FIXME. `tm` halves, then `tn`, while there would be fewer
-///   than 4 work items per thread.
+///   with 4x4, 65-84 ms with 1x16, 40-51 ms with 2x16 (before the way-major loop). With it
+///   (one thread, f32, the other core busy): 2x16 before against 8x16 now, M = 16 35.5 to
+///   14.9 ms, M = 128 323 to 163 ms, M = 512 1333 to 501 ms; 16x16 was no faster than 8x16.
+///   `tm` halves, then `tn`, while there would be fewer than 4 work items per thread.
 /// * Otherwise [`suggest_tile_sizes`] for `M x K` outputs.
 pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
     match caps {
