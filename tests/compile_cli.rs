@@ -236,6 +236,44 @@ fn a_qir_file_is_compiled_and_its_errors_name_the_file_and_line() {
         &[&at, &kernel_named, "failed verification"],
     );
 
+    // A verification error at a statement (no value named): a store into a read-only buffer,
+    // located by the statement's own line.
+    let read_only = kernel
+        .params
+        .iter()
+        .find(|(_, p)| {
+            matches!(
+                p.kind,
+                ParamKind::Buffer {
+                    access: qforge::ir::Access::Read,
+                    ..
+                }
+            )
+        })
+        .expect("a read-only buffer")
+        .1
+        .name
+        .clone();
+    let (line, l) = text
+        .lines()
+        .enumerate()
+        .find(|(_, l)| l.trim_start().starts_with("store "))
+        .expect("a store");
+    let target = l.trim_start()["store ".len()..]
+        .split('[')
+        .next()
+        .expect("the stored buffer")
+        .to_string();
+    let stored = l.replacen(&format!("store {target}["), &format!("store {read_only}["), 1);
+    let into_read = dir.path().join("into_read.qir");
+    std::fs::write(&into_read, text.replacen(l, &stored, 1)).expect("write");
+    let at = format!("{}:{}:", into_read.display(), line + 1);
+    let why = format!("store to read-only buffer '{read_only}'");
+    fails(
+        &["compile", into_read.to_str().unwrap(), "--target", "ptx"],
+        &[&at, &why],
+    );
+
     // A missing file is named.
     let missing = dir.path().join("missing.qir");
     fails(

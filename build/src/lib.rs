@@ -26,8 +26,8 @@
 //! LLVM CPU model, wider vectors at x86-64-v3/v4) instead of Cranelift, one object per kernel
 //! per level either way ([`Builder::llvm`]).
 //!
-//! Environment: `QFORGE_AOT_LEVELS` (comma-separated level names, or `none`) replaces the CPU
-//! levels.
+//! Environment: `QFORGE_AOT_LEVELS` (comma-separated level names, or `none`; empty is unset)
+//! replaces the CPU levels.
 #![deny(missing_docs)]
 
 mod generate;
@@ -248,17 +248,20 @@ impl Builder {
     /// The CPU levels to build: [`LEVELS_ENV`], else the builder's, else every level of the
     /// target architecture.
     fn resolve_levels(&self) -> Result<Vec<CpuLevel>, BuildError> {
-        if let Ok(list) = std::env::var(LEVELS_ENV) {
-            if list.trim() == "none" {
+        if let Ok(list) = std::env::var(LEVELS_ENV).map(|l| l.trim().to_string()) {
+            if list == "none" {
                 return Ok(Vec::new());
             }
-            return list
-                .split(',')
-                .map(|s| {
-                    CpuLevel::from_name(s.trim())
-                        .map_err(|e| BuildError(format!("{LEVELS_ENV}: {e}")))
-                })
-                .collect();
+            if !list.is_empty() {
+                return list
+                    .split(',')
+                    .map(|s| {
+                        CpuLevel::from_name(s.trim()).map_err(|e| {
+                            BuildError(format!("{LEVELS_ENV}={list}: {e}, or 'none'"))
+                        })
+                    })
+                    .collect();
+            }
         }
         if let Some(levels) = &self.levels {
             return Ok(levels.clone());

@@ -330,3 +330,15 @@ fn deep_nesting_is_an_error_not_a_stack_overflow() {
     let (_, _, m) = parse_err(&text);
     assert!(m.contains("nested more than"), "{m}");
 }
+
+/// `parse_with_lines` gives each statement's 1-based line under the verifier's path.
+#[test]
+fn statement_lines_follow_the_verifier_paths() {
+    let text = "kernel k(n: u32, x: f32[n] write)\ngrid n\n{\n  %0: u32 = work_item\n  \
+                %1: f32 = const 0x80000000  // -0.0\n  store x[%0] = %1\n}\n";
+    let (kernel, lines) = qforge_ir::text::parse_with_lines(text).expect("parses");
+    assert_eq!(kernel, qforge_ir::text::parse(text).expect("parses"));
+    assert_eq!(lines.get("body[0]"), Some(&4));
+    assert_eq!(lines.get("body[2]"), Some(&6));
+    assert_eq!(lines.len(), 3);
+}

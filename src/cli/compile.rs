@@ -3,6 +3,7 @@
 //! (`OUT.json`) and its text form (`OUT.qir`).
 
 use std::ffi::OsString;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use qforge_codegen::compile::{CpuLevel, LlvmTarget, Options};
@@ -278,20 +279,40 @@ fn value_line(text: &str, location: &str) -> Option<usize> {
         .map(|i| i + 1)
 }
 
-/// A verification error of the kernel parsed from `path`, with the file and, for problems at a
-/// value, the line that defines it.
+/// The 1-based line of the innermost statement on a verifier location's path
+/// (`body[3].then[0] ...`), from the parser's statement lines.
+fn stmt_line(lines: &HashMap<String, usize>, location: &str) -> Option<usize> {
+    let path = location.split_whitespace().next().unwrap_or("");
+    let mut end = path.len();
+    loop {
+        if let Some(l) = lines.get(&path[..end]) {
+            return Some(*l);
+        }
+        let open = path[..end].rfind('[')?;
+        end = path[..open].rfind(']')? + 1;
+    }
+}
+
+/// A verification error of the kernel parsed from `path`, with the file and the line of each
+/// problem: the line that defines the value it names, else its statement's line.
 fn verify_error_in_file(path: &Path, kernel: &str, errors: &[qforge_ir::VerifyError]) -> Error {
     let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines = qforge_ir::text::parse_with_lines(&text)
+        .map(|(_, lines)| lines)
+        .unwrap_or_default();
+    let line_of = |e: &qforge_ir::VerifyError| {
+        value_line(&text, &e.location).or_else(|| stmt_line(&lines, &e.location))
+    };
     let problems: Vec<String> = errors
         .iter()
-        .map(|e| match value_line(&text, &e.location) {
+        .map(|e| match line_of(e) {
             Some(line) => format!("line {line}: {e}"),
             None => e.to_string(),
         })
         .collect();
     let first = errors
         .iter()
-        .find_map(|e| value_line(&text, &e.location))
+        .find_map(line_of)
         .map_or(String::new(), |l| format!("{l}:"));
     Error::Usage(format!(
         "{}:{first} kernel '{kernel}' failed verification ({} problem(s)): {}",

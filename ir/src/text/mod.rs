@@ -103,6 +103,15 @@ pub fn print(kernel: &Kernel) -> String {
 /// [`crate::Error::Parse`] with the 1-based line and column of the offending token and a message
 /// naming what was expected. Never panics, on any input.
 pub fn parse(text: &str) -> Result<Kernel> {
+    parser::parse(text).map(|(kernel, _)| kernel)
+}
+
+/// [`parse`], also returning the 1-based line of every statement by its verifier path
+/// (`body[3]`, `body[3].then[0]`, `body[5].body[2]`: the locations [`crate::verify`] reports).
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_with_lines(text: &str) -> Result<(Kernel, std::collections::HashMap<String, usize>)> {
     parser::parse(text)
 }
 

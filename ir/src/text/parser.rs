@@ -15,7 +15,7 @@ mod stmt;
 /// Deepest nesting of `if`/`for` blocks accepted (keeps the recursion bounded on any input).
 const MAX_DEPTH: usize = 256;
 
-pub(super) fn parse(text: &str) -> Result<Kernel> {
+pub(super) fn parse(text: &str) -> Result<(Kernel, HashMap<String, usize>)> {
     let mut p = Parser {
         toks: lex(text),
         pos: 0,
@@ -26,8 +26,10 @@ pub(super) fn parse(text: &str) -> Result<Kernel> {
         param_names: Vec::new(),
         table_names: Vec::new(),
         var_names: Vec::new(),
+        stmt_lines: HashMap::new(),
     };
-    p.kernel()
+    let kernel = p.kernel()?;
+    Ok((kernel, p.stmt_lines))
 }
 
 /// A reference to a parameter, table or variable before it is resolved.
@@ -55,6 +57,8 @@ struct Parser {
     param_names: Vec<String>,
     table_names: Vec<String>,
     var_names: Vec<String>,
+    /// The 1-based line of each statement, by verifier path (`body[3].then[0]`).
+    stmt_lines: HashMap<String, usize>,
 }
 
 impl Parser {
@@ -295,7 +299,7 @@ impl Parser {
         if !self.is_punct("{") {
             return Err(self.expected("'table', 'var' or '{' to open the kernel body"));
         }
-        let body = self.block()?;
+        let body = self.block("body")?;
         if self.is_keyword("unused") {
             self.bump();
             self.punct("{", "after 'unused'")?;

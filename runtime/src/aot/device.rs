@@ -215,6 +215,11 @@ impl AotDevice {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+            None if self.names.is_empty() => format!(
+                "kernel '{}' (hash {hash:016x}): this program has no ahead-of-time CPU kernels \
+                 at all (its build script named none, or was run with QFORGE_AOT_LEVELS=none)",
+                kernel.name
+            ),
             None => format!(
                 "kernel '{}' (hash {hash:016x}) was not compiled ahead of time (add it to the \
                  build script's qforge_build::Builder)",

@@ -105,6 +105,14 @@ fn stale_missing_and_unrunnable_artifacts_are_named_errors_under_require() {
         "{e}"
     );
 
+    // A program without any CPU artifact (QFORGE_AOT_LEVELS=none) says so.
+    let empty = AotDevice::new(&[], Policy::RequireAot).expect("device");
+    let e = run(&empty, &built).expect_err("none built").to_string();
+    assert!(
+        e.contains("no ahead-of-time CPU kernels at all") && e.contains("QFORGE_AOT_LEVELS=none"),
+        "{e}"
+    );
+
     let mut wrong_cpu = record("scale2", built.content_hash());
     wrong_cpu.level = "imaginary";
     wrong_cpu.features = &["no-such-feature"];

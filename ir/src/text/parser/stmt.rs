@@ -11,8 +11,9 @@ use crate::types::{Rounding, ScalarType};
 impl Parser {
     // ----- statements and ops -----
 
-    /// `'{' {stmt} '}'`.
-    pub(super) fn block(&mut self) -> Result<Vec<Stmt>> {
+    /// `'{' {stmt} '}'`, the block at verifier path `path` (`body`, `body[3].then`, ...):
+    /// records the line of each statement (`path[i]`).
+    pub(super) fn block(&mut self, path: &str) -> Result<Vec<Stmt>> {
         let open = self.peek().clone();
         self.punct("{", "to open a block")?;
         self.depth += 1;
@@ -25,14 +26,17 @@ impl Parser {
         }
         let mut stmts = Vec::new();
         while !self.is_punct("}") {
-            stmts.push(self.stmt()?);
+            let at = format!("{path}[{}]", stmts.len());
+            self.stmt_lines.insert(at.clone(), self.peek().line);
+            stmts.push(self.stmt(&at)?);
         }
         self.bump();
         self.depth -= 1;
         Ok(stmts)
     }
 
-    fn stmt(&mut self) -> Result<Stmt> {
+    /// The statement at verifier path `at`.
+    fn stmt(&mut self, at: &str) -> Result<Stmt> {
         const WHAT: &str =
             "a statement ('%N: type = op', let, store, assign, if, for, accumulate) or '}'";
         let t = self.peek().clone();
@@ -77,10 +81,10 @@ impl Parser {
             "if" => {
                 self.bump();
                 let cond = self.value("the if condition")?;
-                let then_body = self.block()?;
+                let then_body = self.block(&format!("{at}.then"))?;
                 let else_body = if self.is_keyword("else") {
                     self.bump();
-                    self.block()?
+                    self.block(&format!("{at}.else"))?
                 } else {
                     Vec::new()
                 };
@@ -100,7 +104,7 @@ impl Parser {
                 let end = self.value("the loop end")?;
                 self.keyword("step", "after the loop bounds")?;
                 let step = self.u32_number("the loop step")?;
-                let body = self.block()?;
+                let body = self.block(&format!("{at}.body"))?;
                 Ok(Stmt::For {
                     index,
                     start,
@@ -116,7 +120,7 @@ impl Parser {
                 self.keyword("len", "after the accumulate index")?;
                 let len = self.value("the accumulate length")?;
                 let order = self.reduce_order()?;
-                let body = self.block()?;
+                let body = self.block(&format!("{at}.body"))?;
                 self.keyword("into", "after the accumulate body")?;
                 let mut accs = Vec::new();
                 loop {
