@@ -264,7 +264,11 @@ fn a_qir_file_is_compiled_and_its_errors_name_the_file_and_line() {
         .next()
         .expect("the stored buffer")
         .to_string();
-    let stored = l.replacen(&format!("store {target}["), &format!("store {read_only}["), 1);
+    let stored = l.replacen(
+        &format!("store {target}["),
+        &format!("store {read_only}["),
+        1,
+    );
     let into_read = dir.path().join("into_read.qir");
     std::fs::write(&into_read, text.replacen(l, &stored, 1)).expect("write");
     let at = format!("{}:{}:", into_read.display(), line + 1);
@@ -297,6 +301,18 @@ fn unknown_kernels_targets_and_levels_are_named_errors() {
     assert!(
         err.contains("quantize_4bit_nf4_bs64_f32"),
         "no close match: {err}"
+    );
+    fails(
+        &[
+            "compile",
+            "--kernel",
+            KERNEL,
+            "--target",
+            "stablehlo",
+            "--dim",
+            "0",
+        ],
+        &["--dim 0"],
     );
     fails(
         &["compile", "--kernel", KERNEL, "--target", "gpu"],

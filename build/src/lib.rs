@@ -256,9 +256,8 @@ impl Builder {
                 return list
                     .split(',')
                     .map(|s| {
-                        CpuLevel::from_name(s.trim()).map_err(|e| {
-                            BuildError(format!("{LEVELS_ENV}={list}: {e}, or 'none'"))
-                        })
+                        CpuLevel::from_name(s.trim())
+                            .map_err(|e| BuildError(format!("{LEVELS_ENV}={list}: {e}, or 'none'")))
                     })
                     .collect();
             }

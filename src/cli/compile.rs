@@ -2,8 +2,8 @@
 //! time for one target through [`qforge_codegen::compile()`], written as its code, its manifest
 //! (`OUT.json`) and its text form (`OUT.qir`).
 
-use std::ffi::OsString;
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use qforge_codegen::compile::{CpuLevel, LlvmTarget, Options};
@@ -140,6 +140,11 @@ pub fn target(req: &Request) -> Result<(Target, Options)> {
         "--dim",
         "stablehlo",
     )?;
+    if req.dim == Some(0) {
+        return Err(Error::Usage(
+            "--dim 0: a StableHLO module's dimensions must be at least 1".into(),
+        ));
+    }
     only(
         req.soft_math && !matches!(kind, "wgsl" | "spirv"),
         "--soft-math",
