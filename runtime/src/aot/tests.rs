@@ -7,7 +7,7 @@ use super::*;
 use crate::device::Device;
 
 /// `x[i] = x[i] * factor` over `n` work items, named `name`.
-fn scale(name: &str, factor: f32) -> Kernel {
+pub(crate) fn scale(name: &str, factor: f32) -> Kernel {
     let mut b = KernelBuilder::new(name);
     let n = b.scalar_param("n", ScalarType::U32);
     let x = b.buffer_param("x", DType::F32, &[Dim::Param(n)], Access::ReadWrite);

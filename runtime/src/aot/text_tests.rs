@@ -4,23 +4,10 @@
 
 use qforge_codegen::compile::{compile, fnv1a, Artifact, Launch, Manifest, Options, Target};
 use qforge_codegen::ptx::SmTarget;
-use qforge_ir::{Access, DType, Dim, Kernel, KernelBuilder, ScalarType};
+use qforge_ir::Kernel;
 
+use super::tests::scale;
 use super::*;
-
-/// `x[i] = x[i] * factor` over `n` work items, named `name`.
-pub(crate) fn scale(name: &str, factor: f32) -> Kernel {
-    let mut b = KernelBuilder::new(name);
-    let n = b.scalar_param("n", ScalarType::U32);
-    let x = b.buffer_param("x", DType::F32, &[Dim::Param(n)], Access::ReadWrite);
-    b.set_grid(Dim::Param(n));
-    let i = b.work_item();
-    let v = b.load(x, i);
-    let f = b.const_f32(factor);
-    let y = b.mul(v, f);
-    b.store(x, i, y);
-    b.finish()
-}
 
 fn leak_str(s: &str) -> &'static str {
     Box::leak(s.to_string().into_boxed_str())
