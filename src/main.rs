@@ -89,8 +89,8 @@ enum Command {
         #[arg(long, default_value_t = 0, hide_default_value = true)]
         chunk_elements: usize,
         /// Device: auto (the fastest conformant device compiled in: cpu-llvm with the `llvm`
-        /// feature, else cpu; printed on stderr), cpu, interpreter, cpu-llvm (`llvm` feature),
-        /// wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        /// feature, else cpu; printed at start), cpu, interpreter, cpu-llvm (`llvm` feature),
+        /// cpu-aot (`aot` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "auto")]
         device: String,
     },
@@ -115,23 +115,29 @@ enum Command {
         #[arg(long, default_value_t = 0, hide_default_value = true)]
         chunk_elements: usize,
         /// Device: auto (the fastest conformant device compiled in: cpu-llvm with the `llvm`
-        /// feature, else cpu; printed on stderr), cpu, interpreter, cpu-llvm (`llvm` feature),
-        /// wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        /// feature, else cpu; printed at start), cpu, interpreter, cpu-llvm (`llvm` feature),
+        /// cpu-aot (`aot` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "auto")]
         device: String,
     },
     /// Quick benchmark of the library kernels (about half a minute on 2 cores): one line per kernel, shape
     /// and baseline with the median time, bytes/s and the ratio baseline time / kernel time.
+    /// `--suite train`: the fused NF4 matmul forward and input gradient at training shapes
+    /// (M = 16..2048) against an fp32 GEMM, with GFLOP/s and the fraction of the CPU's measured
+    /// peak (minutes).
     Bench {
         /// Print JSON lines instead of a table.
         #[arg(long)]
         json: bool,
+        /// Which cases: quick (the library kernels) or train (the training-shape matmuls).
+        #[arg(long, default_value = "quick", value_parser = ["quick", "train"])]
+        suite: String,
         /// Keep only the cases whose kernel name contains this string.
         #[arg(long)]
         filter: Option<String>,
         /// Device: auto (the fastest conformant device compiled in: cpu-llvm with the `llvm`
-        /// feature, else cpu; printed on stderr), cpu, interpreter (cases scaled down), cpu-llvm
-        /// (`llvm` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        /// feature, else cpu; printed at start), cpu, interpreter (cases scaled down), cpu-llvm
+        /// (`llvm` feature), cpu-aot (`aot` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "auto")]
         device: String,
     },
@@ -165,8 +171,8 @@ enum Command {
         #[arg(long)]
         json: bool,
         /// Device: auto (the fastest conformant device compiled in: cpu-llvm with the `llvm`
-        /// feature, else cpu; printed on stderr), cpu, interpreter, cpu-llvm (`llvm` feature),
-        /// wgpu (`wgpu` feature) or cuda (`cuda` feature).
+        /// feature, else cpu; printed at start), cpu, interpreter, cpu-llvm (`llvm` feature),
+        /// cpu-aot (`aot` feature), wgpu (`wgpu` feature) or cuda (`cuda` feature).
         #[arg(long, default_value = "auto")]
         device: String,
     },
@@ -445,25 +451,56 @@ fn quantize(input: PathBuf, output: PathBuf, a: QuantizeArgs, device: &str) -> R
     Ok(())
 }
 
-fn bench(json: bool, filter: Option<&str>, device: &str) -> Result<()> {
-    use qforge::bench::{self, cases, report};
+fn bench(json: bool, suite: &str, filter: Option<&str>, device: &str) -> Result<()> {
+    use qforge::bench::{self, cases, peak, report, train_cases};
     let device = start_device(device, false)?;
     // The cases build their inputs on their first (warm-up) run: listing and filtering is cheap.
     let size = cases::CaseSize::for_backend(device.backend());
-    let cases = bench::filter_cases(cases::cases(size)?, filter)?;
-    let timing = bench::Timing::QUICK;
-    let table = report::Table::for_cases(&cases);
+    let train = suite == "train";
+    let (cases, timing) = if train {
+        (train_cases::train_cases(size), bench::Timing::TRAIN)
+    } else {
+        (cases::cases(size)?, bench::Timing::QUICK)
+    };
+    let cases = bench::filter_cases(cases, filter)?;
+    // The train suite's rows carry their fraction of the CPU's measured peak (on the device's
+    // threads; not on a GPU device, whose peak this does not measure).
+    let peak = (train && !device.caps().is_gpu()).then(|| {
+        peak::measure_peak(
+            bench::baselines::host_threads(device.as_ref()),
+            peak::PEAK_DURATION,
+        )
+    });
+    let mut table = report::Table::for_cases(&cases);
+    if peak.is_some() {
+        table = table.with_peak_columns();
+    }
     if !json {
         for line in report::header_lines(device.name(), device.backend(), &timing) {
-            out!("{line}");
+            // The train cases have no memcpy baseline: their own note follows.
+            if !(train && line.starts_with("baselines: memcpy")) {
+                out!("{line}");
+            }
+        }
+        if train {
+            out!("{}", train_cases::BASELINE_NOTE);
+        }
+        if let Some(p) = &peak {
+            for line in peak::header_lines(p) {
+                out!("{line}");
+            }
         }
         out!("{}", table.title());
     }
     bench::run_bench(device.as_ref(), cases, &timing, &mut |row| {
+        let row = match &peak {
+            Some(p) => row.clone().with_peak(p),
+            None => row.clone(),
+        };
         if json {
-            out!("{}", report::json_line(row));
+            out!("{}", report::json_line(&row));
         } else {
-            out!("{}", table.line(row));
+            out!("{}", table.line(&row));
         }
     })?;
     Ok(())
@@ -665,9 +702,10 @@ fn main() -> ExitCode {
         })(),
         Command::Bench {
             json,
+            suite,
             filter,
             device,
-        } => bench(json, filter.as_deref(), &device).map(|_| ExitCode::SUCCESS),
+        } => bench(json, &suite, filter.as_deref(), &device).map(|_| ExitCode::SUCCESS),
         Command::Finetune {
             model,
             layers,

@@ -149,3 +149,37 @@ fn a_bad_llvm_lane_override_names_the_variable() {
         );
     }
 }
+
+#[test]
+fn the_train_suite_reports_gflops_and_the_fraction_of_peak() {
+    // The interpreter's train cases are scaled down (seconds); `dx` keeps the input gradients.
+    let (code, stdout, stderr) = qforge(&[
+        "bench",
+        "--suite",
+        "train",
+        "--json",
+        "--device",
+        "interpreter",
+        "--filter",
+        "dx",
+    ]);
+    assert_eq!(code, 0, "stderr: {stderr}");
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    assert!(!rows.is_empty(), "{stdout}");
+    for v in &rows {
+        assert!(v["kernel"].as_str().unwrap().contains("dx"), "{v}");
+        assert_eq!(v["baseline"], "fp32_gemm", "{v}");
+        let flops = v["flops"].as_f64().expect("flops");
+        let median = v["median_s"].as_f64().expect("median");
+        let gflops = v["gflops"].as_f64().expect("gflops");
+        assert!(close(gflops, flops / median / 1e9, 1e-3), "{v}");
+        let fraction = v["peak_fraction"].as_f64().expect("peak_fraction");
+        assert!(fraction > 0.0 && fraction.is_finite(), "{v}");
+    }
+    let (code, _, stderr) = qforge(&["bench", "--suite", "fast"]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("fast"), "{stderr}");
+}

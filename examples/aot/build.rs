@@ -27,8 +27,5 @@ fn main() {
         .map(|(kernel, target, s)| format!("{kernel}\t{target}\t{:.2} ms\n", s * 1e3))
         .collect();
     let out = std::env::var("OUT_DIR").unwrap_or_default();
-    let _ = std::fs::write(
-        std::path::Path::new(&out).join("timings.txt"),
-        timings,
-    );
+    let _ = std::fs::write(std::path::Path::new(&out).join("timings.txt"), timings);
 }

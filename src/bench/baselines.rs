@@ -1,6 +1,8 @@
 //! The baselines a bench case is compared with: [`memcpy_baseline`] (a host copy of the bytes a
 //! kernel moves) and [`fp32_gemm_baseline`] (an fp32 GEMM/GEMV of a linear layer's shape, from
-//! the `gemm` crate), plus the plain [`fp32_gemm`] they time.
+//! the `gemm` crate), plus the plain [`fp32_gemm`] / [`fp32_matmul`] they time.
+
+use qforge_runtime::Device;
 
 use crate::error::Result;
 
@@ -29,18 +31,36 @@ pub fn memcpy_baseline(bytes: usize) -> Baseline {
     }
 }
 
+/// The threads a host baseline runs on next to `dev`: a CPU device's
+/// [`Caps::parallel_threads`](qforge_runtime::Caps::parallel_threads) (its pool: `--threads`,
+/// else every core; 1 on the sequential interpreter), or 0 on a GPU device (0 = every thread
+/// of rayon's global pool, as [`fp32_matmul`] reads it).
+pub fn host_threads(dev: &dyn Device) -> usize {
+    let caps = dev.caps();
+    if caps.is_gpu() {
+        0
+    } else {
+        caps.parallel_threads.max(1) as usize
+    }
+}
+
 /// `C = A @ B^T` in fp32 for `A` `[m, k]` and `B` `[n, k]` (what a linear layer with `n` output
 /// features computes for `m` rows), on buffers allocated and filled on the untimed warm-up call.
 /// With `m = 1` it is the GEMV of single-token decoding.
+///
+/// Threads: the device's own ([`host_threads`]), so the GEMM and the kernel run on the same
+/// number of threads. The `gemm` crate splits the work into that many rayon tasks on rayon's
+/// global pool (`RAYON_NUM_THREADS`, else every core: the CPU device's default too), and may
+/// use fewer for a small product.
 pub fn fp32_gemm_baseline(m: usize, k: usize, n: usize) -> Baseline {
     let mut buffers: Option<(Vec<f32>, Vec<f32>, Vec<f32>)> = None;
-    let run: Runner = Box::new(move |_dev| {
+    let run: Runner = Box::new(move |dev| {
         if buffers.is_none() {
             let (mk, nk, mn) = (dims(m, k)?, dims(n, k)?, dims(m, n)?);
             buffers = Some((pseudo_random(mk, 1), pseudo_random(nk, 2), vec![0.0f32; mn]));
         }
         if let Some((a, b, c)) = buffers.as_mut() {
-            fp32_gemm(a, b, c, m, k, n)?;
+            fp32_matmul(a, b, c, (m, k, n), BLayout::Transposed, host_threads(dev))?;
             std::hint::black_box(c);
         }
         Ok(())
@@ -53,16 +73,48 @@ pub fn fp32_gemm_baseline(m: usize, k: usize, n: usize) -> Baseline {
 
 /// `C = A @ B^T` in fp32: `A` is `[m, k]`, `B` is `[n, k]` and `C` is `[m, n]`, all row-major
 /// and contiguous, as a linear layer `y = x @ W^T` with `x = A`, `W = B`. `C` is overwritten.
-/// Runs the `gemm` crate's kernels (SIMD, multithreaded with rayon; `m = 1` takes its GEMV
-/// path). The sums are fp32 in the crate's own order, so results differ from a sequential sum by
-/// rounding only: within `k * f32::EPSILON * sum_l |A[i,l] * B[j,l]|` of the exact value.
+/// Runs the `gemm` crate's kernels (SIMD, multithreaded with rayon on every thread of rayon's
+/// global pool; `m = 1` takes its GEMV path). The sums are fp32 in the crate's own order, so
+/// results differ from a sequential sum by rounding only: within
+/// `k * f32::EPSILON * sum_l |A[i,l] * B[j,l]|` of the exact value.
 ///
 /// # Errors
 /// [`qforge_runtime::Error::Invalid`] (wrapped in [`crate::Error::Runtime`]) when a slice length
 /// is not the product of its dimensions or a product overflows.
 pub fn fp32_gemm(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usize) -> Result<()> {
+    fp32_matmul(a, b, c, (m, k, n), BLayout::Transposed, 0)
+}
+
+/// How [`fp32_matmul`]'s `B` is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BLayout {
+    /// `B` is `[n, k]` and the product is `A @ B^T` (a linear layer's forward `x @ W^T`).
+    Transposed,
+    /// `B` is `[k, n]` and the product is `A @ B` (a linear layer's input gradient `dY @ W`,
+    /// `W` `[N, K]` read as the `[k, n]` operand with `k = N`, `n = K`).
+    Plain,
+}
+
+/// `C[m, n] = A[m, k] @ op(B)` in fp32 with `op(B)` as `layout` says, all row-major and
+/// contiguous, `C` overwritten, on `threads` rayon tasks (0: every thread of rayon's global
+/// pool; more tasks than the pool has threads run on the pool's threads). Same kernels and
+/// rounding as [`fp32_gemm`].
+///
+/// # Errors
+/// As [`fp32_gemm`].
+pub fn fp32_matmul(
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+    (m, k, n): (usize, usize, usize),
+    layout: BLayout,
+    threads: usize,
+) -> Result<()> {
     check_len("A", a.len(), m, k)?;
-    check_len("B", b.len(), n, k)?;
+    match layout {
+        BLayout::Transposed => check_len("B", b.len(), n, k)?,
+        BLayout::Plain => check_len("B", b.len(), k, n)?,
+    }
     check_len("C", c.len(), m, n)?;
     if m == 0 || n == 0 {
         return Ok(());
@@ -72,10 +124,16 @@ pub fn fp32_gemm(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usi
         return Ok(());
     }
     let (k_stride, n_stride) = (stride(k)?, stride(n)?);
+    // `op(B)` is `[k, n]`: (column stride, row stride) of that view.
+    let (b_cs, b_rs) = match layout {
+        BLayout::Transposed => (k_stride, 1),
+        BLayout::Plain => (1, n_stride),
+    };
     // SAFETY: the lengths were checked above: every element the strides reach is in bounds
-    // (A: (m-1)*k + (k-1) < m*k; B read as B^T [k, n] with row stride 1 and column stride k:
-    // (k-1) + (n-1)*k < n*k; C: (m-1)*n + (n-1) < m*n), C does not alias A or B (a `&mut`), and
-    // the element type is f32, which the crate supports.
+    // (A: (m-1)*k + (k-1) < m*k; B transposed, read as B^T [k, n] with row stride 1 and column
+    // stride k: (k-1) + (n-1)*k < n*k; B plain [k, n]: (k-1)*n + (n-1) < k*n; C: (m-1)*n +
+    // (n-1) < m*n), C does not alias A or B (a `&mut`), and the element type is f32, which the
+    // crate supports.
     unsafe {
         gemm::gemm(
             m,
@@ -89,14 +147,14 @@ pub fn fp32_gemm(a: &[f32], b: &[f32], c: &mut [f32], m: usize, k: usize, n: usi
             1,
             k_stride,
             b.as_ptr(),
-            k_stride,
-            1,
+            b_cs,
+            b_rs,
             0.0,
             1.0,
             false,
             false,
             false,
-            gemm::Parallelism::Rayon(0),
+            gemm::Parallelism::Rayon(threads),
         );
     }
     Ok(())
@@ -211,6 +269,43 @@ mod tests {
         let mut c = vec![5.0; 4];
         fp32_gemm(&[], &[], &mut c, 2, 0, 2).expect("valid");
         assert_eq!(c, vec![0.0; 4]);
+    }
+
+    #[test]
+    fn fp32_matmul_plain_is_a_times_b() {
+        // A = [[1, 2]], B = [[1, 0, 3], [0, 1, 4]] ([k = 2, n = 3]): C = [[1, 2, 11]].
+        for threads in [0, 1, 3] {
+            let mut c = vec![0.0; 3];
+            fp32_matmul(
+                &[1.0, 2.0],
+                &[1.0, 0.0, 3.0, 0.0, 1.0, 4.0],
+                &mut c,
+                (1, 2, 3),
+                BLayout::Plain,
+                threads,
+            )
+            .expect("valid");
+            assert_eq!(c, vec![1.0, 2.0, 11.0], "{threads} threads");
+        }
+        // A plain B is the transposed one's transpose: the same product, odd sizes.
+        let (m, k, n) = (19, 37, 23);
+        let a = pseudo_random(m * k, 3);
+        let bt = pseudo_random(n * k, 4);
+        let mut b = vec![0.0; k * n];
+        for j in 0..n {
+            for l in 0..k {
+                b[l * n + j] = bt[j * k + l];
+            }
+        }
+        let mut c = vec![0.0; m * n];
+        fp32_matmul(&a, &b, &mut c, (m, k, n), BLayout::Plain, 2).expect("valid");
+        let (want, bound) = naive(&a, &bt, m, k, n);
+        for ((&got, &w), &tol) in c.iter().zip(&want).zip(&bound) {
+            assert!((f64::from(got) - w).abs() <= tol, "got {got}, want {w}");
+        }
+        let e =
+            fp32_matmul(&a, &b[1..], &mut c, (m, k, n), BLayout::Plain, 0).expect_err("B is short");
+        assert!(e.to_string().contains("B has"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! `qforge bench`: a quick benchmark of the library kernels on one device (about half a minute on 2 cores),
-//! each case compared with the baselines it names.
+//! each case compared with the baselines it names; `--suite train` runs the training-shape
+//! matmul cases of [`train_cases`] instead, with GFLOP/s and the fraction of the CPU's measured
+//! peak ([`peak`]).
 //!
 //! A [`BenchCase`] describes one kernel at one shape: its name, shape string, dtype, the bytes it
 //! reads plus writes, a [`Runner`] that runs it once on a device, and its [`Baseline`]s, each
@@ -9,7 +11,9 @@
 //! [`cases::cases`], the baselines built by [`baselines`]; [`report`] prints the rows.
 //!
 //! Adding a case is a few lines in [`cases::cases`]: a library kernel with
-//! [`cases::library_case`], or any closure with [`BenchCase::new`] and [`BenchCase::baseline`].
+//! [`cases::library_case`], or any closure with [`BenchCase::new`] and [`BenchCase::baseline`]
+//! (and [`BenchCase::flops`] when its floating-point operation count is known: its rows then
+//! carry GFLOP/s).
 
 use std::time::{Duration, Instant};
 
@@ -24,7 +28,9 @@ pub mod cases;
 pub mod int8_cases;
 pub mod matmul_cases;
 pub mod optim_cases;
+pub mod peak;
 pub mod report;
+pub mod train_cases;
 
 /// Runs a kernel or a baseline once on a device. The first call is the untimed warm-up: it may
 /// build inputs, allocate and touch buffers, and compile the kernel; later calls should only run.
@@ -52,6 +58,9 @@ pub struct BenchCase {
     pub run: Runner,
     /// The baselines, in output order.
     pub baselines: Vec<Baseline>,
+    /// Floating-point operations of one run of the kernel (and of each baseline, which computes
+    /// the same thing), when declared: `2 * M * N * K` for a matmul. Rows then carry GFLOP/s.
+    pub flops: Option<u64>,
 }
 
 impl BenchCase {
@@ -70,12 +79,19 @@ impl BenchCase {
             bytes,
             run,
             baselines: Vec::new(),
+            flops: None,
         }
     }
 
     /// Adds a baseline.
     pub fn baseline(mut self, baseline: Baseline) -> Self {
         self.baselines.push(baseline);
+        self
+    }
+
+    /// Declares the floating-point operations of one run (the kernel's and its baselines').
+    pub fn flops(mut self, flops: u64) -> Self {
+        self.flops = Some(flops);
         self
     }
 }
@@ -97,6 +113,14 @@ impl Timing {
         target: Duration::from_millis(300),
         min_runs: 5,
         max_runs: 10_000,
+    };
+
+    /// `qforge bench --suite train`: runs of up to seconds each (M = 2048), so about 0.5 s per
+    /// measurement and at least 3 runs.
+    pub const TRAIN: Timing = Timing {
+        target: Duration::from_millis(500),
+        min_runs: 3,
+        max_runs: 1000,
     };
 }
 
@@ -148,6 +172,16 @@ pub struct BenchRow {
     pub baseline_median_s: f64,
     /// `baseline_median_s / median_s`: above 1 the kernel is faster than the baseline.
     pub ratio: f64,
+    /// The case's declared floating-point operations per run ([`BenchCase::flops`]).
+    pub flops: Option<u64>,
+    /// `flops / median_s / 1e9`.
+    pub gflops: Option<f64>,
+    /// `flops / baseline_median_s / 1e9`.
+    pub baseline_gflops: Option<f64>,
+    /// `gflops` over the measured peak of the row's dtype ([`BenchRow::with_peak`]).
+    pub peak_fraction: Option<f64>,
+    /// `baseline_gflops` over the measured f32 peak (the baselines compute in f32).
+    pub baseline_peak_fraction: Option<f64>,
 }
 
 impl BenchRow {
@@ -165,7 +199,23 @@ impl BenchRow {
             baseline: baseline.to_string(),
             baseline_median_s,
             ratio: baseline_median_s / median_s,
+            flops: case.flops,
+            gflops: case.flops.map(|f| f as f64 / median_s / 1e9),
+            baseline_gflops: case.flops.map(|f| f as f64 / baseline_median_s / 1e9),
+            peak_fraction: None,
+            baseline_peak_fraction: None,
         }
+    }
+
+    /// The row with its fractions of `peak` set (rows without flops are unchanged): the kernel
+    /// against the peak of its dtype ([`peak::Peak::for_dtype`]), the baseline against the f32
+    /// peak.
+    pub fn with_peak(mut self, peak: &peak::Peak) -> Self {
+        let per_s = |g: Option<f64>| g.map(|g| g * 1e9);
+        self.peak_fraction =
+            per_s(self.gflops).map(|f| f / peak.for_dtype(&self.dtype).flops_per_s);
+        self.baseline_peak_fraction = per_s(self.baseline_gflops).map(|f| f / peak.f32.flops_per_s);
+        self
     }
 }
 
@@ -371,6 +421,69 @@ mod tests {
         }
         // Sleeping 1 ms is faster than 5 ms, 12 ms slower (sleeps only overshoot, by little).
         assert!(rows[0].ratio < 1.0 && rows[1].ratio > 1.0, "{rows:?}");
+    }
+
+    #[test]
+    fn declared_flops_give_gflops_and_a_peak_fraction() {
+        let timing = Timing {
+            target: Duration::ZERO,
+            min_runs: 1,
+            max_runs: 1,
+        };
+        let case = |dtype| {
+            BenchCase::new("k", "n=8", dtype, 1, sleeper(2, Rc::new(Cell::new(0))))
+                .flops(6_000_000)
+                .baseline(Baseline {
+                    name: "b".into(),
+                    run: sleeper(4, Rc::new(Cell::new(0))),
+                })
+        };
+        let rows = run_bench(
+            &InterpreterDevice,
+            vec![
+                case(DType::F32),
+                case(DType::BF16),
+                dummy("plain", 1).baseline(Baseline {
+                    name: "b".into(),
+                    run: Box::new(|_| Ok(())),
+                }),
+            ],
+            &timing,
+            &mut |_| {},
+        )
+        .expect("runs");
+        let rate = |flops_per_s| peak::Rate {
+            isa: peak::PeakIsa::Scalar,
+            flops_per_s,
+            wall_flops_per_s: flops_per_s,
+        };
+        let with_bf16 = peak::Peak {
+            threads: 1,
+            f32: rate(1e9),
+            bf16: Some(rate(4e9)),
+        };
+        let without = peak::Peak {
+            bf16: None,
+            ..with_bf16
+        };
+        for (r, bf16_peak) in [(&rows[0], 1e9), (&rows[1], 4e9)] {
+            assert_eq!(r.flops, Some(6_000_000));
+            let g = r.gflops.expect("declared");
+            let b = r.baseline_gflops.expect("declared");
+            assert_eq!(g, 6e6 / r.median_s / 1e9);
+            assert_eq!(b, 6e6 / r.baseline_median_s / 1e9);
+            let p = r.clone().with_peak(&with_bf16);
+            assert_eq!(p.peak_fraction, Some(g * 1e9 / bf16_peak), "{}", r.dtype);
+            assert_eq!(p.baseline_peak_fraction, Some(b * 1e9 / 1e9));
+            // Without a bf16 peak every dtype is against the f32 one.
+            let q = r.clone().with_peak(&without);
+            assert_eq!(q.peak_fraction, Some(g * 1e9 / 1e9));
+        }
+        let plain = rows[2].clone().with_peak(&with_bf16);
+        assert_eq!(
+            (plain.flops, plain.gflops, plain.peak_fraction),
+            (None, None, None)
+        );
     }
 
     #[test]

@@ -5,9 +5,13 @@ use super::{BenchCase, BenchRow, Timing};
 
 /// The JSON line of a row: `kernel`, `shape`, `dtype`, `median_s`, `bytes_per_s`, `baseline`,
 /// `baseline_median_s`, `ratio`, in that order. Times and bytes/s keep 6 significant digits, the
-/// ratio 4 (computed from the unrounded medians).
+/// ratio 4 (computed from the unrounded medians). A case that declares its FLOP
+/// ([`BenchCase::flops`]) adds `flops`, `gflops` and `baseline_gflops` (4 significant digits),
+/// and a row measured against a peak ([`BenchRow::with_peak`]) `peak_fraction` and
+/// `baseline_peak_fraction` (fractions, not percent; 4 digits); rows without them have none of
+/// these fields.
 pub fn json_line(row: &BenchRow) -> String {
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "kernel": row.kernel,
         "shape": row.shape,
         "dtype": row.dtype,
@@ -16,8 +20,23 @@ pub fn json_line(row: &BenchRow) -> String {
         "baseline": row.baseline,
         "baseline_median_s": significant(row.baseline_median_s, 6),
         "ratio": significant(row.ratio, 4),
-    })
-    .to_string()
+    });
+    if let Some(map) = v.as_object_mut() {
+        if let Some(f) = row.flops {
+            map.insert("flops".into(), f.into());
+        }
+        for (key, value) in [
+            ("gflops", row.gflops),
+            ("baseline_gflops", row.baseline_gflops),
+            ("peak_fraction", row.peak_fraction),
+            ("baseline_peak_fraction", row.baseline_peak_fraction),
+        ] {
+            if let Some(x) = value {
+                map.insert(key.into(), significant(x, 4).into());
+            }
+        }
+    }
+    v.to_string()
 }
 
 /// `x` rounded to `digits` significant decimal digits (non-finite values unchanged).
@@ -65,11 +84,19 @@ pub struct Table {
     shape: usize,
     dtype: usize,
     baseline: usize,
+    /// GFLOP/s columns (some case declares its FLOP).
+    gflops: bool,
+    /// `% peak` columns ([`Table::with_peak_columns`]).
+    peak: bool,
 }
 
 const MEDIAN_W: usize = 10;
 const RATE_W: usize = 11;
 const RATIO_W: usize = 9;
+const GFLOPS_W: usize = 8;
+const BASE_GFLOPS_W: usize = 12;
+const PEAK_W: usize = 7;
+const BASE_PEAK_W: usize = 11;
 
 impl Table {
     /// Widths that fit every case and baseline name (and the column titles).
@@ -89,31 +116,54 @@ impl Table {
             baseline: max("baseline", &|c| {
                 c.baselines.iter().map(|b| b.name.len()).collect()
             }),
+            gflops: cases.iter().any(|c| c.flops.is_some()),
+            peak: false,
         }
+    }
+
+    /// Adds the `% peak` and `base % peak` columns (rows from [`BenchRow::with_peak`]); only
+    /// with GFLOP/s columns.
+    pub fn with_peak_columns(mut self) -> Table {
+        self.peak = self.gflops;
+        self
     }
 
     /// The column titles.
     pub fn title(&self) -> String {
-        self.join([
-            "kernel", "shape", "dtype", "median", "bytes/s", "baseline", "ratio",
-        ])
+        self.join(
+            [
+                "kernel", "shape", "dtype", "median", "bytes/s", "baseline", "ratio",
+            ],
+            ["GFLOP/s", "base GFLOP/s", "% peak", "base % peak"],
+        )
     }
 
-    /// One row.
+    /// One row (`-` where a row lacks a value its column shows).
     pub fn line(&self, row: &BenchRow) -> String {
-        self.join([
-            &row.kernel,
-            &row.shape,
-            &row.dtype,
-            &time(row.median_s),
-            &rate(row.bytes_per_s),
-            &row.baseline,
-            &ratio(row.ratio),
-        ])
+        let opt = |x: Option<f64>, f: fn(f64) -> String| x.map_or("-".to_string(), f);
+        let gflops = |g: f64| format!("{g:.1}");
+        let percent = |p: f64| format!("{:.1}%", p * 100.0);
+        self.join(
+            [
+                &row.kernel,
+                &row.shape,
+                &row.dtype,
+                &time(row.median_s),
+                &rate(row.bytes_per_s),
+                &row.baseline,
+                &ratio(row.ratio),
+            ],
+            [
+                &opt(row.gflops, gflops),
+                &opt(row.baseline_gflops, gflops),
+                &opt(row.peak_fraction, percent),
+                &opt(row.baseline_peak_fraction, percent),
+            ],
+        )
     }
 
-    fn join(&self, c: [&str; 7]) -> String {
-        format!(
+    fn join(&self, c: [&str; 7], extra: [&str; 4]) -> String {
+        let mut line = format!(
             "{:kw$}  {:sw$}  {:dw$}  {:>MEDIAN_W$}  {:>RATE_W$}  {:bw$}  {:>RATIO_W$}",
             c[0],
             c[1],
@@ -126,9 +176,20 @@ impl Table {
             sw = self.shape,
             dw = self.dtype,
             bw = self.baseline,
-        )
-        .trim_end()
-        .to_string()
+        );
+        if self.gflops {
+            line.push_str(&format!(
+                "  {:>GFLOPS_W$}  {:>BASE_GFLOPS_W$}",
+                extra[0], extra[1]
+            ));
+        }
+        if self.peak {
+            line.push_str(&format!(
+                "  {:>PEAK_W$}  {:>BASE_PEAK_W$}",
+                extra[2], extra[3]
+            ));
+        }
+        line.trim_end().to_string()
     }
 }
 
@@ -186,6 +247,11 @@ mod tests {
             baseline: "memcpy".into(),
             baseline_median_s: 0.024_691_357_8,
             ratio: 0.024_691_357_8 / 0.012_345_678_9,
+            flops: None,
+            gflops: None,
+            baseline_gflops: None,
+            peak_fraction: None,
+            baseline_peak_fraction: None,
         }
     }
 
@@ -198,6 +264,72 @@ mod tests {
              \"median_s\":0.0123457,\"bytes_per_s\":6200230000.0,\"baseline\":\"memcpy\",\
              \"baseline_median_s\":0.0246914,\"ratio\":2.0}"
         );
+    }
+
+    #[test]
+    fn json_adds_the_flop_fields_only_when_declared() {
+        let mut r = row();
+        r.flops = Some(2_000_000_000);
+        r.gflops = Some(162.0);
+        r.baseline_gflops = Some(81.0);
+        let line = json_line(&r);
+        let old = json_line(&row());
+        // The old fields first, unchanged, then the new ones.
+        assert!(line.starts_with(old.trim_end_matches('}')), "{line}");
+        assert!(
+            line.ends_with(",\"flops\":2000000000,\"gflops\":162.0,\"baseline_gflops\":81.0}"),
+            "{line}"
+        );
+        r.peak_fraction = Some(0.123_456);
+        r.baseline_peak_fraction = Some(0.5);
+        let line = json_line(&r);
+        assert!(
+            line.ends_with(",\"peak_fraction\":0.1235,\"baseline_peak_fraction\":0.5}"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn flop_and_peak_columns_appear_with_flops_and_line_up() {
+        let case = BenchCase::new(
+            "matmul_4bit_nf4_train",
+            "M=16,K=4096,N=4096",
+            DType::F32,
+            1,
+            Box::new(|_| Ok(())),
+        )
+        .flops(1)
+        .baseline(Baseline {
+            name: "fp32_gemm".into(),
+            run: Box::new(|_| Ok(())),
+        });
+        let plain = Table::for_cases(&[]);
+        assert!(!plain.title().contains("GFLOP/s"));
+        let t = Table::for_cases(&[case]);
+        assert!(
+            t.title().ends_with("GFLOP/s  base GFLOP/s"),
+            "{}",
+            t.title()
+        );
+        let t = t.with_peak_columns();
+        let title = t.title();
+        assert!(title.ends_with("% peak  base % peak"), "{title}");
+        let mut r = row();
+        r.gflops = Some(97.44);
+        r.baseline_gflops = Some(14.1);
+        r.peak_fraction = Some(0.844);
+        r.baseline_peak_fraction = Some(0.123);
+        let line = t.line(&r);
+        assert_eq!(line.len(), title.len(), "{title}\n{line}");
+        assert!(
+            line.ends_with("97.4          14.1    84.4%        12.3%"),
+            "{line}"
+        );
+        // A row without FLOP shows dashes in the same columns.
+        let dashes = t.line(&row());
+        assert_eq!(dashes.len(), title.len(), "{title}\n{dashes}");
+        let tail: Vec<&str> = dashes.split_whitespace().rev().take(4).collect();
+        assert_eq!(tail, ["-"; 4], "{dashes}");
     }
 
     #[test]
