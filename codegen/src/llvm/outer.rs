@@ -48,6 +48,8 @@ pub(super) struct Outer {
     cols: Vec<Vec<Value>>,
     /// The lets the groups' first accumulators' factors depend on, in body order.
     body: Vec<Stmt>,
+    /// Arena indices of every value the loop body defines.
+    inside: HashSet<usize>,
 }
 
 /// The most partials (ways of the order) the outer loop unrolls.
@@ -276,7 +278,11 @@ impl Emitter<'_> {
         let col0 = cols[0][0];
         let eligible = super::lanes::eligible(self.k, col0, &cone, false)
             && super::lanes::loads_are_runs(self.k, col0, &cone);
-        eligible.then_some(Outer { cols, body: cone })
+        eligible.then_some(Outer {
+            cols,
+            body: cone,
+            inside,
+        })
     }
 
     /// The columns `col_j` of one group of accumulators, each matching the group's first up to
@@ -321,28 +327,21 @@ impl Emitter<'_> {
         Some(cols)
     }
 
-    /// For the scalar loads of `body` at `base + index` (or `index`), `base` defined before
-    /// the loop: `i1` whether all of them are in range for every element `0 .. len` (`len`
-    /// at least 1: `base + len - 1` below the buffer's element count, computed without
+    /// For the scalar loads of the plan's body at `base + index` (or `index`), `base` defined
+    /// before the loop: `i1` whether all of them are in range for every element `0 .. len`
+    /// (`len` at least 1: `base + len - 1` below the buffer's element count, computed without
     /// wrapping), and the loads' arena indices. `true` and none without bounds checks.
     fn uniform_runs_in_range(
         &mut self,
         index: Value,
         len: &str,
-        body: &[Stmt],
+        outer: &Outer,
     ) -> Result<(String, HashSet<usize>)> {
-        let lets: HashSet<usize> = body
-            .iter()
-            .filter_map(|s| match s {
-                Stmt::Let(v) => Some(v.index()),
-                _ => None,
-            })
-            .collect();
         let mut proof = "true".to_string();
         let mut proven = HashSet::new();
         let last = self.ins(format!("sub i32 {len}, 1"));
         let last = self.ins(format!("zext i32 {last} to i64"));
-        for stmt in body {
+        for stmt in &outer.body {
             let Stmt::Let(v) = stmt else { continue };
             let Some(Op::Load { buf, index: at }) = self.k.values.try_get(*v).map(|d| &d.op) else {
                 continue;
@@ -353,7 +352,7 @@ impl Emitter<'_> {
                 match self.k.values.try_get(*at).map(|d| &d.op) {
                     Some(Op::Binary(BinaryOp::Add, x, y)) if *x == index || *y == index => {
                         let base = if *x == index { *y } else { *x };
-                        if base == index || lets.contains(&base.index()) {
+                        if base == index || outer.inside.contains(&base.index()) {
                             continue;
                         }
                         Some(base)
@@ -447,7 +446,7 @@ impl Emitter<'_> {
         // The uniform loads at `base + i` (`base` from before the loop, as `dY[m*N + n]`) are
         // in range for every element when they are for the last one, without wrapping: one
         // check before the loops, and the fast loops load them unchecked.
-        let (proof, in_range) = self.uniform_runs_in_range(index, len, &outer.body)?;
+        let (proof, in_range) = self.uniform_runs_in_range(index, len, outer)?;
         let band = outer_band(ways, outer.cols.len());
         let end = self.ins(format!("and i32 {len}, {}", !(ways - 1) as i32));
         for first_way in (0..ways).step_by(band as usize) {
