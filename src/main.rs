@@ -132,7 +132,8 @@ enum Command {
         /// Which cases: quick (the library kernels) or train (the training-shape matmuls).
         #[arg(long, default_value = "quick", value_parser = ["quick", "train"])]
         suite: String,
-        /// Keep only the cases whose kernel name contains this string.
+        /// Keep only the cases whose line `KERNEL SHAPE DTYPE` contains this string (a kernel
+        /// name, or e.g. `M=512,K=4096,N=4096 f32`).
         #[arg(long)]
         filter: Option<String>,
         /// Device: auto (the fastest conformant device compiled in: cpu-llvm with the `llvm`

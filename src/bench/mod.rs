@@ -219,7 +219,9 @@ impl BenchRow {
     }
 }
 
-/// Keeps the cases whose kernel name contains `filter` (all of them without one).
+/// Keeps the cases whose kernel name, or their line `KERNEL SHAPE DTYPE` (e.g.
+/// `matmul_4bit_nf4_train M=512,K=4096,N=4096 f32`), contains `filter` (all of them without
+/// one).
 ///
 /// # Errors
 /// [`Error::Usage`] when the filter matches no case, naming the filter and the kernels.
@@ -230,7 +232,7 @@ pub fn filter_cases(cases: Vec<BenchCase>, filter: Option<&str>) -> Result<Vec<B
     let names: Vec<String> = cases.iter().map(|c| c.kernel.clone()).collect();
     let kept: Vec<BenchCase> = cases
         .into_iter()
-        .filter(|c| c.kernel.contains(filter))
+        .filter(|c| format!("{} {} {}", c.kernel, c.shape, c.dtype).contains(filter))
         .collect();
     if kept.is_empty() {
         let mut names = names;
@@ -372,10 +374,15 @@ mod tests {
             vec![
                 dummy("dequantize_4bit_nf4", 1),
                 dummy("quantize_4bit_nf4", 1),
+                BenchCase::new("mm", "M=16,K=64", DType::BF16, 1, Box::new(|_| Ok(()))),
             ]
         };
+        // A shape and dtype select one case of a kernel's line.
+        let kept = filter_cases(cases(), Some("mm M=16,K=64 bf16")).expect("the line matches");
+        assert_eq!(kept.len(), 1);
+        assert!(filter_cases(cases(), Some("mm M=16,K=64 f32")).is_err());
         let all = filter_cases(cases(), None).expect("no filter");
-        assert_eq!(all.len(), 2);
+        assert_eq!(all.len(), 3);
         let kept = filter_cases(cases(), Some("quantize_4bit_nf4")).expect("both match");
         assert_eq!(kept.len(), 2);
         let kept = filter_cases(cases(), Some("dequantize")).expect("one matches");

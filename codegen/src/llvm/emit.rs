@@ -3,10 +3,10 @@
 //! lowering. IR variables and loop counters live in `alloca`s of the entry block, which LLVM's
 //! `mem2reg`/`SROA` turn into SSA registers.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-use qforge_ir::{Access, DType, Kernel, Op, ParamKind, ScalarType, Stmt, Value, VarId};
+use qforge_ir::{Access, BinaryOp, DType, Kernel, Op, ParamKind, ScalarType, Stmt, Value, VarId};
 
 use super::deferred::Deferred;
 use super::{ArgLayout, LlvmOptions, BACKEND, ENTRY};
@@ -67,8 +67,10 @@ pub(super) struct Emitter<'a> {
     /// The label of the block being emitted.
     pub(super) current: String,
     /// Scalar loads (by arena index) whose index a check before their loop proved in range
-    /// for every element it runs (`outer.rs`): lowered without their own check.
-    pub(super) in_range: HashSet<usize>,
+    /// for every element it runs (`outer.rs`): lowered without their own check. The value is
+    /// the index's loop-invariant `base` when the index is `base + i` (`None`: the index is
+    /// `i` itself).
+    pub(super) in_range: HashMap<usize, Option<Value>>,
     /// Whether a branch uses the weights `!1` (`lanes::lanes_fast_or_exit`).
     pub(super) cold_exits: bool,
 }
@@ -164,7 +166,7 @@ pub(super) fn module(kernel: &Kernel, opts: &LlvmOptions) -> Result<String> {
         deferred: HashMap::new(),
         widened_bytes: HashMap::new(),
         lanes_seed: None,
-        in_range: HashSet::new(),
+        in_range: HashMap::new(),
         cold_exits: false,
         params: Vec::new(),
         tables: Vec::new(),
@@ -487,9 +489,23 @@ impl Emitter<'_> {
             .try_get(v)
             .ok_or_else(|| internal("let of a missing value"))?;
         let out = match &def.op {
-            Op::Load { buf, index } if self.in_range.contains(&v.index()) => {
-                let index = self.val(*index)?;
-                self.load_in_range(*buf, &index)?
+            Op::Load { buf, index } if self.in_range.contains_key(&v.index()) => {
+                match self.in_range.get(&v.index()).copied().flatten() {
+                    Some(base) => {
+                        let Some(Op::Binary(BinaryOp::Add, x, y)) =
+                            self.k.values.try_get(*index).map(|d| &d.op)
+                        else {
+                            return Err(internal("an in-range load's index is not base + i"));
+                        };
+                        let i = if *x == base { *y } else { *x };
+                        let (base, i) = (self.val(base)?, self.val(i)?);
+                        self.load_in_range(*buf, Some(&base), &i)?
+                    }
+                    None => {
+                        let index = self.val(*index)?;
+                        self.load_in_range(*buf, None, &index)?
+                    }
+                }
             }
             op => self.op(op, def.ty)?,
         };

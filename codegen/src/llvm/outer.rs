@@ -330,15 +330,15 @@ impl Emitter<'_> {
     /// For the scalar loads of the plan's body at `base + index` (or `index`), `base` defined
     /// before the loop: `i1` whether all of them are in range for every element `0 .. len`
     /// (`len` at least 1: `base + len - 1` below the buffer's element count, computed without
-    /// wrapping), and the loads' arena indices. `true` and none without bounds checks.
+    /// wrapping), and the loads' arena indices with their `base`. `true` and none without bounds checks.
     fn uniform_runs_in_range(
         &mut self,
         index: Value,
         len: &str,
         outer: &Outer,
-    ) -> Result<(String, HashSet<usize>)> {
+    ) -> Result<(String, HashMap<usize, Option<Value>>)> {
         let mut proof = "true".to_string();
-        let mut proven = HashSet::new();
+        let mut proven = HashMap::new();
         let last = self.ins(format!("sub i32 {len}, 1"));
         let last = self.ins(format!("zext i32 {last} to i64"));
         for stmt in &outer.body {
@@ -372,7 +372,7 @@ impl Emitter<'_> {
             };
             let ok = self.ins(format!("icmp ult i64 {top}, {count}"));
             proof = self.ins(format!("and i1 {proof}, {ok}"));
-            proven.insert(v.index());
+            proven.insert(v.index(), base);
         }
         Ok((proof, proven))
     }
