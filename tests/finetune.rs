@@ -175,10 +175,32 @@ fn cli_prints_the_json_line_last_and_rejects_bad_options() {
         "err_after",
         "err_merged",
         "steps_per_s",
+        "steps_per_s_warm",
         "optimizer_state_bytes",
     ] {
         assert!(v.get(key).is_some(), "{key} missing in {last}");
     }
+    // The step's time split: the adapter's products and the optimizer ran, and the warm speed
+    // leaves the compilations out.
+    let split = &v["step_ms"];
+    for family in [
+        "adapter GEMMs",
+        "activation",
+        "optimizer",
+        "compile",
+        "host",
+    ] {
+        assert!(
+            split[family].as_f64().is_some(),
+            "{family} missing in {last}"
+        );
+    }
+    assert!(split["adapter GEMMs"].as_f64().unwrap() > 0.0, "{last}");
+    assert!(
+        v["steps_per_s_warm"].as_f64() > v["steps_per_s"].as_f64(),
+        "{last}"
+    );
+    assert!(stdout.contains("time per step: adapter GEMMs"), "{stdout}");
     assert_eq!(v["steps"], 20);
     assert!(out.join("merged.safetensors").is_file());
     let missing = dir.path().join("nope.safetensors");

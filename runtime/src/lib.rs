@@ -9,6 +9,7 @@ mod cpu;
 mod cuda;
 mod device;
 mod error;
+mod profile;
 #[cfg(feature = "stablehlo")]
 mod stablehlo;
 mod tensor;
@@ -29,6 +30,7 @@ pub use cpu::CpuOptions;
 pub use cuda::CudaDevice;
 pub use device::{launch_typed, Caps, Device, DeviceKind, InterpreterDevice};
 pub use error::{Error, Result};
+pub use profile::{KernelTime, Profile, ProfiledDevice};
 #[cfg(feature = "stablehlo")]
 pub use stablehlo::StableHloDevice;
 pub use tensor::{bytes_f32, f32_bytes, HostTensor};

@@ -23,7 +23,7 @@ use qforge_kernels::ops::{self, gemm, Layout};
 use qforge_kernels::optim::{Optimizer, OptimizerKind, ParamGroup, QAdamWConfig};
 use qforge_kernels::AdamHyper;
 use qforge_kernels::StateBits;
-use qforge_runtime::{Device, HostTensor};
+use qforge_runtime::{Device, HostTensor, ProfiledDevice};
 
 pub use model::{Block, Model};
 pub use report::FinetuneReport;
@@ -326,8 +326,11 @@ pub fn run(
     let (names, mut p) = params(&adapters);
     let mut opt = o.optimizer.build(names, o.lr)?;
     let mut losses = Vec::with_capacity(o.steps as usize);
+    // The steps run on a profiling wrapper: the report splits their time by kernel family.
+    let step_dev = ProfiledDevice::new(dev);
     let started = Instant::now();
     for step in 0..o.steps {
+        let dev: &dyn Device = &step_dev;
         let beta = schedule.beta(step);
         let current = adapters_from(&layers, &p);
         let at = (step as usize * o.batch) % o.train_rows;
@@ -359,6 +362,7 @@ pub fn run(
         on_step(step, loss, beta);
     }
     let seconds = started.elapsed().as_secs_f64();
+    let step_split = report::StepSplit::new(&step_dev.profile(), seconds, o.steps);
     let trained = adapters_from(&layers, &p);
     let beta_end = schedule.beta(o.steps);
     let err_after = rel_error(&eval, d, |i, h| {
@@ -420,6 +424,7 @@ pub fn run(
         err_merged,
         err_merged_nf4,
         steps_per_s: o.steps as f64 / seconds.max(1e-9),
+        step_split,
         optimizer_state_bytes: report::state_bytes(&opt.state_dict()?)?,
         weight_bytes: model
             .blocks

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use qforge_runtime::HostTensor;
+use qforge_runtime::{HostTensor, Profile};
 use safetensors::{Dtype, SafeTensors};
 
 use crate::checkpoint::io::{self, RawTensor};
@@ -29,6 +29,8 @@ pub struct FinetuneReport {
     pub err_merged_nf4: f64,
     /// Training steps per second (wall clock).
     pub steps_per_s: f64,
+    /// Where a step's time went.
+    pub step_split: StepSplit,
     /// Bytes of optimizer state (tensor data of `state_dict`).
     pub optimizer_state_bytes: usize,
     /// Bytes of the frozen NF4 weights (codes and absmax).
@@ -37,6 +39,78 @@ pub struct FinetuneReport {
     pub adapter_bytes: usize,
     /// `(mean squared error, beta)` of each step.
     pub losses: Vec<(f64, f32)>,
+}
+
+/// The kernel families of a training step, by kernel-name prefix (the first match wins); any
+/// other kernel counts as `optimizer` (the optimizers' update, norm and quantization kernels).
+const FAMILIES: [(&str, &str); 4] = [
+    ("matmul_4bit", "NF4 matmul"),
+    ("gemm", "adapter GEMMs"),
+    ("act_", "activation"),
+    ("", "optimizer"),
+];
+
+/// A training step's wall time split by kernel family ([`FAMILIES`]), plus the first-launch
+/// compilations and the host's share (the time outside kernels: batching, the loss, copies).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepSplit {
+    /// Milliseconds per step of each family that ran, in [`FAMILIES`] order, then `compile`
+    /// and `host`.
+    pub ms: Vec<(&'static str, f64)>,
+}
+
+impl StepSplit {
+    /// The split of `steps` steps that took `seconds` in all, from the launches in `profile`.
+    pub fn new(profile: &Profile, seconds: f64, steps: u64) -> StepSplit {
+        let per_step = |s: f64| 1e3 * s / steps.max(1) as f64;
+        let mut totals: Vec<Option<f64>> = vec![None; FAMILIES.len()];
+        for (kernel, t) in &profile.kernels {
+            if let Some(i) = FAMILIES.iter().position(|(p, _)| kernel.starts_with(p)) {
+                *totals[i].get_or_insert(0.0) += t.seconds;
+            }
+        }
+        let mut ms: Vec<(&'static str, f64)> = FAMILIES
+            .iter()
+            .zip(totals)
+            .filter_map(|((_, family), total)| Some((*family, per_step(total?))))
+            .collect();
+        let outside = seconds - profile.kernel_seconds() - profile.compile_seconds;
+        ms.push(("compile", per_step(profile.compile_seconds)));
+        ms.push(("host", per_step(outside.max(0.0))));
+        StepSplit { ms }
+    }
+
+    /// Steps per second without the compilations: what every step after the first runs at
+    /// (a JIT device compiles each kernel at its first launch; `cpu-aot` never does).
+    pub fn warm_steps_per_s(&self) -> f64 {
+        let warm: f64 = self
+            .ms
+            .iter()
+            .filter(|(f, _)| *f != "compile")
+            .map(|(_, v)| v)
+            .sum();
+        1e3 / warm.max(1e-9)
+    }
+
+    /// `adapter GEMMs 1.23 ms (45%), ...` (shares of the step's total).
+    pub fn line(&self) -> String {
+        let total: f64 = self.ms.iter().map(|(_, v)| v).sum();
+        let parts: Vec<String> = self
+            .ms
+            .iter()
+            .map(|(f, v)| format!("{f} {v:.3} ms ({:.0}%)", 100.0 * v / total.max(1e-12)))
+            .collect();
+        parts.join(", ")
+    }
+
+    /// `{"adapter GEMMs": 1.23, ...}` in milliseconds per step.
+    pub fn json(&self) -> serde_json::Value {
+        self.ms
+            .iter()
+            .map(|(f, v)| (f.to_string(), serde_json::json!(v)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
 }
 
 /// Total bytes of tensor data in a safetensors buffer.
@@ -147,7 +221,13 @@ impl FinetuneReport {
             "memory: NF4 weights {} bytes, adapters {} bytes, optimizer state {} bytes",
             self.weight_bytes, self.adapter_bytes, self.optimizer_state_bytes
         );
-        let _ = writeln!(s, "speed: {:.1} steps/s", self.steps_per_s);
+        let _ = writeln!(
+            s,
+            "speed: {:.1} steps/s ({:.1} steps/s without compiling kernels on their first launch)",
+            self.steps_per_s,
+            self.step_split.warm_steps_per_s()
+        );
+        let _ = writeln!(s, "time per step: {}", self.step_split.line());
         s
     }
 
@@ -160,11 +240,71 @@ impl FinetuneReport {
             "err_after": self.err_after,
             "err_merged": self.err_merged,
             "steps_per_s": self.steps_per_s,
+            "steps_per_s_warm": self.step_split.warm_steps_per_s(),
+            "step_ms": self.step_split.json(),
             "optimizer_state_bytes": self.optimizer_state_bytes,
             "err_merged_nf4": self.err_merged_nf4,
             "weight_bytes": self.weight_bytes,
             "adapter_bytes": self.adapter_bytes,
         })
         .to_string()
+    }
+}
+
+#[cfg(test)]
+mod step_split_tests {
+    use super::*;
+    use qforge_runtime::KernelTime;
+
+    fn profile(kernels: &[(&str, f64)], compile_seconds: f64) -> Profile {
+        Profile {
+            kernels: kernels
+                .iter()
+                .map(|(k, s)| {
+                    let t = KernelTime {
+                        launches: 1,
+                        seconds: *s,
+                    };
+                    (k.to_string(), t)
+                })
+                .collect(),
+            compile_seconds,
+        }
+    }
+
+    #[test]
+    fn kernels_are_grouped_by_family_per_step_with_compile_and_host_apart() {
+        let p = profile(
+            &[
+                ("gemm_nn_f32_t4x4", 0.2),
+                ("gemm_nt_f32_t4x4", 0.1),
+                ("act_beta_gelu_f32", 0.05),
+                ("qadamw_zip_sr", 0.15),
+            ],
+            1.0,
+        );
+        // 10 steps in 2 s: 0.5 s outside kernels and compilation.
+        let split = StepSplit::new(&p, 2.0, 10);
+        let names: Vec<&str> = split.ms.iter().map(|(f, _)| *f).collect();
+        assert_eq!(
+            names,
+            [
+                "adapter GEMMs",
+                "activation",
+                "optimizer",
+                "compile",
+                "host"
+            ]
+        );
+        let ms: Vec<f64> = split
+            .ms
+            .iter()
+            .map(|(_, v)| (v * 1e6).round() / 1e6)
+            .collect();
+        assert_eq!(ms, [30.0, 5.0, 15.0, 100.0, 50.0]);
+        // Without the compilations a step takes 100 ms.
+        assert!((split.warm_steps_per_s() - 10.0).abs() < 1e-9);
+        assert!(split.line().starts_with("adapter GEMMs 30.000 ms (15%), "));
+        assert_eq!(split.json()["host"], 50.0);
     }
 }

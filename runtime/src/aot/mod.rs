@@ -35,6 +35,6 @@ macro_rules! include_kernels {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(all(test, feature = "compiler"))]
 pub(crate) mod text_tests;
