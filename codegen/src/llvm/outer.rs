@@ -199,10 +199,10 @@ impl Matcher<'_> {
 /// the instruction's latency, few enough to stay in registers with the decode's.
 const LIVE_PARTIALS: usize = 16;
 
-/// The ways one band of the outer loop runs for `groups` vectors of accumulators: all of them
-/// (element-major) for one or two groups, fewer as the groups grow, one for 16 groups or more.
-fn outer_band(ways: u32, groups: usize) -> u32 {
-    ((LIVE_PARTIALS / groups.max(1)) as u32).clamp(1, ways)
+/// The ways one band of the outer loop runs for `regs` vector registers of accumulators: all of
+/// them (element-major) for one or two registers, fewer as they grow, one for 16 or more.
+fn outer_band(ways: u32, regs: usize) -> u32 {
+    ((LIVE_PARTIALS / regs.max(1)) as u32).clamp(1, ways)
 }
 
 impl Emitter<'_> {
@@ -447,7 +447,9 @@ impl Emitter<'_> {
         // in range for every element when they are for the last one, without wrapping: one
         // check before the loops, and the fast loops load them unchecked.
         let (proof, in_range) = self.uniform_runs_in_range(index, len, outer)?;
-        let band = outer_band(ways, outer.cols.len());
+        // Each group is `lanes / opts.lanes` vector registers (a group of 64 columns is 4).
+        let regs = outer.cols.len() * (lanes / self.opts.lanes.max(1)).max(1) as usize;
+        let band = outer_band(ways, regs);
         let end = self.ins(format!("and i32 {len}, {}", !(ways - 1) as i32));
         for first_way in (0..ways).step_by(band as usize) {
             let rs: Vec<u32> = (first_way..first_way + band).collect();

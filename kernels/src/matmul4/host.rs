@@ -115,13 +115,20 @@ pub(crate) fn shrink(
 /// The tile of the input gradient `dX = dY @ dequant(W)` (`[M, N] x [N, K]`, outputs `M x K`)
 /// on a device. Tiles never change results, only speed.
 ///
-/// * CPU with 8 lanes or more (the LLVM backend, AVX2 or AVX-512): `tm x 16`, `tm` the largest
-///   power of two up to `min(M, 8)` with 16 lanes (AVX-512) or `min(M, 2)` with 8 (AVX2):
-///   rows of `dY` against 16 consecutive columns of `W`, which the backend runs with the 16
-///   columns as vector lanes and one vector per row (`codegen/src/llvm/outer.rs`: the weights
-///   of one `n` are 8 contiguous bytes, decoded once for all rows, where a loop over `n`
-///   gathers them `K / 2` bytes apart; the tile's accumulators must be a power of two). The
-///   backend keeps 16 partial vectors live (2 of the 8 ways for 8 rows). Measured on one
+/// * CPU with 8 lanes or more (the LLVM backend, AVX2 or AVX-512): `tm x 32` with 16 lanes
+///   (AVX-512), `tm x 16` with 8 (AVX2), `tm` the largest power of two up to `min(M, 8)` with
+///   16 lanes or `min(M, 2)` with 8: rows of `dY` against consecutive columns of `W`, which
+///   the backend runs with the columns as vector lanes and one group of registers per row
+///   (`codegen/src/llvm/outer.rs`: the weights of one `n` are contiguous bytes, decoded once
+///   for all rows, where a loop over `n` gathers them `K / 2` bytes apart; the tile's
+///   accumulators must be a power of two). The backend keeps 16 partial registers live (one of
+///   the 8 ways for 8 rows of 32 columns). 32 columns rather than 16 read 16 bytes of each
+///   weight row's cache line instead of 8: the lines of one `n` lie `K / 2` bytes apart, which
+///   for K = 4096 maps them all to 1/32 of the L2 cache's sets, so a 16-column tile's lines
+///   were evicted before the next tile reused them. Release build, 2 threads, f32, on the
+///   Sapphire-Rapids-class development VM, 8x16 against 8x32: K = N = 4096, M = 512 278 to
+///   204 ms; K = 4096, N = 11008, M = 512 1395 to 808 ms (4x64: 228 and 956 ms; 2x64 and
+///   1x64 slower; 16x16 333 ms). Measured on one
 ///   thread at K = N = 4096: M = 1 f32 34 ms with 1x4 over `n` against 3.8 ms; M = 16 156 ms
 ///   with 4x4, 65-84 ms with 1x16, 40-51 ms with 2x16 (before the way-major loop). With it
 ///   (one thread, f32, the other core busy): 2x16 before against 8x16 now, M = 16 35.5 to
@@ -133,10 +140,10 @@ pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCap
         DeviceCaps::Cpu { threads, lanes } if lanes >= 8 => {
             let want = 4usize.saturating_mul(threads.max(1) as usize);
             let (m, k) = (m.max(1), k.max(1));
-            // A power of two: the backend's lanes plan takes `tm x 16` accumulators only then.
-            let rows = if lanes >= 16 { 8 } else { 2 };
+            // A power of two: the backend's lanes plan takes `tm x tn` accumulators only then.
+            let (rows, cols) = if lanes >= 16 { (8, 32) } else { (2, 16) };
             let tm = 1 << m.min(rows).ilog2();
-            shrink((m, k), (tm, 16), want, true)
+            shrink((m, k), (tm, cols), want, true)
         }
         _ => suggest_tile_sizes(m, k, n, caps),
     }
@@ -599,14 +606,14 @@ mod tests {
             let t = suggest_backward_tile_sizes(m, 4096, k, caps);
             (t.tm, t.tn)
         };
-        assert_eq!(back(1, 4096, wide), (1, 16));
-        assert_eq!(back(16, 4096, wide), (8, 16));
-        assert_eq!(back(7, 4096, wide), (4, 16), "a power of two");
-        assert_eq!(back(3, 4096, wide), (2, 16));
+        assert_eq!(back(1, 4096, wide), (1, 32));
+        assert_eq!(back(16, 4096, wide), (8, 32));
+        assert_eq!(back(7, 4096, wide), (4, 32), "a power of two");
+        assert_eq!(back(3, 4096, wide), (2, 32));
         assert_eq!(
             back(2, 64, wide),
             (1, 16),
-            "2 x 64 outputs: 4 work items at 2x16, 8 at 1x16"
+            "2 x 64 outputs: 2 work items at 2x32, 4 at 1x32, 8 at 1x16"
         );
         assert_eq!(
             back(1, 40, wide),

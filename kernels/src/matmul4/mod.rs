@@ -81,8 +81,10 @@ pub const K_ORDER: ReduceOrder = ReduceOrder::Strided(16);
 /// which 16 partials would double (the M = 16 input gradient took 4.5 times as long).
 pub const DX_ORDER: ReduceOrder = crate::DOT_ORDER;
 
-/// The largest tile side (outputs per work item = `tm * tn`, at most [`MAX_TILE_OUTPUTS`]).
-pub const MAX_TILE: u32 = 16;
+/// The largest tile side (outputs per work item = `tm * tn`, at most [`MAX_TILE_OUTPUTS`]): 64
+/// columns of the input gradient are 32 bytes of every weight row, half a cache line (see
+/// [`crate::ops::suggest_backward_tile_sizes`]).
+pub const MAX_TILE: u32 = 64;
 /// The largest number of outputs one work item computes.
 pub const MAX_TILE_OUTPUTS: u32 = 256;
 
@@ -91,9 +93,9 @@ pub const MAX_TILE_OUTPUTS: u32 = 256;
 /// it never changes a bit of the result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TileConfig {
-    /// Activation rows per work item (1..=16).
+    /// Activation rows per work item (1..=[`MAX_TILE`]).
     pub tm: u32,
-    /// Weight rows (forward) or `dX` columns (backward) per work item (1..=16).
+    /// Weight rows (forward) or `dX` columns (backward) per work item (1..=[`MAX_TILE`]).
     pub tn: u32,
 }
 

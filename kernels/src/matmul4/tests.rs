@@ -244,7 +244,17 @@ fn library_matmul4_every_tile_gives_the_same_bits() {
         let p = Problem::new(&base, 5, 11, 70, 99);
         let want = p.run(&base);
         assert_eq!(want, p.model(&base));
-        for (tm, tn) in [(1, 4), (2, 2), (3, 5), (4, 8), (16, 1), (1, 16), (5, 3)] {
+        for (tm, tn) in [
+            (1, 4),
+            (2, 2),
+            (3, 5),
+            (4, 8),
+            (16, 1),
+            (1, 16),
+            (5, 3),
+            (2, 64),
+            (3, 32),
+        ] {
             let spec = Matmul4 {
                 tile: TileConfig { tm, tn },
                 ..base
@@ -267,11 +277,15 @@ fn library_matmul4_rejects_bad_tiles_and_blocksizes() {
     };
     let e = spec.build().unwrap_err().to_string();
     assert!(e.contains("tile 0x4"), "{e}");
-    spec.tile = TileConfig { tm: 17, tn: 8 };
-    assert!(spec.build().unwrap_err().to_string().contains("17x8"));
-    spec.tile = TileConfig { tm: 16, tn: 16 };
-    spec.build()
-        .expect("a 16 x 16 tile (256 outputs) is the largest");
+    spec.tile = TileConfig { tm: 17, tn: 16 };
+    assert!(spec.build().unwrap_err().to_string().contains("17x16"));
+    spec.tile = TileConfig { tm: 1, tn: 65 };
+    assert!(spec.build().unwrap_err().to_string().contains("1x65"));
+    for (tm, tn) in [(16, 16), (8, 32), (4, 64)] {
+        spec.tile = TileConfig { tm, tn };
+        spec.build()
+            .expect("256 outputs, sides up to 64, are the largest tiles");
+    }
     spec.tile = TileConfig { tm: 1, tn: 1 };
     spec.blocksize = 48;
     assert!(spec.build().unwrap_err().to_string().contains("48"));
