@@ -3,7 +3,7 @@
 //! goes. The first launch of each kernel compiles it first ([`Device::compile`]), timed apart,
 //! so a JIT's compile time is not charged to the kernel's launches.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -42,7 +42,6 @@ impl Profile {
 pub struct ProfiledDevice<'d> {
     inner: &'d dyn Device,
     profile: Mutex<Profile>,
-    compiled: Mutex<HashSet<String>>,
 }
 
 impl<'d> ProfiledDevice<'d> {
@@ -51,7 +50,6 @@ impl<'d> ProfiledDevice<'d> {
         ProfiledDevice {
             inner,
             profile: Mutex::new(Profile::default()),
-            compiled: Mutex::new(HashSet::new()),
         }
     }
 
@@ -75,10 +73,11 @@ impl Device for ProfiledDevice<'_> {
     }
 
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
+        // A kernel without a recorded launch has not been compiled here yet.
         let first = self
-            .compiled
+            .profile
             .lock()
-            .map(|mut c| c.insert(kernel.name.clone()))
+            .map(|p| !p.kernels.contains_key(&kernel.name))
             .unwrap_or(false);
         if first {
             let started = Instant::now();

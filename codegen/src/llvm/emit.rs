@@ -6,7 +6,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-use qforge_ir::{Access, BinaryOp, DType, Kernel, Op, ParamKind, ScalarType, Stmt, Value, VarId};
+use qforge_ir::{Access, DType, Kernel, Op, ParamKind, ScalarType, Stmt, Value, VarId};
 
 use super::deferred::Deferred;
 use super::{ArgLayout, LlvmOptions, BACKEND, ENTRY};
@@ -32,6 +32,10 @@ pub(super) struct Opnd {
     pub(super) text: String,
     pub(super) lanes: u32,
 }
+
+/// Loads proven in range, by arena index, with the `(base, i)` of an index `base + i` (see
+/// `Emitter::in_range`).
+pub(super) type InRange = HashMap<usize, Option<(Value, Value)>>;
 
 /// The state of one lowering.
 pub(super) struct Emitter<'a> {
@@ -68,9 +72,9 @@ pub(super) struct Emitter<'a> {
     pub(super) current: String,
     /// Scalar loads (by arena index) whose index a check before their loop proved in range
     /// for every element it runs (`outer.rs`): lowered without their own check. The value is
-    /// the index's loop-invariant `base` when the index is `base + i` (`None`: the index is
-    /// `i` itself).
-    pub(super) in_range: HashMap<usize, Option<Value>>,
+    /// `(base, i)` when the index is `base + i`, `base` loop-invariant (`None`: the index is the
+    /// loop index itself).
+    pub(super) in_range: InRange,
     /// Whether a branch uses the weights `!1` (`lanes::lanes_fast_or_exit`).
     pub(super) cold_exits: bool,
 }
@@ -490,22 +494,12 @@ impl Emitter<'_> {
             .ok_or_else(|| internal("let of a missing value"))?;
         let out = match &def.op {
             Op::Load { buf, index } if self.in_range.contains_key(&v.index()) => {
-                match self.in_range.get(&v.index()).copied().flatten() {
-                    Some(base) => {
-                        let Some(Op::Binary(BinaryOp::Add, x, y)) =
-                            self.k.values.try_get(*index).map(|d| &d.op)
-                        else {
-                            return Err(internal("an in-range load's index is not base + i"));
-                        };
-                        let i = if *x == base { *y } else { *x };
-                        let (base, i) = (self.val(base)?, self.val(i)?);
-                        self.load_in_range(*buf, Some(&base), &i)?
-                    }
-                    None => {
-                        let index = self.val(*index)?;
-                        self.load_in_range(*buf, None, &index)?
-                    }
-                }
+                let (base, at) = match self.in_range[&v.index()] {
+                    Some((base, i)) => (Some(self.val(base)?), i),
+                    None => (None, *index),
+                };
+                let at = self.val(at)?;
+                self.load_in_range(*buf, base.as_deref(), &at)?
             }
             op => self.op(op, def.ty)?,
         };

@@ -99,8 +99,7 @@ impl Emitter<'_> {
         let (mut ptr, _, dtype, _) = self.buffer(buf)?;
         if let Some(base) = base {
             let b64 = self.ins(format!("zext i32 {base} to i64"));
-            let row = self.element_ptr(&ptr, &b64, dtype, "i8");
-            ptr = row;
+            ptr = self.element_ptr(&ptr, &b64, dtype, "i8");
         }
         let i64x = self.ins(format!("zext i32 {index} to i64"));
         let p = self.element_ptr(&ptr, &i64x, dtype, elem_ty(dtype));

@@ -35,7 +35,7 @@ use std::collections::{HashMap, HashSet};
 
 use qforge_ir::{Accum, BinaryOp, Op, ScalarType, Stmt, Value};
 
-use super::emit::Emitter;
+use super::emit::{Emitter, InRange};
 use super::reduce::NEG_ZERO;
 use crate::error::Result;
 
@@ -330,13 +330,14 @@ impl Emitter<'_> {
     /// For the scalar loads of the plan's body at `base + index` (or `index`), `base` defined
     /// before the loop: `i1` whether all of them are in range for every element `0 .. len`
     /// (`len` at least 1: `base + len - 1` below the buffer's element count, computed without
-    /// wrapping), and the loads' arena indices with their `base`. `true` and none without bounds checks.
+    /// wrapping), and the loads' arena indices with their `(base, index)`. `true` and none without
+    /// bounds checks.
     fn uniform_runs_in_range(
         &mut self,
         index: Value,
         len: &str,
         outer: &Outer,
-    ) -> Result<(String, HashMap<usize, Option<Value>>)> {
+    ) -> Result<(String, InRange)> {
         let mut proof = "true".to_string();
         let mut proven = HashMap::new();
         let last = self.ins(format!("sub i32 {len}, 1"));
@@ -372,7 +373,7 @@ impl Emitter<'_> {
             };
             let ok = self.ins(format!("icmp ult i64 {top}, {count}"));
             proof = self.ins(format!("and i1 {proof}, {ok}"));
-            proven.insert(v.index(), base);
+            proven.insert(v.index(), base.map(|b| (b, index)));
         }
         Ok((proof, proven))
     }
