@@ -20,6 +20,8 @@ pub(crate) struct Row {
     pub(crate) clamped: Val<u32>,
     /// Whether the row exists.
     pub(crate) inside: Val<bool>,
+    /// The tile's first row (`tile * size`, unclamped; the same for every row of the tile).
+    pub(crate) first: Val<u32>,
 }
 
 /// One output of a tile: its row, its output (column) and what the kernel keeps for it (its
@@ -55,7 +57,11 @@ fn span_rows(tile: Val<u32>, size: u32, len: Val<u32>) -> Vec<Row> {
         let row = first + j;
         let inside = row < len;
         let clamped = min(row, last);
-        rows.push(Row { clamped, inside });
+        rows.push(Row {
+            clamped,
+            inside,
+            first,
+        });
     }
     rows
 }
@@ -226,6 +232,8 @@ pub(crate) mod builder {
         pub(crate) clamped: Value,
         /// Whether the row exists (`bool`).
         pub(crate) inside: Value,
+        /// The tile's first row (`tile * size`, unclamped).
+        pub(crate) first: Value,
     }
 
     /// `len - 1`, or 0 when `len = 0`.
@@ -248,7 +256,11 @@ pub(crate) mod builder {
                 let row = b.add(first, off);
                 let inside = b.cmp(CmpOp::Lt, row, len);
                 let clamped = b.min(row, last);
-                TileRow { clamped, inside }
+                TileRow {
+                    clamped,
+                    inside,
+                    first,
+                }
             })
             .collect()
     }

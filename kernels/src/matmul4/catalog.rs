@@ -4,6 +4,7 @@
 use qforge_ir::dsl::{FloatIn, FloatOut};
 use qforge_ir::{DType, Kernel, OwnedArg, Result};
 
+use super::panels::panels_of;
 use super::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
 use crate::catalog::{first_finite, float_bytes, mix};
 use crate::doublequant::NESTED_MAP;
@@ -146,6 +147,7 @@ impl CatalogEntry for Matmul4 {
             }
             Direction::BackwardInput => {
                 let kernel = self.build_backward_input()?;
+                let panels = panels_of(&packed, n, k, 1);
                 let mut args = Matmul4bitDxArgs {
                     m: u(m),
                     n: u(n),
@@ -153,11 +155,11 @@ impl CatalogEntry for Matmul4 {
                     n_items: u(n_items),
                     n_tiles: u(n_tiles),
                     offset: nested.then_some(first_finite(values) * 0.5),
-                    n_packed: u(n_packed),
+                    n_panel_bytes: u(panels.len()),
                     n_blocks: u(n_blocks),
                     n_nested: nested.then_some(u(n_nested)),
                     dy: FloatIn { dtype, bytes: &act },
-                    packed: &packed,
+                    panels: &panels,
                     absmax: (!nested).then_some(&absmax[..]),
                     qabsmax: nested.then_some(&qabsmax[..]),
                     nested_absmax: nested.then_some(&nested_absmax[..]),

@@ -2,6 +2,7 @@
 //! `y = x @ dequant(W).T + bias` and the input gradient `dX = dY @ dequant(W)`, with the weight
 //! decoded in registers only. Exact semantics: [`crate::matmul4`].
 
+use crate::matmul4::panels::{dx_panel_bytes, pack_dx_panels};
 use crate::matmul4::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
 use crate::BLOCKSIZES_4BIT;
 use qforge_ir::dsl::{FloatIn, FloatOut};
@@ -128,7 +129,10 @@ pub(crate) fn shrink(
 ///   were evicted before the next tile reused them. Release build, 2 threads, f32, on the
 ///   Sapphire-Rapids-class development VM, 8x16 against 8x32: K = N = 4096, M = 512 278 to
 ///   204 ms; K = 4096, N = 11008, M = 512 1395 to 808 ms (4x64: 228 and 956 ms; 2x64 and
-///   1x64 slower; 16x16 333 ms). Measured on one
+///   1x64 slower; 16x16 333 ms). The codes are now read in the panel layout
+///   ([`crate::matmul4::panels`]: a tile's 16 bytes of consecutive rows are consecutive):
+///   8x32 at M = 512, K = N = 4096 92-99 ms (4x32 135, 16x16 125, 8x16 136, 2x32 200 ms), M =
+///   128 24.8 ms (was 50.7), M = 16 5.6 ms (6.7, the packing included). Measured on one
 ///   thread at K = N = 4096: M = 1 f32 34 ms with 1x4 over `n` against 3.8 ms; M = 16 156 ms
 ///   with 4x4, 65-84 ms with 1x16, 40-51 ms with 2x16 (before the way-major loop). With it
 ///   (one thread, f32, the other core busy): 2x16 before against 8x16 now, M = 16 35.5 to
@@ -380,6 +384,18 @@ fn run(
             },
         )?;
     } else {
+        // The codes in the input gradient's panel layout (`panels.rs`), nibble indices in u32.
+        let panel_bytes = dx_panel_bytes(d.n as usize, d.k as usize);
+        count_u32(
+            op,
+            "the weight's panel codes",
+            panel_bytes.saturating_mul(2),
+        )?;
+        let threads = match DeviceCaps::of(dev) {
+            DeviceCaps::Cpu { threads, .. } => threads as usize,
+            DeviceCaps::Gpu { .. } => std::thread::available_parallelism().map_or(1, |t| t.get()),
+        };
+        let panels = pack_dx_panels(packed, d.n as usize, d.k as usize, threads)?;
         let kernel = cached_typed(&spec.name(), || spec.build_backward_input())?;
         launch_typed(
             dev,
@@ -391,11 +407,11 @@ fn run(
                 n_items,
                 n_tiles,
                 offset: s.offset,
-                n_packed,
+                n_panel_bytes: panel_bytes as u32,
                 n_blocks,
                 n_nested: s.n_nested,
                 dy: act,
-                packed,
+                panels: &panels,
                 absmax: s.absmax,
                 qabsmax: s.qabsmax,
                 nested_absmax: s.nested_absmax,

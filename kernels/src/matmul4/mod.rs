@@ -35,7 +35,11 @@
 //!   of `W`.
 //! * backward `matmul_4bit_dx_{qt}[_nested]_bs{B}_{dtype}_t{TM}x{TK}`: the same with `dy:
 //!   dtype[m, n] read` in place of `x`, `dx: dtype[m, k] write` in place of `y`, no bias,
-//!   `n_items = ceil(m/TM) * ceil(k/TK)`, `n_tiles = ceil(k/TK)`.
+//!   `n_items = ceil(m/TM) * ceil(k/TK)`, `n_tiles = ceil(k/TK)`, and the codes in the input
+//!   gradient's panel layout ([`panels`]: `n_panel_bytes, panels: u8[n_panel_bytes]` in place of
+//!   `n_packed, packed`; the absmax as forward). The host op packs them from bitsandbytes'
+//!   layout ([`panels::pack_dx_panels`]); the values and the order are the same, so are the
+//!   bits.
 //!
 //! Rows of a tile past `m`, `n` or `k` read the last valid row (so no load leaves the buffers)
 //! and store nothing.
@@ -49,6 +53,7 @@
 
 pub(crate) mod catalog;
 pub(crate) mod host;
+pub mod panels;
 #[cfg(test)]
 mod reference;
 #[cfg(test)]
@@ -57,6 +62,8 @@ mod tests;
 use qforge_macros::kernel;
 
 use crate::funcs::{round_to, vars};
+use panels::DX_PANEL;
+
 use crate::tile::{
     accumulate_tile, load_rows, row_starts, store_sums, work_tile, Factors, Row, TileFactors,
 };
@@ -290,15 +297,17 @@ struct Weights {
     blocksize: u32,
 }
 
-/// The dequantized weight of flat element `e`: `code[nibble] * absmax[e / blocksize]`.
+/// The dequantized weight of flat element `e` whose code is nibble `at` of `packed` (`at = e`
+/// in bitsandbytes' packing, the panel position in the input gradient's): `code[nibble] *
+/// absmax[e / blocksize]`.
 #[qforge_macros::func]
-fn weight(w: Weights, e: Val<u32>) -> Val<f32> {
+fn weight(w: Weights, at: Val<u32>, e: Val<u32>) -> Val<f32> {
     let packed = w.packed;
     let code = w.code;
     let one = val(1u32);
-    let byte = packed[e >> one];
-    // Even elements sit in the high nibble: shift by 4 * (1 - (e & 1)).
-    let odd_flip = (e & one) ^ one;
+    let byte = packed[at >> one];
+    // Even nibbles sit in the high half: shift by 4 * (1 - (at & 1)).
+    let odd_flip = (at & one) ^ one;
     let shift = odd_flip << 2u32;
     let nibble = (byte >> shift) & 15u32;
     let c = code[nibble];
@@ -329,10 +338,24 @@ struct Products {
     /// The tile outputs (weight rows forward, `dX` columns backward).
     outs: Vec<Row>,
     weights: Weights,
-    forward: bool,
     /// `K`, the weight's row length.
     k: Val<u32>,
+    /// The input gradient's panel layout (`None` forward: bitsandbytes' packing).
+    panels: Option<PanelRows>,
     weight_dtype: DType,
+}
+
+/// Where the input gradient finds the code of weight element `(n, k)`: nibble
+/// `32 * (P * (N - 1) + n) + k` of the panels (`P = k / 32`; module `panels`), which is
+/// `32 * (P * N + n) + (k mod 32)`.
+#[derive(Clone, Copy, Debug)]
+struct PanelRows {
+    /// `N - 1`.
+    n_minus_1: Val<u32>,
+    /// The tile's panel when all its columns lie in one (`32 % TN == 0`: the tile starts at a
+    /// multiple of `TN`), so that the columns' code positions differ only by the column;
+    /// otherwise each column's own.
+    tile_panel: Option<Val<u32>>,
 }
 
 /// The decoded weight of each tile output at reduction index `i` (flat element `n * K + k`).
@@ -342,12 +365,22 @@ fn load_weights(p: &Products, i: Val<u32>) -> Vec<Val<f32>> {
     #[comptime]
     let mut ws = Vec::new();
     for o in p.outs.iter().copied() {
-        let e = if p.forward {
-            o.clamped * kv + i
-        } else {
-            i * kv + o.clamped
+        let (at, e) = match p.panels {
+            None => {
+                let e = o.clamped * kv + i;
+                (e, e)
+            }
+            Some(panels) => {
+                let panel = match panels.tile_panel {
+                    Some(tp) => tp,
+                    None => o.clamped >> comptime!(DX_PANEL.trailing_zeros()),
+                };
+                let row = panel * panels.n_minus_1 + i;
+                let at = (row << comptime!(DX_PANEL.trailing_zeros())) + o.clamped;
+                (at, i * kv + o.clamped)
+            }
         };
-        let w = weight(p.weights, e);
+        let w = weight(p.weights, at, e);
         let w = round_to(w, p.weight_dtype);
         ws.push(w);
     }
@@ -366,7 +399,7 @@ fn products(
     k: Val<u32>,
     packed: Buf<In<u8>>,
     scale: Scale,
-    forward: bool,
+    panels: Option<PanelRows>,
 ) -> Products {
     let code = table_f32("code", &spec.quant_type.dequant_table());
     let weights = Weights {
@@ -380,8 +413,8 @@ fn products(
         act_base,
         outs: outs.to_vec(),
         weights,
-        forward,
         k,
+        panels,
         weight_dtype: spec.weight_dtype,
     }
 }
@@ -443,7 +476,7 @@ pub fn matmul_4bit_kernel(
     let act_base = row_starts(&rows, kv);
     let accs = vars::<f32>(comptime!(rows.len() * outs.len()), "acc");
     let scale = scale(offset, absmax, qabsmax, nested_absmax, nested_code);
-    let products = products(spec, x, act_base, &outs, kv, packed, scale, true);
+    let products = products(spec, x, act_base, &outs, kv, packed, scale, None);
     accumulate_tile(kv, K_ORDER, &accs, &products);
     store_sums(y, nv, &rows, &outs, &accs, bias, None);
 }
@@ -462,13 +495,13 @@ pub fn matmul_4bit_dx_kernel(
     n_items: u32,
     n_tiles: u32,
     #[when(spec.nested)] offset: f32,
-    n_packed: u32,
+    n_panel_bytes: u32,
     n_blocks: u32,
     #[when(spec.nested)] n_nested: u32,
     #[shape(m, n)]
     #[dtype(spec.dtype)]
     dy: In<Float>,
-    #[shape(n_packed)] packed: In<u8>,
+    #[shape(n_panel_bytes)] panels: In<u8>,
     #[when(!spec.nested)]
     #[shape(n_blocks)]
     absmax: In<f32>,
@@ -493,7 +526,27 @@ pub fn matmul_4bit_dx_kernel(
     let act_base = row_starts(&rows, nv);
     let accs = vars::<f32>(comptime!(rows.len() * outs.len()), "acc");
     let scale = scale(offset, absmax, qabsmax, nested_absmax, nested_code);
-    let products = products(spec, dy, act_base, &outs, kv, packed, scale, false);
+    let one = val(1u32);
+    let n_minus_1 = nv - one;
+    let tile_panel = if DX_PANEL.is_multiple_of(spec.tile.tn) {
+        Some(outs[0].first >> comptime!(DX_PANEL.trailing_zeros()))
+    } else {
+        None
+    };
+    let panel_rows = PanelRows {
+        n_minus_1,
+        tile_panel,
+    };
+    let products = products(
+        spec,
+        dy,
+        act_base,
+        &outs,
+        kv,
+        panels,
+        scale,
+        Some(panel_rows),
+    );
     accumulate_tile(nv, DX_ORDER, &accs, &products);
     store_sums(dx, kv, &rows, &outs, &accs, None, None);
 }

@@ -3,6 +3,7 @@
 //! same snapshots) for every variant.
 #![allow(missing_docs)]
 
+use crate::matmul4::panels::DX_PANEL;
 use crate::matmul4::{Direction, Matmul4, DX_ORDER, K_ORDER};
 use crate::tile::builder::{row_bases, store_tile, tile_of};
 use crate::{check_blocksize_4bit, check_float_dtype, NESTED_BLOCKSIZE};
@@ -34,6 +35,19 @@ pub(super) fn build(spec: &Matmul4) -> Result<Kernel> {
     let vars: Vec<VarId> = (0..tm * tn)
         .map(|i| b.var(&format!("acc{i}"), ScalarType::F32))
         .collect();
+    // The input gradient reads the panel layout (`panels.rs`): `N - 1` and the tile's panel.
+    let panel_rows = match spec.direction {
+        Direction::Forward { .. } => None,
+        Direction::BackwardInput => {
+            let one = b.const_u32(1);
+            let n_minus_1 = b.sub(nv, one);
+            let tile_panel = DX_PANEL.is_multiple_of(tn).then(|| {
+                let s = b.const_u32(DX_PANEL.trailing_zeros());
+                b.shr(outs[0].first, s)
+            });
+            Some((n_minus_1, tile_panel))
+        }
+    };
     let table = b.table_f32("code", &spec.quant_type.dequant_table());
     let direction = spec.direction;
     let order = match direction {
@@ -51,18 +65,29 @@ pub(super) fn build(spec: &Matmul4) -> Result<Kernel> {
         let weights: Vec<Value> = outs
             .iter()
             .map(|o| {
-                // Flat weight element: (n, k) -> n*K + k.
-                let e = match direction {
-                    Direction::Forward { .. } => {
+                // Flat weight element: (n, k) -> n*K + k; its code: the same nibble forward,
+                // nibble 32 * (panel * (N - 1) + n) + k of the panels backward.
+                let (at, e) = match panel_rows {
+                    None => {
                         let row = b.mul(o.clamped, kv);
-                        b.add(row, i)
+                        let e = b.add(row, i);
+                        (e, e)
                     }
-                    Direction::BackwardInput => {
+                    Some((n_minus_1, tile_panel)) => {
+                        let panel = tile_panel.unwrap_or_else(|| {
+                            let s = b.const_u32(DX_PANEL.trailing_zeros());
+                            b.shr(o.clamped, s)
+                        });
+                        let prow = b.mul(panel, n_minus_1);
+                        let prow = b.add(prow, i);
+                        let s = b.const_u32(DX_PANEL.trailing_zeros());
+                        let start = b.shl(prow, s);
+                        let at = b.add(start, o.clamped);
                         let row = b.mul(i, kv);
-                        b.add(row, o.clamped)
+                        (at, b.add(row, o.clamped))
                     }
                 };
-                let w = weight(b, &p, table, spec.blocksize, e);
+                let w = weight(b, &p, table, spec.blocksize, at, e);
                 round_to(b, w, spec.weight_dtype)
             })
             .collect();
@@ -125,7 +150,11 @@ impl Params {
         let offset = spec
             .nested
             .then(|| b.scalar_param("offset", ScalarType::F32));
-        let n_packed = b.scalar_param("n_packed", ScalarType::U32);
+        let (packed_name, n_packed_name) = match spec.direction {
+            Direction::Forward { .. } => ("packed", "n_packed"),
+            Direction::BackwardInput => ("panels", "n_panel_bytes"),
+        };
+        let n_packed = b.scalar_param(n_packed_name, ScalarType::U32);
         let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
         let n_nested = spec
             .nested
@@ -141,7 +170,12 @@ impl Params {
             &[Dim::Param(m), Dim::Param(act_cols)],
             Access::Read,
         );
-        let packed = b.buffer_param("packed", DType::U8, &[Dim::Param(n_packed)], Access::Read);
+        let packed = b.buffer_param(
+            packed_name,
+            DType::U8,
+            &[Dim::Param(n_packed)],
+            Access::Read,
+        );
         let scale = match (offset, n_nested) {
             (Some(offset), Some(n_nested)) => Scale::Nested {
                 offset,
@@ -191,13 +225,21 @@ impl Params {
     }
 }
 
-/// The dequantized weight of flat element `e`: `table[nibble] * absmax[e / blocksize]`.
-fn weight(b: &mut KernelBuilder, p: &Params, table: TableId, blocksize: u32, e: Value) -> Value {
+/// The dequantized weight of flat element `e` whose code is nibble `at` of `packed`:
+/// `table[nibble] * absmax[e / blocksize]`.
+fn weight(
+    b: &mut KernelBuilder,
+    p: &Params,
+    table: TableId,
+    blocksize: u32,
+    at: Value,
+    e: Value,
+) -> Value {
     let one = b.const_u32(1);
-    let byte_idx = b.shr(e, one);
+    let byte_idx = b.shr(at, one);
     let byte = b.load(p.packed, byte_idx);
-    // Even elements sit in the high nibble: shift by 4 * (1 - (e & 1)).
-    let parity = b.and(e, one);
+    // Even nibbles sit in the high half: shift by 4 * (1 - (at & 1)).
+    let parity = b.and(at, one);
     let odd_flip = b.binary(BinaryOp::Xor, parity, one);
     let two = b.const_u32(2);
     let shift = b.shl(odd_flip, two);

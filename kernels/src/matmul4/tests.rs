@@ -3,6 +3,7 @@
 //! and `i % 8` backward, halving tree, bias, one rounding), and the tile property: every tile
 //! gives the same bits.
 
+use crate::matmul4::panels::panels_of;
 use crate::matmul4::{Direction, Matmul4, TileConfig};
 use crate::test_util::{bytes, floats, round};
 use crate::{doublequant, QuantType};
@@ -150,12 +151,17 @@ impl Problem {
         if spec.nested {
             a.push(OwnedArg::Scalar(Scalar::f32(self.offset)));
         }
-        a.extend([u(self.packed.len()), u(self.absmax.len())]);
+        // The input gradient reads the codes in its panel layout.
+        let codes = match spec.direction {
+            Direction::Forward { .. } => self.packed.clone(),
+            Direction::BackwardInput => panels_of(&self.packed, self.n, self.k, 2),
+        };
+        a.extend([u(codes.len()), u(self.absmax.len())]);
         if spec.nested {
             a.push(u(self.nested_absmax.len()));
         }
         a.push(OwnedArg::Read(bytes(spec.dtype, &self.act)));
-        a.push(OwnedArg::Read(self.packed.clone()));
+        a.push(OwnedArg::Read(codes));
         if spec.nested {
             a.push(OwnedArg::Read(self.qabsmax.clone()));
             a.push(OwnedArg::Read(bytes(DType::F32, &self.nested_absmax)));
