@@ -10,6 +10,7 @@ use qforge::ir::{
     count_mismatches, Access, BinaryOp, CmpOp, DType, Dim, Kernel, KernelBuilder, OwnedArg,
     ReduceOrder, Scalar, ScalarType, VarId,
 };
+use qforge::kernels::matmul4::panels::{dx_panel_bytes, scale_chunk};
 use qforge::kernels::{Direction, Matmul4, QuantType, TileConfig};
 use qforge::runtime::{CpuDevice, CpuOptions, Device};
 
@@ -468,7 +469,11 @@ fn out_of_range_reads_report_the_same_work_item() {
 
 #[test]
 fn library_matmul_kernels() {
-    let directions = [Direction::Forward { bias: false }, Direction::BackwardInput];
+    // The input gradient's scale chunk is fixed up per K below.
+    let directions = [
+        Direction::Forward { bias: false },
+        Direction::BackwardInput { chunk: 1 },
+    ];
     for (tile, dtype, direction, k) in [
         (
             TileConfig { tm: 1, tn: 4 },
@@ -481,6 +486,12 @@ fn library_matmul_kernels() {
         (TileConfig { tm: 1, tn: 4 }, DType::F32, directions[1], 133),
         (TileConfig { tm: 2, tn: 2 }, DType::F16, directions[1], 64),
     ] {
+        let direction = match direction {
+            Direction::BackwardInput { .. } => Direction::BackwardInput {
+                chunk: scale_chunk(k as usize, 64),
+            },
+            forward => forward,
+        };
         let spec = Matmul4 {
             quant_type: QuantType::Nf4,
             blocksize: 64,
@@ -495,14 +506,21 @@ fn library_matmul_kernels() {
         // Forward: reduce over k, outputs [m, n]; backward: reduce over n, outputs [m, k].
         let (act_cols, out_cols) = match direction {
             Direction::Forward { .. } => (k, n),
-            Direction::BackwardInput => (n, k),
+            Direction::BackwardInput { .. } => (n, k),
         };
         let n_tiles = out_cols.div_ceil(tile.tn);
         let items = m.div_ceil(tile.tm) * n_tiles;
         let elems = (n * k) as usize;
         let mut r = Rng(17 + k);
-        let packed: Vec<u8> = (0..elems.div_ceil(2)).map(|_| r.next() as u8).collect();
-        let blocks = elems.div_ceil(64);
+        // Random codes and scales: the input gradient's panel layouts only change their counts.
+        let (codes, blocks) = match direction {
+            Direction::Forward { .. } => (elems.div_ceil(2), elems.div_ceil(64)),
+            Direction::BackwardInput { chunk } => (
+                dx_panel_bytes(n as usize, k as usize),
+                elems / chunk as usize,
+            ),
+        };
+        let packed: Vec<u8> = (0..codes).map(|_| r.next() as u8).collect();
         let args = vec![
             OwnedArg::Scalar(Scalar::U32(m)),
             OwnedArg::Scalar(Scalar::U32(n)),

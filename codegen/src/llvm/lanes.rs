@@ -294,6 +294,8 @@ impl Emitter<'_> {
     /// do not all hold: lowers the uniform `let`s and the conditions, branches to `exit` when
     /// one fails (before the group has any effect but bounds reports, which are idempotent),
     /// else runs the fast body and `tail` and continues in the current block.
+    /// With `exit = None` the fast forms are known to hold (proven before the loop): no
+    /// conditions, no branch.
     pub(super) fn lanes_fast_or_exit(
         &mut self,
         index: Value,
@@ -301,10 +303,15 @@ impl Emitter<'_> {
         lanes: u32,
         body: &[Stmt],
         tail: &mut dyn FnMut(&mut Self) -> Result<()>,
-        exit: &str,
+        exit: Option<&str>,
     ) -> Result<()> {
-        let plan = self.lanes_plan(index, i0, lanes, body, &[], Check::Group)?;
-        if let Some(fast) = &plan.fast {
+        let check = if exit.is_some() {
+            Check::Group
+        } else {
+            Check::Nothing
+        };
+        let plan = self.lanes_plan(index, i0, lanes, body, &[], check)?;
+        if let (Some(fast), Some(exit)) = (&plan.fast, exit) {
             let fast_l = self.label("fast");
             self.cold_exits = true;
             self.line(format!(

@@ -24,6 +24,7 @@
 
 mod accumulate;
 mod arith;
+mod band_proof;
 mod bounds;
 mod deferred;
 mod emit;

@@ -15,7 +15,9 @@
 //! proven in range once before the loops (their last element in range, no wrap-around) and
 //! loaded unchecked, and at the first element whose forms do not all hold the rest of the band
 //! runs in a loop of checked groups, so that the checked code (gathers, per-lane reports) is
-//! outside the fast loop and its registers.
+//! outside the fast loop and its registers. When the column loads' indices are affine in the
+//! element (`band_proof.rs`), their fast forms are proven for the whole band before its loop,
+//! and a first loop runs with no test at all.
 //!
 //! This is the 4-bit matmul's input gradient, `dX[m, k] = sum over n of dY[m, n] * W[n, k]`:
 //! vectorized over `n` its weights are gathered one byte per lane, `K / 2` bytes apart; with
@@ -35,6 +37,7 @@ use std::collections::{HashMap, HashSet};
 
 use qforge_ir::{Accum, BinaryOp, Op, ScalarType, Stmt, Value};
 
+use super::band_proof::affine_loads;
 use super::emit::{Emitter, InRange};
 use super::reduce::NEG_ZERO;
 use crate::error::Result;
@@ -448,6 +451,9 @@ impl Emitter<'_> {
         // in range for every element when they are for the last one, without wrapping: one
         // check before the loops, and the fast loops load them unchecked.
         let (proof, in_range) = self.uniform_runs_in_range(index, len, outer)?;
+        // And the loads at the column seed, when their indices are affine in `i`: once per band
+        // (`band_proof.rs`), so that its first loop tests nothing per element.
+        let affine = affine_loads(self.k, col0, index, &outer.inside, &outer.body);
         // Each group is `lanes / opts.lanes` vector registers (a group of 64 columns is 4).
         let regs = outer.cols.len() * (lanes / self.opts.lanes.max(1)).max(1) as usize;
         let band = outer_band(ways, regs);
@@ -462,10 +468,45 @@ impl Emitter<'_> {
                 self.label("outer_checked"),
                 self.label("outer_tail"),
             );
+            let (all_proven, tested) = (self.label("outer_all_proven"), self.label("outer_tested"));
             let exits: Vec<String> = rs.iter().map(|_| self.label("outer_exit")).collect();
             let any = self.ins(format!("icmp ult i32 0, {end}"));
             self.cond_br(&any, &proven, &tail);
             self.start(&proven);
+            if let Some(loads) = &affine {
+                let lanes_proof =
+                    self.band_proof(loads, index, &outer.inside, (&rs, ways, &end), lanes)?;
+                self.vals[col0.index()] = saved.clone();
+                let both = self.ins(format!("and i1 {proof}, {lanes_proof}"));
+                self.cond_br(&both, &all_proven, &tested);
+                // Every element's fast forms hold: the loop tests nothing.
+                self.start(&all_proven);
+                let i0 = self.ins(format!("load i32, i32* {slot}"));
+                for r in &rs {
+                    let i = self.ins(format!("add i32 {i0}, {r}"));
+                    self.set(index, i, 1);
+                    self.in_range = in_range.clone();
+                    let fast = self.lanes_fast_or_exit(
+                        col0,
+                        &first,
+                        lanes,
+                        &outer.body,
+                        &mut |e| fuse(e, *r),
+                        None,
+                    );
+                    self.in_range.clear();
+                    fast?;
+                    self.vals[col0.index()] = saved.clone();
+                }
+                let left = self.ins(format!("sub i32 {end}, {i0}"));
+                let more = self.ins(format!("icmp ugt i32 {left}, {ways}"));
+                let next = self.ins(format!("add i32 {i0}, {ways}"));
+                self.line(format!("store i32 {next}, i32* {slot}"));
+                self.cond_br(&more, &all_proven, &tail);
+            } else {
+                self.br(&tested);
+            }
+            self.start(&tested);
             self.cond_br(&proof, &head, &checked);
             self.start(&head);
             let i0 = self.ins(format!("load i32, i32* {slot}"));
@@ -479,7 +520,7 @@ impl Emitter<'_> {
                     lanes,
                     &outer.body,
                     &mut |e| fuse(e, *r),
-                    exit,
+                    Some(exit),
                 );
                 self.in_range.clear();
                 fast?;

@@ -30,7 +30,7 @@ impl Int8Spec {
             }
             out.push(Int8Spec::MixedScaledMmDx {
                 dtype,
-                tile: catalog_tile(dtype, Direction::BackwardInput),
+                tile: catalog_tile(dtype, Direction::BackwardInput { chunk: 1 }),
             });
         }
         for tile in [TileConfig { tm: 1, tn: 1 }, TileConfig { tm: 2, tn: 4 }] {

@@ -4,7 +4,7 @@
 use qforge_ir::dsl::{FloatIn, FloatOut};
 use qforge_ir::{DType, Kernel, OwnedArg, Result};
 
-use super::panels::panels_of;
+use super::panels::{pack_dx_scales, panels_of};
 use super::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
 use crate::catalog::{first_finite, float_bytes, mix};
 use crate::doublequant::NESTED_MAP;
@@ -14,8 +14,20 @@ use crate::{CatalogEntry, QuantType, FLOAT_DTYPES, NESTED_BLOCKSIZE};
 const DIRECTIONS: [Direction; 3] = [
     Direction::Forward { bias: false },
     Direction::Forward { bias: true },
-    Direction::BackwardInput,
+    Direction::BackwardInput { chunk: 1 },
 ];
+
+/// The direction of a catalog kernel: the input gradient with a scale chunk varied with the
+/// dtype and blocksize, so that the backends run both the tile's shared scale row (`f32`:
+/// the blocksize, `bf16`: 2) and each column's own (`f16`: chunk 1 with two columns).
+fn with_chunk(direction: Direction, dtype: DType, blocksize: u32) -> Direction {
+    match (direction, dtype) {
+        (Direction::Forward { .. }, _) => direction,
+        (_, DType::F32) => Direction::BackwardInput { chunk: blocksize },
+        (_, DType::BF16) => Direction::BackwardInput { chunk: 2 },
+        _ => Direction::BackwardInput { chunk: 1 },
+    }
+}
 
 /// The tile a catalog matmul kernel uses: varied with the dtype so every backend runs tiles
 /// with several activation rows, several weight rows and a side that is not a power of two
@@ -24,7 +36,7 @@ pub(crate) fn catalog_tile(dtype: DType, direction: Direction) -> TileConfig {
     match (dtype, direction) {
         (DType::F16, _) => TileConfig { tm: 2, tn: 2 },
         (DType::BF16, Direction::Forward { .. }) => TileConfig { tm: 4, tn: 1 },
-        (DType::BF16, Direction::BackwardInput) => TileConfig { tm: 3, tn: 1 },
+        (DType::BF16, Direction::BackwardInput { .. }) => TileConfig { tm: 3, tn: 1 },
         _ => TileConfig { tm: 1, tn: 4 },
     }
 }
@@ -43,7 +55,7 @@ impl Matmul4 {
                             dtype,
                             weight_dtype: dtype,
                             nested,
-                            direction,
+                            direction: with_chunk(direction, dtype, 64),
                             tile: catalog_tile(dtype, direction),
                         });
                     }
@@ -57,7 +69,7 @@ impl Matmul4 {
                 dtype: DType::F32,
                 weight_dtype: DType::BF16,
                 nested: false,
-                direction,
+                direction: with_chunk(direction, DType::F32, 256),
                 tile: catalog_tile(DType::F32, direction),
             });
         }
@@ -85,10 +97,14 @@ impl CatalogEntry for Matmul4 {
     fn example_args(&self, values: &[f32]) -> Result<Vec<OwnedArg>> {
         let len = values.len();
         let m = 1 + len % 3;
-        let outs = 3 + len % 5;
+        // The input gradient's outputs are K: a multiple of its scale chunk.
+        let outs = match self.direction {
+            Direction::BackwardInput { chunk } if chunk > 1 => chunk as usize * (1 + len % 3),
+            _ => 3 + len % 5,
+        };
         let (n, k) = match self.direction {
             Direction::Forward { .. } => (outs, len),
-            Direction::BackwardInput => (len, outs),
+            Direction::BackwardInput { .. } => (len, outs),
         };
         let (tm, tn) = (self.tile.tm as usize, self.tile.tn as usize);
         let n_tiles = outs.div_ceil(tn);
@@ -145,9 +161,11 @@ impl CatalogEntry for Matmul4 {
                 };
                 OwnedArg::copy_all(&kernel.args(&mut args)?)
             }
-            Direction::BackwardInput => {
+            Direction::BackwardInput { chunk } => {
                 let kernel = self.build_backward_input()?;
                 let panels = panels_of(&packed, n, k, 1);
+                let absmax = pack_dx_scales(&absmax, n, k, self.blocksize, chunk);
+                let qabsmax = pack_dx_scales(&qabsmax, n, k, self.blocksize, chunk);
                 let mut args = Matmul4bitDxArgs {
                     m: u(m),
                     n: u(n),
@@ -156,7 +174,7 @@ impl CatalogEntry for Matmul4 {
                     n_tiles: u(n_tiles),
                     offset: nested.then_some(first_finite(values) * 0.5),
                     n_panel_bytes: u(panels.len()),
-                    n_blocks: u(n_blocks),
+                    n_scales: u(absmax.len()),
                     n_nested: nested.then_some(u(n_nested)),
                     dy: FloatIn { dtype, bytes: &act },
                     panels: &panels,

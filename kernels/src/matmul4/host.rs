@@ -2,7 +2,7 @@
 //! `y = x @ dequant(W).T + bias` and the input gradient `dX = dY @ dequant(W)`, with the weight
 //! decoded in registers only. Exact semantics: [`crate::matmul4`].
 
-use crate::matmul4::panels::{dx_panel_bytes, pack_dx_panels};
+use crate::matmul4::panels::{dx_panel_bytes, pack_dx_panels, pack_dx_scales, scale_chunk};
 use crate::matmul4::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
 use crate::BLOCKSIZES_4BIT;
 use qforge_ir::dsl::{FloatIn, FloatOut};
@@ -132,7 +132,10 @@ pub(crate) fn shrink(
 ///   1x64 slower; 16x16 333 ms). The codes are now read in the panel layout
 ///   ([`crate::matmul4::panels`]: a tile's 16 bytes of consecutive rows are consecutive):
 ///   8x32 at M = 512, K = N = 4096 92-99 ms (4x32 135, 16x16 125, 8x16 136, 2x32 200 ms), M =
-///   128 24.8 ms (was 50.7), M = 16 5.6 ms (6.7, the packing included). Measured on one
+///   128 24.8 ms (was 50.7), M = 16 5.6 ms (6.7, the packing included); with the scales in
+///   their panel layout too and the band's fast forms proven before its loop
+///   (`codegen/src/llvm/band_proof.rs`), M = 512 74-80 ms and 193-212 ms at N = 11008 (394
+///   ms before). Measured on one
 ///   thread at K = N = 4096: M = 1 f32 34 ms with 1x4 over `n` against 3.8 ms; M = 16 156 ms
 ///   with 4x4, 65-84 ms with 1x16, 40-51 ms with 2x16 (before the way-major loop). With it
 ///   (one thread, f32, the other core busy): 2x16 before against 8x16 now, M = 16 35.5 to
@@ -322,6 +325,13 @@ fn run(
     };
     let elems = d.n * d.k;
     let (n_packed, n_blocks) = (elems.div_ceil(2), elems.div_ceil(bs));
+    // The input gradient's scale layout has the largest chunk that K allows (`panels.rs`).
+    let direction = match direction {
+        Direction::BackwardInput { .. } => Direction::BackwardInput {
+            chunk: scale_chunk(d.k as usize, bs),
+        },
+        forward => forward,
+    };
     let spec = Matmul4 {
         quant_type: state.quant_type,
         blocksize: bs,
@@ -395,7 +405,12 @@ fn run(
             DeviceCaps::Cpu { threads, .. } => threads as usize,
             DeviceCaps::Gpu { .. } => std::thread::available_parallelism().map_or(1, |t| t.get()),
         };
-        let panels = pack_dx_panels(packed, d.n as usize, d.k as usize, threads)?;
+        let (n, k) = (d.n as usize, d.k as usize);
+        let panels = pack_dx_panels(packed, n, k, threads)?;
+        let chunk = scale_chunk(k, bs);
+        let absmax = s.absmax.map(|a| pack_dx_scales(a, n, k, bs, chunk));
+        let qabsmax = s.qabsmax.map(|q| pack_dx_scales(q, n, k, bs, chunk));
+        let n_scales = (n * k / chunk as usize) as u32;
         let kernel = cached_typed(&spec.name(), || spec.build_backward_input())?;
         launch_typed(
             dev,
@@ -408,12 +423,12 @@ fn run(
                 n_tiles,
                 offset: s.offset,
                 n_panel_bytes: panel_bytes as u32,
-                n_blocks,
+                n_scales,
                 n_nested: s.n_nested,
                 dy: act,
                 panels: &panels,
-                absmax: s.absmax,
-                qabsmax: s.qabsmax,
+                absmax: absmax.as_deref(),
+                qabsmax: qabsmax.as_deref(),
                 nested_absmax: s.nested_absmax,
                 nested_code: s.nested_code,
                 dx: result,
@@ -461,7 +476,9 @@ pub fn matmul_4bit_backward_input(
     state: &QuantState4,
     tile: Option<TileConfig>,
 ) -> Result<HostTensor> {
-    run(dev, dy, packed, state, None, Direction::BackwardInput, tile)
+    // `run` chooses the scale chunk from K.
+    let direction = Direction::BackwardInput { chunk: 1 };
+    run(dev, dy, packed, state, None, direction, tile)
 }
 
 /// A linear layer with a frozen 4-bit weight `[N, K]` (out_features x in_features) and an

@@ -33,13 +33,15 @@
 //!   y: dtype[m, n] write)`; grid `n_items = ceil(m/TM) * ceil(n/TN)`, `n_tiles = ceil(n/TN)`;
 //!   work item `t` computes rows `(t / n_tiles)*TM ..` of `x` against rows `(t % n_tiles)*TN ..`
 //!   of `W`.
-//! * backward `matmul_4bit_dx_{qt}[_nested]_bs{B}_{dtype}_t{TM}x{TK}`: the same with `dy:
+//! * backward `matmul_4bit_dx_{qt}[_nested]_bs{B}_{dtype}_c{C}_t{TM}x{TK}`: the same with `dy:
 //!   dtype[m, n] read` in place of `x`, `dx: dtype[m, k] write` in place of `y`, no bias,
-//!   `n_items = ceil(m/TM) * ceil(k/TK)`, `n_tiles = ceil(k/TK)`, and the codes in the input
-//!   gradient's panel layout ([`panels`]: `n_panel_bytes, panels: u8[n_panel_bytes]` in place of
-//!   `n_packed, packed`; the absmax as forward). The host op packs them from bitsandbytes'
-//!   layout ([`panels::pack_dx_panels`]); the values and the order are the same, so are the
-//!   bits.
+//!   `n_items = ceil(m/TM) * ceil(k/TK)`, `n_tiles = ceil(k/TK)`, and the weight in the input
+//!   gradient's panel layouts ([`panels`]): the codes as `n_panel_bytes, panels:
+//!   u8[n_panel_bytes]` in place of `n_packed, packed`, the absmax (or `qabsmax`) as
+//!   `n_scales = N * K / C` entries, one per `C` columns of a row (`C` the scale chunk of
+//!   [`Direction::BackwardInput`], dividing `K` and the blocksize); the nested absmax stays
+//!   flat. The host op packs them from bitsandbytes' layout ([`panels::pack_dx_panels`],
+//!   [`panels::pack_dx_scales`]); the values and the order are the same, so are the bits.
 //!
 //! Rows of a tile past `m`, `n` or `k` read the last valid row (so no load leaves the buffers)
 //! and store nothing.
@@ -136,7 +138,11 @@ pub enum Direction {
         bias: bool,
     },
     /// `dX = dY @ dequant(W)`, reduction over `N` (`W` frozen: no `dW`).
-    BackwardInput,
+    BackwardInput {
+        /// Columns per scale of the input gradient's scale layout ([`panels`]): a power of two
+        /// dividing the blocksize, and `K` at run time ([`panels::scale_chunk`]).
+        chunk: u32,
+    },
 }
 
 /// A fused 4-bit matmul variant.
@@ -165,7 +171,11 @@ impl Matmul4 {
     pub fn name(&self) -> String {
         let dir = match self.direction {
             Direction::Forward { .. } => "",
-            Direction::BackwardInput => "_dx",
+            Direction::BackwardInput { .. } => "_dx",
+        };
+        let chunk = match self.direction {
+            Direction::BackwardInput { chunk } => format!("_c{chunk}"),
+            Direction::Forward { .. } => String::new(),
         };
         let nested = if self.nested { "_nested" } else { "" };
         let bias = match self.direction {
@@ -178,7 +188,7 @@ impl Matmul4 {
             format!("_w{}", self.weight_dtype)
         };
         format!(
-            "matmul_4bit{dir}_{}{nested}_bs{}_{}{wd}{bias}_t{}x{}",
+            "matmul_4bit{dir}_{}{nested}_bs{}_{}{wd}{bias}{chunk}_t{}x{}",
             self.quant_type, self.blocksize, self.dtype, self.tile.tm, self.tile.tn
         )
     }
@@ -191,7 +201,9 @@ impl Matmul4 {
     pub fn build(&self) -> Result<Kernel> {
         match self.direction {
             Direction::Forward { .. } => self.build_forward().map(TypedKernel::into_kernel),
-            Direction::BackwardInput => self.build_backward_input().map(TypedKernel::into_kernel),
+            Direction::BackwardInput { .. } => {
+                self.build_backward_input().map(TypedKernel::into_kernel)
+            }
         }
     }
 
@@ -220,6 +232,15 @@ impl Matmul4 {
         check_float_dtype(self.dtype)?;
         check_float_dtype(self.weight_dtype)?;
         self.tile.check()?;
+        if let Direction::BackwardInput { chunk } = self.direction {
+            if !chunk.is_power_of_two() || chunk > self.blocksize {
+                return Err(Error::Unsupported(format!(
+                    "{}: the scale chunk {chunk} is not a power of two dividing the blocksize {}",
+                    self.name(),
+                    self.blocksize
+                )));
+            }
+        }
         if matches!(self.direction, Direction::Forward { .. }) != forward {
             return Err(Error::Unsupported(format!(
                 "{}: built as the {} kernel",
@@ -299,9 +320,10 @@ struct Weights {
 
 /// The dequantized weight of flat element `e` whose code is nibble `at` of `packed` (`at = e`
 /// in bitsandbytes' packing, the panel position in the input gradient's): `code[nibble] *
-/// absmax[e / blocksize]`.
+/// absmax[e / blocksize]`, the absmax (or `qabsmax`) read at `scale_at` when given (the input
+/// gradient's scale layout; the nested absmax stays flat).
 #[qforge_macros::func]
-fn weight(w: Weights, at: Val<u32>, e: Val<u32>) -> Val<f32> {
+fn weight(w: Weights, at: Val<u32>, e: Val<u32>, scale_at: Option<Val<u32>>) -> Val<f32> {
     let packed = w.packed;
     let code = w.code;
     let one = val(1u32);
@@ -311,16 +333,26 @@ fn weight(w: Weights, at: Val<u32>, e: Val<u32>) -> Val<f32> {
     let shift = odd_flip << 2u32;
     let nibble = (byte >> shift) & 15u32;
     let c = code[nibble];
-    let block = e >> comptime!(w.blocksize.trailing_zeros());
     let absmax = match w.scale {
-        Scale::Plain { absmax } => absmax[block],
+        Scale::Plain { absmax } => match scale_at {
+            Some(sa) => absmax[sa],
+            None => {
+                let block = e >> comptime!(w.blocksize.trailing_zeros());
+                absmax[block]
+            }
+        },
         Scale::Nested {
             offset,
             qabsmax,
             nested_absmax,
             nested_code,
         } => {
-            let q = qabsmax[block];
+            let block = e >> comptime!(w.blocksize.trailing_zeros());
+            let qa = match scale_at {
+                Some(sa) => sa,
+                None => block,
+            };
+            let q = qabsmax[qa];
             let nc = nested_code[q];
             let na = nested_absmax[block >> comptime!(NESTED_BLOCKSIZE.trailing_zeros())];
             nc * na + read(offset)
@@ -356,6 +388,13 @@ struct PanelRows {
     /// multiple of `TN`), so that the columns' code positions differ only by the column;
     /// otherwise each column's own.
     tile_panel: Option<Val<u32>>,
+    /// `N`.
+    n: Val<u32>,
+    /// The scale layout's columns per scale.
+    chunk: u32,
+    /// `(k0 / chunk) * N` for the tile's first column `k0` when all its columns share a chunk
+    /// (`chunk % TN == 0`): a column's scale of row `n` is at this plus `n`.
+    tile_scales: Option<Val<u32>>,
 }
 
 /// The decoded weight of each tile output at reduction index `i` (flat element `n * K + k`).
@@ -380,7 +419,17 @@ fn load_weights(p: &Products, i: Val<u32>) -> Vec<Val<f32>> {
                 (at, i * kv + o.clamped)
             }
         };
-        let w = weight(p.weights, at, e);
+        let scale_at = match p.panels {
+            None => None,
+            Some(panels) => {
+                let base = match panels.tile_scales {
+                    Some(ts) => ts,
+                    None => (o.clamped >> comptime!(panels.chunk.trailing_zeros())) * panels.n,
+                };
+                Some(base + i)
+            }
+        };
+        let w = weight(p.weights, at, e, scale_at);
         let w = round_to(w, p.weight_dtype);
         ws.push(w);
     }
@@ -496,17 +545,17 @@ pub fn matmul_4bit_dx_kernel(
     n_tiles: u32,
     #[when(spec.nested)] offset: f32,
     n_panel_bytes: u32,
-    n_blocks: u32,
+    n_scales: u32,
     #[when(spec.nested)] n_nested: u32,
     #[shape(m, n)]
     #[dtype(spec.dtype)]
     dy: In<Float>,
     #[shape(n_panel_bytes)] panels: In<u8>,
     #[when(!spec.nested)]
-    #[shape(n_blocks)]
+    #[shape(n_scales)]
     absmax: In<f32>,
     #[when(spec.nested)]
-    #[shape(n_blocks)]
+    #[shape(n_scales)]
     qabsmax: In<u8>,
     #[when(spec.nested)]
     #[shape(OptionalDim(n_nested))]
@@ -533,9 +582,21 @@ pub fn matmul_4bit_dx_kernel(
     } else {
         None
     };
+    let chunk = match spec.direction {
+        Direction::BackwardInput { chunk } => chunk,
+        Direction::Forward { .. } => 1,
+    };
+    let tile_scales = if chunk.is_multiple_of(spec.tile.tn) {
+        Some((outs[0].first >> comptime!(chunk.trailing_zeros())) * nv)
+    } else {
+        None
+    };
     let panel_rows = PanelRows {
         n_minus_1,
         tile_panel,
+        n: nv,
+        chunk,
+        tile_scales,
     };
     let products = products(
         spec,

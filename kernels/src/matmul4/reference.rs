@@ -27,7 +27,7 @@ pub(super) fn build(spec: &Matmul4) -> Result<Kernel> {
     // Forward: outputs (m, n), reduce over k; backward: outputs (m, k), reduce over n.
     let (cols, reduce_len, act_len) = match spec.direction {
         Direction::Forward { .. } => (nv, kv, kv),
-        Direction::BackwardInput => (kv, nv, nv),
+        Direction::BackwardInput { .. } => (kv, nv, nv),
     };
     let (rows, outs) = tile_of(&mut b, p.n_tiles, spec.tile, mv, cols);
     // Row starts of the activation (`m * K` or `m * N`).
@@ -38,21 +38,26 @@ pub(super) fn build(spec: &Matmul4) -> Result<Kernel> {
     // The input gradient reads the panel layout (`panels.rs`): `N - 1` and the tile's panel.
     let panel_rows = match spec.direction {
         Direction::Forward { .. } => None,
-        Direction::BackwardInput => {
+        Direction::BackwardInput { chunk } => {
             let one = b.const_u32(1);
             let n_minus_1 = b.sub(nv, one);
             let tile_panel = DX_PANEL.is_multiple_of(tn).then(|| {
                 let s = b.const_u32(DX_PANEL.trailing_zeros());
                 b.shr(outs[0].first, s)
             });
-            Some((n_minus_1, tile_panel))
+            let tile_scales = chunk.is_multiple_of(tn).then(|| {
+                let s = b.const_u32(chunk.trailing_zeros());
+                let j = b.shr(outs[0].first, s);
+                b.mul(j, nv)
+            });
+            Some((n_minus_1, tile_panel, chunk, tile_scales))
         }
     };
     let table = b.table_f32("code", &spec.quant_type.dequant_table());
     let direction = spec.direction;
     let order = match direction {
         Direction::Forward { .. } => K_ORDER,
-        Direction::BackwardInput => DX_ORDER,
+        Direction::BackwardInput { .. } => DX_ORDER,
     };
     b.accumulate(reduce_len, order, &vars, |b, i| {
         let acts: Vec<Value> = act_base
@@ -73,7 +78,7 @@ pub(super) fn build(spec: &Matmul4) -> Result<Kernel> {
                         let e = b.add(row, i);
                         (e, e)
                     }
-                    Some((n_minus_1, tile_panel)) => {
+                    Some((n_minus_1, tile_panel, _, _)) => {
                         let panel = tile_panel.unwrap_or_else(|| {
                             let s = b.const_u32(DX_PANEL.trailing_zeros());
                             b.shr(o.clamped, s)
@@ -87,7 +92,16 @@ pub(super) fn build(spec: &Matmul4) -> Result<Kernel> {
                         (at, b.add(row, o.clamped))
                     }
                 };
-                let w = weight(b, &p, table, spec.blocksize, at, e);
+                // The scale of row `i` at the column's chunk: `(k / chunk) * N + i`.
+                let scale_at = panel_rows.map(|(_, _, chunk, tile_scales)| {
+                    let base = tile_scales.unwrap_or_else(|| {
+                        let s = b.const_u32(chunk.trailing_zeros());
+                        let j = b.shr(o.clamped, s);
+                        b.mul(j, nv)
+                    });
+                    b.add(base, i)
+                });
+                let w = weight(b, &p, table, spec.blocksize, (at, e), scale_at);
                 round_to(b, w, spec.weight_dtype)
             })
             .collect();
@@ -152,17 +166,23 @@ impl Params {
             .then(|| b.scalar_param("offset", ScalarType::F32));
         let (packed_name, n_packed_name) = match spec.direction {
             Direction::Forward { .. } => ("packed", "n_packed"),
-            Direction::BackwardInput => ("panels", "n_panel_bytes"),
+            Direction::BackwardInput { .. } => ("panels", "n_panel_bytes"),
         };
         let n_packed = b.scalar_param(n_packed_name, ScalarType::U32);
-        let n_blocks = b.scalar_param("n_blocks", ScalarType::U32);
+        let n_blocks = b.scalar_param(
+            match spec.direction {
+                Direction::Forward { .. } => "n_blocks",
+                Direction::BackwardInput { .. } => "n_scales",
+            },
+            ScalarType::U32,
+        );
         let n_nested = spec
             .nested
             .then(|| b.scalar_param("n_nested", ScalarType::U32));
         let dt = spec.dtype;
         let (act_name, act_cols, out_name, out_cols) = match spec.direction {
             Direction::Forward { .. } => ("x", k, "y", n),
-            Direction::BackwardInput => ("dy", n, "dx", k),
+            Direction::BackwardInput { .. } => ("dy", n, "dx", k),
         };
         let act = b.buffer_param(
             act_name,
@@ -226,14 +246,14 @@ impl Params {
 }
 
 /// The dequantized weight of flat element `e` whose code is nibble `at` of `packed`:
-/// `table[nibble] * absmax[e / blocksize]`.
+/// `table[nibble] * absmax[e / blocksize]` (the absmax or `qabsmax` at `scale_at` when given).
 fn weight(
     b: &mut KernelBuilder,
     p: &Params,
     table: TableId,
     blocksize: u32,
-    at: Value,
-    e: Value,
+    (at, e): (Value, Value),
+    scale_at: Option<Value>,
 ) -> Value {
     let one = b.const_u32(1);
     let byte_idx = b.shr(at, one);
@@ -247,17 +267,23 @@ fn weight(
     let fifteen = b.const_u32(15);
     let nibble = b.and(shifted, fifteen);
     let code = b.lookup(table, nibble);
-    let bs_shift = b.const_u32(blocksize.trailing_zeros());
-    let block = b.shr(e, bs_shift);
+    let flat_block = |b: &mut KernelBuilder| {
+        let bs_shift = b.const_u32(blocksize.trailing_zeros());
+        b.shr(e, bs_shift)
+    };
     let absmax = match p.scale {
-        Scale::Plain { absmax } => b.load(absmax, block),
+        Scale::Plain { absmax } => {
+            let at = scale_at.unwrap_or_else(|| flat_block(b));
+            b.load(absmax, at)
+        }
         Scale::Nested {
             offset,
             qabsmax,
             nested_absmax,
             nested_code,
         } => {
-            let q = b.load(qabsmax, block);
+            let block = flat_block(b);
+            let q = b.load(qabsmax, scale_at.unwrap_or(block));
             let c = b.load(nested_code, q);
             let nshift = b.const_u32(NESTED_BLOCKSIZE.trailing_zeros());
             let nb = b.shr(block, nshift);

@@ -3,7 +3,7 @@
 //! and `i % 8` backward, halving tree, bias, one rounding), and the tile property: every tile
 //! gives the same bits.
 
-use crate::matmul4::panels::panels_of;
+use crate::matmul4::panels::{pack_dx_scales, panels_of, scale_chunk};
 use crate::matmul4::{Direction, Matmul4, TileConfig};
 use crate::test_util::{bytes, floats, round};
 use crate::{doublequant, QuantType};
@@ -48,7 +48,7 @@ impl Problem {
         let mut r = Rng(seed);
         let act_len = match spec.direction {
             Direction::Forward { .. } => m * k,
-            Direction::BackwardInput => m * n,
+            Direction::BackwardInput { .. } => m * n,
         };
         let act = (0..act_len)
             .map(|_| round(spec.dtype, r.f32() * 3.0))
@@ -97,7 +97,7 @@ impl Problem {
     fn model(&self, spec: &Matmul4) -> Vec<u32> {
         let (outs, len) = match spec.direction {
             Direction::Forward { .. } => (self.n, self.k),
-            Direction::BackwardInput => (self.k, self.n),
+            Direction::BackwardInput { .. } => (self.k, self.n),
         };
         let mut y = Vec::new();
         for mi in 0..self.m {
@@ -105,7 +105,7 @@ impl Problem {
                 // 16 partials forward (K_ORDER), 8 backward (DX_ORDER).
                 let w_parts = match spec.direction {
                     Direction::Forward { .. } => 16,
-                    Direction::BackwardInput => 8,
+                    Direction::BackwardInput { .. } => 8,
                 };
                 let mut p = [-0.0f32; 16];
                 for i in 0..len {
@@ -113,7 +113,9 @@ impl Problem {
                         Direction::Forward { .. } => {
                             (self.act[mi * self.k + i], self.w(spec, o, i))
                         }
-                        Direction::BackwardInput => (self.act[mi * self.n + i], self.w(spec, i, o)),
+                        Direction::BackwardInput { .. } => {
+                            (self.act[mi * self.n + i], self.w(spec, i, o))
+                        }
                     };
                     p[i % w_parts] = a.mul_add(w, p[i % w_parts]);
                 }
@@ -137,7 +139,7 @@ impl Problem {
     fn args(&self, spec: &Matmul4) -> Vec<OwnedArg> {
         let outs = match spec.direction {
             Direction::Forward { .. } => self.n,
-            Direction::BackwardInput => self.k,
+            Direction::BackwardInput { .. } => self.k,
         };
         let u = |v: usize| OwnedArg::Scalar(Scalar::U32(v as u32));
         let n_tiles = outs.div_ceil(spec.tile.tn as usize);
@@ -151,26 +153,37 @@ impl Problem {
         if spec.nested {
             a.push(OwnedArg::Scalar(Scalar::f32(self.offset)));
         }
-        // The input gradient reads the codes in its panel layout.
-        let codes = match spec.direction {
-            Direction::Forward { .. } => self.packed.clone(),
-            Direction::BackwardInput => panels_of(&self.packed, self.n, self.k, 2),
+        // The input gradient reads the codes and scales in its panel layouts.
+        let (codes, absmax, qabsmax) = match spec.direction {
+            Direction::Forward { .. } => (
+                self.packed.clone(),
+                self.absmax.clone(),
+                self.qabsmax.clone(),
+            ),
+            Direction::BackwardInput { chunk } => {
+                let (n, k, bs) = (self.n, self.k, spec.blocksize);
+                (
+                    panels_of(&self.packed, n, k, 2),
+                    pack_dx_scales(&self.absmax, n, k, bs, chunk),
+                    pack_dx_scales(&self.qabsmax, n, k, bs, chunk),
+                )
+            }
         };
-        a.extend([u(codes.len()), u(self.absmax.len())]);
+        a.extend([u(codes.len()), u(absmax.len())]);
         if spec.nested {
             a.push(u(self.nested_absmax.len()));
         }
         a.push(OwnedArg::Read(bytes(spec.dtype, &self.act)));
         a.push(OwnedArg::Read(codes));
         if spec.nested {
-            a.push(OwnedArg::Read(self.qabsmax.clone()));
+            a.push(OwnedArg::Read(qabsmax));
             a.push(OwnedArg::Read(bytes(DType::F32, &self.nested_absmax)));
             a.push(OwnedArg::Read(bytes(
                 DType::F32,
                 &doublequant::NESTED_MAP.code(),
             )));
         } else {
-            a.push(OwnedArg::Read(bytes(DType::F32, &self.absmax)));
+            a.push(OwnedArg::Read(bytes(DType::F32, &absmax)));
         }
         if matches!(spec.direction, Direction::Forward { bias: true }) {
             a.push(OwnedArg::Read(bytes(spec.dtype, &self.bias)));
@@ -198,8 +211,18 @@ impl Problem {
 const DIRECTIONS: [Direction; 3] = [
     Direction::Forward { bias: false },
     Direction::Forward { bias: true },
-    Direction::BackwardInput,
+    Direction::BackwardInput { chunk: 1 },
 ];
+
+/// `direction` with the scale chunk the host op chooses for rows of `k` ([`scale_chunk`]).
+fn for_rows(direction: Direction, k: usize, blocksize: u32) -> Direction {
+    match direction {
+        Direction::BackwardInput { .. } => Direction::BackwardInput {
+            chunk: scale_chunk(k, blocksize),
+        },
+        forward => forward,
+    }
+}
 
 #[test]
 fn library_matmul4_matches_the_model_for_every_variant() {
@@ -213,6 +236,7 @@ fn library_matmul4_matches_the_model_for_every_variant() {
                         (32, 2, 3, 9),
                         (128, 7, 4, 130),
                         (64, 3, 1, 1),
+                        (64, 2, 3, 192),
                     ] {
                         let spec = Matmul4 {
                             quant_type,
@@ -220,7 +244,7 @@ fn library_matmul4_matches_the_model_for_every_variant() {
                             dtype,
                             weight_dtype: [DType::F32, DType::F16, DType::BF16][seed as usize % 3],
                             nested,
-                            direction,
+                            direction: for_rows(direction, k, blocksize),
                             tile: TileConfig { tm: 2, tn: 3 },
                         };
                         seed += 1;
@@ -235,19 +259,21 @@ fn library_matmul4_matches_the_model_for_every_variant() {
     }
 }
 
+/// Every tile, with K = 70 (the input gradient's scale chunk 2: most tiles read each column's
+/// own scale) and K = 128 (chunk 64: a tile's columns share a scale row).
 #[test]
 fn library_matmul4_every_tile_gives_the_same_bits() {
-    for direction in DIRECTIONS {
+    for (direction, k) in DIRECTIONS.iter().flat_map(|d| [(*d, 70), (*d, 128)]) {
         let base = Matmul4 {
             quant_type: QuantType::Nf4,
             blocksize: 64,
             dtype: DType::BF16,
             weight_dtype: DType::BF16,
-            nested: true,
-            direction,
+            nested: k == 70,
+            direction: for_rows(direction, k, 64),
             tile: TileConfig { tm: 1, tn: 1 },
         };
-        let p = Problem::new(&base, 5, 11, 70, 99);
+        let p = Problem::new(&base, 5, 11, k, 99);
         let want = p.run(&base);
         assert_eq!(want, p.model(&base));
         for (tm, tn) in [
@@ -278,7 +304,7 @@ fn library_matmul4_rejects_bad_tiles_and_blocksizes() {
         dtype: DType::F32,
         weight_dtype: DType::F32,
         nested: false,
-        direction: Direction::BackwardInput,
+        direction: Direction::BackwardInput { chunk: 64 },
         tile: TileConfig { tm: 0, tn: 4 },
     };
     let e = spec.build().unwrap_err().to_string();
@@ -298,6 +324,12 @@ fn library_matmul4_rejects_bad_tiles_and_blocksizes() {
     spec.blocksize = 64;
     spec.dtype = DType::U8;
     assert!(spec.build().is_err());
+    spec.dtype = DType::F32;
+    for chunk in [0, 3, 128] {
+        spec.direction = Direction::BackwardInput { chunk };
+        let e = spec.build().unwrap_err().to_string();
+        assert!(e.contains(&format!("scale chunk {chunk}")), "{e}");
+    }
 }
 
 /// The macro-built kernels are the builder-built ones (`reference.rs`): the same IR, value for
@@ -313,13 +345,14 @@ fn library_matmul4_equals_the_builder_version() {
                     for nested in [false, true] {
                         for direction in DIRECTIONS {
                             for (tm, tn) in [(1, 1), (2, 3), (1, 16), (8, 4), (2, 16)] {
+                                // K = 96: chunks 32 or the blocksize, shared or not by a tile.
                                 let spec = Matmul4 {
                                     quant_type,
                                     blocksize,
                                     dtype,
                                     weight_dtype,
                                     nested,
-                                    direction,
+                                    direction: for_rows(direction, 96, blocksize),
                                     tile: TileConfig { tm, tn },
                                 };
                                 let k = spec.build().unwrap();
@@ -348,10 +381,10 @@ fn library_matmul4_equals_the_builder_version() {
         dtype: DType::F32,
         weight_dtype: DType::F32,
         nested: false,
-        direction: Direction::BackwardInput,
+        direction: Direction::BackwardInput { chunk: 64 },
         tile: TileConfig { tm: 1, tn: 1 },
     };
     let e = spec.build_forward().unwrap_err().to_string();
-    assert!(e.contains("matmul_4bit_dx_nf4_bs64_f32_t1x1"), "{e}");
+    assert!(e.contains("matmul_4bit_dx_nf4_bs64_f32_c64_t1x1"), "{e}");
     assert!(spec.build_backward_input().is_ok());
 }
