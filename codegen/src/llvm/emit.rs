@@ -6,7 +6,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 
-use qforge_ir::{Access, DType, Kernel, Op, ParamKind, ScalarType, Stmt, Value, VarId};
+use qforge_ir::{Access, DType, Dim, Kernel, Op, ParamKind, ScalarType, Stmt, Value, VarId};
 
 use super::deferred::Deferred;
 use super::{ArgLayout, LlvmOptions, BACKEND, ENTRY};
@@ -501,10 +501,33 @@ impl Emitter<'_> {
                 let at = self.val(at)?;
                 self.load_in_range(*buf, base.as_deref(), &at)?
             }
+            Op::Load { buf, index } if self.fits_const_buffer(*buf, *index) => {
+                let at = self.val(*index)?;
+                self.load_in_range(*buf, None, &at)?
+            }
             op => self.op(op, def.ty)?,
         };
         self.set(v, out, 1);
         Ok(())
+    }
+
+    /// Whether every value of `index` lies in `buf` at any launch: the buffer's shape is
+    /// constant (a launch binds exactly that many elements, `qforge_ir::bind`) and the index's
+    /// proven upper bound (`bounds.rs`) is below it, e.g. `nested_code[qabsmax[b]]`, a `u8`
+    /// into 256 entries.
+    fn fits_const_buffer(&self, buf: qforge_ir::ParamId, index: Value) -> bool {
+        let Some(ParamKind::Buffer { shape, .. }) = self.k.params.try_get(buf).map(|p| &p.kind)
+        else {
+            return false;
+        };
+        let mut n = 1u64;
+        for d in shape {
+            match d {
+                Dim::Const(c) => n = n.saturating_mul(u64::from(*c)),
+                Dim::Param(_) => return false,
+            }
+        }
+        u64::from(super::bounds::upper_bound(self.k, index, self.lanes_seed)) < n
     }
 
     fn stmt(&mut self, stmt: &Stmt) -> Result<()> {
