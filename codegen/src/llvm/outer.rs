@@ -472,6 +472,36 @@ impl Emitter<'_> {
             let exits: Vec<String> = rs.iter().map(|_| self.label("outer_exit")).collect();
             let any = self.ins(format!("icmp ult i32 0, {end}"));
             self.cond_br(&any, &proven, &tail);
+            // One round of the band's ways at `i0` from `slot`, each element in its fast form
+            // (leaving for `exits[j]` when its forms do not hold; with no exits, proven), then on
+            // to `head` while `i0 + ways < end` (written `end - i0 > ways`, as i0 < end), else
+            // to `tail`. Returns `i0`.
+            let round = |e: &mut Self, head: &str, exits: Option<&[String]>| -> Result<String> {
+                let i0 = e.ins(format!("load i32, i32* {slot}"));
+                for (j, r) in rs.iter().enumerate() {
+                    let i = e.ins(format!("add i32 {i0}, {r}"));
+                    e.set(index, i, 1);
+                    e.in_range = in_range.clone();
+                    let exit = exits.map(|x| x[j].as_str());
+                    let fast = e.lanes_fast_or_exit(
+                        col0,
+                        &first,
+                        lanes,
+                        &outer.body,
+                        &mut |e| fuse(e, *r),
+                        exit,
+                    );
+                    e.in_range.clear();
+                    fast?;
+                    e.vals[col0.index()] = saved.clone();
+                }
+                let left = e.ins(format!("sub i32 {end}, {i0}"));
+                let more = e.ins(format!("icmp ugt i32 {left}, {ways}"));
+                let next = e.ins(format!("add i32 {i0}, {ways}"));
+                e.line(format!("store i32 {next}, i32* {slot}"));
+                e.cond_br(&more, head, &tail);
+                Ok(i0)
+            };
             self.start(&proven);
             if let Some(loads) = &affine {
                 let lanes_proof =
@@ -481,57 +511,14 @@ impl Emitter<'_> {
                 self.cond_br(&both, &all_proven, &tested);
                 // Every element's fast forms hold: the loop tests nothing.
                 self.start(&all_proven);
-                let i0 = self.ins(format!("load i32, i32* {slot}"));
-                for r in &rs {
-                    let i = self.ins(format!("add i32 {i0}, {r}"));
-                    self.set(index, i, 1);
-                    self.in_range = in_range.clone();
-                    let fast = self.lanes_fast_or_exit(
-                        col0,
-                        &first,
-                        lanes,
-                        &outer.body,
-                        &mut |e| fuse(e, *r),
-                        None,
-                    );
-                    self.in_range.clear();
-                    fast?;
-                    self.vals[col0.index()] = saved.clone();
-                }
-                let left = self.ins(format!("sub i32 {end}, {i0}"));
-                let more = self.ins(format!("icmp ugt i32 {left}, {ways}"));
-                let next = self.ins(format!("add i32 {i0}, {ways}"));
-                self.line(format!("store i32 {next}, i32* {slot}"));
-                self.cond_br(&more, &all_proven, &tail);
+                round(self, &all_proven, None)?;
             } else {
                 self.br(&tested);
             }
             self.start(&tested);
             self.cond_br(&proof, &head, &checked);
             self.start(&head);
-            let i0 = self.ins(format!("load i32, i32* {slot}"));
-            for (r, exit) in rs.iter().zip(&exits) {
-                let i = self.ins(format!("add i32 {i0}, {r}"));
-                self.set(index, i, 1);
-                self.in_range = in_range.clone();
-                let fast = self.lanes_fast_or_exit(
-                    col0,
-                    &first,
-                    lanes,
-                    &outer.body,
-                    &mut |e| fuse(e, *r),
-                    Some(exit),
-                );
-                self.in_range.clear();
-                fast?;
-                self.vals[col0.index()] = saved.clone();
-            }
-            // Continue while `i0 + ways < end`, written as `end - i0 > ways` (i0 < end).
-            let left = self.ins(format!("sub i32 {end}, {i0}"));
-            let more = self.ins(format!("icmp ugt i32 {left}, {ways}"));
-            let next = self.ins(format!("add i32 {i0}, {ways}"));
-            self.line(format!("store i32 {next}, i32* {slot}"));
-            self.cond_br(&more, &head, &tail);
+            let i0 = round(self, &head, Some(&exits))?;
             // Leaving at the band's `j`-th element: it and the rest of the round, checked.
             for (j, exit) in exits.iter().enumerate() {
                 self.start(exit);
