@@ -326,10 +326,9 @@ fn run(
     let elems = d.n * d.k;
     let (n_packed, n_blocks) = (elems.div_ceil(2), elems.div_ceil(bs));
     // The input gradient's scale layout has the largest chunk that K allows (`panels.rs`).
+    let chunk = scale_chunk(d.k as usize, bs);
     let direction = match direction {
-        Direction::BackwardInput { .. } => Direction::BackwardInput {
-            chunk: scale_chunk(d.k as usize, bs),
-        },
+        Direction::BackwardInput { .. } => Direction::BackwardInput { chunk },
         forward => forward,
     };
     let spec = Matmul4 {
@@ -407,7 +406,6 @@ fn run(
         };
         let (n, k) = (d.n as usize, d.k as usize);
         let panels = pack_dx_panels(packed, n, k, threads)?;
-        let chunk = scale_chunk(k, bs);
         let absmax = s.absmax.map(|a| pack_dx_scales(a, n, k, bs, chunk));
         let qabsmax = s.qabsmax.map(|q| pack_dx_scales(q, n, k, bs, chunk));
         let n_scales = (n * k / chunk as usize) as u32;
