@@ -4,7 +4,7 @@
 use qforge_ir::dsl::{FloatIn, FloatOut};
 use qforge_ir::{DType, Kernel, OwnedArg, Result};
 
-use super::panels::{pack_dx_scales, panels_of};
+use super::panels::{panels_of, scales_of};
 use super::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
 use crate::catalog::{first_finite, float_bytes, mix};
 use crate::doublequant::NESTED_MAP;
@@ -164,8 +164,8 @@ impl CatalogEntry for Matmul4 {
             Direction::BackwardInput { chunk } => {
                 let kernel = self.build_backward_input()?;
                 let panels = panels_of(&packed, n, k, 1);
-                let absmax = pack_dx_scales(&absmax, n, k, self.blocksize, chunk);
-                let qabsmax = pack_dx_scales(&qabsmax, n, k, self.blocksize, chunk);
+                let absmax = scales_of(&absmax, n, k, self.blocksize, chunk);
+                let qabsmax = scales_of(&qabsmax, n, k, self.blocksize, chunk);
                 let mut args = Matmul4bitDxArgs {
                     m: u(m),
                     n: u(n),

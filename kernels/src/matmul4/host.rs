@@ -2,7 +2,7 @@
 //! `y = x @ dequant(W).T + bias` and the input gradient `dX = dY @ dequant(W)`, with the weight
 //! decoded in registers only. Exact semantics: [`crate::matmul4`].
 
-use crate::matmul4::panels::{dx_panel_bytes, pack_dx_panels, pack_dx_scales, scale_chunk};
+use crate::matmul4::panels::{dx_panel_bytes, pack_dx_panels, scale_chunk, scales_of};
 use crate::matmul4::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
 use crate::BLOCKSIZES_4BIT;
 use qforge_ir::dsl::{FloatIn, FloatOut};
@@ -406,8 +406,8 @@ fn run(
         };
         let (n, k) = (d.n as usize, d.k as usize);
         let panels = pack_dx_panels(packed, n, k, threads)?;
-        let absmax = s.absmax.map(|a| pack_dx_scales(a, n, k, bs, chunk));
-        let qabsmax = s.qabsmax.map(|q| pack_dx_scales(q, n, k, bs, chunk));
+        let absmax = s.absmax.map(|a| scales_of(a, n, k, bs, chunk));
+        let qabsmax = s.qabsmax.map(|q| scales_of(q, n, k, bs, chunk));
         let n_scales = (n * k / chunk as usize) as u32;
         let kernel = cached_typed(&spec.name(), || spec.build_backward_input())?;
         launch_typed(

@@ -40,10 +40,41 @@ pub fn scale_chunk(k: usize, blocksize: u32) -> u32 {
 
 /// The scales `flat` (one per block of `blocksize` elements of the flat `[n, k]` weight: the
 /// absmax or the `qabsmax`) in the input gradient's scale layout with `chunk` columns per scale
-/// ([`scale_chunk`]; the caller checks that it divides `k` and `blocksize` and that `flat`
-/// has `ceil(n * k / blocksize)` entries): `n * k / chunk` entries, entry `(j, row)` at `j * n
-/// + row`.
+/// ([`scale_chunk`]): `n * k / chunk` entries, entry `(j, row)` at `j * n + row`.
+///
+/// # Errors
+/// [`Error::Invalid`] naming the value when `blocksize` or `chunk` is not a power of two,
+/// `chunk` does not divide both `k` and `blocksize`, or `flat` does not hold
+/// `ceil(n * k / blocksize)` scales.
 pub fn pack_dx_scales<T: Copy>(
+    flat: &[T],
+    n: usize,
+    k: usize,
+    blocksize: u32,
+    chunk: u32,
+) -> Result<Vec<T>> {
+    let fits = blocksize.is_power_of_two()
+        && chunk.is_power_of_two()
+        && chunk <= blocksize
+        && k.is_multiple_of(chunk as usize);
+    if !fits {
+        return Err(Error::Invalid(format!(
+            "pack_dx_scales: a scale chunk of {chunk} columns must be a power of two dividing \
+             K = {k} and the blocksize {blocksize}"
+        )));
+    }
+    let want = n.saturating_mul(k).div_ceil(blocksize as usize);
+    if flat.len() != want {
+        return Err(Error::Invalid(format!(
+            "pack_dx_scales: {} scales given; a [{n}, {k}] weight in blocks of {blocksize} has {want}",
+            flat.len()
+        )));
+    }
+    Ok(scales_of(flat, n, k, blocksize, chunk))
+}
+
+/// [`pack_dx_scales`] of arguments known to fit.
+pub(crate) fn scales_of<T: Copy>(
     flat: &[T],
     n: usize,
     k: usize,
@@ -184,7 +215,7 @@ mod tests {
         ] {
             let flat: Vec<u32> = (0..(n * k).div_ceil(bs as usize) as u32).collect();
             let c = scale_chunk(k, bs);
-            let scales = pack_dx_scales(&flat, n, k, bs, c);
+            let scales = pack_dx_scales(&flat, n, k, bs, c).unwrap();
             assert_eq!(scales.len(), n * k / c as usize, "[{n}, {k}] bs {bs}");
             for row in 0..n {
                 for col in 0..k {
@@ -196,6 +227,23 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn scales_of_another_shape_or_chunk_are_refused_naming_it() {
+        let flat = [1.0f32; 4];
+        for (k, bs, chunk, what) in [
+            (128, 64, 3, "chunk of 3"),
+            (96, 64, 64, "K = 96"),
+            (128, 64, 128, "chunk of 128"),
+            (128, 48, 16, "blocksize 48"),
+            (64, 64, 64, "4 scales given"),
+        ] {
+            let e = pack_dx_scales(&flat, 2, k, bs, chunk)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(what), "{e}");
         }
     }
 

@@ -3,7 +3,7 @@
 //! and `i % 8` backward, halving tree, bias, one rounding), and the tile property: every tile
 //! gives the same bits.
 
-use crate::matmul4::panels::{pack_dx_scales, panels_of, scale_chunk};
+use crate::matmul4::panels::{panels_of, scale_chunk, scales_of};
 use crate::matmul4::{Direction, Matmul4, TileConfig};
 use crate::test_util::{bytes, floats, round};
 use crate::{doublequant, QuantType};
@@ -164,8 +164,8 @@ impl Problem {
                 let (n, k, bs) = (self.n, self.k, spec.blocksize);
                 (
                     panels_of(&self.packed, n, k, 2),
-                    pack_dx_scales(&self.absmax, n, k, bs, chunk),
-                    pack_dx_scales(&self.qabsmax, n, k, bs, chunk),
+                    scales_of(&self.absmax, n, k, bs, chunk),
+                    scales_of(&self.qabsmax, n, k, bs, chunk),
                 )
             }
         };
