@@ -59,13 +59,20 @@ impl DeviceCaps {
 ///   multiply-adds it feeds, so rows of the activation share each decode: `tm = min(M, 8)`,
 ///   `tn = 4` (at most 32 outputs per work item), `tm = min(M, 4)` with 16 lanes or more
 ///   (the LLVM backend's 64-element groups hold 4x more values per output, so 8x4 spills),
-///   and `tm = min(M, 4)`, `tn = 2` with 8 (LLVM with AVX2: 16 `ymm` registers).
+///   `tm = 5` there from M = 64 (20 accumulator registers of 32; at most 4 of 64 rows wasted
+///   on the last tile), and `tm = min(M, 4)`, `tn = 2` with 8 (LLVM with AVX2: 16 `ymm`
+///   registers).
 ///   Measured with `QFORGE_MATMUL_TILE` on the 2-core development machine at K = N = 4096:
 ///   M = 1 runs fastest with 1x4 (1x1..1x16 within 15%), M = 16 with 8x4 on Cranelift (20 ms,
 ///   against 55 ms for 4x1 and 99 ms for 1x4) and 4x4 on LLVM with AVX-512 (4.0-5.0 ms against
 ///   6.7-13 ms for 8x4). With AVX2 (Zen 3, 2 threads) M = 16 took 9.7-12.6 ms (f32) and
 ///   13.4-13.8 ms (bf16) with 4x2, 11.7-14.1 and 15.0-19.7 ms with 4x4, 15.3-18.6 and
-///   15.8-20.2 ms with 8x4; M = 1 times the same with 1x2 and 1x4. The tile shrinks (`tn`
+///   15.8-20.2 ms with 8x4; M = 1 times the same with 1x2 and 1x4. On the Xeon VM
+///   (Sapphire-Rapids class, release, 2 threads) 5x4 against 4x4: M = 512, K = N = 4096 f32
+///   66.7-69.0 against 71.6-72.1 ms, bf16 94 against 101 ms; M = 2048, K = 4096, N = 11008
+///   740 against 797 ms; M = 128 16.7 against 17.8 ms (K = N = 4096) and 43.7 against 47.6 ms
+///   (K = 11008); M = 16 2.51 against 2.22 ms, so 4 rows below M = 64. 6x4, 6x3, 7x3, 5x3,
+///   8x3 and 8x2 were slower than 5x4 at M = 512. The tile shrinks (`tn`
 ///   first) while there would be fewer than 4 work items per thread.
 /// * GPU: one thread keeps 16 scalar partials per output (`K_ORDER`); `tm = min(M, 4)`, `tn = 1`, shrunk
 ///   while there would be fewer work items than half the resident threads.
@@ -76,6 +83,7 @@ pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> Til
     let (tm, tn, want_items) = match caps {
         DeviceCaps::Cpu { threads, lanes } => {
             let (rows, cols) = match lanes {
+                16.. if m >= 64 => (5, 4),
                 16.. => (4, 4),
                 8..=15 => (4, 2),
                 _ => (8, 4),
@@ -655,6 +663,9 @@ mod tests {
         assert_eq!(back(16, 4096, cpu), (8, 4));
         assert_eq!(t(1, 4096, wide), (1, 4));
         assert_eq!(t(16, 4096, wide), (4, 4));
+        assert_eq!(t(63, 4096, wide), (4, 4));
+        assert_eq!(t(64, 4096, wide), (5, 4));
+        assert_eq!(t(2048, 11008, wide), (5, 4));
         assert_eq!(t(3, 11008, wide), (3, 4));
         let avx2 = DeviceCaps::Cpu {
             threads: 2,
