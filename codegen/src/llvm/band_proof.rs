@@ -3,11 +3,12 @@
 //!
 //! A band visits elements `i = r + ways * t` (`r` one of its ways, `t = 0 .. T`, `T = end /
 //! ways`). Each load that depends on the column seed has the form `(first + l) >> s`, `first`
-//! the load's unshifted index at lane 0. When `first` is an affine function of `i` (built from
-//! `i`, loop constants (values defined before the loop, constants, and `+ - * << >>` of them,
-//! no loads) by wrapping `+`, `-`, `*` by a loop constant and `<<` by a constant), it is `f(t) = f(0) + t * A (mod 2^32)` with `A =
-//! f(1) - f(0)`, both computed without side effects (no load runs at an element past the
-//! end). Then every element's fast-form condition (`lanes::load_condition`) holds when:
+//! the load's unshifted index at lane 0. `first` may be affine in `i`: built from `i` and loop
+//! constants (values defined before the loop, constants, parameters, and `+ - * << >>` of
+//! them; no loads) by wrapping `+`, `-`, `*` by a loop constant and `<<` by a constant. Then it
+//! is `f(t) = f(0) + t * A (mod 2^32)` with `A = f(1) - f(0)`, both computed without side
+//! effects (no load runs at an element past the end), and every element's fast-form condition
+//! (`lanes::load_condition`) holds when:
 //! * the low `s` bits of `f(0)` are as the form needs (zero, or for a uniform load `f(0) mod
 //!   2^s + lanes - 1 < 2^s`) and those of `A` are zero: every `f(t)` has the same low bits; or,
 //!   for a uniform load, `f(0)` and `A` are multiples of `lanes` (a power of two dividing
