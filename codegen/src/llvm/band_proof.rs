@@ -197,8 +197,9 @@ impl Emitter<'_> {
         Ok(all)
     }
 
-    /// The `i32` value of the affine expression `v` with the loop index at `at` (no loads: see
-    /// [`affine_loads`]).
+    /// The `i32` value of the affine expression `v` with the loop index at `at`: the cone of
+    /// `v` in the loop body lowered by [`Emitter::let_scalar`] (load-free: see
+    /// [`affine_loads`]), the emitter's values of the cone restored afterwards.
     fn eval_affine(
         &mut self,
         v: Value,
@@ -206,37 +207,31 @@ impl Emitter<'_> {
         inside: &HashSet<usize>,
         at: &str,
     ) -> Result<String> {
-        if v == index {
-            return Ok(at.to_string());
+        let mut cone = Vec::new();
+        self.affine_cone(v, index, inside, &mut cone);
+        let saved: Vec<_> = cone.iter().map(|c| self.vals[c.index()].clone()).collect();
+        let saved_index = self.vals[index.index()].clone();
+        self.set(index, at.to_string(), 1);
+        let value = cone
+            .iter()
+            .try_for_each(|c| self.let_scalar(*c))
+            .and_then(|()| self.val(v));
+        for (c, old) in cone.iter().zip(saved) {
+            self.vals[c.index()] = old;
         }
-        if !inside.contains(&v.index()) {
-            return self.val(v);
+        self.vals[index.index()] = saved_index;
+        value
+    }
+
+    /// Appends the values of the loop body that `v` depends on (itself included, the index
+    /// excluded) to `cone`, operands first.
+    fn affine_cone(&self, v: Value, index: Value, inside: &HashSet<usize>, cone: &mut Vec<Value>) {
+        if v == index || !inside.contains(&v.index()) || cone.contains(&v) {
+            return;
         }
-        let op = self.k.values[v].op.clone();
-        match op {
-            Op::Const(c) => Ok((c.bits() as i32).to_string()),
-            Op::Param(_) | Op::WorkItem => {
-                self.let_scalar(v)?;
-                self.val(v)
-            }
-            Op::Binary(b, x, y) => {
-                let x = self.eval_affine(x, index, inside, at)?;
-                let y = self.eval_affine(y, index, inside, at)?;
-                let name = match b {
-                    BinaryOp::Add => "add",
-                    BinaryOp::Sub => "sub",
-                    BinaryOp::Mul => "mul",
-                    // `u32` only for `Shr` (see `Affine::constant`): a logical shift.
-                    BinaryOp::Shl | BinaryOp::Shr => {
-                        let amount = self.ins(format!("and i32 {y}, 31"));
-                        let name = if b == BinaryOp::Shl { "shl" } else { "lshr" };
-                        return Ok(self.ins(format!("{name} i32 {x}, {amount}")));
-                    }
-                    _ => return Err(super::emit::internal("band proof of a non-affine index")),
-                };
-                Ok(self.ins(format!("{name} i32 {x}, {y}")))
-            }
-            _ => Err(super::emit::internal("band proof of a non-affine index")),
+        for o in self.k.values[v].op.operands() {
+            self.affine_cone(o, index, inside, cone);
         }
+        cone.push(v);
     }
 }
