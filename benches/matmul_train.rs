@@ -16,6 +16,9 @@
 
 use std::time::Duration;
 
+#[global_allocator]
+static ALLOCATOR: qforge::aligned_alloc::CacheLineAligned = qforge::aligned_alloc::CacheLineAligned;
+
 use criterion::{criterion_group, Criterion, SamplingMode, Throughput};
 use qforge::bench::baselines::host_threads;
 use qforge::bench::cases::CaseSize;

@@ -21,6 +21,7 @@ pub use qforge_runtime as runtime;
 pub mod aot_kernels {
     qforge_runtime::include_kernels!();
 }
+pub mod aligned_alloc;
 pub mod bench;
 pub mod checkpoint;
 pub mod cli;

@@ -12,6 +12,9 @@ use qforge::devices::{available_devices, open_device};
 use qforge::ir::DType;
 use qforge::{Error, Result};
 
+#[global_allocator]
+static ALLOCATOR: qforge::aligned_alloc::CacheLineAligned = qforge::aligned_alloc::CacheLineAligned;
+
 #[derive(Parser)]
 #[command(
     name = "qforge",
