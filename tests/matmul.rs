@@ -297,7 +297,8 @@ fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
     for u in &unavailable {
         qforge_testkit::unavailable(u.device, &u.reason);
     }
-    const MS: [usize; 5] = [1, 2, 7, 16, 33];
+    // 64: 16-bit activations widen on a CPU (`matmul4/widen.rs`).
+    const MS: [usize; 6] = [1, 2, 7, 16, 33, 64];
     const KS: [usize; 5] = [1, 5, 13, 70, 131];
     const NS: [usize; 4] = [1, 3, 9, 65];
     const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];

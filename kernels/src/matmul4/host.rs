@@ -3,6 +3,7 @@
 //! decoded in registers only. Exact semantics: [`crate::matmul4`].
 
 use crate::matmul4::panels::{dx_panel_bytes, pack_dx_panels, scale_chunk, scales_of};
+use crate::matmul4::widen::{narrowed, widened, WIDEN_ROWS};
 use crate::matmul4::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
 use crate::BLOCKSIZES_4BIT;
 use qforge_ir::dsl::{FloatIn, FloatOut};
@@ -331,6 +332,24 @@ fn run(
             )))
         }
     };
+    let threads = match DeviceCaps::of(dev) {
+        DeviceCaps::Cpu { threads, .. } => Some(threads as usize),
+        DeviceCaps::Gpu { .. } => None,
+    };
+    // On a CPU, 16-bit activations are widened once (`widen.rs`): the f32 kernel runs and its
+    // output is rounded to the activation dtype, the same bits as the 16-bit kernel.
+    let widen = match threads {
+        Some(t) if dtype.size_bytes() == 2 && d.m >= WIDEN_ROWS => Some(t),
+        _ => None,
+    };
+    let (act_wide, bias_wide) = match widen {
+        Some(t) => (
+            Some(widened(dtype, &act.data, t)),
+            bias.map(|b| widened(dtype, &b.data, t)),
+        ),
+        None => (None, None),
+    };
+    let kernel_dtype = if widen.is_some() { DType::F32 } else { dtype };
     let elems = d.n * d.k;
     let (n_packed, n_blocks) = (elems.div_ceil(2), elems.div_ceil(bs));
     // The input gradient's scale layout has the largest chunk that K allows (`panels.rs`).
@@ -342,7 +361,7 @@ fn run(
     let spec = Matmul4 {
         quant_type: state.quant_type,
         blocksize: bs,
-        dtype,
+        dtype: kernel_dtype,
         weight_dtype,
         nested: matches!(state.absmax, Absmax4::Nested { .. }),
         direction,
@@ -354,7 +373,7 @@ fn run(
         "the work items",
         d.m.div_ceil(tile.tm) as usize * n_tiles as usize,
     )?;
-    let mut out = vec![0u8; d.m as usize * outs as usize * dtype.size_bytes()];
+    let mut out = vec![0u8; d.m as usize * outs as usize * kernel_dtype.size_bytes()];
     let mut shape = act.shape.clone();
     if let Some(last) = shape.last_mut() {
         *last = outs as usize;
@@ -365,11 +384,15 @@ fn run(
     }
     let s = Scales::of(&state.absmax, n_nested);
     let act = FloatIn {
-        dtype,
-        bytes: &act.data,
+        dtype: kernel_dtype,
+        bytes: act_wide.as_deref().unwrap_or(&act.data),
     };
+    let bias = bias.map(|b| FloatIn {
+        dtype: kernel_dtype,
+        bytes: bias_wide.as_deref().unwrap_or(&b.data),
+    });
     let result = FloatOut {
-        dtype,
+        dtype: kernel_dtype,
         bytes: &mut out,
     };
     if forward {
@@ -393,10 +416,7 @@ fn run(
                 qabsmax: s.qabsmax,
                 nested_absmax: s.nested_absmax,
                 nested_code: s.nested_code,
-                bias: bias.map(|b| FloatIn {
-                    dtype,
-                    bytes: &b.data,
-                }),
+                bias,
                 y: result,
             },
         )?;
@@ -408,10 +428,8 @@ fn run(
             "the weight's panel codes",
             panel_bytes.saturating_mul(2),
         )?;
-        let threads = match DeviceCaps::of(dev) {
-            DeviceCaps::Cpu { threads, .. } => threads as usize,
-            DeviceCaps::Gpu { .. } => std::thread::available_parallelism().map_or(1, |t| t.get()),
-        };
+        let threads =
+            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |t| t.get()));
         let (n, k) = (d.n as usize, d.k as usize);
         let panels = pack_dx_panels(packed, n, k, threads)?;
         let absmax = s.absmax.map(|a| scales_of(a, n, k, bs, chunk));
@@ -440,6 +458,9 @@ fn run(
                 dx: result,
             },
         )?;
+    }
+    if let Some(t) = widen {
+        out = narrowed(dtype, &out, t);
     }
     HostTensor::new(dtype, shape, out)
 }

@@ -60,6 +60,7 @@ pub mod panels;
 mod reference;
 #[cfg(test)]
 mod tests;
+mod widen;
 
 use qforge_macros::kernel;
 

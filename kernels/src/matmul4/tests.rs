@@ -388,3 +388,65 @@ fn library_matmul4_equals_the_builder_version() {
     assert!(e.contains("matmul_4bit_dx_nf4_bs64_f32_c64_t1x1"), "{e}");
     assert!(spec.build_backward_input().is_ok());
 }
+
+/// The host ops with 16-bit activations and at least [`super::widen::WIDEN_ROWS`] rows on a
+/// CPU (the interpreter is one) widen the activations, run the `f32` kernel and round its
+/// output: still the model's bits of the 16-bit kernel, forward with a bias and input
+/// gradient, plain and nested absmax, with a partial row tile (65 rows).
+#[test]
+fn host_ops_with_widened_16_bit_activations_give_the_16_bit_bits() {
+    use crate::matmul4::host::{matmul_4bit, matmul_4bit_backward_input};
+    use crate::quant4::host::{Absmax4, QuantState4};
+    use qforge_runtime::{HostTensor, InterpreterDevice};
+    let (m, n, k, blocksize) = (65, 6, 128, 64);
+    for dtype in [DType::BF16, DType::F16] {
+        for nested in [false, true] {
+            for direction in [
+                Direction::Forward { bias: true },
+                Direction::BackwardInput { chunk: 64 },
+            ] {
+                let spec = Matmul4 {
+                    quant_type: QuantType::Nf4,
+                    blocksize,
+                    dtype,
+                    // An f32 weight decodes to the activation dtype.
+                    weight_dtype: dtype,
+                    nested,
+                    direction,
+                    tile: TileConfig { tm: 5, tn: 2 },
+                };
+                let p = Problem::new(&spec, m, n, k, 7 + nested as u64);
+                let absmax = if nested {
+                    Absmax4::Nested {
+                        qabsmax: p.qabsmax.clone(),
+                        nested_absmax: p.nested_absmax.clone(),
+                        nested_code: doublequant::NESTED_MAP.code().to_vec(),
+                        offset: p.offset,
+                        nested_blocksize: 256,
+                    }
+                } else {
+                    Absmax4::Plain(p.absmax.clone())
+                };
+                let state = QuantState4 {
+                    quant_type: QuantType::Nf4,
+                    blocksize: blocksize as usize,
+                    dtype: DType::F32,
+                    shape: vec![n, k],
+                    absmax,
+                };
+                let dev = InterpreterDevice;
+                let out = if matches!(direction, Direction::Forward { .. }) {
+                    let x = HostTensor::from_f32_as(dtype, vec![m, k], &p.act).expect("x");
+                    let bias = HostTensor::from_f32_as(dtype, vec![n], &p.bias).expect("bias");
+                    matmul_4bit(&dev, &x, &p.packed, &state, Some(&bias), None)
+                } else {
+                    let dy = HostTensor::from_f32_as(dtype, vec![m, n], &p.act).expect("dY");
+                    matmul_4bit_backward_input(&dev, &dy, &p.packed, &state, None)
+                }
+                .expect("host op");
+                assert_eq!(out.dtype, dtype);
+                assert_eq!(decode(dtype, &out.data), p.model(&spec), "{}", spec.name());
+            }
+        }
+    }
+}
