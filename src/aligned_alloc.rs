@@ -77,7 +77,7 @@ mod tests {
             unsafe {
                 let p = a.alloc(layout);
                 assert!(
-                    !p.is_null() && p as usize % 64 == 0,
+                    !p.is_null() && (p as usize).is_multiple_of(64),
                     "{size} bytes at {p:?}"
                 );
                 a.dealloc(p, layout);
@@ -88,12 +88,12 @@ mod tests {
         // the layout of its last size.
         unsafe {
             let p = a.alloc(small);
-            assert_eq!(p as usize % 4, 0);
+            assert!((p as usize).is_multiple_of(4));
             for i in 0..100 {
                 *p.add(i) = i as u8;
             }
             let q = a.realloc(p, small, 2 * LARGE);
-            assert_eq!(q as usize % 64, 0, "grown past the threshold");
+            assert!((q as usize).is_multiple_of(64), "grown past the threshold");
             assert!((0..100).all(|i| *q.add(i) == i as u8));
             let grown = Layout::from_size_align(2 * LARGE, 4).unwrap();
             let r = a.realloc(q, grown, 50);
