@@ -56,6 +56,7 @@ impl Emitter<'_> {
         }
         let lanes = self.opts.lanes;
         let outer = self.outer_plan(index, ways, body, accs);
+        // With the outer plan, each path leaves every accumulator's sum in a `float` slot.
         let join = match &outer {
             Some(plan) => {
                 let ok = self.outer_condition(plan)?;
@@ -64,12 +65,13 @@ impl Emitter<'_> {
                     self.label("inner"),
                     self.label("accumulated"),
                 );
+                let totals: Vec<String> = accs.iter().map(|_| self.alloca("float")).collect();
                 self.cond_br(&ok, &yes, &no);
                 self.start(&yes);
-                self.outer_accumulate(index, &len, ways, plan, accs, &arrays)?;
+                self.outer_accumulate(index, &len, ways, plan, accs, &totals)?;
                 self.br(&join);
                 self.start(&no);
-                Some(join)
+                Some((join, totals))
             }
             None => None,
         };
@@ -100,13 +102,26 @@ impl Emitter<'_> {
             }
             Ok(())
         })?;
-        if let Some(join) = join {
-            self.br(&join);
-            self.start(&join);
-        }
-        for (acc, arr) in accs.iter().zip(&arrays) {
-            let total = self.tree_from_array(arr, ways);
-            self.assign_var(acc.var, &total)?;
+        let totals: Vec<String> = arrays
+            .iter()
+            .map(|arr| self.tree_from_array(arr, ways))
+            .collect();
+        let totals = match join {
+            Some((join, slots)) => {
+                for (total, slot) in totals.iter().zip(&slots) {
+                    self.line(format!("store float {total}, float* {slot}"));
+                }
+                self.br(&join);
+                self.start(&join);
+                slots
+                    .iter()
+                    .map(|slot| self.ins(format!("load float, float* {slot}")))
+                    .collect()
+            }
+            None => totals,
+        };
+        for (acc, total) in accs.iter().zip(&totals) {
+            self.assign_var(acc.var, total)?;
         }
         Ok(())
     }

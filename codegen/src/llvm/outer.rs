@@ -397,7 +397,7 @@ impl Emitter<'_> {
     }
 
     /// The loop of the plan over elements `0 .. len` (see the module docs), leaving each
-    /// accumulator's partials in its `[ways x float]` array.
+    /// accumulator's sum (its partials' halving tree) in its `totals` slot (`float`).
     pub(super) fn outer_accumulate(
         &mut self,
         index: Value,
@@ -405,7 +405,7 @@ impl Emitter<'_> {
         ways: u32,
         outer: &Outer,
         accs: &[Accum],
-        arrays: &[String],
+        totals: &[String],
     ) -> Result<()> {
         let lanes = outer.cols[0].len() as u32;
         let vt = format!("<{lanes} x float>");
@@ -557,16 +557,23 @@ impl Emitter<'_> {
                 self.start(&next);
             }
         }
-        for (parts, arrays) in partials.iter().zip(arrays.chunks(lanes as usize)) {
-            for (r, p) in parts.iter().enumerate() {
-                let v = self.ins(format!("load {vt}, {vt}* {p}"));
-                for (j, arr) in arrays.iter().enumerate() {
-                    let x = self.ins(format!("extractelement {vt} {v}, i32 {j}"));
-                    let at = self.ins(format!(
-                        "getelementptr [{ways} x float], [{ways} x float]* {arr}, i64 0, i32 {r}"
-                    ));
-                    self.line(format!("store float {x}, float* {at}"));
+        // The halving tree of every accumulator of a group at once: lane `j` of each step is
+        // accumulator `j`'s `p[r] + p[r + w]`, the scalar tree's additions in its order.
+        for (parts, totals) in partials.iter().zip(totals.chunks(lanes as usize)) {
+            let mut p: Vec<String> = parts
+                .iter()
+                .map(|p| self.ins(format!("load {vt}, {vt}* {p}")))
+                .collect();
+            let mut w = ways as usize;
+            while w > 1 {
+                w /= 2;
+                for r in 0..w {
+                    p[r] = self.ins(format!("fadd {vt} {}, {}", p[r], p[r + w]));
                 }
+            }
+            for (j, total) in totals.iter().enumerate() {
+                let x = self.ins(format!("extractelement {vt} {}, i32 {j}", p[0]));
+                self.line(format!("store float {x}, float* {total}"));
             }
         }
         Ok(())
