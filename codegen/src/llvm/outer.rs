@@ -560,19 +560,13 @@ impl Emitter<'_> {
         // The halving tree of every accumulator of a group at once: lane `j` of each step is
         // accumulator `j`'s `p[r] + p[r + w]`, the scalar tree's additions in its order.
         for (parts, totals) in partials.iter().zip(totals.chunks(lanes as usize)) {
-            let mut p: Vec<String> = parts
+            let p: Vec<String> = parts
                 .iter()
                 .map(|p| self.ins(format!("load {vt}, {vt}* {p}")))
                 .collect();
-            let mut w = ways as usize;
-            while w > 1 {
-                w /= 2;
-                for r in 0..w {
-                    p[r] = self.ins(format!("fadd {vt} {}, {}", p[r], p[r + w]));
-                }
-            }
+            let sums = self.halving_tree(&vt, p);
             for (j, total) in totals.iter().enumerate() {
-                let x = self.ins(format!("extractelement {vt} {}, i32 {j}", p[0]));
+                let x = self.ins(format!("extractelement {vt} {sums}, i32 {j}"));
                 self.line(format!("store float {x}, float* {total}"));
             }
         }

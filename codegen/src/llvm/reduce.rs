@@ -114,7 +114,7 @@ impl Emitter<'_> {
             }
             return self.ins(format!("extractelement <1 x float> {v}, i32 0"));
         }
-        let mut acc: Vec<String> = (0..ways)
+        let acc: Vec<String> = (0..ways)
             .map(|j| {
                 let p = self.ins(format!(
                     "getelementptr [{ways} x float], [{ways} x float]* {arr}, i64 0, i64 {j}"
@@ -122,11 +122,18 @@ impl Emitter<'_> {
                 self.ins(format!("load float, float* {p}"))
             })
             .collect();
-        let mut w = ways as usize;
+        self.halving_tree("float", acc)
+    }
+
+    /// The halving tree of `acc` (a power-of-two count of values of LLVM type `ty`, `float`
+    /// or a vector of them, combined lane by lane): `w = n; while w > 1 { w /= 2;
+    /// acc[j] = acc[j] + acc[j + w] for j < w }`, then `acc[0]`.
+    pub(super) fn halving_tree(&mut self, ty: &str, mut acc: Vec<String>) -> String {
+        let mut w = acc.len();
         while w > 1 {
             w /= 2;
             for j in 0..w {
-                acc[j] = self.ins(format!("fadd float {}, {}", acc[j], acc[j + w]));
+                acc[j] = self.ins(format!("fadd {ty} {}, {}", acc[j], acc[j + w]));
             }
         }
         acc.swap_remove(0)
