@@ -19,46 +19,113 @@ use std::alloc::{GlobalAlloc, Layout, System};
 /// The smallest allocation that is cache-line aligned.
 const LARGE: usize = 4096;
 
+/// The cache line.
+const LINE: usize = 64;
+
 /// See the module docs.
+///
+/// A large block is the system allocator's block of `size + 64` bytes (16-byte aligned, which
+/// the system allocator gives without an alignment request), used from its first cache-line
+/// boundary past the start; the byte before that boundary holds the offset (16 to 64). So
+/// glibc still serves large blocks from `mmap`, frees them to the system and grows them with
+/// `mremap`: peak memory stays as without this allocator (`tests/memory.rs`).
 pub struct CacheLineAligned;
 
-/// `layout`, cache-line aligned when it is large.
-fn adjusted(layout: Layout) -> Layout {
-    if layout.size() >= LARGE {
-        layout.align_to(64).unwrap_or(layout)
-    } else {
-        layout
-    }
+/// Whether `layout` gets a cache-line aligned block.
+fn large(layout: Layout) -> bool {
+    layout.size() >= LARGE && layout.align() <= LINE
 }
 
-// SAFETY: every block is allocated and freed by `System` with the same adjusted layout (the
-// adjustment depends only on the size and alignment a caller passes back unchanged).
+/// The system block behind a large block of `size` bytes.
+fn raw_layout(size: usize) -> Option<Layout> {
+    Layout::from_size_align(size.checked_add(LINE)?, 16).ok()
+}
+
+/// The aligned start inside the system block `raw`, with its offset recorded before it.
+///
+/// # Safety
+/// `raw` is a non-null block of at least `LINE` bytes, 16-byte aligned.
+unsafe fn place(raw: *mut u8) -> *mut u8 {
+    let off = LINE - raw as usize % LINE;
+    let out = raw.add(off);
+    *out.sub(1) = off as u8;
+    out
+}
+
+/// The system block behind the large block `ptr`.
+///
+/// # Safety
+/// `ptr` came from [`place`].
+unsafe fn raw_of(ptr: *mut u8) -> (*mut u8, usize) {
+    let off = *ptr.sub(1) as usize;
+    (ptr.sub(off), off)
+}
+
+// SAFETY: a large block (see `large`, which depends only on the size and alignment a caller
+// passes back unchanged) is a system block of `size + LINE` bytes used from `place`, freed and
+// resized through `raw_of`; any other block is the system allocator's own.
 unsafe impl GlobalAlloc for CacheLineAligned {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        System.alloc(adjusted(layout))
+        if !large(layout) {
+            return System.alloc(layout);
+        }
+        match raw_layout(layout.size()).map(|l| System.alloc(l)) {
+            Some(raw) if !raw.is_null() => place(raw),
+            _ => std::ptr::null_mut(),
+        }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        System.alloc_zeroed(adjusted(layout))
+        if !large(layout) {
+            return System.alloc_zeroed(layout);
+        }
+        match raw_layout(layout.size()).map(|l| System.alloc_zeroed(l)) {
+            Some(raw) if !raw.is_null() => place(raw),
+            _ => std::ptr::null_mut(),
+        }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, adjusted(layout))
+        if !large(layout) {
+            return System.dealloc(ptr, layout);
+        }
+        if let Some(l) = raw_layout(layout.size()) {
+            System.dealloc(raw_of(ptr).0, l);
+        }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let Ok(new) = Layout::from_size_align(new_size, layout.align()) else {
             return std::ptr::null_mut();
         };
-        if adjusted(layout).align() == adjusted(new).align() {
-            return System.realloc(ptr, adjusted(layout), new_size);
+        match (large(layout), large(new)) {
+            (false, false) => System.realloc(ptr, layout, new_size),
+            (true, true) => {
+                let (Some(old_raw), Some(_)) = (raw_layout(layout.size()), raw_layout(new_size))
+                else {
+                    return std::ptr::null_mut();
+                };
+                let (raw, off) = raw_of(ptr);
+                let raw = System.realloc(raw, old_raw, new_size + LINE);
+                if raw.is_null() {
+                    return raw;
+                }
+                // The system block may have moved to another offset from a cache line.
+                let new_off = LINE - raw as usize % LINE;
+                if new_off != off {
+                    std::ptr::copy(raw.add(off), raw.add(new_off), layout.size().min(new_size));
+                }
+                place(raw)
+            }
+            _ => {
+                let out = self.alloc(new);
+                if !out.is_null() {
+                    std::ptr::copy_nonoverlapping(ptr, out, layout.size().min(new_size));
+                    self.dealloc(ptr, layout);
+                }
+                out
+            }
         }
-        let out = self.alloc(new);
-        if !out.is_null() {
-            std::ptr::copy_nonoverlapping(ptr, out, layout.size().min(new_size));
-            self.dealloc(ptr, layout);
-        }
-        out
     }
 }
 
@@ -99,6 +166,33 @@ mod tests {
             let r = a.realloc(q, grown, 50);
             assert!((0..50).all(|i| *r.add(i) == i as u8));
             a.dealloc(r, Layout::from_size_align(50, 4).unwrap());
+            // Large to large, across glibc's mmap threshold and back: the block moves.
+            let mut size = LARGE + 3;
+            let mut p = a.alloc(Layout::from_size_align(size, 1).unwrap());
+            for i in 0..size {
+                *p.add(i) = (i % 251) as u8;
+            }
+            for next in [1 << 22, 3 << 20, LARGE + 100, 1 << 23] {
+                p = a.realloc(p, Layout::from_size_align(size, 1).unwrap(), next);
+                assert!(
+                    (p as usize).is_multiple_of(64),
+                    "{size} -> {next} bytes at {p:?}"
+                );
+                let kept = size.min(next);
+                assert!(
+                    (0..kept).all(|i| *p.add(i) == (i % 251) as u8),
+                    "{size} -> {next}"
+                );
+                for i in kept..next {
+                    *p.add(i) = (i % 251) as u8;
+                }
+                size = next;
+            }
+            a.dealloc(p, Layout::from_size_align(size, 1).unwrap());
+            let z = Layout::from_size_align(1 << 21, 8).unwrap();
+            let p = a.alloc_zeroed(z);
+            assert!((p as usize).is_multiple_of(64) && (0..1 << 21).all(|i| *p.add(i) == 0));
+            a.dealloc(p, z);
         }
     }
 }
