@@ -61,28 +61,31 @@ unsafe fn raw_of(ptr: *mut u8) -> (*mut u8, usize) {
     (ptr.sub(off), off)
 }
 
+/// A block for `layout` from `system` (the system allocator's `alloc` or `alloc_zeroed`): the
+/// system's own block, or for a large one a block of `size + LINE` bytes used from [`place`].
+///
+/// # Safety
+/// As [`GlobalAlloc::alloc`].
+unsafe fn allocate(layout: Layout, system: impl Fn(Layout) -> *mut u8) -> *mut u8 {
+    if !large(layout) {
+        return system(layout);
+    }
+    match raw_layout(layout.size()).map(system) {
+        Some(raw) if !raw.is_null() => place(raw),
+        _ => std::ptr::null_mut(),
+    }
+}
+
 // SAFETY: a large block (see `large`, which depends only on the size and alignment a caller
 // passes back unchanged) is a system block of `size + LINE` bytes used from `place`, freed and
 // resized through `raw_of`; any other block is the system allocator's own.
 unsafe impl GlobalAlloc for CacheLineAligned {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !large(layout) {
-            return System.alloc(layout);
-        }
-        match raw_layout(layout.size()).map(|l| System.alloc(l)) {
-            Some(raw) if !raw.is_null() => place(raw),
-            _ => std::ptr::null_mut(),
-        }
+        allocate(layout, |l| System.alloc(l))
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !large(layout) {
-            return System.alloc_zeroed(layout);
-        }
-        match raw_layout(layout.size()).map(|l| System.alloc_zeroed(l)) {
-            Some(raw) if !raw.is_null() => place(raw),
-            _ => std::ptr::null_mut(),
-        }
+        allocate(layout, |l| System.alloc_zeroed(l))
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
