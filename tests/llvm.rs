@@ -698,6 +698,124 @@ mod device {
         }
     }
 
+    /// Runs `loop_kernel` (n = 40) on `dev`: its two outputs.
+    fn run_loop_kernel(dev: &dyn Device) -> Vec<OwnedArg> {
+        let xs: Vec<f32> = (0..40).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let ws: Vec<u8> = (0..40u16)
+            .flat_map(|i| (0x3f80 + i * 3).to_le_bytes())
+            .collect();
+        let ts: Vec<f32> = (0..40).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let mut args = vec![
+            OwnedArg::Scalar(Scalar::U32(40)),
+            OwnedArg::Scalar(Scalar::U32(0)),
+            OwnedArg::Scalar(Scalar::U32(40)),
+            OwnedArg::Read(bytes_f32(&xs)),
+            OwnedArg::Read(ws),
+            OwnedArg::Read(bytes_f32(&ts)),
+            OwnedArg::Write(vec![0; 80]),
+            OwnedArg::Write(vec![0; 4]),
+        ];
+        dev.launch(&loop_kernel(), &mut OwnedArg::borrow_all(&mut args))
+            .unwrap();
+        args
+    }
+
+    /// Runs `accumulate_kernel` (n = 8, one work item) on `dev`.
+    fn run_accumulate_kernel(dev: &dyn Device) {
+        let mut args = vec![
+            OwnedArg::Scalar(Scalar::U32(8)),
+            OwnedArg::Scalar(Scalar::U32(0)),
+            OwnedArg::Scalar(Scalar::U32(8)),
+            OwnedArg::Scalar(Scalar::U32(1)),
+            OwnedArg::Scalar(Scalar::U32(8)),
+            OwnedArg::Read(bytes_f32(&[1.5; 8])),
+            OwnedArg::Read(vec![0x37; 8]),
+            OwnedArg::Write(vec![0; 4]),
+        ];
+        dev.launch(&accumulate_kernel(), &mut OwnedArg::borrow_all(&mut args))
+            .unwrap();
+    }
+
+    /// The one entry file of a cache folder.
+    fn only_entry(dir: &std::path::Path) -> std::path::PathBuf {
+        let entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        entries[0].clone()
+    }
+
+    /// The disk cache of objects: a second device loads the object the first one wrote (the
+    /// same file, not rewritten, its time refreshed), and an entry that does not load (another
+    /// kernel's intact object) or is damaged is compiled again and replaced; the interpreter's
+    /// bits every time.
+    #[test]
+    fn object_cache_is_reused_and_repaired() {
+        use std::os::unix::fs::MetadataExt;
+        use std::time::{Duration, SystemTime};
+        let want = run_loop_kernel(&InterpreterDevice);
+        let check = |got: &[OwnedArg], what: &str| {
+            let (bad, total) = count_mismatches(&loop_kernel(), &want, got);
+            assert_eq!(bad, 0, "{what}: {bad} of {total} outputs differ");
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let with_cache = |dir: &std::path::Path| {
+            CpuDevice::llvm_with_object_cache(CpuOptions::default(), Some(dir)).unwrap()
+        };
+        check(&run_loop_kernel(&with_cache(dir.path())), "first compile");
+        let entry = only_entry(dir.path());
+        let written = std::fs::read(&entry).unwrap();
+        let old = SystemTime::now() - Duration::from_secs(3600);
+        std::fs::File::options()
+            .append(true)
+            .open(&entry)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let inode = std::fs::metadata(&entry).unwrap().ino();
+        check(
+            &run_loop_kernel(&with_cache(dir.path())),
+            "loaded from the cache",
+        );
+        let meta = std::fs::metadata(&entry).unwrap();
+        assert_eq!(meta.ino(), inode, "a hit must not rewrite the entry");
+        assert!(
+            meta.modified().unwrap() > old,
+            "a hit refreshes the entry's time"
+        );
+
+        // Another kernel's object under this key: intact, but without this kernel's symbol.
+        let other = tempfile::tempdir().unwrap();
+        run_accumulate_kernel(&with_cache(other.path()));
+        std::fs::copy(only_entry(other.path()), &entry).unwrap();
+        let dev = with_cache(dir.path());
+        check(&run_loop_kernel(&dev), "after a foreign entry");
+        assert_eq!(
+            std::fs::read(&entry).unwrap(),
+            written,
+            "the entry is replaced"
+        );
+        // The failed object left nothing behind: the device still loads that other kernel.
+        run_accumulate_kernel(&dev);
+
+        // A truncated entry and one with a flipped object byte: compiled again and replaced.
+        for damage in [
+            |b: &mut Vec<u8>| b.truncate(b.len() / 2),
+            |b: &mut Vec<u8>| *b.last_mut().unwrap() ^= 0x40,
+        ] {
+            let mut bytes = written.clone();
+            damage(&mut bytes);
+            std::fs::write(&entry, &bytes).unwrap();
+            check(&run_loop_kernel(&with_cache(dir.path())), "after damage");
+            assert_eq!(
+                std::fs::read(&entry).unwrap(),
+                written,
+                "the entry is replaced"
+            );
+        }
+    }
+
     fn loop_case(n: u32, off: u32, slack: u32, seed: u32) {
         // Some cases read past `x` (then every device reports work item 0).
         let nx = (n + off).saturating_sub(slack).max(1);

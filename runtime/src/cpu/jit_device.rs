@@ -93,12 +93,46 @@ impl CpuDevice {
     ///
     /// # Errors
     /// [`Error::Device`] when LLVM has no target machine for the host.
+    ///
+    /// Compiled objects are kept in the disk cache the environment names (`QFORGE_JIT_CACHE`;
+    /// [`CpuDevice::llvm_with_object_cache`] has the rules), so a later process loads them
+    /// instead of compiling again (the same code, so the same bits).
     #[cfg(feature = "llvm")]
     pub fn llvm(options: CpuOptions) -> Result<Self> {
+        Self::llvm_caching(options, super::jit_cache::JitCache::from_env())
+    }
+
+    /// [`CpuDevice::llvm`] with its disk cache of compiled objects in `cache_dir` (created on
+    /// the first write), or none (`None`).
+    ///
+    /// The cache (`QFORGE_JIT_CACHE` for [`CpuDevice::llvm`]: a folder, or `off`; unset:
+    /// `$XDG_CACHE_HOME/qforge/llvm-jit`, else `$HOME/.cache/qforge/llvm-jit`) keys each object
+    /// by the SHA-256 of the kernel's LLVM IR text, the host's triple, CPU name and features, the
+    /// LLVM major version and the qforge version, so objects are never shared between different
+    /// CPUs. An entry that is damaged or does not load is compiled again and replaced; a cache
+    /// that cannot be written only costs the compile time. Once per process the least recently
+    /// used entries are deleted while the folder holds more than 512 MiB of them.
+    ///
+    /// # Errors
+    /// As [`CpuDevice::llvm`].
+    #[cfg(feature = "llvm")]
+    pub fn llvm_with_object_cache(
+        options: CpuOptions,
+        cache_dir: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        Self::llvm_caching(options, cache_dir.map(super::jit_cache::JitCache::at))
+    }
+
+    #[cfg(feature = "llvm")]
+    fn llvm_caching(
+        options: CpuOptions,
+        cache: Option<super::jit_cache::JitCache>,
+    ) -> Result<Self> {
         Ok(CpuDevice {
             compiler: Compiler::Llvm(super::llvm_jit::LlvmJit::new(
                 options.native_features,
                 options.avx512,
+                cache,
             )?),
             cache: Mutex::new(HashMap::new()),
             options,

@@ -1,24 +1,33 @@
 //! The LLVM JIT (feature `llvm`): parses the text that `qforge_codegen::llvm` emits, optimizes
 //! it with LLVM's `default<O3>` pipeline for the host CPU (its name and every extension it has,
-//! e.g. AVX-512, unless native features are off) and compiles it with MCJIT. One LLVM context
-//! per device holds every module; the machine code lives until the device is dropped.
+//! e.g. AVX-512, unless native features are off), compiles it to a native object and loads that
+//! with ORC (`orc.rs`). Objects are kept in a disk cache (`jit_cache.rs`), so a kernel compiled
+//! once on a machine loads in a fraction of a millisecond in every later process. The machine
+//! code lives until the device is dropped.
 //!
 //! LLVM keeps IEEE semantics without fast-math flags, which the backend never emits, so the
 //! optimizer may vectorize and reorder independent work but never reassociates or contracts
 //! floating-point arithmetic: the bits are those of the emitted code.
 
+use std::collections::HashMap;
 use std::sync::{Mutex, Once};
 
 use inkwell::attributes::AttributeLoc;
 use inkwell::context::Context;
-use inkwell::execution_engine::ExecutionEngine;
 use inkwell::memory_buffer::MemoryBuffer;
 use inkwell::passes::PassBuilderOptions;
-use inkwell::targets::{CodeModel, InitializationConfig, RelocMode, Target, TargetMachine};
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine,
+};
 use inkwell::OptimizationLevel;
 
 use super::entry::Entry;
+use super::jit_cache::{self, JitCache, KeyParts};
+use super::orc::Orc;
 use crate::error::{Error, Result};
+
+/// The optimization pipeline every kernel runs (part of the cache key).
+const PIPELINE: &str = "default<O3>";
 
 fn device_error(message: impl Into<String>) -> Error {
     Error::Device {
@@ -27,21 +36,23 @@ fn device_error(message: impl Into<String>) -> Error {
     }
 }
 
-/// What the JIT holds; every LLVM object here belongs to `context`.
+/// What the JIT holds, used under the lock of `LlvmJit`.
 struct Inner {
-    /// One engine per compiled module (they own the modules and their machine code). Declared
-    /// before `context` and cleared in `Drop` before it is freed.
-    engines: Vec<ExecutionEngine<'static>>,
+    /// Loads the objects; their code lives as long as it does.
+    orc: Orc,
+    /// The entry address of every object loaded, by its symbol (the cache key): one kernel
+    /// text compiled twice on one device loads once.
+    loaded: HashMap<String, u64>,
+    /// The host's target machine (JIT code model), which writes the objects.
     machine: TargetMachine,
     cpu: String,
     features: String,
-    next_id: u64,
-    /// Leaked box, freed in `Drop` after the engines.
-    context: *mut Context,
+    /// The disk cache, `None` when off.
+    cache: Option<JitCache>,
 }
 
 // SAFETY: every use of the LLVM objects goes through the `Mutex` of `LlvmJit`, so no two
-// threads use the context at once; LLVM contexts are not tied to a thread.
+// threads use them at once; target machines are not tied to a thread.
 unsafe impl Send for Inner {}
 
 /// The LLVM JIT of one device.
@@ -63,7 +74,12 @@ impl LlvmJit {
     /// A JIT for the host CPU (`native_features`: its name and all its extensions, without
     /// the AVX-512 ones unless `avx512`; otherwise the architecture's baseline, e.g. x86-64
     /// with SSE2).
-    pub(super) fn new(native_features: bool, avx512: bool) -> Result<Self> {
+    /// `cache` is the disk cache of objects (`None`: compile every kernel).
+    pub(super) fn new(
+        native_features: bool,
+        avx512: bool,
+        cache: Option<JitCache>,
+    ) -> Result<Self> {
         let mut init_error = None;
         INIT.call_once(|| {
             if let Err(e) = Target::initialize_native(&InitializationConfig::default()) {
@@ -122,15 +138,19 @@ impl LlvmJit {
                     ))
                 })?,
         };
-        let context = Box::into_raw(Box::new(Context::create()));
+        let orc = Orc::new().map_err(device_error)?;
+        static PRUNE: Once = Once::new();
+        if let Some(cache) = &cache {
+            PRUNE.call_once(|| cache.prune(jit_cache::MAX_BYTES));
+        }
         Ok(LlvmJit {
             inner: Mutex::new(Inner {
-                engines: Vec::new(),
+                orc,
+                loaded: HashMap::new(),
                 machine,
                 cpu,
                 features,
-                next_id: 0,
-                context,
+                cache,
             }),
             lanes,
             avx512,
@@ -160,32 +180,76 @@ impl LlvmJit {
     }
 
     /// Optimizes and compiles the LLVM IR text of one kernel (a `Target::LlvmIr` artifact)
-    /// into executable memory; `entry` is the function the artifact's launch names.
+    /// into executable memory, or loads its object from the disk cache; `entry` is the function
+    /// the artifact's launch names.
     pub(super) fn compile(&self, name: &str, text: &str, entry: &str) -> Result<Entry> {
         let mut guard = self
             .inner
             .lock()
             .map_err(|_| device_error("LLVM JIT lock poisoned"))?;
         let inner = &mut *guard;
-        inner.next_id += 1;
-        // SAFETY: the context lives until `Drop` frees it after every engine, and it is used
-        // only under the lock.
-        let context: &'static Context = unsafe { &*inner.context };
-        let module_name = format!("qforge_{}_{name}", inner.next_id);
-        let buffer = MemoryBuffer::create_from_memory_range_copy(text.as_bytes(), &module_name);
+        let triple = inner.machine.get_triple();
+        let key = jit_cache::key(
+            &KeyParts {
+                triple: &triple.as_str().to_string_lossy(),
+                cpu: &inner.cpu,
+                features: &inner.features,
+                pipeline: PIPELINE,
+                entry,
+            },
+            text,
+        );
+        // Each object's entry has its own symbol, so that objects share one ORC library.
+        let symbol = format!("qforge_jit_{key}");
+        let address = match inner.loaded.get(&symbol) {
+            Some(&address) => address,
+            None => {
+                let cached = inner.cache.as_ref().and_then(|c| c.get(&key));
+                let address = match cached.map(|object| inner.orc.load(&object, &symbol)) {
+                    Some(Ok(address)) => address,
+                    // No entry, or one that does not load (e.g. written by an LLVM whose
+                    // objects this one cannot link): compile, and replace it.
+                    _ => {
+                        let object = inner.object(name, text, entry, &symbol)?;
+                        if let Some(cache) = &inner.cache {
+                            cache.put(&key, &object);
+                        }
+                        inner
+                            .orc
+                            .load(&object, &symbol)
+                            .map_err(|e| device_error(format!("kernel '{name}': {e}")))?
+                    }
+                };
+                inner.loaded.insert(symbol, address);
+                address
+            }
+        };
+        // SAFETY: `address` is the compiled entry of a function with the kernel ABI
+        // `void(i64*, i32, i32)` in the C calling convention; its code lives as long as `orc`.
+        Ok(unsafe { Entry::from_address(address as usize) })
+    }
+}
+
+impl Inner {
+    /// The native object of kernel `name`'s LLVM IR `text`, optimized for the host, with the
+    /// function `entry` renamed to `symbol`.
+    fn object(&self, name: &str, text: &str, entry: &str, symbol: &str) -> Result<Vec<u8>> {
+        let context = Context::create();
+        let buffer = MemoryBuffer::create_from_memory_range_copy(text.as_bytes(), symbol);
         let module = context.create_module_from_ir(buffer).map_err(|e| {
             device_error(format!(
                 "kernel '{name}': LLVM rejected the emitted IR: {e}"
             ))
         })?;
-        module.set_triple(&inner.machine.get_triple());
-        module.set_data_layout(&inner.machine.get_target_data().get_data_layout());
+        module.set_triple(&self.machine.get_triple());
+        module.set_data_layout(&self.machine.get_target_data().get_data_layout());
         let function = module
             .get_function(entry)
             .ok_or_else(|| device_error(format!("kernel '{name}': no entry function '{entry}'")))?;
+        function.as_global_value().set_name(symbol);
         for (key, value) in [
-            ("target-cpu", &inner.cpu),
-            ("target-features", &inner.features),
+            ("target-cpu", &self.cpu),
+            ("target-features", &self.features),
         ] {
             if !value.is_empty() {
                 function.add_attribute(
@@ -195,30 +259,12 @@ impl LlvmJit {
             }
         }
         module
-            .run_passes("default<O3>", &inner.machine, PassBuilderOptions::create())
+            .run_passes(PIPELINE, &self.machine, PassBuilderOptions::create())
             .map_err(|e| device_error(format!("kernel '{name}': LLVM passes: {e}")))?;
-        let engine = module
-            .create_jit_execution_engine(OptimizationLevel::Aggressive)
-            .map_err(|e| device_error(format!("kernel '{name}': LLVM JIT: {e}")))?;
-        let address = engine
-            .get_function_address(entry)
-            .map_err(|e| device_error(format!("kernel '{name}': {e:?}")))?;
-        inner.engines.push(engine);
-        // SAFETY: `address` is the compiled entry of a function with the kernel ABI
-        // `void(i64*, i32, i32)` in the C calling convention; its engine is kept in `engines`.
-        Ok(unsafe { Entry::from_address(address) })
-    }
-}
-
-impl Drop for LlvmJit {
-    fn drop(&mut self) {
-        let inner = match self.inner.get_mut() {
-            Ok(i) => i,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        // Engines (and their modules and code) first, then the context they belong to.
-        inner.engines.clear();
-        // SAFETY: `context` came from `Box::into_raw` in `new` and nothing refers to it now.
-        drop(unsafe { Box::from_raw(inner.context) });
+        let object = self
+            .machine
+            .write_to_memory_buffer(&module, FileType::Object)
+            .map_err(|e| device_error(format!("kernel '{name}': writing the object: {e}")))?;
+        Ok(object.as_slice().to_vec())
     }
 }

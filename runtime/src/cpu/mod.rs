@@ -8,12 +8,16 @@
 pub(crate) mod entry;
 #[cfg(feature = "compiler")]
 mod jit;
+#[cfg(feature = "llvm")]
+mod jit_cache;
 #[cfg(feature = "compiler")]
 mod jit_device;
 pub(crate) mod launch;
 mod libcalls;
 #[cfg(feature = "llvm")]
 mod llvm_jit;
+#[cfg(feature = "llvm")]
+mod orc;
 
 #[cfg(feature = "compiler")]
 pub use jit_device::CpuDevice;
