@@ -154,11 +154,16 @@ fn thread_count(options: &CpuOptions, grid: u32, bytes: usize) -> usize {
     pool_threads(options).clamp(1, grid as usize)
 }
 
-/// The threads of the device's pool: [`CpuOptions::threads`], or all the cores.
+/// The threads of the device's pool: [`CpuOptions::threads`], or all the cores (asked once per
+/// process: `available_parallelism` reads the cgroup's quota and the affinity mask on every
+/// call, which was 2% of a `finetune` step, where every launch asks).
 pub(crate) fn pool_threads(options: &CpuOptions) -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     options
         .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .unwrap_or_else(|| {
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        })
         .max(1)
 }
 
