@@ -61,7 +61,12 @@ fn linear_layer_products_are_bit_exact_on_every_device() {
         qforge_testkit::unavailable(u.device, &u.reason);
     }
     for dtype in [DType::F32, DType::BF16] {
-        for (m, k, n) in [(1usize, 64usize, 16usize), (7, 33, 10), (16, 130, 9)] {
+        for (m, k, n) in [
+            (1usize, 64usize, 16usize),
+            (7, 33, 10),
+            (16, 130, 9),
+            (64, 66, 70),
+        ] {
             let x = tensor(dtype, vec![m, k], 3);
             let w = tensor(dtype, vec![n, k], 5);
             let b = tensor(dtype, vec![n], 7);
@@ -93,7 +98,10 @@ fn linear_layer_products_are_bit_exact_on_every_device() {
                 .map(|r| r.unwrap())
             };
             let want = run(&InterpreterDevice);
-            for dev in &devices {
+            // With M, K and N all at least 64 the LLVM device runs its column-lanes tile
+            // (`ops::gemm`'s plan); the other devices' paths are those of the smaller shapes.
+            let big = m >= 64;
+            for dev in devices.iter().filter(|d| !big || d.name() == "cpu-llvm") {
                 let got = run(dev.as_ref());
                 for (g, w) in got.iter().zip(&want) {
                     assert_eq!(g, w, "{} {dtype} {m}x{k}x{n}", dev.name());
