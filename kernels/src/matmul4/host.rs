@@ -266,17 +266,17 @@ impl<'a> Scales<'a> {
     }
 }
 
-/// Runs one matmul kernel variant.
+/// Runs the forward (`forward`, with `bias`) or the input gradient (`bias` is `None`) on the
+/// activation `act` (`x` or `dY`).
 fn run(
     dev: &dyn Device,
     act: &HostTensor,
     packed: &[u8],
     state: &QuantState4,
     bias: Option<&HostTensor>,
-    direction: Direction,
+    forward: bool,
     tile: Option<TileConfig>,
 ) -> Result<HostTensor> {
-    let forward = matches!(direction, Direction::Forward { .. });
     let op = if forward {
         "matmul_4bit"
     } else {
@@ -354,9 +354,12 @@ fn run(
     let (n_packed, n_blocks) = (elems.div_ceil(2), elems.div_ceil(bs));
     // The input gradient's scale layout has the largest chunk that K allows (`panels.rs`).
     let chunk = scale_chunk(d.k as usize, bs);
-    let direction = match direction {
-        Direction::BackwardInput { .. } => Direction::BackwardInput { chunk },
-        forward => forward,
+    let direction = if forward {
+        Direction::Forward {
+            bias: bias.is_some(),
+        }
+    } else {
+        Direction::BackwardInput { chunk }
     };
     let spec = Matmul4 {
         quant_type: state.quant_type,
@@ -484,10 +487,7 @@ pub fn matmul_4bit(
     bias: Option<&HostTensor>,
     tile: Option<TileConfig>,
 ) -> Result<HostTensor> {
-    let direction = Direction::Forward {
-        bias: bias.is_some(),
-    };
-    run(dev, x, packed, state, bias, direction, tile)
+    run(dev, x, packed, state, bias, true, tile)
 }
 
 /// `dX = dY @ dequant(W)` for `dY` of shape `[..., N]` and a weight `[N, K]`: the gradient of
@@ -503,9 +503,7 @@ pub fn matmul_4bit_backward_input(
     state: &QuantState4,
     tile: Option<TileConfig>,
 ) -> Result<HostTensor> {
-    // `run` chooses the scale chunk from K.
-    let direction = Direction::BackwardInput { chunk: 1 };
-    run(dev, dy, packed, state, None, direction, tile)
+    run(dev, dy, packed, state, None, false, tile)
 }
 
 /// A linear layer with a frozen 4-bit weight `[N, K]` (out_features x in_features) and an

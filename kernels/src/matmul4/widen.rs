@@ -7,6 +7,11 @@
 //! the `f32`-activation kernel with the same weight dtype (the same products and order), and
 //! rounds its `f32` outputs to the activation dtype to nearest even, as the 16-bit kernel's
 //! store does (the `half` conversions the reference interpreter uses): the same bits.
+//!
+//! Memory: for the duration of the call the widened path holds an `f32` copy of the
+//! activations (`M * K * 4` bytes for the forward, `M * N * 4` for the input gradient) and the
+//! `f32` output (`M * N * 4` or `M * K * 4` bytes) besides the 16-bit output: at M = 2048,
+//! K = 4096, N = 11008, 32 MiB and 86 MiB more than the 16-bit kernel's 43 MiB output.
 
 use half::{bf16, f16};
 use qforge_ir::DType;
