@@ -33,6 +33,9 @@ pub(super) const MAGIC: &[u8; 16] = b"qforge-llvm-obj1";
 /// The cache's size bound, bytes.
 pub(super) const MAX_BYTES: u64 = 512 << 20;
 
+/// The largest entry file read, bytes (the largest library kernel's object is under 1 MiB).
+const MAX_ENTRY_BYTES: u64 = 64 << 20;
+
 /// A cache folder.
 #[derive(Debug, Clone)]
 pub(super) struct JitCache {
@@ -97,9 +100,14 @@ impl JitCache {
         self.dir.join(format!("{key}.o"))
     }
 
-    /// The object stored under `key`, when there is an intact one; refreshes its time.
+    /// The object stored under `key`, when there is an intact one; refreshes its time. Only a
+    /// regular file of at most [`MAX_ENTRY_BYTES`] is read (a FIFO would block the read).
     pub(super) fn get(&self, key: &str) -> Option<Vec<u8>> {
         let path = self.entry(key);
+        let meta = fs::metadata(&path).ok()?;
+        if !meta.is_file() || meta.len() > MAX_ENTRY_BYTES {
+            return None;
+        }
         let bytes = fs::read(&path).ok()?;
         let object = intact_object(&bytes)?;
         // Best effort: the time orders eviction only.
@@ -237,6 +245,15 @@ mod tests {
         // Rewriting repairs it.
         cache.put(&k, b"\x7fELF object bytes");
         assert_eq!(cache.get(&k).as_deref(), Some(&b"\x7fELF object bytes"[..]));
+        // A directory or a FIFO under the entry's name is a miss, not an error or a hang.
+        fs::remove_file(&path).unwrap();
+        fs::create_dir(&path).unwrap();
+        assert_eq!(cache.get(&k), None);
+        cache.put(&k, b"object");
+        fs::remove_dir(&path).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&path).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo {path:?}");
+        assert_eq!(cache.get(&k), None);
     }
 
     #[test]

@@ -73,8 +73,7 @@ static INIT: Once = Once::new();
 impl LlvmJit {
     /// A JIT for the host CPU (`native_features`: its name and all its extensions, without
     /// the AVX-512 ones unless `avx512`; otherwise the architecture's baseline, e.g. x86-64
-    /// with SSE2).
-    /// `cache` is the disk cache of objects (`None`: compile every kernel).
+    /// with SSE2), keeping compiled objects in `cache` (`None`: compile every kernel).
     pub(super) fn new(
         native_features: bool,
         avx512: bool,
