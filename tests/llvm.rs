@@ -785,10 +785,36 @@ mod device {
             "a hit refreshes the entry's time"
         );
 
-        // Another kernel's object under this key: intact, but without this kernel's symbol.
+        // Another kernel's entry copied under this key's name: its checksum (which covers the
+        // key) does not match, so it is a miss.
         let other = tempfile::tempdir().unwrap();
         run_accumulate_kernel(&with_cache(other.path()));
-        std::fs::copy(only_entry(other.path()), &entry).unwrap();
+        let foreign = std::fs::read(only_entry(other.path())).unwrap();
+        std::fs::write(&entry, &foreign).unwrap();
+        check(
+            &run_loop_kernel(&with_cache(dir.path())),
+            "after a copied entry",
+        );
+        assert_eq!(
+            std::fs::read(&entry).unwrap(),
+            written,
+            "the entry is replaced"
+        );
+        // The same object with a checksum made for this key (the entry format: magic,
+        // SHA-256 of key and object, object): it is intact, loads, and lacks this kernel's
+        // symbol, so it is compiled again and replaced.
+        use sha2::{Digest, Sha256};
+        let key = entry.file_stem().unwrap().to_str().unwrap();
+        let object = &foreign[48..];
+        let mut forged = foreign[..16].to_vec();
+        forged.extend(
+            Sha256::new()
+                .chain_update(key)
+                .chain_update(object)
+                .finalize(),
+        );
+        forged.extend(object);
+        std::fs::write(&entry, &forged).unwrap();
         let dev = with_cache(dir.path());
         check(&run_loop_kernel(&dev), "after a foreign entry");
         assert_eq!(

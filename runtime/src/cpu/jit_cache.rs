@@ -10,9 +10,15 @@
 //!   therefore never shared between CPUs with different features. (LLVM bug-fix releases of one
 //!   major version share entries: the IR carries no fast-math flags, so any of them computes the
 //!   same bits.)
-//! * **Entry file** `<key hex>.o`: the magic [`MAGIC`], the SHA-256 of the object, the object.
-//!   A file that is short, has another magic or whose object does not match its checksum is a
-//!   miss (and is rewritten).
+//! * **Entry file** `<key hex>.o`: the magic [`MAGIC`], the SHA-256 of the key and the object,
+//!   the object. A file that is not a regular file or is over 64 MiB, is short, has another
+//!   magic or whose key and object do not match its checksum (damaged, or another key's entry)
+//!   is a miss (and is rewritten).
+//! * **Trust:** a loaded object is native code run in the process, so whoever can write the
+//!   folder can run code in every process that uses it. The folder is created readable and
+//!   writable by its owner only (mode 0700); a folder named in `QFORGE_JIT_CACHE` must be kept
+//!   private too. An entry with a valid checksum whose object LLVM cannot parse aborts the
+//!   process (LLVM's fatal error); only a buggy or hostile writer makes one.
 //! * **Writes** go to a unique temporary file in the cache folder, renamed over the entry, so a
 //!   reader never sees a partial object and concurrent processes writing one key are harmless.
 //!   Failing to write (a read-only or full disk) only loses the cache, never a kernel.
@@ -28,7 +34,7 @@ use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 
 /// The first bytes of an entry file (format version 1).
-pub(super) const MAGIC: &[u8; 16] = b"qforge-llvm-obj1";
+pub(super) const MAGIC: &[u8; 16] = b"qforge-llvm-obj2";
 
 /// The cache's size bound, bytes.
 pub(super) const MAX_BYTES: u64 = 512 << 20;
@@ -77,12 +83,19 @@ impl JitCache {
     /// can be named.
     pub(super) fn from_env() -> Option<Self> {
         let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+        // As the XDG spec says, a relative XDG_CACHE_HOME (or HOME) is ignored.
+        let absolute = |name: &str| var(name).map(PathBuf::from).filter(|p| p.is_absolute());
         let dir = match var("QFORGE_JIT_CACHE") {
-            Some(v) if v == "off" => return None,
+            Some(v)
+                if v.to_str()
+                    .is_some_and(|s| s.trim().eq_ignore_ascii_case("off")) =>
+            {
+                return None
+            }
             Some(v) => PathBuf::from(v),
-            None => match (var("XDG_CACHE_HOME"), var("HOME")) {
-                (Some(x), _) => Path::new(&x).join("qforge").join("llvm-jit"),
-                (None, Some(h)) => Path::new(&h).join(".cache").join("qforge").join("llvm-jit"),
+            None => match (absolute("XDG_CACHE_HOME"), absolute("HOME")) {
+                (Some(x), _) => x.join("qforge").join("llvm-jit"),
+                (None, Some(h)) => h.join(".cache").join("qforge").join("llvm-jit"),
                 (None, None) => return None,
             },
         };
@@ -109,7 +122,7 @@ impl JitCache {
             return None;
         }
         let bytes = fs::read(&path).ok()?;
-        let object = intact_object(&bytes)?;
+        let object = intact_object(key, &bytes)?;
         // Best effort: the time orders eviction only.
         if let Ok(f) = fs::File::options().append(true).open(&path) {
             let _ = f.set_modified(SystemTime::now());
@@ -121,7 +134,11 @@ impl JitCache {
     /// that cannot be written is a slower start, not a failure.
     pub(super) fn put(&self, key: &str, object: &[u8]) {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        if fs::create_dir_all(&self.dir).is_err() {
+        let mut dir = fs::DirBuilder::new();
+        dir.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut dir, 0o700);
+        if dir.create(&self.dir).is_err() {
             return;
         }
         let tmp = self.dir.join(format!(
@@ -131,7 +148,7 @@ impl JitCache {
         ));
         let written = fs::File::create(&tmp).and_then(|mut f| {
             f.write_all(MAGIC)?;
-            f.write_all(&Sha256::digest(object))?;
+            f.write_all(&checksum(key, object))?;
             f.write_all(object)
         });
         if written.is_err() || fs::rename(&tmp, self.entry(key)).is_err() {
@@ -149,7 +166,9 @@ impl JitCache {
             .filter_map(|e| {
                 let e = e.ok()?;
                 let path = e.path();
-                (path.extension()? == "o").then_some(())?;
+                // Only the cache's own entries: 64 hex digits and `.o`.
+                let stem = path.file_name()?.to_str()?.strip_suffix(".o")?;
+                (stem.len() == 64 && stem.bytes().all(|b| b.is_ascii_hexdigit())).then_some(())?;
                 let meta = e.metadata().ok()?;
                 Some((meta.modified().ok()?, meta.len(), path))
             })
@@ -170,14 +189,23 @@ impl JitCache {
     }
 }
 
-/// The object of an entry file's bytes, when the magic and the checksum match.
-fn intact_object(bytes: &[u8]) -> Option<&[u8]> {
+/// The checksum of an entry: the SHA-256 of its key and its object.
+fn checksum(key: &str, object: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(key.as_bytes());
+    h.update(object);
+    h.finalize().into()
+}
+
+/// The object of the entry file of `key` with bytes `bytes`, when the magic and the checksum
+/// match.
+fn intact_object<'a>(key: &str, bytes: &'a [u8]) -> Option<&'a [u8]> {
     let rest = bytes.strip_prefix(MAGIC.as_slice())?;
     if rest.len() < 32 {
         return None;
     }
     let (sum, object) = rest.split_at(32);
-    (Sha256::digest(object).as_slice() == sum).then_some(object)
+    (checksum(key, object) == sum).then_some(object)
 }
 
 #[cfg(test)]
@@ -245,6 +273,10 @@ mod tests {
         // Rewriting repairs it.
         cache.put(&k, b"\x7fELF object bytes");
         assert_eq!(cache.get(&k).as_deref(), Some(&b"\x7fELF object bytes"[..]));
+        // An intact entry under another key's name is a miss: the checksum covers the key.
+        let other = key(&parts(), "other text");
+        fs::copy(&path, dir.path().join("nested").join(format!("{other}.o"))).unwrap();
+        assert_eq!(cache.get(&other), None);
         // A directory or a FIFO under the entry's name is a miss, not an error or a hang.
         fs::remove_file(&path).unwrap();
         fs::create_dir(&path).unwrap();
@@ -261,6 +293,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = JitCache::at(dir.path());
         let keys: Vec<String> = (0..4).map(|i| key(&parts(), &i.to_string())).collect();
+        // A file of the user's that only looks like an entry, older than all of them.
+        let theirs = dir.path().join("main.o");
+        fs::write(&theirs, [0u8; 4000]).unwrap();
+        fs::File::options()
+            .append(true)
+            .open(&theirs)
+            .unwrap()
+            .set_modified(SystemTime::now() - std::time::Duration::from_secs(1000))
+            .unwrap();
         let t0 = SystemTime::now() - std::time::Duration::from_secs(100);
         for (i, k) in keys.iter().enumerate() {
             cache.put(k, &[i as u8; 1000]);
@@ -290,5 +331,9 @@ mod tests {
             .map(|k| dir.path().join(format!("{k}.o")).exists())
             .collect();
         assert_eq!(kept, [true, false, false, true]);
+        assert!(
+            theirs.exists(),
+            "pruning deleted a file that is not an entry"
+        );
     }
 }

@@ -106,7 +106,8 @@ impl CpuDevice {
     /// the first write), or none (`None`).
     ///
     /// The cache (`QFORGE_JIT_CACHE` for [`CpuDevice::llvm`]: a folder, or `off`; unset:
-    /// `$XDG_CACHE_HOME/qforge/llvm-jit`, else `$HOME/.cache/qforge/llvm-jit`) keys each object
+    /// `$XDG_CACHE_HOME/qforge/llvm-jit`, else `$HOME/.cache/qforge/llvm-jit`; see
+    /// `docs/backends/llvm.md`, also for whom to trust with the folder) keys each object
     /// by the SHA-256 of the kernel's LLVM IR text, the host's triple, CPU name and features, the
     /// LLVM major version and the qforge version, so objects are never shared between different
     /// CPUs. An entry that is damaged or does not load is compiled again and replaced; a cache
