@@ -33,8 +33,8 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
-/// The first bytes of an entry file (format version 1).
-pub(super) const MAGIC: &[u8; 16] = b"qforge-llvm-obj2";
+/// The first bytes of an entry file (format version 2: the checksum covers the key).
+const MAGIC: &[u8; 16] = b"qforge-llvm-obj2";
 
 /// The cache's size bound, bytes.
 pub(super) const MAX_BYTES: u64 = 512 << 20;

@@ -91,12 +91,12 @@ impl CpuDevice {
     /// bits as the Cranelift device, with the host's widest vectors, e.g. AVX-512). Its name is
     /// `cpu-llvm` and its backend `llvm`. `options.simd = false` gives scalar code.
     ///
-    /// # Errors
-    /// [`Error::Device`] when LLVM has no target machine for the host.
-    ///
     /// Compiled objects are kept in the disk cache the environment names (`QFORGE_JIT_CACHE`;
     /// [`CpuDevice::llvm_with_object_cache`] has the rules), so a later process loads them
     /// instead of compiling again (the same code, so the same bits).
+    ///
+    /// # Errors
+    /// [`Error::Device`] when LLVM has no target machine for the host.
     #[cfg(feature = "llvm")]
     pub fn llvm(options: CpuOptions) -> Result<Self> {
         Self::llvm_caching(options, super::jit_cache::JitCache::from_env())
@@ -105,14 +105,13 @@ impl CpuDevice {
     /// [`CpuDevice::llvm`] with its disk cache of compiled objects in `cache_dir` (created on
     /// the first write), or none (`None`).
     ///
-    /// The cache (`QFORGE_JIT_CACHE` for [`CpuDevice::llvm`]: a folder, or `off`; unset:
-    /// `$XDG_CACHE_HOME/qforge/llvm-jit`, else `$HOME/.cache/qforge/llvm-jit`; see
-    /// `docs/backends/llvm.md`, also for whom to trust with the folder) keys each object
-    /// by the SHA-256 of the kernel's LLVM IR text, the host's triple, CPU name and features, the
-    /// LLVM major version and the qforge version, so objects are never shared between different
-    /// CPUs. An entry that is damaged or does not load is compiled again and replaced; a cache
-    /// that cannot be written only costs the compile time. Once per process the least recently
-    /// used entries are deleted while the folder holds more than 512 MiB of them.
+    /// For [`CpuDevice::llvm`] the folder is `QFORGE_JIT_CACHE` (or `off`), else
+    /// `$XDG_CACHE_HOME/qforge/llvm-jit`, else `$HOME/.cache/qforge/llvm-jit`. Entries are
+    /// keyed by the SHA-256 of the kernel's LLVM IR text and the host's CPU and features, so
+    /// they are never shared between different CPUs; a damaged entry is compiled again and
+    /// replaced, and a folder that cannot be written only costs the compile time. The entries
+    /// are code the process runs: keep the folder private. The full rules (format, size
+    /// bound, trust) are in `docs/backends/llvm.md`.
     ///
     /// # Errors
     /// As [`CpuDevice::llvm`].
