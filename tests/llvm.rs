@@ -478,6 +478,148 @@ mod device {
         b.finish()
     }
 
+    /// Runs [`tile_stores_kernel`] (see `tile_stores_match_the_interpreter`) on every device.
+    #[allow(clippy::too_many_arguments)]
+    fn tile_stores_case(
+        n: u32,
+        s: u32,
+        ystride: u32,
+        ystep: u32,
+        items: u32,
+        rows: u32,
+        cut: u32,
+        short: u32,
+        seed: u32,
+    ) {
+        let ocols = 4 * items;
+        let lim = ocols.saturating_sub(cut);
+        let nx = (n * s + 4 * items + 1).max(1);
+        // The last row's last element is at (items-1)*ystride + rows-1 + (n-1)*ystep.
+        let ny = ((items - 1) * ystride + rows + n.saturating_sub(1) * ystep)
+            .saturating_sub(short % 3)
+            .max(1);
+        let nb = ocols.saturating_sub(short / 3 % 2).max(1);
+        let no = (rows * ocols).saturating_sub(short / 2 % 2 * 3).max(1);
+        let xs: Vec<f32> = (0..nx).map(|i| ((i ^ seed) as f32 * 0.37).sin()).collect();
+        let ys: Vec<f32> = (0..ny)
+            .map(|i| ((i.wrapping_mul(seed | 1)) as f32 * 0.11).cos())
+            .collect();
+        let bs: Vec<f32> = (0..nb).map(|i| i as f32 * 0.25 - 1.0).collect();
+        same_everywhere(
+            &tile_stores_kernel(rows),
+            &[n, s, ystride, ystep, items, lim, ocols, nx, ny, nb, no],
+            &[bytes_f32(&xs), bytes_f32(&ys), bytes_f32(&bs)],
+            &[2 * no as usize],
+        );
+    }
+
+    /// The epilogue's paths by name: every store a vector (rows of 4 full columns), one column
+    /// cut, `out` 3 short, `bias` 1 short, and a strided `y` column 1 short (its proof before
+    /// the loop must fail and the last element report; with 16 elements that element is in
+    /// the loop's last full round, with 10 in the tail that is always checked).
+    #[test]
+    fn tile_stores_cases_match_the_interpreter() {
+        for n in [16, 10] {
+            for rows in [1, 2, 4] {
+                for (cut, short) in [(0, 0), (1, 0), (0, 2), (0, 3), (0, 1)] {
+                    tile_stores_case(n, 4, 7, 3, 3, rows, cut, short, 5);
+                }
+            }
+        }
+    }
+
+    /// A tile's epilogue after accumulators run as lanes (`outer_store.rs`): `rows` rows `r` of
+    /// 4 columns `c_j = 4g + j`, accumulator `(r, j)` the sum over `i < n` (`Strided(8)`) of
+    /// `x[i*s + c_j] * y[off_r + i * ystep]` (`off_r = g*ystride + r`: with `ystep > 1` a
+    /// strided column, proven in range before the loop when `y` is long enough), stored as
+    /// `store_sums` does: `if c_j < lim { out[r * ocols + c_j] = acc + bias[c_j] }`, `out`
+    /// and `bias` possibly short (their failing work items must report as on the interpreter).
+    fn tile_stores_kernel(rows: u32) -> Kernel {
+        let mut b = KernelBuilder::new("llvm_tile_stores");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let s = b.scalar_param("s", ScalarType::U32);
+        let ystride = b.scalar_param("ystride", ScalarType::U32);
+        let ystep = b.scalar_param("ystep", ScalarType::U32);
+        let items = b.scalar_param("items", ScalarType::U32);
+        let lim = b.scalar_param("lim", ScalarType::U32);
+        let ocols = b.scalar_param("ocols", ScalarType::U32);
+        let nx = b.scalar_param("nx", ScalarType::U32);
+        let ny = b.scalar_param("ny", ScalarType::U32);
+        let nb = b.scalar_param("nb", ScalarType::U32);
+        let no = b.scalar_param("no", ScalarType::U32);
+        let x = b.buffer_param("x", DType::F32, &[Dim::Param(nx)], Access::Read);
+        let y = b.buffer_param("y", DType::F32, &[Dim::Param(ny)], Access::Read);
+        let bias = b.buffer_param("bias", DType::F32, &[Dim::Param(nb)], Access::Read);
+        let out = b.buffer_param("out", DType::BF16, &[Dim::Param(no)], Access::Write);
+        b.set_grid(Dim::Param(items));
+        let g = b.work_item();
+        let four = b.const_u32(4);
+        let g4 = b.mul(g, four);
+        let cols: Vec<_> = (0..4)
+            .map(|j| {
+                let jv = b.const_u32(j);
+                b.add(g4, jv)
+            })
+            .collect();
+        let ys = b.param(ystride);
+        let gy = b.mul(g, ys);
+        let offs: Vec<_> = (0..rows)
+            .map(|r| {
+                let rv = b.const_u32(r);
+                b.add(gy, rv)
+            })
+            .collect();
+        let vars: Vec<_> = (0..4 * rows)
+            .map(|j| b.var(&format!("acc{j}"), ScalarType::F32))
+            .collect();
+        let nv = b.param(n);
+        // Defined before the loop, as a stride must be for the proof.
+        let step = b.param(ystep);
+        b.accumulate(nv, ReduceOrder::Strided(8), &vars, |b, i| {
+            let sv = b.param(s);
+            let row = b.mul(i, sv);
+            let yi = b.mul(i, step);
+            let yv: Vec<_> = offs
+                .iter()
+                .map(|o| {
+                    let at = b.add(*o, yi);
+                    b.load(y, at)
+                })
+                .collect();
+            yv.iter()
+                .flat_map(|yr| {
+                    cols.iter()
+                        .map(|c| {
+                            let at = b.add(row, *c);
+                            (b.load(x, at), *yr)
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        });
+        // As `store_sums`: each cell's condition is one `let` (the row's and the column's
+        // tests, computed before) right before its `if`.
+        let (limv, oc) = (b.param(lim), b.param(ocols));
+        let row_inside = b.const_bool(true);
+        let insides: Vec<_> = cols.iter().map(|c| b.cmp(CmpOp::Lt, *c, limv)).collect();
+        for r in 0..rows {
+            for (j, c) in cols.iter().enumerate() {
+                let cond = b.and(row_inside, insides[j]);
+                let var = vars[(4 * r) as usize + j];
+                b.if_then(cond, |b| {
+                    let acc = b.read_var(var);
+                    let bv = b.load(bias, *c);
+                    let sum = b.add(acc, bv);
+                    let rv = b.const_u32(r);
+                    let base = b.mul(rv, oc);
+                    let at = b.add(base, *c);
+                    b.store_rounded(out, at, sum, Rounding::NearestEven);
+                });
+            }
+        }
+        b.finish()
+    }
+
     /// `y[i] = op(p, t[x[i]])` (`for` loop) for `op` = `i32` div (0), `i32` rem (1), `u32` div
     /// (2), `u32` rem (3) of the uniform `p` by a deferred lookup in a table holding 0, -1 and
     /// `i32::MIN`, then the looked-up value divided by `p` (4); `z[i]` = the bits of a
@@ -1140,6 +1282,14 @@ mod device {
                 })
                 .collect();
             same_everywhere(&deferred_kernel(), &[n, off, stride, items, nx, nt], &[bytes_f32(&xs), ps, bytes_f32(&ts)], &[4 * items as usize]);
+        }
+
+        /// A tile epilogue stored as vectors where every lane's condition holds and the run
+        /// fits `out`, else lane by lane: `lim` cuts some columns, `out` and `bias` may be short
+        /// (the failing work item must match), and the row loads may be strided (`ystep`).
+        #[test]
+        fn tile_stores_match_the_interpreter(n in 0u32..24, s in 4u32..12, ystride in 0u32..30, ystep in 1u32..4, items in 1u32..5, rows_pick in 0usize..3, cut in 0u32..6, short in 0u32..6, seed in any::<u32>()) {
+            tile_stores_case(n, s, ystride, ystep, items, [1u32, 2, 4][rows_pick], cut, short, seed);
         }
 
         /// Rows of accumulators-as-lanes whose uniform loads are proven in range before the

@@ -20,6 +20,7 @@
 use qforge_ir::{Accum, Op, ReduceOrder, Stmt, Value};
 
 use super::emit::{internal, Emitter};
+use super::outer_store::{OuterSums, SumGroup};
 use super::reduce::NEG_ZERO;
 use crate::error::Result;
 
@@ -30,7 +31,8 @@ use crate::error::Result;
 const WIDE_GROUP: u32 = 64;
 
 impl Emitter<'_> {
-    /// Lowers `Stmt::Accumulate` (see the module docs).
+    /// Lowers `Stmt::Accumulate` (see the module docs); with the outer plan, returns where
+    /// the sums are as vectors (`outer_store.rs`).
     pub(super) fn accumulate(
         &mut self,
         index: Value,
@@ -38,7 +40,7 @@ impl Emitter<'_> {
         order: ReduceOrder,
         body: &[Stmt],
         accs: &[Accum],
-    ) -> Result<()> {
+    ) -> Result<Option<OuterSums>> {
         // A power of two in 1..=64 for a verified kernel.
         let ways = order.ways();
         if accs.is_empty() {
@@ -47,16 +49,11 @@ impl Emitter<'_> {
         let len = self.val(len)?;
         let arr_t = format!("[{ways} x float]");
         let arrays: Vec<String> = accs.iter().map(|_| self.alloca(&arr_t)).collect();
-        for arr in &arrays {
-            let neg: Vec<String> = (0..ways).map(|_| format!("float {NEG_ZERO}")).collect();
-            self.line(format!(
-                "store {arr_t} [{}], {arr_t}* {arr}",
-                neg.join(", ")
-            ));
-        }
         let lanes = self.opts.lanes;
         let outer = self.outer_plan(index, ways, body, accs);
-        // With the outer plan, each path leaves every accumulator's sum in a `float` slot.
+        // With the outer plan, each path leaves every accumulator's sum in a `float` slot: lane
+        // `j` of its group's `<lanes x float>` slot.
+        let mut sums = None;
         let join = match &outer {
             Some(plan) => {
                 let ok = self.outer_condition(plan)?;
@@ -65,17 +62,50 @@ impl Emitter<'_> {
                     self.label("inner"),
                     self.label("accumulated"),
                 );
-                let totals: Vec<String> = accs.iter().map(|_| self.alloca("float")).collect();
+                let mut groups = Vec::new();
+                let mut totals = Vec::new();
+                for (cols, group) in plan.cols().iter().zip(accs.chunks(plan.cols()[0].len())) {
+                    let vt = format!("<{} x float>", cols.len());
+                    let slot = self.alloca(&vt);
+                    for j in 0..cols.len() {
+                        totals.push(
+                            self.ins(format!("getelementptr {vt}, {vt}* {slot}, i32 0, i32 {j}")),
+                        );
+                    }
+                    groups.push(SumGroup {
+                        vars: group.iter().map(|a| a.var).collect(),
+                        cols: cols.clone(),
+                        sums: slot,
+                    });
+                }
                 self.cond_br(&ok, &yes, &no);
                 self.start(&yes);
-                self.outer_accumulate(index, &len, ways, plan, accs, &totals)?;
+                let slots: Vec<String> = groups.iter().map(|g| g.sums.clone()).collect();
+                self.outer_accumulate(index, &len, ways, plan, accs, &slots)?;
                 self.br(&join);
                 self.start(&no);
+                sums = Some(OuterSums {
+                    consecutive: ok,
+                    groups,
+                });
                 Some((join, totals))
             }
             None => None,
         };
-        let vector = lanes != 0 && ways > 1 && super::lanes::eligible(self.k, index, body, false);
+        // The partials of the loops below (on the outer plan's path, only its fallback's: a
+        // tile of 128 accumulators spent a quarter of the time of `y = a @ U.T` at L = 64
+        // storing them).
+        for arr in &arrays {
+            let neg: Vec<String> = (0..ways).map(|_| format!("float {NEG_ZERO}")).collect();
+            self.line(format!(
+                "store {arr_t} [{}], {arr_t}* {arr}",
+                neg.join(", ")
+            ));
+        }
+        let vector = outer.is_none()
+            && lanes != 0
+            && ways > 1
+            && super::lanes::eligible(self.k, index, body, false);
         let tail_start = if vector {
             let fallback = lanes.max(ways);
             let g = if self.wide_group(index, body) {
@@ -123,7 +153,7 @@ impl Emitter<'_> {
         for (acc, total) in accs.iter().zip(&totals) {
             self.assign_var(acc.var, total)?;
         }
-        Ok(())
+        Ok(sums)
     }
 
     /// Whether groups of [`WIDE_GROUP`] elements pay: lookups are deferred permutes

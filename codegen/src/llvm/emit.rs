@@ -77,6 +77,9 @@ pub(super) struct Emitter<'a> {
     pub(super) in_range: InRange,
     /// Whether a branch uses the weights `!1` (`lanes::lanes_fast_or_exit`).
     pub(super) cold_exits: bool,
+    /// Variables (by arena index) that a vector body reads as a `<lanes x float>` slot, lane
+    /// `l` standing for the variable of lane `l` (`outer_store.rs`).
+    pub(super) lane_vars: HashMap<usize, String>,
 }
 
 /// The lookup chain (`lanes::lookup_chain`) from which a vector loop runs twice the lanes on
@@ -172,6 +175,7 @@ pub(super) fn module(kernel: &Kernel, opts: &LlvmOptions) -> Result<String> {
         lanes_seed: None,
         in_range: HashMap::new(),
         cold_exits: false,
+        lane_vars: HashMap::new(),
         params: Vec::new(),
         tables: Vec::new(),
         status: None,
@@ -479,7 +483,23 @@ impl Emitter<'_> {
 
     /// Lowers a block of statements.
     pub(super) fn block(&mut self, stmts: &[Stmt]) -> Result<()> {
-        for stmt in stmts {
+        let mut at = 0;
+        while let Some(stmt) = stmts.get(at) {
+            at += 1;
+            if let Stmt::Accumulate {
+                index,
+                len,
+                order,
+                body,
+                accs,
+            } = stmt
+            {
+                // Sums of the outer plan: the stores after it may take them as vectors.
+                if let Some(sums) = self.accumulate(*index, *len, *order, body, accs)? {
+                    at += self.outer_stores(&stmts[at..], &sums)?;
+                }
+                continue;
+            }
             self.stmt(stmt)?;
         }
         Ok(())
@@ -530,7 +550,7 @@ impl Emitter<'_> {
         u64::from(super::bounds::upper_bound(self.k, index, self.lanes_seed)) < n
     }
 
-    fn stmt(&mut self, stmt: &Stmt) -> Result<()> {
+    pub(super) fn stmt(&mut self, stmt: &Stmt) -> Result<()> {
         match stmt {
             Stmt::Accumulate {
                 index,
@@ -538,7 +558,9 @@ impl Emitter<'_> {
                 order,
                 body,
                 accs,
-            } => self.accumulate(*index, *len, *order, body, accs)?,
+            } => {
+                self.accumulate(*index, *len, *order, body, accs)?;
+            }
             Stmt::Let(v) => self.let_scalar(*v)?,
             Stmt::Store {
                 buf,

@@ -355,7 +355,8 @@ impl Emitter<'_> {
                         .try_get(*v)
                         .ok_or_else(|| internal("let of a missing value"))?
                         .clone();
-                    let is_read = running.iter().any(|c| c.red.read == *v);
+                    let is_read = running.iter().any(|c| c.red.read == *v)
+                        || matches!(def.op, Op::ReadVar(var) if self.lane_vars.contains_key(&var.index()));
                     let dep = def
                         .op
                         .operands()
@@ -553,7 +554,10 @@ impl Emitter<'_> {
         for stmt in body {
             let v = match stmt {
                 Stmt::Let(v) => {
-                    if !plan.varying.contains(&v.index()) || self.running_let(*v, lanes, running)? {
+                    if !plan.varying.contains(&v.index())
+                        || self.lane_var_let(*v, lanes)?
+                        || self.running_let(*v, lanes, running)?
+                    {
                         continue;
                     }
                     v
@@ -625,6 +629,21 @@ impl Emitter<'_> {
         }
         self.lanes_seed = outer_seed;
         Ok(())
+    }
+
+    /// Lowers the `let` of `v` when it reads a variable of [`Emitter::lane_vars`]: its lanes
+    /// from the slot.
+    fn lane_var_let(&mut self, v: Value, lanes: u32) -> Result<bool> {
+        let Some(Op::ReadVar(var)) = self.k.values.try_get(v).map(|d| &d.op) else {
+            return Ok(false);
+        };
+        let Some(slot) = self.lane_vars.get(&var.index()).cloned() else {
+            return Ok(false);
+        };
+        let vt = vec_of("float", lanes);
+        let out = self.ins(format!("load {vt}, {vt}* {slot}"));
+        self.set(v, out, lanes);
+        Ok(true)
     }
 
     /// Lowers the `let` of `v` when it is a running reduction's read (a maximum's lane vector,

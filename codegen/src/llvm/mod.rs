@@ -32,6 +32,7 @@ mod lanes;
 mod memory;
 mod nibble;
 mod outer;
+mod outer_store;
 mod planes;
 mod reduce;
 mod vector_for;

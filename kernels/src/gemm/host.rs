@@ -192,14 +192,18 @@ pub fn gemm(
 /// on a device, and its tile (the host copies an operand stored otherwise, transposed):
 /// * a GPU reads the operands as they are;
 /// * a CPU with 8 lanes or more (the LLVM backend), when `N` and `L` are both at least 64 and
-///   `M` is 1 or at least 64: `A` row-major and `B` stored `[L, N]`, the input gradient's tile
-///   ([`suggest_backward_tile_sizes`]) with at most 4 rows: the tile's columns are the vector
+///   `M` is 1 or at least 64: `A` as stored and `B` stored `[L, N]`, the input gradient's tile
+///   ([`suggest_backward_tile_sizes`], 8 x 32 on AVX-512): the tile's columns are the vector
 ///   lanes and each `A` element is broadcast to them (`codegen/src/llvm/outer.rs`), where the
 ///   dot tile splits each 16-lane step into two 8-lane halves (`DOT_ORDER` keeps 8 partials).
-///   Measured on the 2-core Xeon VM (AVX-512): at `d = 4096`, `r = 64`, `M = 512` the
-///   adapter's products took 17-18 ms against 24-25 ms with the dot tile. 4 x 32 ran as fast
-///   as 8 x 32 and LLVM compiled it in half the time (the case's first run took 5.6 s
-///   against 10.2 s; 1.75 s with the dot tile). At MiniLM's `d = 384`, `r = 16`, `M = 64`
+///   A transposed `A` is read in place: the backend proves its strided column in range once
+///   per tile (`dU = dy^T a` at `M = 4096`, `L = 512`: 2.2-2.3 ms against 2.8-2.9 ms with the
+///   8 MB copy of `dy`). Measured on the 2-core Xeon VM (AVX-512): at `d = 4096`, `r = 64`,
+///   `M = 512` the adapter's six products took 13.7 ms against 20.0 ms with 4 x 32 tiles and a
+///   row-major `A`, and 24-25 ms with the dot tile (`docs/adapters.md`). Since the tile's sums
+///   are stored as vectors (`codegen/src/llvm/outer_store.rs`), 8 rows beat 4 (`y = a U^T`:
+///   1.9 against 2.5 ms); LLVM compiles the 8-row kernels in about 1.5 s each, once per
+///   machine with the disk cache of objects. At MiniLM's `d = 384`, `r = 16`, `M = 64`
 ///   the products with 16 columns or an `L` of 16 ran up to 5 times slower, and those of
 ///   16 rows no faster while their compilation made the first `finetune` 0.5 s slower, so
 ///   they keep the dot tile. Computing a tall product as `C^T = B @ A^T` to skip copying `A`
@@ -220,9 +224,8 @@ fn plan(
         DeviceCaps::Cpu { lanes, .. }
             if lanes >= 8 && n >= 64 && l >= 64 && (m == 1 || m >= 64) =>
         {
-            let mut tile = suggest_backward_tile_sizes(m as usize, l as usize, n as usize, caps);
-            tile.tm = tile.tm.min(4);
-            (Layout::RowMajor, Layout::Transposed, tile)
+            let tile = suggest_backward_tile_sizes(m as usize, l as usize, n as usize, caps);
+            (a, Layout::Transposed, tile)
         }
         DeviceCaps::Cpu { .. } => (
             Layout::RowMajor,
