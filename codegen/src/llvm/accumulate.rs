@@ -32,7 +32,8 @@ const WIDE_GROUP: u32 = 64;
 
 impl Emitter<'_> {
     /// Lowers `Stmt::Accumulate` (see the module docs); with the outer plan, returns where
-    /// the sums are as vectors (`outer_store.rs`).
+    /// the sums are as vectors and leaves the accumulators' variables unset: the caller must
+    /// pass them to `Emitter::outer_stores` (`outer_store.rs`), which sets them.
     pub(super) fn accumulate(
         &mut self,
         index: Value,
@@ -136,24 +137,21 @@ impl Emitter<'_> {
             .iter()
             .map(|arr| self.tree_from_array(arr, ways))
             .collect();
-        let totals = match join {
-            Some((join, slots)) => {
-                for (total, slot) in totals.iter().zip(&slots) {
-                    self.line(format!("store float {total}, float* {slot}"));
-                }
-                self.br(&join);
-                self.start(&join);
-                slots
-                    .iter()
-                    .map(|slot| self.ins(format!("load float, float* {slot}")))
-                    .collect()
+        if let Some((join, slots)) = join {
+            for (total, slot) in totals.iter().zip(&slots) {
+                self.line(format!("store float {total}, float* {slot}"));
             }
-            None => totals,
-        };
+            self.br(&join);
+            self.start(&join);
+            // The variables are set from the slots by `outer_stores`, after the stores it
+            // takes as vectors: set here, LLVM extracted every lane for them on the vector
+            // path too.
+            return Ok(sums);
+        }
         for (acc, total) in accs.iter().zip(&totals) {
             self.assign_var(acc.var, total)?;
         }
-        Ok(sums)
+        Ok(None)
     }
 
     /// Whether groups of [`WIDE_GROUP`] elements pay: lookups are deferred permutes

@@ -559,7 +559,9 @@ impl Emitter<'_> {
                 body,
                 accs,
             } => {
-                self.accumulate(*index, *len, *order, body, accs)?;
+                if let Some(sums) = self.accumulate(*index, *len, *order, body, accs)? {
+                    self.outer_stores(&[], &sums)?;
+                }
             }
             Stmt::Let(v) => self.let_scalar(*v)?,
             Stmt::Store {

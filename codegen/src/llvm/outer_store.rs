@@ -11,7 +11,9 @@
 //! element gets the scalar code's bits: the run changes only how many instructions store them.
 //!
 //! The sums reach the vector through a `<lanes x float>` slot per group, which both paths of
-//! the accumulate fill lane by lane (`accumulate.rs`); LLVM keeps it in registers.
+//! the accumulate fill (`accumulate.rs`); LLVM keeps it in registers. The accumulators'
+//! variables are set from the slots here, on the scalar path and after the stores, not at the
+//! end of the accumulate, where LLVM extracted every lane for them on the vector path too.
 //!
 //! On the adapter's `y = a @ U.T` (`M = 512`, `L = 64`, `N = 4096`, 4 x 32 tiles) the
 //! scalar epilogue was about as long as the products: each of a work item's 128 sums had its
@@ -159,9 +161,33 @@ impl Emitter<'_> {
     }
 
     /// Lowers the store pairs of `sums`' groups that start `stmts` after `let`s of pure values
-    /// (lowered first, as `block` would; see the module docs) and returns how many statements
-    /// that was.
+    /// (lowered first, as `block` would; see the module docs), sets every accumulator's
+    /// variable to its sum, and returns how many statements that was. Must follow the
+    /// accumulate that returned `sums`, which leaves the variables unset.
     pub(super) fn outer_stores(&mut self, stmts: &[Stmt], sums: &OuterSums) -> Result<usize> {
+        let at = self.store_runs(stmts, sums)?;
+        for group in &sums.groups {
+            self.assign_sums(group)?;
+        }
+        Ok(at)
+    }
+
+    /// Each accumulator variable of `group` set to its lane of the group's slot.
+    fn assign_sums(&mut self, group: &SumGroup) -> Result<()> {
+        let vt = format!("<{} x float>", group.vars.len());
+        for (j, var) in group.vars.iter().enumerate() {
+            let p = self.ins(format!(
+                "getelementptr {vt}, {vt}* {}, i32 0, i32 {j}",
+                group.sums
+            ));
+            let x = self.ins(format!("load float, float* {p}"));
+            self.assign_var(*var, &x)?;
+        }
+        Ok(())
+    }
+
+    /// The part of [`Emitter::outer_stores`] before the variables are set.
+    fn store_runs(&mut self, stmts: &[Stmt], sums: &OuterSums) -> Result<usize> {
         let mut at = 0;
         while pair(&stmts[at..], 0).is_none() {
             let Some(Stmt::Let(v)) = stmts.get(at) else {
@@ -220,6 +246,7 @@ impl Emitter<'_> {
         lowered?;
         self.br(&join);
         self.start(&each);
+        self.assign_sums(group)?;
         for s in stmts.iter().skip(1).step_by(2) {
             self.stmt(s)?;
         }
