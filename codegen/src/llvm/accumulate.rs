@@ -103,10 +103,11 @@ impl Emitter<'_> {
                 neg.join(", ")
             ));
         }
-        let vector = outer.is_none()
-            && lanes != 0
-            && ways > 1
-            && super::lanes::eligible(self.k, index, body, false);
+        // The fallback keeps its vector loop: a plan can match accumulators whose "columns"
+        // are never consecutive at run time (a row-major `B`'s row starts `col_j * L`), and
+        // then every work item runs it (MiniLM's `dU` took 145 instead of 76 us with a scalar
+        // fallback).
+        let vector = lanes != 0 && ways > 1 && super::lanes::eligible(self.k, index, body, false);
         let tail_start = if vector {
             let fallback = lanes.max(ways);
             let g = if self.wide_group(index, body) {
