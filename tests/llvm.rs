@@ -126,6 +126,35 @@ fn llvm_prepare_picks_the_search_per_target() {
     }
 }
 
+/// The column-lanes plan (`outer.rs`) is compiled for a product whose `B` is stored `[L, N]`
+/// (its columns are consecutive), and not for a row-major `B`, whose "columns" are the row
+/// starts `col_j * L`: consecutive only when `L = 1`, so the plan would never run.
+#[test]
+fn llvm_takes_column_lanes_only_for_columns() {
+    use qforge::ir::DType;
+    use qforge::kernels::matmul4::TileConfig;
+    use qforge::kernels::{Gemm, Layout};
+    let options = LlvmOptions {
+        bounds_checks: true,
+        lanes: 16,
+        x86_avx512: true,
+        x86_avx512_vbmi: true,
+        x86_avx2: true,
+    };
+    for (b, want) in [(Layout::Transposed, true), (Layout::RowMajor, false)] {
+        let spec = Gemm {
+            a: Layout::RowMajor,
+            b,
+            dtype: DType::F32,
+            bias: false,
+            residual: false,
+            tile: TileConfig { tm: 2, tn: 16 },
+        };
+        let text = lower(&spec.build().unwrap(), &options).unwrap();
+        assert_eq!(text.contains("outer_band"), want, "{}", spec.name());
+    }
+}
+
 #[test]
 fn llvm_rejects_unsupported_lane_counts() {
     let kernel = kernels::catalog()[0].build().unwrap();

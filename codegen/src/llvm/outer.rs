@@ -252,6 +252,17 @@ impl Emitter<'_> {
                 cols.filter(|c| c.iter().all(|g| g[0] == c[0][0]))
             },
         )?;
+        // Columns that are products (a row-major operand's row starts `col_j * L`) are
+        // consecutive only when the factor is 1: the plan would be code that never runs.
+        let product = |v: Value| {
+            matches!(self.k.values.try_get(v).map(|d| &d.op),
+                Some(Op::Binary(BinaryOp::Mul, x, y))
+                    if ![*x, *y].iter().any(|f| matches!(self.k.values.try_get(*f).map(|d| &d.op),
+                        Some(Op::Const(c)) if c.bits() == 1)))
+        };
+        if cols.iter().flatten().all(|c| product(*c)) {
+            return None;
+        }
         // The groups' first accumulators' cone, in body order. Lane `j` of a group runs its
         // accumulator `j`'s cone, loads included; a load or reduce in no accumulator's cone
         // would not run at all (and its failed bounds check would not report), so the plan
