@@ -182,7 +182,7 @@ mod device {
     use proptest::prelude::*;
     use qforge::ir::{
         count_mismatches, Access, BinaryOp, CmpOp, DType, Dim, Kernel, KernelBuilder, OwnedArg,
-        ReduceOrder, Rounding, Scalar, ScalarType,
+        ParamId, ReduceOrder, Rounding, Scalar, ScalarType, Value, VarId,
     };
     use qforge::runtime::{CpuDevice, CpuOptions, Device, InterpreterDevice};
 
@@ -438,23 +438,17 @@ mod device {
         b.finish()
     }
 
-    /// `out[g*4*rows + 4*r + j] = sum over i < n (Strided(8)) of x[i*s + 4g + j] * y[off_r + i]`
-    /// for `rows` row groups `r` of 4 columns `j` (`outer.rs`: the accumulators as lanes, one
-    /// vector per row; the row's `y` load is uniform at `off_r + i` with `off_r = g*ystride +
-    /// r`, proven in range once before the loop when `y` is long enough, else each element
-    /// checked: a short `y` makes some work items fail).
-    fn uniform_rows_kernel(rows: u32) -> Kernel {
-        let mut b = KernelBuilder::new("llvm_uniform_rows");
-        let n = b.scalar_param("n", ScalarType::U32);
-        let s = b.scalar_param("s", ScalarType::U32);
-        let ystride = b.scalar_param("ystride", ScalarType::U32);
-        let items = b.scalar_param("items", ScalarType::U32);
-        let nx = b.scalar_param("nx", ScalarType::U32);
-        let ny = b.scalar_param("ny", ScalarType::U32);
-        let x = b.buffer_param("x", DType::F32, &[Dim::Param(nx)], Access::Read);
-        let y = b.buffer_param("y", DType::BF16, &[Dim::Param(ny)], Access::Read);
-        let out = b.buffer_param("out", DType::F32, &[Dim::Param(items)], Access::Write);
-        b.set_grid(Dim::Param(items));
+    /// The accumulate of [`uniform_rows_kernel`] and [`tile_stores_kernel`] for work item `g`:
+    /// `rows` rows `r` of 4 columns `c_j = 4g + j`, accumulator `4r + j` the sum over `i < n`
+    /// (`Strided(8)`) of `x[i*s + c_j] * y[off_r + i * ystep]` (`off_r = g*ystride + r`; `ystep`
+    /// a parameter, or 1 left out). Returns the columns and the accumulators.
+    fn row_tile_sums(
+        b: &mut KernelBuilder,
+        (x, y): (ParamId, ParamId),
+        rows: u32,
+        (n, s, ystride): (ParamId, ParamId, ParamId),
+        ystep: Option<ParamId>,
+    ) -> (Vec<Value>, Vec<VarId>) {
         let g = b.work_item();
         let four = b.const_u32(4);
         let g4 = b.mul(g, four);
@@ -476,13 +470,19 @@ mod device {
             .map(|j| b.var(&format!("acc{j}"), ScalarType::F32))
             .collect();
         let nv = b.param(n);
+        // Defined before the loop, as a stride must be for the proof.
+        let step = ystep.map(|p| b.param(p));
         b.accumulate(nv, ReduceOrder::Strided(8), &vars, |b, i| {
             let sv = b.param(s);
             let row = b.mul(i, sv);
+            let yi = match step {
+                Some(t) => b.mul(i, t),
+                None => i,
+            };
             let yv: Vec<_> = offs
                 .iter()
                 .map(|o| {
-                    let at = b.add(*o, i);
+                    let at = b.add(*o, yi);
                     b.load(y, at)
                 })
                 .collect();
@@ -497,6 +497,28 @@ mod device {
                 })
                 .collect()
         });
+        (cols, vars)
+    }
+
+    /// `out[g*4*rows + 4*r + j] = sum over i < n (Strided(8)) of x[i*s + 4g + j] * y[off_r + i]`
+    /// for `rows` row groups `r` of 4 columns `j` (`outer.rs`: the accumulators as lanes, one
+    /// vector per row; the row's `y` load is uniform at `off_r + i` with `off_r = g*ystride +
+    /// r`, proven in range once before the loop when `y` is long enough, else each element
+    /// checked: a short `y` makes some work items fail).
+    fn uniform_rows_kernel(rows: u32) -> Kernel {
+        let mut b = KernelBuilder::new("llvm_uniform_rows");
+        let n = b.scalar_param("n", ScalarType::U32);
+        let s = b.scalar_param("s", ScalarType::U32);
+        let ystride = b.scalar_param("ystride", ScalarType::U32);
+        let items = b.scalar_param("items", ScalarType::U32);
+        let nx = b.scalar_param("nx", ScalarType::U32);
+        let ny = b.scalar_param("ny", ScalarType::U32);
+        let x = b.buffer_param("x", DType::F32, &[Dim::Param(nx)], Access::Read);
+        let y = b.buffer_param("y", DType::BF16, &[Dim::Param(ny)], Access::Read);
+        let out = b.buffer_param("out", DType::F32, &[Dim::Param(items)], Access::Write);
+        b.set_grid(Dim::Param(items));
+        let g = b.work_item();
+        let (_, vars) = row_tile_sums(&mut b, (x, y), rows, (n, s, ystride), None);
         // out[g] = the sum of every accumulator, in order.
         let mut total = b.read_var(vars[0]);
         for v in &vars[1..] {
@@ -581,51 +603,7 @@ mod device {
         let bias = b.buffer_param("bias", DType::F32, &[Dim::Param(nb)], Access::Read);
         let out = b.buffer_param("out", DType::BF16, &[Dim::Param(no)], Access::Write);
         b.set_grid(Dim::Param(items));
-        let g = b.work_item();
-        let four = b.const_u32(4);
-        let g4 = b.mul(g, four);
-        let cols: Vec<_> = (0..4)
-            .map(|j| {
-                let jv = b.const_u32(j);
-                b.add(g4, jv)
-            })
-            .collect();
-        let ys = b.param(ystride);
-        let gy = b.mul(g, ys);
-        let offs: Vec<_> = (0..rows)
-            .map(|r| {
-                let rv = b.const_u32(r);
-                b.add(gy, rv)
-            })
-            .collect();
-        let vars: Vec<_> = (0..4 * rows)
-            .map(|j| b.var(&format!("acc{j}"), ScalarType::F32))
-            .collect();
-        let nv = b.param(n);
-        // Defined before the loop, as a stride must be for the proof.
-        let step = b.param(ystep);
-        b.accumulate(nv, ReduceOrder::Strided(8), &vars, |b, i| {
-            let sv = b.param(s);
-            let row = b.mul(i, sv);
-            let yi = b.mul(i, step);
-            let yv: Vec<_> = offs
-                .iter()
-                .map(|o| {
-                    let at = b.add(*o, yi);
-                    b.load(y, at)
-                })
-                .collect();
-            yv.iter()
-                .flat_map(|yr| {
-                    cols.iter()
-                        .map(|c| {
-                            let at = b.add(row, *c);
-                            (b.load(x, at), *yr)
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        });
+        let (cols, vars) = row_tile_sums(&mut b, (x, y), rows, (n, s, ystride), Some(ystep));
         // As `store_sums`: each cell's condition is one `let` (the row's and the column's
         // tests, computed before) right before its `if`.
         let (limv, oc) = (b.param(lim), b.param(ocols));
