@@ -441,13 +441,16 @@ mod device {
     /// The accumulate of [`uniform_rows_kernel`] and [`tile_stores_kernel`] for work item `g`:
     /// `rows` rows `r` of 4 columns `c_j = 4g + j`, accumulator `4r + j` the sum over `i < n`
     /// (`Strided(8)`) of `x[i*s + c_j] * y[off_r + i * ystep]` (`off_r = g*ystride + r`; `ystep`
-    /// a parameter, or 1 left out). Returns the columns and the accumulators.
+    /// a parameter, or 1 left out). Accumulator `4r + j`'s variable is its own (`share = 0`),
+    /// row `r`'s first (1: the row's 4 accumulators share it, the last one's sum wins) or
+    /// column `j`'s (2: shared by the rows, the last row's sum wins). Returns the columns and
+    /// the accumulators' variables.
     fn row_tile_sums(
         b: &mut KernelBuilder,
         (x, y): (ParamId, ParamId),
         rows: u32,
         (n, s, ystride): (ParamId, ParamId, ParamId),
-        ystep: Option<ParamId>,
+        (ystep, share): (Option<ParamId>, u32),
     ) -> (Vec<Value>, Vec<VarId>) {
         let g = b.work_item();
         let four = b.const_u32(4);
@@ -466,8 +469,15 @@ mod device {
                 b.add(gy, rv)
             })
             .collect();
-        let vars: Vec<_> = (0..4 * rows)
+        let own: Vec<_> = (0..4 * rows)
             .map(|j| b.var(&format!("acc{j}"), ScalarType::F32))
+            .collect();
+        let vars: Vec<_> = (0..4 * rows as usize)
+            .map(|j| match share {
+                1 => own[j & !3],
+                2 => own[j & 3],
+                _ => own[j],
+            })
             .collect();
         let nv = b.param(n);
         // Defined before the loop, as a stride must be for the proof.
@@ -518,7 +528,7 @@ mod device {
         let out = b.buffer_param("out", DType::F32, &[Dim::Param(items)], Access::Write);
         b.set_grid(Dim::Param(items));
         let g = b.work_item();
-        let (_, vars) = row_tile_sums(&mut b, (x, y), rows, (n, s, ystride), None);
+        let (_, vars) = row_tile_sums(&mut b, (x, y), rows, (n, s, ystride), (None, 0));
         // out[g] = the sum of every accumulator, in order.
         let mut total = b.read_var(vars[0]);
         for v in &vars[1..] {
@@ -556,12 +566,14 @@ mod device {
             .map(|i| ((i.wrapping_mul(seed | 1)) as f32 * 0.11).cos())
             .collect();
         let bs: Vec<f32> = (0..nb).map(|i| i as f32 * 0.25 - 1.0).collect();
-        same_everywhere(
-            &tile_stores_kernel(rows),
-            &[n, s, ystride, ystep, items, lim, ocols, nx, ny, nb, no],
-            &[bytes_f32(&xs), bytes_f32(&ys), bytes_f32(&bs)],
-            &[2 * no as usize],
-        );
+        for share in 0..3 {
+            same_everywhere(
+                &tile_stores_kernel(rows, share),
+                &[n, s, ystride, ystep, items, lim, ocols, nx, ny, nb, no],
+                &[bytes_f32(&xs), bytes_f32(&ys), bytes_f32(&bs)],
+                &[2 * no as usize],
+            );
+        }
     }
 
     /// The epilogue's paths by name: every store a vector (rows of 4 full columns), one column
@@ -585,7 +597,9 @@ mod device {
     /// strided column, proven in range before the loop when `y` is long enough), stored as
     /// `store_sums` does: `if c_j < lim { out[r * ocols + c_j] = acc + bias[c_j] }`, `out`
     /// and `bias` possibly short (their failing work items must report as on the interpreter).
-    fn tile_stores_kernel(rows: u32) -> Kernel {
+    /// With `share` 1 or 2 accumulators share variables ([`row_tile_sums`]): each pair then
+    /// reads the last sharing accumulator's sum, not its lane's.
+    fn tile_stores_kernel(rows: u32, share: u32) -> Kernel {
         let mut b = KernelBuilder::new("llvm_tile_stores");
         let n = b.scalar_param("n", ScalarType::U32);
         let s = b.scalar_param("s", ScalarType::U32);
@@ -603,7 +617,8 @@ mod device {
         let bias = b.buffer_param("bias", DType::F32, &[Dim::Param(nb)], Access::Read);
         let out = b.buffer_param("out", DType::BF16, &[Dim::Param(no)], Access::Write);
         b.set_grid(Dim::Param(items));
-        let (cols, vars) = row_tile_sums(&mut b, (x, y), rows, (n, s, ystride), Some(ystep));
+        let (cols, vars) =
+            row_tile_sums(&mut b, (x, y), rows, (n, s, ystride), (Some(ystep), share));
         // As `store_sums`: each cell's condition is one `let` (the row's and the column's
         // tests, computed before) right before its `if`.
         let (limv, oc) = (b.param(lim), b.param(ocols));

@@ -351,8 +351,8 @@ impl Emitter<'_> {
     /// For the scalar loads of the plan's body at `base + index` or `base + index * stride` (or
     /// without `base`), `base` and `stride` defined before the loop: `i1` whether all of them
     /// are in range for every element `0 .. len` (`len` at least 1: `base + (len - 1) * stride`
-    /// below the buffer's element count, computed without wrapping, and below 2^32 with a
-    /// stride, so that the IR's 32-bit product and sum do not wrap either), and the loads'
+    /// below the buffer's element count, computed without wrapping, and below 2^32, so that
+    /// the IR's 32-bit product and sum do not wrap either), and the loads'
     /// arena indices with their `(base, index or product)`. `true` and none without bounds
     /// checks. (The strided loads are a transposed `A`'s column, `A[l * M + row]`: the
     /// adapter's `dU = dY.T @ a` at `M = 4096`, `L = 512` ran in 2.5 ms with them checked per
@@ -407,13 +407,11 @@ impl Emitter<'_> {
                 let b = self.ins(format!("zext i32 {b} to i64"));
                 top = self.ins(format!("add i64 {b}, {top}"));
             }
-            let mut ok = self.ins(format!("icmp ult i64 {top}, {count}"));
-            if stride.is_some() {
-                // The IR's `i * stride` and its sum with `base` wrap at 2^32; the address
-                // does not.
-                let fits = self.ins(format!("icmp ult i64 {top}, 4294967296"));
-                ok = self.ins(format!("and i1 {ok}, {fits}"));
-            }
+            // The IR's `base + i` (and `i * stride`) wrap at 2^32; the address does not, and
+            // a buffer may hold more than 2^32 elements.
+            let inside = self.ins(format!("icmp ult i64 {top}, {count}"));
+            let fits = self.ins(format!("icmp ult i64 {top}, 4294967296"));
+            let ok = self.ins(format!("and i1 {inside}, {fits}"));
             proof = self.ins(format!("and i1 {proof}, {ok}"));
             proven.insert(v.index(), base.map(|b| (b, step)));
         }

@@ -19,7 +19,7 @@
 //! scalar epilogue was about as long as the products: each of a work item's 128 sums had its
 //! own condition, index and bounds check.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use qforge_ir::{Op, Stmt, Value, VarId};
 
@@ -165,7 +165,19 @@ impl Emitter<'_> {
     /// variable to its sum, and returns how many statements that was. Must follow the
     /// accumulate that returned `sums`, which leaves the variables unset.
     pub(super) fn outer_stores(&mut self, stmts: &[Stmt], sums: &OuterSums) -> Result<usize> {
-        let at = self.store_runs(stmts, sums)?;
+        // Accumulators may share a variable (the last one's sum is its value): then a pair's
+        // `read acc_j` is not lane `j`, and the stores run as written.
+        let mut seen = HashSet::new();
+        let distinct = sums
+            .groups
+            .iter()
+            .flat_map(|g| &g.vars)
+            .all(|v| seen.insert(v.index()));
+        let at = if distinct {
+            self.store_runs(stmts, sums)?
+        } else {
+            0
+        };
         for group in &sums.groups {
             self.assign_sums(group)?;
         }
