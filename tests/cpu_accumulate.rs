@@ -14,6 +14,8 @@ use qforge::kernels::matmul4::panels::{dx_panel_bytes, scale_chunk};
 use qforge::kernels::{Direction, Matmul4, QuantType, TileConfig};
 use qforge::runtime::{CpuDevice, CpuOptions, Device};
 
+#[path = "cpu_accumulate/columns.rs"]
+mod columns;
 #[path = "cpu_accumulate/running.rs"]
 mod running;
 #[path = "cpu_accumulate/wide.rs"]

@@ -84,7 +84,7 @@ pub use blockwise8::catalog::{Blockwise8Op, Blockwise8Spec};
 pub use catalog::{catalog, Family, KernelSpec, FAMILIES};
 pub use doublequant::DoubleQuantSpec;
 pub use entry::CatalogEntry;
-pub use gemm::{Gemm, Layout};
+pub use gemm::{Gemm, Layout, GEMM_ORDER};
 pub use int8::Int8Spec;
 pub use matmul4::{Direction, Matmul4, TileConfig};
 pub use normal::{erfc, normal_cdf, normal_ppf};
@@ -104,8 +104,9 @@ pub const BLOCKSIZES_8BIT: [u32; 7] = [64, 128, 256, 512, 1024, 2048, 4096];
 /// Blocksize of the nested (double-quantization) level, as bitsandbytes.
 pub const NESTED_BLOCKSIZE: u32 = 256;
 /// The order of the library's dot products unless a kernel names another (the forward 4-bit
-/// matmul uses [`matmul4::K_ORDER`]): 8 strided partials and the halving tree, as a CPU loop of 4
-/// or 8 lanes, or a GPU thread keeping the 8 partials, compute it.
+/// matmul uses [`matmul4::K_ORDER`], the dense products [`GEMM_ORDER`]): 8 strided partials and
+/// the halving tree, as a CPU loop of 4 or 8 lanes, or a GPU thread keeping the 8 partials,
+/// compute it.
 pub const DOT_ORDER: qforge_ir::ReduceOrder = qforge_ir::ReduceOrder::Strided(8);
 /// Input/output dtypes of the quantization kernels.
 pub const FLOAT_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];

@@ -11,7 +11,9 @@
 //! fault (every op but loads and reductions: integer division is guarded, lookups clamp) are
 //! computed once before the loop; they have no side effects, so computing them when `len` is 0
 //! changes nothing. Then one of three shapes, all giving the same bits:
-//! - `Sequential`: one partial per accumulator, kept in a Cranelift variable.
+//! - `Sequential`: one partial per accumulator, kept in a Cranelift variable; runs of 4
+//!   accumulators whose second factors are consecutive elements (the dense products' tile)
+//!   as one `f32x4` (`accumulate_columns.rs`).
 //! - `Strided(w)`, scalar: the `w` partials of each accumulator live in a stack slot; element
 //!   `i` updates slot entry `i & (w - 1)`.
 //! - `Strided(w)` with `w` a multiple of 4, SIMD on and a body the loop vectorizer accepts:
@@ -208,8 +210,26 @@ impl Lowerer<'_> {
         Ok(rest)
     }
 
-    /// `Sequential`: one partial per accumulator in a variable, `p = fma(a, b, p)` per element.
+    /// `Sequential`: one partial per accumulator, `p = fma(a, b, p)` per element; with runs of
+    /// accumulators as vector lanes when the column plan applies (`accumulate_columns.rs`),
+    /// else [`Lowerer::sequential_loop`].
     fn accumulate_sequential(
+        &mut self,
+        index: IrValue,
+        len: Value,
+        body: &[Stmt],
+        accs: &[Accum],
+    ) -> Result<()> {
+        match self.column_plan(index, body, accs) {
+            Some(plan) => self.accumulate_columns(index, len, body, accs, &plan, |l| {
+                l.sequential_loop(index, len, body, accs)
+            }),
+            None => self.sequential_loop(index, len, body, accs),
+        }
+    }
+
+    /// The scalar `Sequential` loop: each partial in a variable.
+    fn sequential_loop(
         &mut self,
         index: IrValue,
         len: Value,

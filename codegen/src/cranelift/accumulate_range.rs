@@ -21,6 +21,18 @@ use qforge_ir::{BinaryOp, DType, Op, ScalarType, Stmt, Value as IrValue};
 use super::lower::Lowerer;
 use crate::error::Result;
 
+/// The values a loop defines: its index and its body's `let`s (a value outside the set is
+/// available before the loop).
+pub(super) fn loop_defined(index: IrValue, body: &[Stmt]) -> HashSet<usize> {
+    body.iter()
+        .filter_map(|s| match s {
+            Stmt::Let(v) => Some(v.index()),
+            _ => None,
+        })
+        .chain([index.index()])
+        .collect()
+}
+
 impl Lowerer<'_> {
     /// The loads of `body` proven in range for every vector iteration `i < n4` (`index` the
     /// loop index), and the condition (an `i8`) under which the proof holds.
@@ -30,14 +42,7 @@ impl Lowerer<'_> {
         body: &[Stmt],
         n4: Value,
     ) -> Result<(Value, HashSet<usize>)> {
-        let defined: HashSet<usize> = body
-            .iter()
-            .filter_map(|s| match s {
-                Stmt::Let(v) => Some(v.index()),
-                _ => None,
-            })
-            .chain([index.index()])
-            .collect();
+        let defined = loop_defined(index, body);
         let mut proof = self.b.ins().iconst(I8, 1);
         let mut proven = HashSet::new();
         let n4 = self.b.ins().uextend(I64, n4);

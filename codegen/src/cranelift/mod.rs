@@ -32,6 +32,7 @@
 //! then the fixed halving tree (`accumulate.rs`).
 
 mod accumulate;
+mod accumulate_columns;
 mod accumulate_range;
 mod accumulate_wide;
 mod arith;

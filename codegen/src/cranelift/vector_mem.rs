@@ -25,8 +25,9 @@ impl Lowerer<'_> {
         self.b.ins().icmp(IntCC::UnsignedLessThan, last, limit)
     }
 
-    /// `if fast_ok { fast } else { slow }`, both yielding a value of type `ty` (or none).
-    fn two_paths(
+    /// `if fast_ok { fast } else { slow }`, both yielding a value of type `ty` (or none); `slow`
+    /// is laid out as the cold path.
+    pub(super) fn two_paths(
         &mut self,
         fast_ok: Value,
         ty: Option<Type>,

@@ -191,24 +191,13 @@ pub fn gemm(
 /// The layouts of `A` and `B` the kernel of an `[M, L] x [L, N]` product (`(m, n, l)`) reads
 /// on a device, and its tile (the host copies an operand stored otherwise, transposed):
 /// * a GPU reads the operands as they are;
-/// * a CPU with 8 lanes or more (the LLVM backend), when `N` and `L` are both at least 64 and
-///   `M` is 1 or at least 64: `A` as stored and `B` stored `[L, N]`, the input gradient's tile
-///   ([`suggest_backward_tile_sizes`], 8 x 32 on AVX-512): the tile's columns are the vector
-///   lanes and each `A` element is broadcast to them (`codegen/src/llvm/outer.rs`), where the
-///   dot tile splits each 16-lane step into two 8-lane halves (`DOT_ORDER` keeps 8 partials).
-///   A transposed `A` is read in place: the backend proves its strided column in range once
-///   per tile (`dU = dy^T a` at `M = 4096`, `L = 512`: 2.2-2.3 ms against 2.8-2.9 ms with the
-///   8 MB copy of `dy`). Measured on the 2-core Xeon VM (AVX-512): at `d = 4096`, `r = 64`,
-///   `M = 512` the adapter's six products took 13.7 ms against 20.0 ms with 4 x 32 tiles and a
-///   row-major `A`, and 24-25 ms with the dot tile (`docs/adapters.md`). Since the tile's sums
-///   are stored as vectors (`codegen/src/llvm/outer_store.rs`), 8 rows beat 4 (`y = a U^T`:
-///   1.9 against 2.5 ms); LLVM compiles the 8-row kernels in about 1.5 s each, once per
-///   machine with the disk cache of objects. At MiniLM's `d = 384`, `r = 16`, `M = 64`
-///   the products with 16 columns or an `L` of 16 ran up to 5 times slower, and those of
-///   16 rows no faster while their compilation made the first `finetune` 0.5 s slower, so
-///   they keep the dot tile. Computing a tall product as `C^T = B @ A^T` to skip copying `A`
-///   was no faster: its 64-row tiles stream `B` from memory once per row tile;
-/// * other CPUs: both row-major (contiguous vector loads along `L`), [`suggest_tile_sizes`].
+/// * a CPU with vectors (4 lanes or more) reads `A` as stored and `B` stored `[L, N]`: the
+///   tile's columns are the vector lanes, each `A` element is broadcast to them, and every
+///   output keeps its one running sum ([`crate::GEMM_ORDER`]) in a lane (the LLVM backend's
+///   `codegen/src/llvm/outer.rs`, the Cranelift backend's
+///   `codegen/src/cranelift/accumulate_columns.rs`). A transposed `A` is read in place: the
+///   backend proves its strided column in range once per tile. [`column_tile`] gives the tile;
+/// * a CPU without vectors (and the interpreter): both row-major, [`suggest_tile_sizes`].
 fn plan(
     caps: DeviceCaps,
     (m, n, l): (u32, u32, u32),
@@ -221,11 +210,8 @@ fn plan(
             b,
             suggest_tile_sizes(m as usize, n as usize, l as usize, caps),
         ),
-        DeviceCaps::Cpu { lanes, .. }
-            if lanes >= 8 && n >= 64 && l >= 64 && (m == 1 || m >= 64) =>
-        {
-            let tile = suggest_backward_tile_sizes(m as usize, l as usize, n as usize, caps);
-            (a, Layout::Transposed, tile)
+        DeviceCaps::Cpu { lanes, .. } if lanes >= 4 => {
+            (a, Layout::Transposed, column_tile(m, n, l, caps))
         }
         DeviceCaps::Cpu { .. } => (
             Layout::RowMajor,
@@ -233,6 +219,35 @@ fn plan(
             suggest_tile_sizes(m as usize, n as usize, l as usize, caps),
         ),
     }
+}
+
+/// The tile of the column-lanes plan on a CPU with `lanes >= 4`: the input gradient's tile
+/// ([`suggest_backward_tile_sizes`], 8 x 32 with 16 lanes, the largest power of two up to 2 rows
+/// x 16 with 8) with 8 lanes or more (the LLVM backend), 4 x 8 with 4 (the Cranelift backend's
+/// 128-bit vectors: 8 sums and the operands fit its 16 registers), then no wider than `N`
+/// rounded up to the lanes (at `N = 16`, 8 x 16: a 32-column tile would hold 16 columns past the
+/// end, which are not consecutive, so every work item would take the scalar path).
+///
+/// Measured on the 2-core Xeon VM (AVX-512) at `d = 4096`, `r = 64`, `M = 512`: on `cpu-llvm`
+/// the adapter's six products took 13.7 ms against 20.0 ms with 4 x 32 tiles and a row-major
+/// `A`, and 24-25 ms with the dot tile (under [`crate::DOT_ORDER`]); since the tile's sums are
+/// stored as vectors (`codegen/src/llvm/outer_store.rs`), 8 rows beat 4. On `cpu` (Cranelift)
+/// the whole `adapter_fwd_bwd` case took 54 ms with 4 x 8 and 2 x 16, 57 with 3 x 8, 71 with
+/// 2 x 8 and 4 x 4, 83 with 1 x 16.
+fn column_tile(m: u32, n: u32, l: u32, caps: DeviceCaps) -> TileConfig {
+    let (m, n, l) = (m as usize, n as usize, l as usize);
+    let DeviceCaps::Cpu { threads, lanes } = caps else {
+        return suggest_tile_sizes(m, n, l, caps);
+    };
+    let mut tile = if lanes >= 8 {
+        suggest_backward_tile_sizes(m, l, n, caps)
+    } else {
+        let want = 4usize.saturating_mul(threads.max(1) as usize);
+        crate::matmul4::host::shrink((m.max(1), n.max(1)), (4, 8), want, true)
+    };
+    let cols = n.max(1).next_multiple_of(lanes as usize) as u32;
+    tile.tn = tile.tn.min(cols);
+    tile
 }
 
 #[cfg(test)]

@@ -4,9 +4,9 @@
 #![allow(missing_docs)]
 
 use crate::check_float_dtype;
+use crate::gemm::GEMM_ORDER;
 use crate::gemm::{Gemm, Layout};
 use crate::tile::builder::{store_tile, tile_of, TileRow};
-use crate::DOT_ORDER;
 use qforge_ir::KernelBuilder;
 use qforge_ir::Result;
 use qforge_ir::ScalarType;
@@ -54,7 +54,7 @@ pub(super) fn build(spec: &Gemm) -> Result<Kernel> {
         .collect();
     let a_op = Operand::new(&mut b, a, spec.a, &rows, mv, lv);
     let b_op = Operand::new(&mut b, w, spec.b, &outs, nv, lv);
-    b.accumulate(lv, DOT_ORDER, &vars, |b, i| {
+    b.accumulate(lv, GEMM_ORDER, &vars, |b, i| {
         let av = a_op.load_all(b, i);
         let bv = b_op.load_all(b, i);
         let mut factors = Vec::with_capacity(av.len() * bv.len());
