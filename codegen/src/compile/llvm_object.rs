@@ -91,10 +91,16 @@ pub(crate) fn object(
         .get_function(crate::llvm::ENTRY)
         .ok_or_else(|| backend(format!("no entry function '{}'", crate::llvm::ENTRY)))?;
     function.as_global_value().set_name(symbol);
-    function.add_attribute(
-        AttributeLoc::Function,
-        context.create_string_attribute("target-cpu", cpu),
-    );
+    // Every function with a body (the entry and an outlined work item) gets the target CPU.
+    for f in module
+        .get_functions()
+        .filter(|f| f.count_basic_blocks() > 0)
+    {
+        f.add_attribute(
+            AttributeLoc::Function,
+            context.create_string_attribute("target-cpu", cpu),
+        );
+    }
     module
         .verify()
         .map_err(|e| backend(format!("LLVM verifier: {e}")))?;

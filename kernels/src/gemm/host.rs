@@ -223,8 +223,8 @@ fn plan(
 
 /// The tile of the column-lanes plan on a CPU with `lanes >= 4`: the input gradient's tile
 /// ([`suggest_backward_tile_sizes`], 8 x 32 with 16 lanes, the largest power of two up to 2 rows
-/// x 16 with 8) with 8 lanes or more (the LLVM backend), 4 x 8 with 4 (the Cranelift backend's
-/// 128-bit vectors: 8 sums and the operands fit its 16 registers), then no wider than `N`
+/// x 16 with 8) with 8 lanes or more (the LLVM backend), `min(M, 4)` x 8 with 4 (the Cranelift
+/// backend's 128-bit vectors: 8 sums and the operands fit its 16 registers), then no wider than `N`
 /// rounded up to the lanes (at `N = 16`, 8 x 16: a 32-column tile would hold 16 columns past the
 /// end, which are not consecutive, so every work item would take the scalar path).
 ///
@@ -243,7 +243,7 @@ fn column_tile(m: u32, n: u32, l: u32, caps: DeviceCaps) -> TileConfig {
         suggest_backward_tile_sizes(m, l, n, caps)
     } else {
         let want = 4usize.saturating_mul(threads.max(1) as usize);
-        crate::matmul4::host::shrink((m.max(1), n.max(1)), (4, 8), want, true)
+        crate::matmul4::host::shrink((m.max(1), n.max(1)), (m.clamp(1, 4), 8), want, true)
     };
     let cols = n.max(1).next_multiple_of(lanes as usize) as u32;
     tile.tn = tile.tn.min(cols);

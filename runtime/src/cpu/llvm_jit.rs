@@ -246,15 +246,21 @@ impl Inner {
             .get_function(entry)
             .ok_or_else(|| device_error(format!("kernel '{name}': no entry function '{entry}'")))?;
         function.as_global_value().set_name(symbol);
-        for (key, value) in [
-            ("target-cpu", &self.cpu),
-            ("target-features", &self.features),
-        ] {
-            if !value.is_empty() {
-                function.add_attribute(
-                    AttributeLoc::Function,
-                    context.create_string_attribute(key, value),
-                );
+        // Every function with a body (the entry and an outlined work item) gets the host's CPU.
+        for f in module
+            .get_functions()
+            .filter(|f| f.count_basic_blocks() > 0)
+        {
+            for (key, value) in [
+                ("target-cpu", &self.cpu),
+                ("target-features", &self.features),
+            ] {
+                if !value.is_empty() {
+                    f.add_attribute(
+                        AttributeLoc::Function,
+                        context.create_string_attribute(key, value),
+                    );
+                }
             }
         }
         module
