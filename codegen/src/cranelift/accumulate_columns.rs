@@ -41,12 +41,8 @@ pub(super) struct Run {
     accs: [usize; RUN],
     /// Their shared factor.
     a: IrValue,
-    /// The buffer of their second factors.
-    buf: ParamId,
-    /// The loop-varying part of the index, `i` or `i * s`.
-    row: IrValue,
-    /// The stride `s` of `row` (`None`: `row` is the loop index).
-    stride: Option<IrValue>,
+    /// Lane 0's other factor (the others differ in `col` only).
+    first: Column,
     /// The loop-invariant part of each lane's index.
     cols: [IrValue; RUN],
 }
@@ -57,7 +53,9 @@ pub(super) struct ColumnPlan {
     skipped: HashSet<usize>,
 }
 
-/// One accumulator's second factor as `buf[row + col]`.
+/// A load at `buf[row + col]`: `row` the loop index or `index * stride`, `stride` and `col`
+/// available before the loop.
+#[derive(Clone, Copy)]
 struct Column {
     buf: ParamId,
     row: IrValue,
@@ -153,9 +151,7 @@ impl Lowerer<'_> {
                     runs.push(Run {
                         accs: std::array::from_fn(|k| t + k),
                         a: f[0].2,
-                        buf: f[0].0.buf,
-                        row: f[0].0.row,
-                        stride: f[0].0.stride,
+                        first: f[0].0,
                         cols: std::array::from_fn(|k| f[k].0.col),
                     });
                     t += RUN;
@@ -263,13 +259,7 @@ impl Lowerer<'_> {
                 let same = self.b.ins().icmp(IntCC::Equal, got, want);
                 proof = self.b.ins().band(proof, same);
             }
-            let column = Column {
-                buf: run.buf,
-                row: run.row,
-                stride: run.stride,
-                col: run.cols[0],
-            };
-            let inside = self.span_proof(&column, c0, last_i, (RUN - 1) as u32)?;
+            let inside = self.span_proof(&run.first, c0, last_i, (RUN - 1) as u32)?;
             proof = self.b.ins().band(proof, inside);
         }
         for column in strided {
@@ -282,16 +272,13 @@ impl Lowerer<'_> {
         Ok(self.b.ins().band(proof, some))
     }
 
-    /// The 4 values of `run` at iteration `i`: one vector load at `row + col_0`.
-    fn run_values(&mut self, run: &Run, i: Value) -> Result<Value> {
-        let row = match run.stride {
-            Some(_) => self.val(run.row)?,
-            None => i,
-        };
-        let c0 = self.val(run.cols[0])?;
+    /// The 4 values of `run` in the current iteration: one vector load at `row + col_0`.
+    fn run_values(&mut self, run: &Run) -> Result<Value> {
+        let row = self.val(run.first.row)?;
+        let c0 = self.val(run.first.col)?;
         let at = self.b.ins().iadd(row, c0);
         let at = self.b.ins().uextend(I64, at);
-        let (base, _, dtype, access) = self.buffer(run.buf)?;
+        let (base, _, dtype, access) = self.buffer(run.first.buf)?;
         let flags = self.buffer_mem(access);
         let addr = self.offset(base, at, dtype);
         Ok(match dtype {
@@ -398,11 +385,15 @@ impl Lowerer<'_> {
             let mut splats: HashMap<usize, Value> = HashMap::new();
             let mut loaded: HashMap<(usize, usize, usize), Value> = HashMap::new();
             for (run, p) in plan.runs.iter().zip(&vectors) {
-                let key = (run.buf.index(), run.row.index(), run.cols[0].index());
+                let key = (
+                    run.first.buf.index(),
+                    run.first.row.index(),
+                    run.first.col.index(),
+                );
                 let b = match loaded.get(&key) {
                     Some(b) => *b,
                     None => {
-                        let b = l.run_values(run, i)?;
+                        let b = l.run_values(run)?;
                         loaded.insert(key, b);
                         b
                     }
