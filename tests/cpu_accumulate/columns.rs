@@ -159,6 +159,13 @@ fn column_runs_and_their_edges_match_the_interpreter() {
     // (shape, items, n, ncols, s, shorts): whole tiles; the last tile clamped (its run of
     // clamped columns inside `b` or not); a stride below the tile's width (columns overlap the
     // next row, still consecutive); one element short in each buffer; no step; one step.
+    let with = |f: fn(&mut Shape)| {
+        let mut sh = SHAPE;
+        f(&mut sh);
+        sh
+    };
+    let bf16 = with(|s| s.bdt = DType::BF16);
+    let transposed = with(|s| s.transposed = true);
     let cases = [
         (SHAPE, 3, 37, 24, 24, (0, 0)),
         (SHAPE, 3, 37, 21, 21, (0, 0)),
@@ -168,76 +175,21 @@ fn column_runs_and_their_edges_match_the_interpreter() {
         (SHAPE, 3, 37, 24, 24, (1, 0)),
         (SHAPE, 2, 0, 16, 16, (0, 0)),
         (SHAPE, 2, 1, 16, 16, (0, 0)),
+        (bf16, 3, 37, 24, 24, (0, 0)),
+        (bf16, 3, 37, 24, 24, (0, 1)),
+        (with(|s| s.bdt = DType::F16), 3, 37, 24, 24, (0, 0)),
+        (transposed, 3, 37, 24, 24, (0, 0)),
+        (transposed, 3, 37, 24, 24, (1, 0)),
         (
-            Shape {
-                bdt: DType::BF16,
-                ..SHAPE
-            },
-            3,
-            37,
-            24,
-            24,
-            (0, 0),
-        ),
-        (
-            Shape {
-                bdt: DType::BF16,
-                ..SHAPE
-            },
-            3,
-            37,
-            24,
-            24,
-            (0, 1),
-        ),
-        (
-            Shape {
-                bdt: DType::F16,
-                ..SHAPE
-            },
-            3,
-            37,
-            24,
-            24,
-            (0, 0),
-        ),
-        (
-            Shape {
-                transposed: true,
-                ..SHAPE
-            },
-            3,
-            37,
-            24,
-            24,
-            (0, 0),
-        ),
-        (
-            Shape {
-                transposed: true,
-                ..SHAPE
-            },
-            3,
-            37,
-            24,
-            24,
-            (1, 0),
-        ),
-        (
-            Shape {
-                swap: true,
-                rows: 3,
-                cols: 4,
-                ..SHAPE
-            },
+            with(|s| (s.swap, s.rows, s.cols) = (true, 3, 4)),
             3,
             20,
             12,
             12,
             (0, 0),
         ),
-        (Shape { share: 1, ..SHAPE }, 3, 20, 24, 24, (0, 0)),
-        (Shape { share: 2, ..SHAPE }, 3, 20, 24, 24, (0, 0)),
+        (with(|s| s.share = 1), 3, 20, 24, 24, (0, 0)),
+        (with(|s| s.share = 2), 3, 20, 24, 24, (0, 0)),
     ];
     for (i, (sh, items, n, ncols, s, shorts)) in cases.into_iter().enumerate() {
         let kernel = column_kernel(sh);

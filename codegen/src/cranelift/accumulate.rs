@@ -31,6 +31,7 @@ use std::collections::HashSet;
 
 use cranelift_codegen::ir::types::{F32, F32X4, I64};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value};
+use cranelift_frontend::Variable;
 use qforge_ir::{Accum, Op, ReduceOrder, Stmt, Value as IrValue};
 
 use super::accumulate_wide::WIDE;
@@ -251,9 +252,7 @@ impl Lowerer<'_> {
             l.scalar_block(body)?;
             for (acc, p) in accs.iter().zip(&partials) {
                 let (a, b) = (l.val(acc.a)?, l.val(acc.b)?);
-                let old = l.b.use_var(*p);
-                let new = l.b.ins().fma(a, b, old);
-                l.b.def_var(*p, new);
+                l.fma_into(*p, a, b);
             }
             Ok(())
         })?;
@@ -262,6 +261,13 @@ impl Lowerer<'_> {
             self.assign_var(acc.var, total)?;
         }
         Ok(())
+    }
+
+    /// `p = fma(a, b, p)` on the variable `p` (scalars or vectors alike).
+    pub(super) fn fma_into(&mut self, p: Variable, a: Value, b: Value) {
+        let old = self.b.use_var(p);
+        let new = self.b.ins().fma(a, b, old);
+        self.b.def_var(p, new);
     }
 
     /// A 16-aligned stack slot of `n_acc * ways` partials (accumulator `t`'s partial `j` at

@@ -407,16 +407,12 @@ impl Lowerer<'_> {
                         a
                     }
                 };
-                let old = l.b.use_var(*p);
-                let new = l.b.ins().fma(a, b, old);
-                l.b.def_var(*p, new);
+                l.fma_into(*p, a, b);
             }
             for (acc, p) in accs.iter().zip(&scalars) {
                 if let Some(p) = p {
                     let (a, b) = (l.val(acc.a)?, l.val(acc.b)?);
-                    let old = l.b.use_var(*p);
-                    let new = l.b.ins().fma(a, b, old);
-                    l.b.def_var(*p, new);
+                    l.fma_into(*p, a, b);
                 }
             }
             Ok(())
