@@ -29,5 +29,6 @@ pub mod conformance;
 pub mod devices;
 mod error;
 pub mod finetune;
+pub mod probe;
 
 pub use error::{Error, Result};

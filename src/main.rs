@@ -217,6 +217,21 @@ enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// Probe what this CPU's bf16 dot-product instructions compute (`vdpbf16ps`, AMX
+    /// `tdpbf16ps`): each runs on generated inputs and every result is compared bit for bit with
+    /// candidate models (`docs/semantics.md`, "bf16 dot-product instructions"). An instruction the
+    /// CPU lacks is reported as skipped.
+    Probe {
+        /// What to probe.
+        #[arg(value_parser = ["bf16-dot"])]
+        what: String,
+        /// f32 results compared per instruction form (at least 1).
+        #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+        results: u64,
+        /// Seed of the generated inputs.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// List the library's kernel names, one per line (the names `compile --kernel` takes).
     ListKernels {
         /// Only the names that contain this string.
@@ -751,6 +766,19 @@ fn main() -> ExitCode {
                 no_bounds_checks,
             };
             compile(&req, output.as_deref()).map(|_| ExitCode::SUCCESS)
+        }
+        Command::Probe {
+            what: _,
+            results,
+            seed,
+        } => {
+            for probe in qforge::probe::bf16_dot::probe_all(results, seed) {
+                match probe {
+                    Ok(report) => out!("{report}"),
+                    Err(why) => out!("skipped: {why}"),
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::ListKernels { filter, json } => {
             list_kernels(filter.as_deref(), json).map(|_| ExitCode::SUCCESS)

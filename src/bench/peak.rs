@@ -6,9 +6,12 @@
 //!   fused multiply-add per step, in the widest vectors the CPU has (AVX-512F 16 lanes, else
 //!   AVX2 + FMA 8 lanes, else scalar `f32::mul_add`; runtime detection). One FMA is 2 FLOP per
 //!   lane.
-//! * bf16 (x86-64 with `avx512bf16`): the same loop of `vdpbf16ps`, which adds two bf16
-//!   products to each of 16 f32 lanes: 2 multiplies + 2 adds = 4 FLOP per lane, 64 FLOP per
-//!   instruction.
+//! * bf16: on Linux x86-64 with AMX-BF16, [`ACCUMULATORS`] `tdpbf16ps` per step on 4
+//!   independent 16 x 16 f32 tiles (16 pairs of bf16 products per output: 16 384 FLOP per
+//!   instruction; `src/probe/amx.rs`); else with `avx512bf16` the loop above of `vdpbf16ps`, which
+//!   adds two bf16 products to each of 16 f32 lanes: 2 multiplies + 2 adds = 4 FLOP per lane, 64
+//!   FLOP per instruction. The faster of the two is the CPU's bf16 peak (on the development VM
+//!   AMX's is 25 times `vdpbf16ps`').
 //!
 //! Enough accumulators hide the instruction latency (4-6 cycles on current x86 cores, up to two
 //! instructions issued per cycle), so the loop is bound by the FMA units alone: the rate a
@@ -42,6 +45,8 @@ pub enum PeakIsa {
     Scalar,
     /// 512-bit `vdpbf16ps` (AVX512_BF16), 16 f32 lanes of 2 bf16 products each.
     Avx512Bf16,
+    /// AMX `tdpbf16ps` on 16 x 16 f32 tiles, 16 bf16 pairs per output.
+    AmxBf16,
 }
 
 impl PeakIsa {
@@ -52,16 +57,19 @@ impl PeakIsa {
             PeakIsa::Avx2Fma => "avx2+fma vfmadd",
             PeakIsa::Scalar => "scalar mul_add",
             PeakIsa::Avx512Bf16 => "avx512_bf16 vdpbf16ps",
+            PeakIsa::AmxBf16 => "amx_bf16 tdpbf16ps",
         }
     }
 
-    /// FLOP of one instruction: lanes x 2 for an FMA, 16 lanes x 4 for `vdpbf16ps`.
+    /// FLOP of one instruction: lanes x 2 for an FMA, 16 lanes x 4 for `vdpbf16ps`, 256
+    /// outputs x 16 pairs x 4 for `tdpbf16ps`.
     pub fn flops_per_instruction(self) -> u64 {
         match self {
             PeakIsa::Avx512 => 16 * 2,
             PeakIsa::Avx2Fma => 8 * 2,
             PeakIsa::Scalar => 2,
             PeakIsa::Avx512Bf16 => 16 * 4,
+            PeakIsa::AmxBf16 => 256 * 16 * 4,
         }
     }
 
@@ -86,8 +94,18 @@ pub fn f32_isa() -> PeakIsa {
     PeakIsa::Scalar
 }
 
-/// `vdpbf16ps` when this CPU has it.
+/// The fastest bf16 dot product this CPU runs: AMX `tdpbf16ps` where the CPU and the kernel
+/// offer it (Linux x86-64), else `vdpbf16ps`, else none.
 pub fn bf16_isa() -> Option<PeakIsa> {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if crate::probe::amx_available() {
+        return Some(PeakIsa::AmxBf16);
+    }
+    vdpbf16ps_isa()
+}
+
+/// `vdpbf16ps` when this CPU has it.
+fn vdpbf16ps_isa() -> Option<PeakIsa> {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512bf16")
@@ -121,10 +139,12 @@ pub fn run_loop(isa: PeakIsa, steps: u64) -> Option<f64> {
             Some(unsafe { x86::avx2_loop(steps, one, one) })
         }
         #[cfg(target_arch = "x86_64")]
-        PeakIsa::Avx512Bf16 if bf16_isa().is_some() => {
-            // SAFETY: the CPU has AVX-512F and AVX512_BF16 (checked by `bf16_isa`).
+        PeakIsa::Avx512Bf16 if vdpbf16ps_isa().is_some() => {
+            // SAFETY: the CPU has AVX-512F and AVX512_BF16 (checked by `vdpbf16ps_isa`).
             Some(unsafe { x86::avx512bf16_loop(steps, one, one) })
         }
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        PeakIsa::AmxBf16 => crate::probe::amx_peak_loop(steps),
         _ => None,
     }
 }
@@ -148,7 +168,7 @@ pub struct Peak {
     pub threads: usize,
     /// f32 FMA peak.
     pub f32: Rate,
-    /// `vdpbf16ps` peak, when the CPU has it.
+    /// bf16 dot-product peak ([`bf16_isa`]), when the CPU has one.
     pub bf16: Option<Rate>,
 }
 
@@ -163,7 +183,7 @@ impl Peak {
     }
 }
 
-/// Measures the f32 peak (and the bf16 one when the CPU has `vdpbf16ps`) on `threads` threads
+/// Measures the f32 peak (and the bf16 one when the CPU has a bf16 dot product) on `threads` threads
 /// (at least 1), each loop running about `duration` per thread.
 pub fn measure_peak(threads: usize, duration: Duration) -> Peak {
     let f32 = f32_isa();
@@ -404,6 +424,10 @@ pub fn cpu_features() -> Vec<&'static str> {
                 out.push(name);
             }
         }
+        #[cfg(target_os = "linux")]
+        if crate::probe::amx_available() {
+            out.push("amx_bf16");
+        }
     }
     #[cfg(target_arch = "aarch64")]
     {
@@ -444,7 +468,8 @@ pub fn header_lines(peak: &Peak) -> Vec<String> {
     lines.push(format!("measured f32 peak: {}", rate(&peak.f32)));
     lines.push(match &peak.bf16 {
         Some(r) => format!("measured bf16 peak: {}", rate(r)),
-        None => "measured bf16 peak: none (no avx512_bf16: bf16 rows use the f32 peak)".into(),
+        None => "measured bf16 peak: none (no amx_bf16 or avx512_bf16: bf16 rows use the f32 peak)"
+            .into(),
     });
     lines.push(
         "% peak = kernel GFLOP/s / the peak of its activation dtype (bf16 rows: the bf16 peak \
@@ -461,9 +486,11 @@ mod tests {
     #[test]
     fn each_step_does_the_flops_it_counts() {
         // Every operand is 1.0: an FMA step adds 1 to each lane (2 FLOP: a multiply and an
-        // add), a vdpbf16ps step adds 1*1 + 1*1 = 2 (4 FLOP). So the lanes' sum is FLOP / 2.
+        // add), a vdpbf16ps step adds 1*1 + 1*1 = 2 (4 FLOP), a tdpbf16ps 16 pairs = 32 to
+        // each output (64 FLOP). So the lanes' sum is FLOP / 2.
         let steps = 1000;
         let mut isas = vec![PeakIsa::Scalar, f32_isa()];
+        isas.extend(vdpbf16ps_isa());
         isas.extend(bf16_isa());
         for isa in isas {
             let sum = run_loop(isa, steps).expect("this CPU has it");
@@ -472,13 +499,17 @@ mod tests {
         assert_eq!(PeakIsa::Avx512.flops(1), 12 * 32);
         assert_eq!(PeakIsa::Avx2Fma.flops(1), 12 * 16);
         assert_eq!(PeakIsa::Avx512Bf16.flops_per_instruction(), 64);
+        assert_eq!(PeakIsa::AmxBf16.flops_per_instruction(), 16384);
         assert_eq!(PeakIsa::Scalar.flops(10), 240);
     }
 
     #[test]
     fn a_loop_the_cpu_lacks_is_none_not_a_crash() {
-        if bf16_isa().is_none() {
+        if vdpbf16ps_isa().is_none() {
             assert_eq!(run_loop(PeakIsa::Avx512Bf16, 10), None);
+        }
+        if bf16_isa() != Some(PeakIsa::AmxBf16) {
+            assert_eq!(run_loop(PeakIsa::AmxBf16, 10), None);
         }
         if f32_isa() != PeakIsa::Avx512 {
             assert_eq!(run_loop(PeakIsa::Avx512, 10), None);

@@ -26,7 +26,9 @@ pub use cases::{config, random_cases, run_cases, runner};
 
 /// Every name a suite may ask about: the `--device` names of the devices, then tools and data.
 /// `transformers` is the Python of `scripts/install-transformers.sh` (torch, transformers and
-/// bitsandbytes), which `tests/transformers.rs` uses to load qforge's checkpoints.
+/// bitsandbytes), which `tests/transformers.rs` uses to load qforge's checkpoints;
+/// `avx512_bf16` and `amx_bf16` are the CPU instructions `tests/probe_bf16.rs` probes (never
+/// required by CI, whose machines differ).
 pub const KNOWN: &[&str] = &[
     "cpu",
     "cpu-llvm",
@@ -38,6 +40,8 @@ pub const KNOWN: &[&str] = &[
     "golden",
     "models",
     "transformers",
+    "avx512_bf16",
+    "amx_bf16",
 ];
 
 /// What `.ci/run` installs and so what must be present whenever [`ci`] is true and

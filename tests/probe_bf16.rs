@@ -1,0 +1,159 @@
+//! The bf16 dot-product probe (`qforge probe bf16-dot`, `src/probe/bf16_dot.rs`): its models on
+//! hand-made cases where their definitions differ, and this CPU's `vdpbf16ps` and AMX
+//! `tdpbf16ps` against the models `docs/semantics.md` documents for Intel's CPUs.
+
+use qforge::probe::bf16_dot::{probe_tdpbf16ps, probe_vdpbf16ps, Model, Report};
+
+/// The bf16 bits of `x` (exact for the powers of two and small integers used here).
+fn bf(x: f32) -> u16 {
+    let bits = x.to_bits();
+    assert_eq!(bits & 0xffff, 0, "{x} is not a bf16 value");
+    (bits >> 16) as u16
+}
+
+/// Every model's result on `acc` plus `pairs`, in [`Model::ALL`] order, as bits.
+fn all(acc: f32, pairs: &[[(u16, u16); 2]]) -> Vec<u32> {
+    Model::ALL
+        .iter()
+        .map(|m| m.apply(acc, pairs).to_bits())
+        .collect()
+}
+
+#[test]
+fn models_differ_where_their_definitions_do() {
+    use Model::*;
+    assert_eq!(
+        Model::ALL,
+        [
+            OddFirstDazFtz,
+            EvenFirstDazFtz,
+            OddFirstIeee,
+            PairChainsDazFtz
+        ]
+    );
+    let (tiny, neg_tiny) = (bf(2f32.powi(-12)), bf(-(2f32.powi(-12))));
+    // 1 + 2^-24 is a tie that rounds to 1; 1 - 2^-24 is exact. Odd first: 1 - 2^-24, then 1.
+    // Even first: 1, then 1 - 2^-24. Two chains: 2^-24 + -2^-24 = 0, then 1.
+    let pair = [(tiny, tiny), (neg_tiny, tiny)];
+    assert_eq!(
+        all(1.0, &[pair]),
+        [0x3f80_0000, 0x3f7f_ffff, 0x3f80_0000, 0x3f80_0000]
+    );
+    // Both products 2^-24: one at a time each ties back to 1; the chains' sum 2^-23 does not.
+    let pair = [(tiny, tiny), (tiny, tiny)];
+    assert_eq!(
+        all(1.0, &[pair]),
+        [0x3f80_0000, 0x3f80_0000, 0x3f80_0000, 0x3f80_0001]
+    );
+    // A subnormal bf16 factor (2^-133) times 2^100: read as zero with DAZ, 2^-33 by IEEE.
+    let pair = [(0x0001, bf(2f32.powi(100))), (0, 0)];
+    assert_eq!(all(0.0, &[pair]), [0, 0, 0x2f00_0000, 0]);
+    // A subnormal product 2^-140: flushed with FTZ, kept by IEEE.
+    let t = bf(2f32.powi(-70));
+    assert_eq!(all(0.0, &[[(t, t), (0, 0)]]), [0, 0, 0x0000_0200, 0]);
+    // Products -0 into -0: the chains start at +0 and end at +0, the others keep -0.
+    let pair = [(0, bf(-1.0)), (0, bf(-1.0))];
+    assert_eq!(
+        all(-0.0, &[pair]),
+        [0x8000_0000, 0x8000_0000, 0x8000_0000, 0]
+    );
+    // The chains sum even and odd products apart over all pairs: 1 + (2^-24 + 2^-24) per chain
+    // happens once, at the end, after the chains reached 2^-23 each: 1 + 2^-22.
+    let pair = [(tiny, tiny), (tiny, tiny)];
+    assert_eq!(
+        PairChainsDazFtz.apply(1.0, &[pair, pair]).to_bits(),
+        0x3f80_0002
+    );
+    assert_eq!(
+        OddFirstDazFtz.apply(1.0, &[pair, pair]).to_bits(),
+        0x3f80_0000
+    );
+}
+
+/// The CPU vendor from `/proc/cpuinfo` (empty when the system does not say).
+fn vendor() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("vendor_id"))
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// Checks that the generated cases tell the models apart (every model but one disagrees with
+/// the hardware somewhere), then that the one left is `want` on Intel's CPUs; other vendors'
+/// are printed.
+fn check(report: &Report, want: Model) {
+    println!("{report}");
+    let matching = report.matching();
+    assert!(
+        matching.len() <= 1,
+        "the cases do not tell the models apart: {report}"
+    );
+    if vendor() == "GenuineIntel" {
+        assert_eq!(matching, [want], "{report}");
+    } else {
+        println!(
+            "skipped: the documented models are Intel's; this CPU is '{}'",
+            vendor()
+        );
+    }
+}
+
+#[test]
+fn vdpbf16ps_is_intels_documented_odd_first_fma() {
+    match probe_vdpbf16ps(100_000, 7) {
+        Err(why) => qforge_testkit::unavailable("avx512_bf16", why),
+        Ok(report) => {
+            assert_eq!(report.results, 100_000);
+            check(&report, Model::OddFirstDazFtz);
+        }
+    }
+}
+
+#[test]
+fn tdpbf16ps_sums_even_and_odd_products_in_two_chains() {
+    for k_pairs in [1, 5, 16] {
+        match probe_tdpbf16ps(50_000, k_pairs, 11) {
+            Err(why) => return qforge_testkit::unavailable("amx_bf16", why),
+            Ok(report) => check(&report, Model::PairChainsDazFtz),
+        }
+    }
+}
+
+#[test]
+fn tdpbf16ps_refuses_a_pair_count_outside_1_to_16() {
+    for k_pairs in [0, 17] {
+        let err = probe_tdpbf16ps(256, k_pairs, 1).unwrap_err();
+        assert!(err.0.contains(&format!("not {k_pairs}")), "{err}");
+    }
+}
+
+#[test]
+fn the_cli_reports_every_instruction_or_why_it_skipped_it() {
+    let exe = env!("CARGO_BIN_EXE_qforge");
+    let (code, out, err) = qforge_testkit::run(exe, &["probe", "bf16-dot", "--results", "2000"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let forms = ["vdpbf16ps zmm", "tdpbf16ps K=1 ", "tdpbf16ps K=16 "];
+    let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("  ")).collect();
+    let reported = lines
+        .iter()
+        .filter(|l| forms.iter().any(|f| l.starts_with(f)) || l.starts_with("skipped: "))
+        .count();
+    assert_eq!(reported, 3, "{out}");
+    for model in Model::ALL {
+        let rows = out
+            .lines()
+            .filter(|l| l.trim_start().starts_with(model.name()));
+        assert_eq!(rows.count(), 3 - out.matches("skipped: ").count(), "{out}");
+    }
+    let (code, _, err) = qforge_testkit::run(exe, &["probe", "fp8-dot"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("fp8-dot") && err.contains("bf16-dot"), "{err}");
+    let (code, _, err) = qforge_testkit::run(exe, &["probe", "bf16-dot", "--results", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--results"), "{err}");
+}
