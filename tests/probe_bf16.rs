@@ -157,3 +157,55 @@ fn the_cli_reports_every_instruction_or_why_it_skipped_it() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--results"), "{err}");
 }
+
+/// bf16 bits drawn with unbiased exponents in `lo..=hi`, a fifth of them zeros of either sign.
+fn bf16s(len: usize, (lo, hi): (i32, i32), seed: u64) -> Vec<u16> {
+    let mut s = seed | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let sign = ((s >> 60) & 1) as u16;
+            if s.is_multiple_of(5) {
+                return sign << 15;
+            }
+            let e = (lo + ((s >> 8) % (hi - lo + 1) as u64) as i32 + 127) as u16;
+            (sign << 15) | (e << 7) | ((s >> 24) as u16 & 0x7f)
+        })
+        .collect()
+}
+
+/// A whole AMX GEMM (several 32-element chunks accumulated in the tile) is the `amx 32` order
+/// by IEEE arithmetic bit for bit when no product can be subnormal (`docs/semantics.md`: factor
+/// exponents summing to at least -112), and is not where DAZ and FTZ act.
+#[test]
+fn an_amx_gemm_is_the_amx_32_order_when_no_subnormal_can_arise() {
+    use qforge::probe::bf16_dot::{amx32_gemm, amx32_reference};
+    let (m, n, k) = (32, 48, 320);
+    let (mut a, b) = (bf16s(m * k, (-40, 40), 3), bf16s(n * k, (-40, 40), 4));
+    // Row 0 of A is -0.0: every chunk's sums start at +0.0, so its outputs are +0.0.
+    a[..k].fill(0x8000);
+    let hw = match amx32_gemm(&a, &b, (m, n, k)) {
+        Err(why) => return qforge_testkit::unavailable("amx_bf16", why),
+        Ok(c) => c,
+    };
+    let want = amx32_reference(&a, &b, (m, n, k));
+    let differ = |x: &[f32], y: &[f32]| {
+        x.iter()
+            .zip(y)
+            .filter(|(p, q)| p.to_bits() != q.to_bits())
+            .count()
+    };
+    assert_eq!(differ(&hw, &want), 0);
+    assert!(
+        want[..n].iter().all(|x| x.to_bits() == 0),
+        "{:?}",
+        &want[..n]
+    );
+    // Factors near 2^-60: products near 2^-120 and below, where the hardware flushes.
+    let (a, b) = (bf16s(m * k, (-66, -56), 5), bf16s(n * k, (-66, -56), 6));
+    let hw = amx32_gemm(&a, &b, (m, n, k)).expect("available above");
+    assert!(differ(&hw, &amx32_reference(&a, &b, (m, n, k))) > 0);
+    assert!(amx32_gemm(&a, &b, (m, 40, k)).is_err());
+}

@@ -170,3 +170,56 @@ pub(super) unsafe fn peak_loop(steps: u64) -> f64 {
     }
     out.iter().flatten().flatten().map(|&x| f64::from(x)).sum()
 }
+
+/// `C = A B^T` for bf16 `a: [m, k]` and `b: [n, k]` (bit patterns, row-major) by `tdpbf16ps`,
+/// `m`, `n` multiples of 16 and `k` of 32: every 16 x 16 tile of `C` starts at `-0.0` and takes
+/// one instruction per 32 elements of `k` in increasing order.
+///
+/// # Safety
+/// [`request`] must have succeeded in this process; `a` and `b` hold `m * k` and `n * k`
+/// elements.
+pub(super) unsafe fn gemm(a: &[u16], b: &[u16], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
+    // B as pair rows: pair row `p` holds `(b[j][2p], b[j][2p + 1])` for every `j`.
+    let mut pairs = vec![0u16; n * k];
+    for j in 0..n {
+        for p in 0..k / 2 {
+            pairs[(p * n + j) * 2] = b[j * k + 2 * p];
+            pairs[(p * n + j) * 2 + 1] = b[j * k + 2 * p + 1];
+        }
+    }
+    let mut c = vec![-0.0f32; m * n];
+    // Tiles 0 (C: 16 rows of 16 f32), 1 (A: 16 rows of 32 bf16), 2 (B: 16 pair rows of 16 pairs).
+    let cfg = TileConfig::new(&[64; 3], &[16; 3]);
+    for i0 in (0..m).step_by(16) {
+        for j0 in (0..n).step_by(16) {
+            let tile = c[i0 * n + j0..].as_mut_ptr();
+            for l0 in (0..k).step_by(32) {
+                let a_tile = a[i0 * k + l0..].as_ptr();
+                let b_tile = pairs[(l0 / 2 * n + j0) * 2..].as_ptr();
+                // SAFETY: a valid palette-1 configuration; the C tile is 16 rows of 64 bytes
+                // `4 n` bytes apart from `c[i0][j0]`, the A tile 16 rows of 64 bytes `2 k` apart
+                // from `a[i0][l0]`, the B tile 16 pair rows of 64 bytes `4 n` apart: all inside
+                // the buffers since `i0 + 16 <= m`, `j0 + 16 <= n`, `l0 + 32 <= k`.
+                unsafe {
+                    asm!(
+                        "ldtilecfg [{cfg}]",
+                        "tileloadd tmm0, [{c} + {cs} * 1]",
+                        "tileloadd tmm1, [{a} + {as_} * 1]",
+                        "tileloadd tmm2, [{b} + {cs} * 1]",
+                        "tdpbf16ps tmm0, tmm1, tmm2",
+                        "tilestored [{c} + {cs} * 1], tmm0",
+                        "tilerelease",
+                        cfg = in(reg) cfg.0.as_ptr(),
+                        c = in(reg) tile,
+                        a = in(reg) a_tile,
+                        b = in(reg) b_tile,
+                        cs = in(reg) 4 * n,
+                        as_ = in(reg) 2 * k,
+                        options(nostack),
+                    );
+                }
+            }
+        }
+    }
+    c
+}

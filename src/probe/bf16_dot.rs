@@ -333,6 +333,62 @@ pub fn probe_all(results: u64, seed: u64) -> Vec<Result<Report, Unavailable>> {
     ]
 }
 
+/// `C = A B^T` (`C: [m, n]`) of bf16 `a: [m, k]` and `b: [n, k]` (bit patterns, row-major) in
+/// the `amx 32` order (`docs/semantics.md`), by IEEE arithmetic: per output the elements in
+/// chunks of 32; in each chunk the even and the odd elements fused into two sums that start at
+/// `+0.0`; the chunk's `even + odd` added to a running sum that starts at `-0.0`. `k` must be a
+/// multiple of 32.
+pub fn amx32_reference(a: &[u16], b: &[u16], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
+    let mut c = Vec::with_capacity(m * n);
+    for i in 0..m {
+        for j in 0..n {
+            let (row, col) = (&a[i * k..(i + 1) * k], &b[j * k..(j + 1) * k]);
+            let sum = row
+                .chunks(32)
+                .zip(col.chunks(32))
+                .fold(-0.0f32, |s, (x, y)| {
+                    let (mut even, mut odd) = (0.0f32, 0.0f32);
+                    for p in 0..x.len() / 2 {
+                        even = fma(even, (x[2 * p], y[2 * p]), false);
+                        odd = fma(odd, (x[2 * p + 1], y[2 * p + 1]), false);
+                    }
+                    s + (even + odd)
+                });
+            c.push(sum);
+        }
+    }
+    c
+}
+
+/// [`amx32_reference`]'s product by AMX `tdpbf16ps`: a 16 x 16 tile of `C` per output block,
+/// one instruction per 32 elements of `k` (no cache blocking: a check, not a fast GEMM).
+///
+/// # Errors
+/// [`Unavailable`] when AMX is not offered here (see [`probe_tdpbf16ps`]), or `m`, `n` are not
+/// multiples of 16, `k` not of 32, or `a`, `b` not `m * k`, `n * k` long.
+pub fn amx32_gemm(
+    a: &[u16],
+    b: &[u16],
+    (m, n, k): (usize, usize, usize),
+) -> Result<Vec<f32>, Unavailable> {
+    if m % 16 != 0 || n % 16 != 0 || k % 32 != 0 || a.len() != m * k || b.len() != n * k {
+        return Err(Unavailable(format!(
+            "amx32_gemm takes m, n multiples of 16 and k of 32 with a [m, k], b [n, k]; got \
+             m = {m}, n = {n}, k = {k}, {} and {} elements",
+            a.len(),
+            b.len()
+        )));
+    }
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        super::amx::request()?;
+        // SAFETY: the tile state was granted; the lengths were checked above.
+        Ok(unsafe { super::amx::gemm(a, b, (m, n, k)) })
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    Err(Unavailable("AMX runs on Linux x86-64 only".into()))
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
