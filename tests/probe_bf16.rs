@@ -181,12 +181,12 @@ fn bf16s(len: usize, (lo, hi): (i32, i32), seed: u64) -> Vec<u16> {
 /// exponents summing to at least -112), and is not where DAZ and FTZ act.
 #[test]
 fn an_amx_gemm_is_the_amx_32_order_when_no_subnormal_can_arise() {
-    use qforge::probe::bf16_dot::{amx32_gemm, amx32_reference};
-    let (m, n, k) = (32, 48, 320);
+    use qforge::probe::bf16_dot::{amx32_gemm, amx32_reference, Amx32Weight};
+    let (m, n, k) = (64, 96, 320);
     let (mut a, b) = (bf16s(m * k, (-40, 40), 3), bf16s(n * k, (-40, 40), 4));
     // Row 0 of A is -0.0: every chunk's sums start at +0.0, so its outputs are +0.0.
     a[..k].fill(0x8000);
-    let hw = match amx32_gemm(&a, &b, (m, n, k)) {
+    let hw = match amx32_gemm(&a, m, &Amx32Weight::pack(&b, n, k).expect("fits")) {
         Err(why) => return qforge_testkit::unavailable("amx_bf16", why),
         Ok(c) => c,
     };
@@ -205,7 +205,11 @@ fn an_amx_gemm_is_the_amx_32_order_when_no_subnormal_can_arise() {
     );
     // Factors near 2^-60: products near 2^-120 and below, where the hardware flushes.
     let (a, b) = (bf16s(m * k, (-66, -56), 5), bf16s(n * k, (-66, -56), 6));
-    let hw = amx32_gemm(&a, &b, (m, n, k)).expect("available above");
+    let packed = Amx32Weight::pack(&b, n, k).expect("fits");
+    let hw = amx32_gemm(&a, m, &packed).expect("available above");
     assert!(differ(&hw, &amx32_reference(&a, &b, (m, n, k))) > 0);
-    assert!(amx32_gemm(&a, &b, (m, 40, k)).is_err());
+    assert!(Amx32Weight::pack(&b[..40 * k], 40, k).is_err());
+    assert!(Amx32Weight::pack(&b, n, k - 1).is_err());
+    assert!(amx32_gemm(&a[..k * 16], 16, &packed).is_err());
+    assert!(amx32_gemm(&a[..k], m, &packed).is_err());
 }

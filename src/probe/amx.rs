@@ -171,55 +171,103 @@ pub(super) unsafe fn peak_loop(steps: u64) -> f64 {
     out.iter().flatten().flatten().map(|&x| f64::from(x)).sum()
 }
 
-/// `C = A B^T` for bf16 `a: [m, k]` and `b: [n, k]` (bit patterns, row-major) by `tdpbf16ps`,
-/// `m`, `n` multiples of 16 and `k` of 32: every 16 x 16 tile of `C` starts at `-0.0` and takes
-/// one instruction per 32 elements of `k` in increasing order.
+/// `C = A B^T` for bf16 `a: [m, k]` (bit patterns, row-major) and `B: [n, k]` packed as
+/// `pairs` ([`super::bf16_dot::Amx32Weight`]'s layout), `m`, `n` and `k` multiples of 32, on up
+/// to `threads` threads (bands of 32 rows): every 16 x 16 tile of `C` starts at `-0.0` and
+/// takes one instruction per 32 elements of `k` in increasing order. Each step loads two tiles
+/// of `A` and two of `B` (1 KiB in one piece each) for four instructions (a 32 x 32 block of
+/// `C`).
 ///
 /// # Safety
-/// [`request`] must have succeeded in this process; `a` and `b` hold `m * k` and `n * k`
-/// elements.
-pub(super) unsafe fn gemm(a: &[u16], b: &[u16], (m, n, k): (usize, usize, usize)) -> Vec<f32> {
-    // B as pair rows: pair row `p` holds `(b[j][2p], b[j][2p + 1])` for every `j`.
-    let mut pairs = vec![0u16; n * k];
-    for j in 0..n {
-        for p in 0..k / 2 {
-            pairs[(p * n + j) * 2] = b[j * k + 2 * p];
-            pairs[(p * n + j) * 2 + 1] = b[j * k + 2 * p + 1];
-        }
-    }
+/// [`request`] must have succeeded in this process; `a` holds `m * k` elements and `pairs`
+/// `n * k / 2`.
+pub(super) unsafe fn gemm(
+    a: &[u16],
+    pairs: &[u32],
+    (m, n, k): (usize, usize, usize),
+    threads: usize,
+) -> Vec<f32> {
+    let panel = k / 2 * 16;
     let mut c = vec![-0.0f32; m * n];
-    // Tiles 0 (C: 16 rows of 16 f32), 1 (A: 16 rows of 32 bf16), 2 (B: 16 pair rows of 16 pairs).
-    let cfg = TileConfig::new(&[64; 3], &[16; 3]);
-    for i0 in (0..m).step_by(16) {
-        for j0 in (0..n).step_by(16) {
-            let tile = c[i0 * n + j0..].as_mut_ptr();
-            for l0 in (0..k).step_by(32) {
-                let a_tile = a[i0 * k + l0..].as_ptr();
-                let b_tile = pairs[(l0 / 2 * n + j0) * 2..].as_ptr();
-                // SAFETY: a valid palette-1 configuration; the C tile is 16 rows of 64 bytes
-                // `4 n` bytes apart from `c[i0][j0]`, the A tile 16 rows of 64 bytes `2 k` apart
-                // from `a[i0][l0]`, the B tile 16 pair rows of 64 bytes `4 n` apart: all inside
-                // the buffers since `i0 + 16 <= m`, `j0 + 16 <= n`, `l0 + 32 <= k`.
-                unsafe {
-                    asm!(
-                        "ldtilecfg [{cfg}]",
-                        "tileloadd tmm0, [{c} + {cs} * 1]",
-                        "tileloadd tmm1, [{a} + {as_} * 1]",
-                        "tileloadd tmm2, [{b} + {cs} * 1]",
-                        "tdpbf16ps tmm0, tmm1, tmm2",
-                        "tilestored [{c} + {cs} * 1], tmm0",
-                        "tilerelease",
-                        cfg = in(reg) cfg.0.as_ptr(),
-                        c = in(reg) tile,
-                        a = in(reg) a_tile,
-                        b = in(reg) b_tile,
-                        cs = in(reg) 4 * n,
-                        as_ = in(reg) 2 * k,
-                        options(nostack),
-                    );
-                }
-            }
-        }
+    if m == 0 || n == 0 {
+        return c;
     }
+    // Tiles 0-3: C (16 rows of 16 f32); 4, 5: A (16 rows of 32 bf16); 6, 7: B (16 pair rows).
+    let cfg = TileConfig::new(&[64; 8], &[16; 8]);
+    let bands = m / 32;
+    let per_thread = bands.div_ceil(threads.clamp(1, bands.max(1)));
+    let pairs = &pairs;
+    let cfg = &cfg;
+    std::thread::scope(|s| {
+        for (t, band) in c.chunks_mut(per_thread * 32 * n).enumerate() {
+            s.spawn(move || {
+                for (r, rows) in band.chunks_mut(32 * n).enumerate() {
+                    let i0 = (t * per_thread + r) * 32;
+                    for j0 in (0..n).step_by(32) {
+                        let base = rows.as_mut_ptr();
+                        let at = |i: usize, j: usize| base.wrapping_add(i * n + j0 + j);
+                        let (c00, c01, c10, c11) = (at(0, 0), at(0, 16), at(16, 0), at(16, 16));
+                        let a0 = a[i0 * k..].as_ptr();
+                        let a1 = a[(i0 + 16) * k..].as_ptr();
+                        let b0 = pairs.as_ptr().wrapping_add((j0 / 16) * panel);
+                        let b1 = pairs.as_ptr().wrapping_add((j0 / 16 + 1) * panel);
+                        // SAFETY: a valid palette-1 configuration of 8 tiles of 16 rows of 64
+                        // bytes. C tiles: 16 rows `4 n` bytes apart from rows `i0`, `i0 + 16`
+                        // and columns `j0`, `j0 + 16` of this band, inside it (`j0 + 32 <=
+                        // n`). A tiles: 16 rows `2 k` bytes apart from `a[i0][0]`, `a[i0 +
+                        // 16][0]`, advanced 64 bytes per step for `k / 32` steps: inside `a`
+                        // (`i0 + 32 <= m`). B tiles: 1 KiB contiguous per step inside their
+                        // panels of `4 panel` bytes. The tile state is released at the end.
+                        unsafe {
+                            asm!(
+                                "ldtilecfg [{cfg}]",
+                                "tileloadd tmm0, [{c00} + {cs} * 1]",
+                                "tileloadd tmm1, [{c01} + {cs} * 1]",
+                                "tileloadd tmm2, [{c10} + {cs} * 1]",
+                                "tileloadd tmm3, [{c11} + {cs} * 1]",
+                                "test {steps}, {steps}",
+                                "jz 3f",
+                                "2:",
+                                "tileloadd tmm4, [{a0} + {as_} * 1]",
+                                "tileloadd tmm5, [{a1} + {as_} * 1]",
+                                "tileloadd tmm6, [{b0} + {bs} * 1]",
+                                "tileloadd tmm7, [{b1} + {bs} * 1]",
+                                "tdpbf16ps tmm0, tmm4, tmm6",
+                                "tdpbf16ps tmm1, tmm4, tmm7",
+                                "tdpbf16ps tmm2, tmm5, tmm6",
+                                "tdpbf16ps tmm3, tmm5, tmm7",
+                                "add {a0}, 64",
+                                "add {a1}, 64",
+                                "add {b0}, 1024",
+                                "add {b1}, 1024",
+                                "dec {steps}",
+                                "jnz 2b",
+                                "3:",
+                                "tilestored [{c00} + {cs} * 1], tmm0",
+                                "tilestored [{c01} + {cs} * 1], tmm1",
+                                "tilestored [{c10} + {cs} * 1], tmm2",
+                                "tilestored [{c11} + {cs} * 1], tmm3",
+                                "tilerelease",
+                                cfg = in(reg) cfg.0.as_ptr(),
+                                c00 = in(reg) c00,
+                                c01 = in(reg) c01,
+                                c10 = in(reg) c10,
+                                c11 = in(reg) c11,
+                                a0 = inout(reg) a0 => _,
+                                a1 = inout(reg) a1 => _,
+                                b0 = inout(reg) b0 => _,
+                                b1 = inout(reg) b1 => _,
+                                cs = in(reg) 4 * n,
+                                as_ = in(reg) 2 * k,
+                                bs = in(reg) STRIDE,
+                                steps = inout(reg) k / 32 => _,
+                                options(nostack),
+                            );
+                        }
+                    }
+                }
+            });
+        }
+    });
     c
 }

@@ -360,33 +360,75 @@ pub fn amx32_reference(a: &[u16], b: &[u16], (m, n, k): (usize, usize, usize)) -
     c
 }
 
-/// [`amx32_reference`]'s product by AMX `tdpbf16ps`: a 16 x 16 tile of `C` per output block,
-/// one instruction per 32 elements of `k` (no cache blocking: a check, not a fast GEMM).
+/// A bf16 `B: [n, k]` in the layout AMX reads it from: panels of 16 columns, each `k / 2` pair
+/// rows of 16 pairs `(B[j][2p], B[j][2p + 1])` (64 contiguous bytes), so that a tile of `B` is
+/// 1 KiB in one piece.
+pub struct Amx32Weight {
+    /// Pair `(j, p)` (low half the even element) at `(j / 16) * 8 k + p * 16 + j % 16`.
+    pairs: Vec<u32>,
+    n: usize,
+    k: usize,
+}
+
+impl Amx32Weight {
+    /// Packs `b` (`[n, k]` bf16 bit patterns, row-major).
+    ///
+    /// # Errors
+    /// [`Unavailable`] when `n` or `k` is not a multiple of 32 or `b` is not `n * k` long.
+    pub fn pack(b: &[u16], n: usize, k: usize) -> Result<Amx32Weight, Unavailable> {
+        if !n.is_multiple_of(32) || !k.is_multiple_of(32) || b.len() != n * k {
+            return Err(Unavailable(format!(
+                "Amx32Weight takes n and k multiples of 32 and b [n, k]; got n = {n}, k = {k}, \
+                 {} elements",
+                b.len()
+            )));
+        }
+        let panel = k / 2 * 16;
+        let mut pairs = vec![0u32; n * k / 2];
+        if panel > 0 {
+            // Panel by panel, written in order; its 16 rows of B are read side by side.
+            for (rows, out) in b.chunks_exact(16 * k).zip(pairs.chunks_exact_mut(panel)) {
+                for (p, dst) in out.chunks_exact_mut(16).enumerate() {
+                    for (jj, d) in dst.iter_mut().enumerate() {
+                        let at = jj * k + 2 * p;
+                        *d = u32::from(rows[at]) | u32::from(rows[at + 1]) << 16;
+                    }
+                }
+            }
+        }
+        Ok(Amx32Weight { pairs, n, k })
+    }
+}
+
+/// [`amx32_reference`]'s product `A B^T` (`a: [m, k]` bf16 bits) by AMX `tdpbf16ps` on the
+/// machine's threads: 32 x 32 blocks of `C`, one instruction per 16 x 16 tile and 32 elements
+/// of `k`, no further cache blocking (a check, and a measure of what an AMX kernel could reach;
+/// `benches/amx.rs`).
 ///
 /// # Errors
-/// [`Unavailable`] when AMX is not offered here (see [`probe_tdpbf16ps`]), or `m`, `n` are not
-/// multiples of 16, `k` not of 32, or `a`, `b` not `m * k`, `n * k` long.
-pub fn amx32_gemm(
-    a: &[u16],
-    b: &[u16],
-    (m, n, k): (usize, usize, usize),
-) -> Result<Vec<f32>, Unavailable> {
-    if m % 16 != 0 || n % 16 != 0 || k % 32 != 0 || a.len() != m * k || b.len() != n * k {
+/// [`Unavailable`] when AMX is not offered here (see [`probe_tdpbf16ps`]), `m` is not a
+/// multiple of 32, or `a` is not `m * k` long.
+pub fn amx32_gemm(a: &[u16], m: usize, b: &Amx32Weight) -> Result<Vec<f32>, Unavailable> {
+    let (n, k) = (b.n, b.k);
+    if !m.is_multiple_of(32) || a.len() != m * k {
         return Err(Unavailable(format!(
-            "amx32_gemm takes m, n multiples of 16 and k of 32 with a [m, k], b [n, k]; got \
-             m = {m}, n = {n}, k = {k}, {} and {} elements",
-            a.len(),
-            b.len()
+            "amx32_gemm takes m a multiple of 32 and a [m, {k}]; got m = {m}, {} elements",
+            a.len()
         )));
     }
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
         super::amx::request()?;
-        // SAFETY: the tile state was granted; the lengths were checked above.
-        Ok(unsafe { super::amx::gemm(a, b, (m, n, k)) })
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+        // SAFETY: the tile state was granted; `a` holds `m * k` elements (checked above) and
+        // `b.pairs` `n * k / 2` (`pack`).
+        Ok(unsafe { super::amx::gemm(a, &b.pairs, (m, n, k), threads) })
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    Err(Unavailable("AMX runs on Linux x86-64 only".into()))
+    {
+        let _ = n;
+        Err(Unavailable("AMX runs on Linux x86-64 only".into()))
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
