@@ -15,17 +15,23 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion, SamplingMode};
 use qforge::bench::baselines::fp32_gemm;
-use qforge::probe::bf16_dot::{amx32_gemm, Amx32Weight};
+use qforge::probe::bf16_dot::{amx32_gemm, amx32_reference, Amx32Weight, ProbeError};
 
-/// `(M, K, N)` from `QFORGE_BENCH_SHAPE`, else 512 x 4096 x 4096.
+/// `(M, K, N)` from `QFORGE_BENCH_SHAPE` (three positive multiples of 32), else 512 x 4096 x
+/// 4096; anything else ends the bench with a message and exit code 2.
 fn shape() -> (usize, usize, usize) {
-    let dims: Vec<usize> = std::env::var("QFORGE_BENCH_SHAPE")
-        .ok()
-        .map(|v| v.split(',').filter_map(|d| d.trim().parse().ok()).collect())
-        .unwrap_or_default();
+    let Ok(v) = std::env::var("QFORGE_BENCH_SHAPE") else {
+        return (512, 4096, 4096);
+    };
+    let dims: Vec<Option<usize>> = v.split(',').map(|d| d.trim().parse().ok()).collect();
     match dims[..] {
-        [m, k, n] => (m, k, n),
-        _ => (512, 4096, 4096),
+        [Some(m), Some(k), Some(n)] if [m, k, n].iter().all(|&d| d > 0 && d % 32 == 0) => (m, k, n),
+        _ => {
+            eprintln!(
+                "QFORGE_BENCH_SHAPE={v}: want M,K,N, three positive multiples of 32 (e.g. 512,4096,4096)"
+            );
+            std::process::exit(2)
+        }
     }
 }
 
@@ -50,11 +56,21 @@ fn bench(c: &mut Criterion) {
         (0..len).map(|i| 0x3f80 + ((i * step) % 8) as u16).collect()
     };
     let (a, b) = (bf(m * k, 3), bf(n * k, 5));
-    let packed = Amx32Weight::pack(&b, n, k).expect("a shape of multiples of 32");
-    if let Err(why) = amx32_gemm(&a, m, &packed) {
-        println!("skipped: {why}");
-        return;
-    }
+    let packed = Amx32Weight::pack(&b, n, k).expect("shape() gives multiples of 32");
+    let first = match amx32_gemm(&a, m, &packed) {
+        Ok(c) => c,
+        Err(ProbeError::Unavailable(why)) => return println!("skipped: {why}"),
+        Err(e) => panic!("shape() gives multiples of 32: {e}"),
+    };
+    // Row 0 of C against the order computed by IEEE arithmetic.
+    assert_eq!(
+        first[..n].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        amx32_reference(&a[..k], &b, (1, n, k))
+            .iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<_>>(),
+        "amx32_gemm's first row is not the amx 32 order"
+    );
     let widen = |v: &[u16]| -> Vec<f32> {
         v.iter()
             .map(|&h| f32::from_bits(u32::from(h) << 16))
@@ -62,7 +78,7 @@ fn bench(c: &mut Criterion) {
     };
     let (af, bf32) = (widen(&a), widen(&b));
     let mut cf = vec![0.0f32; m * n];
-    let mut group = c.benchmark_group(format!("bf16 gemm M={m},K={k},N={n}"));
+    let mut group = c.benchmark_group(format!("gemm M={m},K={k},N={n} (AMX bf16, f32 baseline)"));
     group
         .sample_size(10)
         .warm_up_time(Duration::from_secs(1))

@@ -220,13 +220,15 @@ enum Command {
     /// Probe what this CPU's bf16 dot-product instructions compute (`vdpbf16ps`, AMX
     /// `tdpbf16ps`): each runs on generated inputs and every result is compared bit for bit with
     /// candidate models (`docs/semantics.md`, "bf16 dot-product instructions"). An instruction the
-    /// CPU lacks is reported as skipped.
+    /// CPU lacks is reported as skipped. Exit code 1 when a probed instruction agrees with no
+    /// model or with several (inconclusive).
     Probe {
         /// What to probe.
         #[arg(value_parser = ["bf16-dot"])]
         what: String,
-        /// f32 results compared per instruction form (at least 1).
-        #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+        /// f32 results compared per instruction form, 1 to 10^9, rounded up to whole
+        /// instructions (16 results for vdpbf16ps, 256 for a tdpbf16ps tile).
+        #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
         results: u64,
         /// Seed of the generated inputs.
         #[arg(long, default_value_t = 1)]
@@ -468,6 +470,33 @@ fn quantize(input: PathBuf, output: PathBuf, a: QuantizeArgs, device: &str) -> R
         out!("peak RSS {rss} bytes");
     }
     Ok(())
+}
+
+/// `qforge probe bf16-dot`: each instruction's report as it completes; exit code 1 when a
+/// probed instruction agrees with no model or with several.
+fn probe_bf16_dot(results: u64, seed: u64) -> Result<ExitCode> {
+    use qforge::probe::bf16_dot::{probe_tdpbf16ps, probe_vdpbf16ps, ProbeError, Report};
+    let probes: [&dyn Fn() -> std::result::Result<Report, ProbeError>; 3] = [
+        &|| probe_vdpbf16ps(results, seed),
+        &|| probe_tdpbf16ps(results, 1, seed),
+        &|| probe_tdpbf16ps(results, 16, seed),
+    ];
+    let mut conclusive = true;
+    for probe in probes {
+        match probe() {
+            Ok(report) => {
+                conclusive &= report.matching().len() == 1;
+                out!("{report}\n");
+            }
+            Err(ProbeError::Unavailable(why)) => out!("skipped: {why}\n"),
+            Err(e @ ProbeError::Invalid(_)) => return Err(Error::Usage(e.to_string())),
+        }
+    }
+    Ok(if conclusive {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn bench(json: bool, suite: &str, filter: Option<&str>, device: &str) -> Result<()> {
@@ -771,15 +800,7 @@ fn main() -> ExitCode {
             what: _,
             results,
             seed,
-        } => {
-            for probe in qforge::probe::bf16_dot::probe_all(results, seed) {
-                match probe {
-                    Ok(report) => out!("{report}"),
-                    Err(why) => out!("skipped: {why}"),
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => probe_bf16_dot(results, seed),
         Command::ListKernels { filter, json } => {
             list_kernels(filter.as_deref(), json).map(|_| ExitCode::SUCCESS)
         }

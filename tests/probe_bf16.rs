@@ -2,7 +2,7 @@
 //! hand-made cases where their definitions differ, and this CPU's `vdpbf16ps` and AMX
 //! `tdpbf16ps` against the models `docs/semantics.md` documents for Intel's CPUs.
 
-use qforge::probe::bf16_dot::{probe_tdpbf16ps, probe_vdpbf16ps, Model, Report};
+use qforge::probe::bf16_dot::{probe_tdpbf16ps, probe_vdpbf16ps, Model, ProbeError, Report};
 
 /// The bf16 bits of `x` (exact for the powers of two and small integers used here).
 fn bf(x: f32) -> u16 {
@@ -103,23 +103,33 @@ fn check(report: &Report, want: Model) {
     }
 }
 
+/// The report, or `None` after printing why this machine skips it (`name` unavailable);
+/// an invalid request fails the test.
+fn ran<T>(name: &str, result: Result<T, ProbeError>) -> Option<T> {
+    match result {
+        Ok(t) => Some(t),
+        Err(ProbeError::Unavailable(why)) => {
+            qforge_testkit::unavailable(name, why);
+            None
+        }
+        Err(e @ ProbeError::Invalid(_)) => panic!("{e}"),
+    }
+}
+
 #[test]
 fn vdpbf16ps_is_intels_documented_odd_first_fma() {
-    match probe_vdpbf16ps(100_000, 7) {
-        Err(why) => qforge_testkit::unavailable("avx512_bf16", why),
-        Ok(report) => {
-            assert_eq!(report.results, 100_000);
-            check(&report, Model::OddFirstDazFtz);
-        }
+    if let Some(report) = ran("avx512_bf16", probe_vdpbf16ps(100_000, 7)) {
+        assert_eq!(report.results, 100_000);
+        check(&report, Model::OddFirstDazFtz);
     }
 }
 
 #[test]
 fn tdpbf16ps_sums_even_and_odd_products_in_two_chains() {
     for k_pairs in [1, 5, 16] {
-        match probe_tdpbf16ps(50_000, k_pairs, 11) {
-            Err(why) => return qforge_testkit::unavailable("amx_bf16", why),
-            Ok(report) => check(&report, Model::PairChainsDazFtz),
+        match ran("amx_bf16", probe_tdpbf16ps(50_000, k_pairs, 11)) {
+            Some(report) => check(&report, Model::PairChainsDazFtz),
+            None => return,
         }
     }
 }
@@ -127,8 +137,10 @@ fn tdpbf16ps_sums_even_and_odd_products_in_two_chains() {
 #[test]
 fn tdpbf16ps_refuses_a_pair_count_outside_1_to_16() {
     for k_pairs in [0, 17] {
-        let err = probe_tdpbf16ps(256, k_pairs, 1).unwrap_err();
-        assert!(err.0.contains(&format!("not {k_pairs}")), "{err}");
+        match probe_tdpbf16ps(256, k_pairs, 1) {
+            Err(ProbeError::Invalid(why)) => assert!(why.contains(&format!("not {k_pairs}"))),
+            other => panic!("{other:?}"),
+        }
     }
 }
 
@@ -136,7 +148,13 @@ fn tdpbf16ps_refuses_a_pair_count_outside_1_to_16() {
 fn the_cli_reports_every_instruction_or_why_it_skipped_it() {
     let exe = env!("CARGO_BIN_EXE_qforge");
     let (code, out, err) = qforge_testkit::run(exe, &["probe", "bf16-dot", "--results", "2000"]);
-    assert_eq!(code, 0, "{out}{err}");
+    let inconclusive = out.contains("verdict: inconclusive") || out.contains("verdict: no model");
+    assert_eq!(code, i32::from(inconclusive), "{out}{err}");
+    assert_eq!(
+        out.matches("  verdict: ").count() + out.matches("skipped: ").count(),
+        3,
+        "{out}"
+    );
     let forms = ["vdpbf16ps zmm", "tdpbf16ps K=1 ", "tdpbf16ps K=16 "];
     let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("  ")).collect();
     let reported = lines
@@ -153,9 +171,18 @@ fn the_cli_reports_every_instruction_or_why_it_skipped_it() {
     let (code, _, err) = qforge_testkit::run(exe, &["probe", "fp8-dot"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("fp8-dot") && err.contains("bf16-dot"), "{err}");
-    let (code, _, err) = qforge_testkit::run(exe, &["probe", "bf16-dot", "--results", "0"]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--results"), "{err}");
+    for bad in ["0", "1000000001", "-5", "x"] {
+        let arg = format!("--results={bad}");
+        let (code, _, err) = qforge_testkit::run(exe, &["probe", "bf16-dot", &arg]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("--results"), "{err}");
+    }
+    // 16 results cannot tell the odd-first models apart: inconclusive, exit code 1.
+    let (code, out, _) = qforge_testkit::run(exe, &["probe", "bf16-dot", "--results", "1"]);
+    if out.contains("vdpbf16ps zmm") {
+        assert!(out.contains("verdict: inconclusive"), "{out}");
+        assert_eq!(code, 1, "{out}");
+    }
 }
 
 /// bf16 bits drawn with unbiased exponents in `lo..=hi`, a fifth of them zeros of either sign.
@@ -186,9 +213,9 @@ fn an_amx_gemm_is_the_amx_32_order_when_no_subnormal_can_arise() {
     let (mut a, b) = (bf16s(m * k, (-40, 40), 3), bf16s(n * k, (-40, 40), 4));
     // Row 0 of A is -0.0: every chunk's sums start at +0.0, so its outputs are +0.0.
     a[..k].fill(0x8000);
-    let hw = match amx32_gemm(&a, m, &Amx32Weight::pack(&b, n, k).expect("fits")) {
-        Err(why) => return qforge_testkit::unavailable("amx_bf16", why),
-        Ok(c) => c,
+    let packed = Amx32Weight::pack(&b, n, k).expect("fits");
+    let Some(hw) = ran("amx_bf16", amx32_gemm(&a, m, &packed)) else {
+        return;
     };
     let want = amx32_reference(&a, &b, (m, n, k));
     let differ = |x: &[f32], y: &[f32]| {
@@ -208,8 +235,9 @@ fn an_amx_gemm_is_the_amx_32_order_when_no_subnormal_can_arise() {
     let packed = Amx32Weight::pack(&b, n, k).expect("fits");
     let hw = amx32_gemm(&a, m, &packed).expect("available above");
     assert!(differ(&hw, &amx32_reference(&a, &b, (m, n, k))) > 0);
-    assert!(Amx32Weight::pack(&b[..40 * k], 40, k).is_err());
-    assert!(Amx32Weight::pack(&b, n, k - 1).is_err());
-    assert!(amx32_gemm(&a[..k * 16], 16, &packed).is_err());
-    assert!(amx32_gemm(&a[..k], m, &packed).is_err());
+    let invalid = |r: Result<(), ProbeError>| assert!(matches!(r, Err(ProbeError::Invalid(_))));
+    invalid(Amx32Weight::pack(&b[..40 * k], 40, k).map(drop));
+    invalid(Amx32Weight::pack(&b, n, k - 1).map(drop));
+    invalid(amx32_gemm(&a[..k * 16], 16, &packed).map(drop));
+    invalid(amx32_gemm(&a[..k], m, &packed).map(drop));
 }

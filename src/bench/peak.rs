@@ -11,7 +11,7 @@
 //!   instruction; `src/probe/amx.rs`); else with `avx512bf16` the loop above of `vdpbf16ps`, which
 //!   adds two bf16 products to each of 16 f32 lanes: 2 multiplies + 2 adds = 4 FLOP per lane, 64
 //!   FLOP per instruction. The faster of the two is the CPU's bf16 peak (on the development VM
-//!   AMX's is 25 times `vdpbf16ps`').
+//!   AMX's is about 26 times `vdpbf16ps`').
 //!
 //! Enough accumulators hide the instruction latency (4-6 cycles on current x86 cores, up to two
 //! instructions issued per cycle), so the loop is bound by the FMA units alone: the rate a

@@ -5,7 +5,7 @@
 
 use std::arch::asm;
 
-use super::bf16_dot::Unavailable;
+use super::bf16_dot::ProbeError;
 
 /// `arch_prctl` code asking for permission to use an extended state component.
 const ARCH_REQ_XCOMP_PERM: libc::c_int = 0x1023;
@@ -21,13 +21,14 @@ fn cpu_flag(flag: &str) -> bool {
     })
 }
 
-/// Asks for the tile state once per process.
+/// Asks for the tile state (callers go through [`super::amx_state`], which asks once per
+/// process).
 ///
 /// # Errors
-/// [`Unavailable`] when the CPU lacks AMX-TILE or AMX-BF16, or the kernel refuses.
-pub(super) fn request() -> Result<(), Unavailable> {
+/// [`ProbeError::Unavailable`] when the CPU lacks AMX-TILE or AMX-BF16, or the kernel refuses.
+pub(super) fn request() -> Result<(), ProbeError> {
     if !(cpu_flag("amx_tile") && cpu_flag("amx_bf16")) {
-        return Err(Unavailable(
+        return Err(ProbeError::Unavailable(
             "the CPU has no AMX-TILE and AMX-BF16 (tdpbf16ps)".into(),
         ));
     }
@@ -40,7 +41,7 @@ pub(super) fn request() -> Result<(), Unavailable> {
         )
     };
     if rc != 0 {
-        return Err(Unavailable(format!(
+        return Err(ProbeError::Unavailable(format!(
             "the kernel refused the AMX tile state (arch_prctl: {})",
             std::io::Error::last_os_error()
         )));
@@ -72,7 +73,7 @@ const STRIDE: usize = 64;
 /// patterns) with the `k_pairs` x 16 pair tile `b` (row `k` holds the pairs of 16 columns).
 ///
 /// # Safety
-/// [`request`] must have succeeded in this process; `k_pairs` is 1 to 16.
+/// [`super::amx_state`] must have succeeded in this process; `k_pairs` is 1 to 16.
 pub(super) unsafe fn tdpbf16ps(
     acc: [[f32; 16]; 16],
     a: &[[u16; 32]; 16],
@@ -118,7 +119,7 @@ pub(super) unsafe fn tdpbf16ps(
 /// the sum of the 4 tiles' outputs (exact while each output stays below 2^24).
 ///
 /// # Safety
-/// [`request`] must have succeeded in this process.
+/// [`super::amx_state`] must have succeeded in this process.
 pub(super) unsafe fn peak_loop(steps: u64) -> f64 {
     let ones = [[0x3f80u16; 32]; 16];
     let mut out = [[[0.0f32; 16]; 16]; 4];
@@ -179,7 +180,7 @@ pub(super) unsafe fn peak_loop(steps: u64) -> f64 {
 /// `C`).
 ///
 /// # Safety
-/// [`request`] must have succeeded in this process; `a` holds `m * k` elements and `pairs`
+/// [`super::amx_state`] must have succeeded in this process; `a` holds `m * k` elements and `pairs`
 /// `n * k / 2`.
 pub(super) unsafe fn gemm(
     a: &[u16],

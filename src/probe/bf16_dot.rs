@@ -133,11 +133,8 @@ pub struct Mismatch {
 impl fmt::Display for Mismatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "acc {:08x}", self.acc.to_bits())?;
-        for [(a0, b0), (a1, b1)] in self.pairs.iter().take(2) {
+        for [(a0, b0), (a1, b1)] in &self.pairs {
             write!(f, " + {a0:04x}*{b0:04x} + {a1:04x}*{b1:04x}")?;
-        }
-        if self.pairs.len() > 2 {
-            write!(f, " + ... ({} pairs)", self.pairs.len())?;
         }
         write!(
             f,
@@ -173,7 +170,7 @@ pub struct Report {
 }
 
 impl Report {
-    /// The models that agree with the hardware on every result.
+    /// The models that agree with the hardware on every result (one, for a conclusive probe).
     pub fn matching(&self) -> Vec<Model> {
         self.fits
             .iter()
@@ -222,29 +219,48 @@ impl fmt::Display for Report {
             write!(f, "  {:<20} ", fit.model.name())?;
             match &fit.first {
                 None => writeln!(f, "agrees on every result")?,
-                Some(m) => writeln!(f, "{} mismatches, first: {m}", fit.mismatches)?,
+                Some(m) => {
+                    let s = if fit.mismatches == 1 { "" } else { "es" };
+                    writeln!(f, "{} mismatch{s}, first: {m}", fit.mismatches)?
+                }
             }
         }
-        Ok(())
+        match self.matching()[..] {
+            [one] => write!(f, "  verdict: {}", one.name()),
+            [] => write!(f, "  verdict: no model agrees"),
+            _ => write!(
+                f,
+                "  verdict: inconclusive, several models agree (run more results)"
+            ),
+        }
     }
 }
 
-/// Why a probe could not run here.
+/// Why a probe or an AMX product did not run.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unavailable(pub String);
+pub enum ProbeError {
+    /// This machine lacks the instruction, or the kernel refuses it: a skip, not a failure.
+    Unavailable(String),
+    /// The arguments do not fit (a shape, a pair count): the caller's mistake.
+    Invalid(String),
+}
 
-impl fmt::Display for Unavailable {
+impl fmt::Display for ProbeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            ProbeError::Unavailable(why) | ProbeError::Invalid(why) => f.write_str(why),
+        }
     }
 }
+
+impl std::error::Error for ProbeError {}
 
 /// Runs `vdpbf16ps` (512-bit) on about `results` generated lanes (a multiple of 16) from
 /// `seed` and compares every lane with every [`Model`].
 ///
 /// # Errors
-/// [`Unavailable`] when the CPU has no AVX512_BF16.
-pub fn probe_vdpbf16ps(results: u64, seed: u64) -> Result<Report, Unavailable> {
+/// [`ProbeError::Unavailable`] when the CPU has no AVX512_BF16.
+pub fn probe_vdpbf16ps(results: u64, seed: u64) -> Result<Report, ProbeError> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f")
         && std::arch::is_x86_feature_detected!("avx512bf16")
@@ -266,7 +282,9 @@ pub fn probe_vdpbf16ps(results: u64, seed: u64) -> Result<Report, Unavailable> {
         return Ok(report);
     }
     let _ = (results, seed, Cases::new);
-    Err(Unavailable("the CPU has no AVX512_BF16 (vdpbf16ps)".into()))
+    Err(ProbeError::Unavailable(
+        "the CPU has no AVX512_BF16 (vdpbf16ps)".into(),
+    ))
 }
 
 /// Runs AMX `tdpbf16ps` on 16 x 16 output tiles of `k_pairs` (1 to 16) pair rows, about
@@ -274,17 +292,18 @@ pub fn probe_vdpbf16ps(results: u64, seed: u64) -> Result<Report, Unavailable> {
 /// every [`Model`].
 ///
 /// # Errors
-/// [`Unavailable`] when `k_pairs` is not 1 to 16, or the CPU or the kernel does not offer AMX
-/// (Linux x86-64 only: the process asks for the tile state with `arch_prctl`).
-pub fn probe_tdpbf16ps(results: u64, k_pairs: u8, seed: u64) -> Result<Report, Unavailable> {
+/// [`ProbeError::Invalid`] when `k_pairs` is not 1 to 16; [`ProbeError::Unavailable`] when the
+/// CPU or the kernel does not offer AMX (Linux x86-64 only: the process asks for the tile state
+/// with `arch_prctl`).
+pub fn probe_tdpbf16ps(results: u64, k_pairs: u8, seed: u64) -> Result<Report, ProbeError> {
     if !(1..=16).contains(&k_pairs) {
-        return Err(Unavailable(format!(
+        return Err(ProbeError::Invalid(format!(
             "tdpbf16ps takes 1 to 16 pair rows, not {k_pairs}"
         )));
     }
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
-        super::amx::request()?;
+        super::amx_state()?;
         let k = usize::from(k_pairs);
         let mut cases = Cases::new(seed);
         let mut report = Report::new(format!("tdpbf16ps K={k_pairs} (AMX-BF16)"));
@@ -318,19 +337,10 @@ pub fn probe_tdpbf16ps(results: u64, k_pairs: u8, seed: u64) -> Result<Report, U
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     {
         let _ = (results, seed, Cases::new);
-        Err(Unavailable("AMX probes run on Linux x86-64 only".into()))
+        Err(ProbeError::Unavailable(
+            "AMX probes run on Linux x86-64 only".into(),
+        ))
     }
-}
-
-/// Every probe of this module on about `results` results each from `seed`: `vdpbf16ps`, and
-/// `tdpbf16ps` with 1 and 16 pair rows; an instruction this machine lacks gives
-/// [`Unavailable`].
-pub fn probe_all(results: u64, seed: u64) -> Vec<Result<Report, Unavailable>> {
-    vec![
-        probe_vdpbf16ps(results, seed),
-        probe_tdpbf16ps(results, 1, seed),
-        probe_tdpbf16ps(results, 16, seed),
-    ]
 }
 
 /// `C = A B^T` (`C: [m, n]`) of bf16 `a: [m, k]` and `b: [n, k]` (bit patterns, row-major) in
@@ -374,10 +384,11 @@ impl Amx32Weight {
     /// Packs `b` (`[n, k]` bf16 bit patterns, row-major).
     ///
     /// # Errors
-    /// [`Unavailable`] when `n` or `k` is not a multiple of 32 or `b` is not `n * k` long.
-    pub fn pack(b: &[u16], n: usize, k: usize) -> Result<Amx32Weight, Unavailable> {
+    /// [`ProbeError::Invalid`] when `n` or `k` is not a multiple of 32 or `b` is not `n * k`
+    /// long.
+    pub fn pack(b: &[u16], n: usize, k: usize) -> Result<Amx32Weight, ProbeError> {
         if !n.is_multiple_of(32) || !k.is_multiple_of(32) || b.len() != n * k {
-            return Err(Unavailable(format!(
+            return Err(ProbeError::Invalid(format!(
                 "Amx32Weight takes n and k multiples of 32 and b [n, k]; got n = {n}, k = {k}, \
                  {} elements",
                 b.len()
@@ -406,19 +417,19 @@ impl Amx32Weight {
 /// `benches/amx.rs`).
 ///
 /// # Errors
-/// [`Unavailable`] when AMX is not offered here (see [`probe_tdpbf16ps`]), `m` is not a
-/// multiple of 32, or `a` is not `m * k` long.
-pub fn amx32_gemm(a: &[u16], m: usize, b: &Amx32Weight) -> Result<Vec<f32>, Unavailable> {
+/// [`ProbeError::Invalid`] when `m` is not a multiple of 32 or `a` is not `m * k` long;
+/// [`ProbeError::Unavailable`] when AMX is not offered here (see [`probe_tdpbf16ps`]).
+pub fn amx32_gemm(a: &[u16], m: usize, b: &Amx32Weight) -> Result<Vec<f32>, ProbeError> {
     let (n, k) = (b.n, b.k);
     if !m.is_multiple_of(32) || a.len() != m * k {
-        return Err(Unavailable(format!(
+        return Err(ProbeError::Invalid(format!(
             "amx32_gemm takes m a multiple of 32 and a [m, {k}]; got m = {m}, {} elements",
             a.len()
         )));
     }
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
-        super::amx::request()?;
+        super::amx_state()?;
         let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
         // SAFETY: the tile state was granted; `a` holds `m * k` elements (checked above) and
         // `b.pairs` `n * k / 2` (`pack`).
@@ -427,7 +438,9 @@ pub fn amx32_gemm(a: &[u16], m: usize, b: &Amx32Weight) -> Result<Vec<f32>, Unav
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     {
         let _ = n;
-        Err(Unavailable("AMX runs on Linux x86-64 only".into()))
+        Err(ProbeError::Unavailable(
+            "AMX runs on Linux x86-64 only".into(),
+        ))
     }
 }
 

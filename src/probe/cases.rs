@@ -1,6 +1,7 @@
 //! Inputs of the bf16 dot-product probes: bf16 factors and f32 accumulators drawn around a
 //! common exponent (so products and accumulators overlap and cancel, and rounding ties occur),
-//! with zeros of both signs, subnormals, infinities and NaNs mixed in.
+//! the exponent of each batch anywhere from near the subnormals to near overflow, with zeros
+//! of both signs, subnormals, infinities and NaNs mixed in.
 
 /// A deterministic generator of probe inputs (xorshift64).
 pub(super) struct Cases(u64);
@@ -15,8 +16,14 @@ pub(super) struct Scale {
 }
 
 impl Cases {
+    /// The generator of `seed`: distinct seeds give distinct sequences (the state is the seed
+    /// scrambled by SplitMix64's finalizer, a bijection; a zero state, which xorshift cannot
+    /// leave, becomes 1).
     pub(super) fn new(seed: u64) -> Cases {
-        Cases(seed | 1)
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Cases((z ^ (z >> 31)).max(1))
     }
 
     fn next(&mut self) -> u64 {
@@ -62,12 +69,15 @@ impl Cases {
         }
     }
 
-    /// An f32 accumulator at this scale; `s.zeros` in 64 a signed zero, 1 in 64 a subnormal.
+    /// An f32 accumulator at this scale; `s.zeros` in 64 a signed zero, 1 in 64 each a
+    /// subnormal, an infinity or a NaN.
     pub(super) fn f32(&mut self, s: Scale) -> f32 {
         let r = self.next();
         let sign = (((r >> 20) & 1) as u32) << 31;
         f32::from_bits(match r % 64 {
             k if k < s.zeros => sign,
+            61 => sign | 0x7f80_0000,
+            62 => 0x7fc0_0000 | ((r >> 30) as u32 & 0x3f_ffff),
             63 => sign | ((r >> 30) as u32 & 0x7f_ffff).max(1),
             _ => {
                 sign | Self::exponent(r >> 8, s.centre, s.spread + 1) << 23

@@ -9,12 +9,19 @@ mod amx;
 pub mod bf16_dot;
 mod cases;
 
-/// Whether this process may run AMX-BF16 (the CPU has it and the kernel gave the tile state;
-/// asked once).
+/// Whether this process may run AMX-BF16: the CPU has it and the kernel gave the tile state
+/// (asked once per process), else why not.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(crate) fn amx_state() -> Result<(), bf16_dot::ProbeError> {
+    static STATE: std::sync::OnceLock<Result<(), bf16_dot::ProbeError>> =
+        std::sync::OnceLock::new();
+    STATE.get_or_init(amx::request).clone()
+}
+
+/// Whether [`amx_state`] is `Ok`.
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(crate) fn amx_available() -> bool {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| amx::request().is_ok())
+    amx_state().is_ok()
 }
 
 /// The bench's AMX bf16 peak loop (`amx::peak_loop`), `None` where [`amx_available`] is false.
