@@ -177,9 +177,10 @@ fn the_cli_reports_every_instruction_or_why_it_skipped_it() {
         assert_eq!(code, 2, "{err}");
         assert!(err.contains("--results"), "{err}");
     }
-    // 16 results cannot tell the odd-first models apart: inconclusive, exit code 1.
+    // On Intel's vdpbf16ps, 16 results cannot tell the odd-first models apart: inconclusive,
+    // exit code 1 (another vendor's instruction may agree with other models).
     let (code, out, _) = qforge_testkit::run(exe, &["probe", "bf16-dot", "--results", "1"]);
-    if out.contains("vdpbf16ps zmm") {
+    if out.contains("vdpbf16ps zmm") && vendor() == "GenuineIntel" {
         assert!(out.contains("verdict: inconclusive"), "{out}");
         assert_eq!(code, 1, "{out}");
     }
