@@ -73,9 +73,7 @@ impl Model {
                 .iter()
                 .fold(acc, |t, &[even, odd]| fma(fma(t, odd, false), even, false)),
             Model::PairChainsDazFtz => {
-                let (even, odd) = pairs
-                    .iter()
-                    .fold((0.0, 0.0), |(e, o), &[ep, op]| (step(e, ep), step(o, op)));
+                let (even, odd) = chains(pairs.iter().copied(), true);
                 flush(daz(acc) + flush(even + odd))
             }
         }
@@ -109,6 +107,21 @@ fn fma(t: f32, (a, b): (u16, u16), daz_inputs: bool) -> f32 {
     } else {
         x.mul_add(y, t)
     }
+}
+
+/// The even and the odd products of `pairs`, each fused in order into a sum that starts at
+/// `+0.0`: by IEEE `fma`, or with `daz_ftz` as the instructions do (the two chains of `tdpbf16ps`
+/// and of the `amx 32` order).
+fn chains(pairs: impl Iterator<Item = [(u16, u16); 2]>, daz_ftz: bool) -> (f32, f32) {
+    let step = |t, pair| {
+        let r = fma(t, pair, daz_ftz);
+        if daz_ftz {
+            flush(r)
+        } else {
+            r
+        }
+    };
+    pairs.fold((0.0, 0.0), |(e, o), [ep, op]| (step(e, ep), step(o, op)))
 }
 
 /// Whether the hardware's and a model's results agree: the same bits, or both NaN (NaN
@@ -281,7 +294,7 @@ pub fn probe_vdpbf16ps(results: u64, seed: u64) -> Result<Report, ProbeError> {
         }
         return Ok(report);
     }
-    let _ = (results, seed, Cases::new);
+    let _ = (results, seed);
     Err(ProbeError::Unavailable(
         "the CPU has no AVX512_BF16 (vdpbf16ps)".into(),
     ))
@@ -315,7 +328,7 @@ pub fn probe_tdpbf16ps(results: u64, k_pairs: u8, seed: u64) -> Result<Report, P
                 std::array::from_fn(|_| std::array::from_fn(|_| cases.bf16(scale)));
             let acc: [[f32; 16]; 16] =
                 std::array::from_fn(|_| std::array::from_fn(|_| cases.f32(scale)));
-            // SAFETY: `request` succeeded: the CPU has AMX-TILE and AMX-BF16 and the kernel
+            // SAFETY: `amx_state` succeeded: the CPU has AMX-TILE and AMX-BF16 and the kernel
             // gave this process the tile state.
             let out = unsafe { super::amx::tdpbf16ps(acc, &a, &b, k_pairs) };
             for m in 0..16 {
@@ -336,7 +349,7 @@ pub fn probe_tdpbf16ps(results: u64, k_pairs: u8, seed: u64) -> Result<Report, P
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     {
-        let _ = (results, seed, Cases::new);
+        let _ = (results, seed);
         Err(ProbeError::Unavailable(
             "AMX probes run on Linux x86-64 only".into(),
         ))
@@ -357,11 +370,11 @@ pub fn amx32_reference(a: &[u16], b: &[u16], (m, n, k): (usize, usize, usize)) -
                 .chunks(32)
                 .zip(col.chunks(32))
                 .fold(-0.0f32, |s, (x, y)| {
-                    let (mut even, mut odd) = (0.0f32, 0.0f32);
-                    for p in 0..x.len() / 2 {
-                        even = fma(even, (x[2 * p], y[2 * p]), false);
-                        odd = fma(odd, (x[2 * p + 1], y[2 * p + 1]), false);
-                    }
+                    let pairs = x
+                        .chunks_exact(2)
+                        .zip(y.chunks_exact(2))
+                        .map(|(x, y)| [(x[0], y[0]), (x[1], y[1])]);
+                    let (even, odd) = chains(pairs, false);
                     s + (even + odd)
                 });
             c.push(sum);

@@ -7,6 +7,8 @@
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx;
 pub mod bf16_dot;
+// Only the x86-64 probes draw inputs.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 mod cases;
 
 /// Whether this process may run AMX-BF16: the CPU has it and the kernel gave the tile state
