@@ -168,6 +168,15 @@ enum Command {
         /// Learning rate.
         #[arg(long, default_value_t = 1e-3)]
         lr: f64,
+        /// Micro-batches per step of 64 rows: the step's gradient is their gradients summed in
+        /// micro-batch order (docs/distributed.md), the same bits for any --shards dividing it.
+        #[arg(long, default_value_t = 1)]
+        micro_batches: usize,
+        /// Data-parallel ranks (`mpi` feature): run as `mpirun -n N qforge finetune --shards N
+        /// ...`; each rank computes its share of the micro-batches, the result is bit for bit
+        /// that of --shards 1, and rank 0 alone prints and writes the outputs.
+        #[arg(long, default_value_t = 1)]
+        shards: usize,
         /// Folder for loss.csv, loss.svg and merged.safetensors.
         #[arg(long, default_value = "finetune-out")]
         out: PathBuf,
@@ -554,6 +563,35 @@ fn bench(json: bool, suite: &str, filter: Option<&str>, device: &str) -> Result<
     Ok(())
 }
 
+/// The communicator of `--shards N`: none for 1, else this process's MPI world, which must
+/// have `N` ranks.
+fn data_parallel_ranks(shards: usize) -> Result<Option<Box<dyn qforge::runtime::Communicator>>> {
+    if shards <= 1 {
+        return match shards {
+            1 => Ok(None),
+            _ => Err(Error::Usage("finetune: --shards must be at least 1".into())),
+        };
+    }
+    #[cfg(feature = "mpi")]
+    {
+        use qforge::runtime::Communicator;
+        let comm = qforge::runtime::collective::MpiCommunicator::init()?;
+        if comm.size() != shards {
+            return Err(Error::Usage(format!(
+                "finetune: --shards {shards}, but this process is one of {} MPI ranks: start it \
+                 as `mpirun -n {shards} qforge finetune --shards {shards} ...`",
+                comm.size()
+            )));
+        }
+        Ok(Some(Box::new(comm)))
+    }
+    #[cfg(not(feature = "mpi"))]
+    Err(Error::Usage(format!(
+        "finetune: --shards {shards} needs the MPI engine: build with `--features mpi` (Debian: \
+         libopenmpi-dev) and start it with `mpirun -n {shards}`"
+    )))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn finetune(
     model: Option<PathBuf>,
@@ -562,11 +600,13 @@ fn finetune(
     steps: u64,
     optimizer: &str,
     lr: f64,
+    (micro_batches, shards): (usize, usize),
     out_dir: &std::path::Path,
     json: bool,
     device: &str,
 ) -> Result<()> {
     use qforge::finetune::{self, FinetuneOptions, FtOptimizer};
+    use qforge::runtime::{Communicator, SingleRank};
     let options = FinetuneOptions {
         model,
         layers,
@@ -574,21 +614,47 @@ fn finetune(
         steps,
         optimizer: FtOptimizer::from_name(optimizer)?,
         lr,
+        micro_batches,
         ..FinetuneOptions::default()
     };
+    let ranks = data_parallel_ranks(shards)?;
+    let comm: &dyn Communicator = ranks.as_deref().unwrap_or(&SingleRank);
+    // Rank 0 alone prints and writes; every rank computes the same result.
+    let lead = comm.rank() == 0;
     // A bad --out is found before the training, not after it.
-    finetune::check_out_dir(out_dir)?;
+    if lead {
+        finetune::check_out_dir(out_dir)?;
+    }
     let device = start_device(device, false)?;
     let bar = indicatif::ProgressBar::new(steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let (report, merged) = finetune::run(device.as_ref(), &options, |step, loss, beta| {
-        bar.suspend(|| out!("step {step:>5}  loss {loss:.6e}  beta {beta:.4}"));
-        bar.inc(1);
-    })?;
+    if !lead {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let trained =
+        finetune::run_data_parallel(device.as_ref(), comm, &options, |step, loss, beta| {
+            if lead {
+                bar.suspend(|| out!("step {step:>5}  loss {loss:.6e}  beta {beta:.4}"));
+            }
+            bar.inc(1);
+        });
+    let (report, merged) = match (trained, &ranks) {
+        (Ok(t), _) => t,
+        // A rank that fails ends every rank (MPI_Abort): the others may be waiting in the
+        // gradient all-reduce. Rank 0 has written nothing yet.
+        (Err(e), Some(ranks)) => {
+            eprintln!("error: rank {} of {shards}: {e}", ranks.rank());
+            ranks.abort(1)
+        }
+        (Err(e), _) => return Err(e),
+    };
     bar.finish_and_clear();
+    if !lead {
+        return Ok(());
+    }
     finetune::write_outputs(out_dir, &report, &merged)?;
     for line in report.table().lines() {
         out!("{line}");
@@ -761,11 +827,22 @@ fn main() -> ExitCode {
             steps,
             optimizer,
             lr,
+            micro_batches,
+            shards,
             out,
             json,
             device,
         } => finetune(
-            model, layers, rank, steps, &optimizer, lr, &out, json, &device,
+            model,
+            layers,
+            rank,
+            steps,
+            &optimizer,
+            lr,
+            (micro_batches, shards),
+            &out,
+            json,
+            &device,
         )
         .map(|_| ExitCode::SUCCESS),
         Command::Compile {

@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 pub mod aot;
+pub mod collective;
 mod cpu;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -19,6 +20,7 @@ mod wgpu;
 #[cfg(feature = "wgpu")]
 pub use self::wgpu::{Conformance, WgpuDevice};
 pub use aot::{AotDevice, AotKernel, Policy, TextArtifact};
+pub use collective::{Communicator, SingleRank};
 
 /// Whether this build links the code generators and JITs (qforge-runtime's `compiler`
 /// feature); `false` in a program that runs only ahead-of-time kernels.

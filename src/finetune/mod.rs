@@ -10,6 +10,7 @@
 //! [`AfaSchedule`]. Errors are the held-out relative RMS error `sqrt(sum (y - t)^2 / sum t^2)`
 //! over all selected blocks.
 
+mod grad_reduce;
 mod model;
 mod report;
 
@@ -23,7 +24,7 @@ use qforge_kernels::ops::{self, gemm, Layout};
 use qforge_kernels::optim::{Optimizer, OptimizerKind, ParamGroup, QAdamWConfig};
 use qforge_kernels::AdamHyper;
 use qforge_kernels::StateBits;
-use qforge_runtime::{Device, HostTensor, ProfiledDevice};
+use qforge_runtime::{Communicator, Device, HostTensor, ProfiledDevice, SingleRank};
 
 pub use model::{Block, Model};
 pub use report::FinetuneReport;
@@ -110,6 +111,10 @@ pub struct FinetuneOptions {
     pub lr: f64,
     /// Rows per step.
     pub batch: usize,
+    /// Micro-batches per step (`batch` rows split evenly): the step's gradient is their
+    /// gradients summed in micro-batch order, whatever the number of data-parallel ranks
+    /// (`grad_reduce`); 1 is the whole batch at once.
+    pub micro_batches: usize,
     /// Training and held-out rows.
     pub train_rows: usize,
     /// Held-out rows.
@@ -132,6 +137,7 @@ impl Default for FinetuneOptions {
             optimizer: FtOptimizer::Adamw4bitZipSr,
             lr: 1e-3,
             batch: 64,
+            micro_batches: 1,
             train_rows: 1024,
             eval_rows: 256,
             act: Act::Gelu,
@@ -241,8 +247,8 @@ fn rel_error(
     Ok((e / s.max(f64::MIN_POSITIVE)).sqrt())
 }
 
-/// Checks the options (before any work).
-fn check(o: &FinetuneOptions) -> Result<()> {
+/// Checks the options for `shards` data-parallel ranks (before any work).
+fn check(o: &FinetuneOptions, shards: usize) -> Result<()> {
     let bad = |m: String| Err(Error::Usage(m));
     if o.layers.is_empty() {
         return bad("finetune: --layers must name at least one layer".into());
@@ -270,6 +276,19 @@ fn check(o: &FinetuneOptions) -> Result<()> {
     if o.batch == 0 || o.train_rows == 0 || o.eval_rows == 0 {
         return bad("finetune: batch, training rows and held-out rows must be at least 1".into());
     }
+    if o.micro_batches == 0 || !o.batch.is_multiple_of(o.micro_batches) {
+        return bad(format!(
+            "finetune: --micro-batches must divide the batch of {} rows, got {}",
+            o.batch, o.micro_batches
+        ));
+    }
+    if !o.micro_batches.is_multiple_of(shards) {
+        return bad(format!(
+            "finetune: {shards} data-parallel shards must divide --micro-batches {} (each rank \
+             computes whole micro-batches; e.g. --micro-batches {shards})",
+            o.micro_batches
+        ));
+    }
     Ok(())
 }
 
@@ -282,9 +301,27 @@ fn check(o: &FinetuneOptions) -> Result<()> {
 pub fn run(
     dev: &dyn Device,
     o: &FinetuneOptions,
+    on_step: impl FnMut(u64, f64, f32),
+) -> Result<(FinetuneReport, Vec<MergedLayer>)> {
+    run_data_parallel(dev, &SingleRank, o, on_step)
+}
+
+/// [`run`] as one of `comm.size()` data-parallel ranks: each step, this rank computes its share
+/// of the micro-batches, the gradients are all-reduced in micro-batch order (`grad_reduce`) and
+/// every rank takes the same optimizer step, so the result is bit-identical to [`run`] with the
+/// same options, for any rank count dividing `micro_batches`. Every rank returns the same
+/// report and merged layers (the caller writes them once).
+///
+/// # Errors
+/// As [`run`], plus [`Error::Usage`] when the rank count does not divide `micro_batches`, and
+/// the collective's errors (ranks started with different options).
+pub fn run_data_parallel(
+    dev: &dyn Device,
+    comm: &dyn Communicator,
+    o: &FinetuneOptions,
     mut on_step: impl FnMut(u64, f64, f32),
 ) -> Result<(FinetuneReport, Vec<MergedLayer>)> {
-    check(o)?;
+    check(o, comm.size())?;
     let model = match &o.model {
         Some(path) => Model::load(dev, path, &o.layers)?,
         None => Model::synthetic(dev, &o.layers, o.seed)?,
@@ -324,6 +361,7 @@ pub fn run(
         Ok(adapters[i].1.forward(dev, o.act, h, 1.0)?.0.to_f32()?)
     })?;
     let (names, mut p) = params(&adapters);
+    let shapes: Vec<Vec<usize>> = p.iter().map(|t| t.shape.clone()).collect();
     let mut opt = o.optimizer.build(names, o.lr)?;
     let mut losses = Vec::with_capacity(o.steps as usize);
     // The steps run on a profiling wrapper: the report splits their time by kernel family.
@@ -334,21 +372,33 @@ pub fn run(
         let beta = schedule.beta(step);
         let current = adapters_from(&layers, &p);
         let at = (step as usize * o.batch) % o.train_rows;
-        let (mut sq, mut count) = (0.0f64, 0usize);
-        let mut grads = Vec::with_capacity(p.len());
-        for (data, (_, a)) in train.iter().zip(&current) {
-            let h = batch_of(&data.h, d, at, o.batch)?;
-            let t = batch_of(&data.t, d, at, o.batch)?.to_f32()?;
-            let (y, cache) = a.forward(dev, o.act, &h, beta)?;
-            let yv = y.to_f32()?;
-            let scale = 2.0 / (yv.len() * train.len()) as f32;
-            let dy: Vec<f32> = yv.iter().zip(&t).map(|(a, b)| (a - b) * scale).collect();
-            sq += squared(&yv, &t).0;
-            count += yv.len();
-            let dy = HostTensor::from_f32_as(DType::F32, y.shape.clone(), &dy)?;
-            let g = a.backward(dev, o.act, &h, &cache, &dy, beta)?;
-            grads.extend([g.down_weight, g.down_bias, g.up_weight, g.up_bias]);
+        let micro = o.batch / o.micro_batches;
+        let per_rank = o.micro_batches / comm.size();
+        let mut local = Vec::with_capacity(per_rank);
+        for j in comm.rank() * per_rank..(comm.rank() + 1) * per_rank {
+            let at = at + j * micro;
+            let mut mb = grad_reduce::MicroGrad {
+                sq: 0.0,
+                grads: Vec::with_capacity(p.len()),
+            };
+            for (data, (_, a)) in train.iter().zip(&current) {
+                let h = batch_of(&data.h, d, at, micro)?;
+                let t = batch_of(&data.t, d, at, micro)?.to_f32()?;
+                let (y, cache) = a.forward(dev, o.act, &h, beta)?;
+                let yv = y.to_f32()?;
+                // The mean over the whole batch: micro-batch gradients add up to it.
+                let scale = 2.0 / (o.batch * d * train.len()) as f32;
+                let dy: Vec<f32> = yv.iter().zip(&t).map(|(a, b)| (a - b) * scale).collect();
+                mb.sq += squared(&yv, &t).0;
+                let dy = HostTensor::from_f32_as(DType::F32, y.shape.clone(), &dy)?;
+                let g = a.backward(dev, o.act, &h, &cache, &dy, beta)?;
+                mb.grads
+                    .extend([g.down_weight, g.down_bias, g.up_weight, g.up_bias]);
+            }
+            local.push(mb);
         }
+        let (sq, grads) = grad_reduce::all_reduce_in_order(comm, &local, &shapes)?;
+        let count = o.batch * d * train.len();
         let loss = sq / count as f64;
         if !loss.is_finite() {
             return Err(Error::Usage(format!(

@@ -27,6 +27,7 @@ pub use cases::{config, random_cases, run_cases, runner};
 /// Every name a suite may ask about: the `--device` names of the devices, then tools and data.
 /// `transformers` is the Python of `scripts/install-transformers.sh` (torch, transformers and
 /// bitsandbytes), which `tests/transformers.rs` uses to load qforge's checkpoints;
+/// `mpi` is the `mpi` feature with OpenMPI's `mpirun` (`tests/distributed.rs`);
 /// `avx512_bf16` and `amx_bf16` are the CPU instructions `tests/probe_bf16.rs` probes (never
 /// required by CI, whose machines differ).
 pub const KNOWN: &[&str] = &[
@@ -40,6 +41,7 @@ pub const KNOWN: &[&str] = &[
     "golden",
     "models",
     "transformers",
+    "mpi",
     "avx512_bf16",
     "amx_bf16",
 ];
@@ -47,8 +49,8 @@ pub const KNOWN: &[&str] = &[
 /// What `.ci/run` installs and so what must be present whenever [`ci`] is true and
 /// `QFORGE_REQUIRE` is not set: the Cranelift and LLVM CPU devices, the ahead-of-time CPU
 /// device (feature `aot`), the wgpu device (Mesa's
-/// lavapipe), the StableHLO runner, NVIDIA's `ptxas`, the shared golden vectors and models, and
-/// the Python with transformers. Not `cuda`: CI has no GPU.
+/// lavapipe), the StableHLO runner, NVIDIA's `ptxas`, the shared golden vectors and models,
+/// the Python with transformers, and OpenMPI for the MPI engine. Not `cuda`: CI has no GPU.
 pub const CI_REQUIRES: &[&str] = &[
     "cpu",
     "cpu-llvm",
@@ -59,6 +61,7 @@ pub const CI_REQUIRES: &[&str] = &[
     "golden",
     "models",
     "transformers",
+    "mpi",
 ];
 
 /// Whether this is a CI run: `CI` is set to anything but an empty string, `0`, `false` or `no`

@@ -1,0 +1,496 @@
+//! Sharded 4-bit linears (`docs/distributed.md`): column-parallel shards are the unsharded
+//! quantization's bytes, reshard by bytes, dequantize to the unsharded rows and give the
+//! unsharded forward bit for bit; bad shard counts and mismatched shards are named errors. With
+//! the `mpi` feature the forward also runs on real MPI ranks: the last test relaunches this test
+//! binary under `mpirun -n 2` and `mpirun -n 4 --oversubscribe`.
+
+use qforge::kernels::ops::{column_rows, dequantize_4bit, Linear4bit, QuantType};
+use qforge::runtime::{Communicator, CpuDevice, Device, HostTensor, Result, SingleRank};
+use qforge_ir::DType;
+
+/// One layer of the cases: `(N, K, quant_type, blocksize, double-quantized)`.
+type Shape = (usize, usize, QuantType, usize, bool);
+
+/// Shapes whose legal shard boundaries fall on every kind of block boundary: nested blocks
+/// exactly (4 rows of 64 blocks each), blocks that cross rows (`K = 40`), one block per row.
+const SHAPES: [Shape; 3] = [
+    (16, 4096, QuantType::Nf4, 64, true),
+    (16, 40, QuantType::Fp4, 64, false),
+    (8, 96, QuantType::Nf4, 32, false),
+];
+
+/// The shard counts of `SHAPES[i]` that are legal (the others are in `bad_shard_counts...`).
+fn legal_shards(shape: Shape) -> &'static [usize] {
+    match shape.1 {
+        40 => &[1, 2],
+        _ => &[1, 2, 4],
+    }
+}
+
+fn values(len: usize, seed: f32) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i as f32 * 0.731 + seed).sin() * 3.0) * ((i % 7) as f32 - 2.5))
+        .collect()
+}
+
+fn layer(dev: &dyn Device, (n, k, qt, bs, nested): Shape) -> Linear4bit {
+    let w = HostTensor::from_f32(vec![n, k], &values(n * k, 0.3)).unwrap();
+    let bias = HostTensor::from_f32_as(DType::BF16, vec![n], &values(n, 1.7)).unwrap();
+    Linear4bit::quantize(dev, &w, qt, bs, nested, Some(bias)).unwrap()
+}
+
+fn input(k: usize, dtype: DType) -> HostTensor {
+    HostTensor::from_f32_as(dtype, vec![3, k], &values(3 * k, 2.9)).unwrap()
+}
+
+/// A communicator that hands back bytes gathered beforehand: `forward_column_parallel`'s
+/// reassembly, tested in one process.
+struct Gathered {
+    rank: usize,
+    size: usize,
+    bytes: Vec<u8>,
+}
+
+impl Communicator for Gathered {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn engine(&self) -> &str {
+        "gathered"
+    }
+    fn abort(&self, code: i32) -> ! {
+        panic!("rank {} aborted with {code}", self.rank)
+    }
+    fn all_gather(&self, local: &[u8]) -> Result<Vec<u8>> {
+        let at = self.rank * local.len();
+        assert_eq!(
+            &self.bytes[at..at + local.len()],
+            local,
+            "rank {}",
+            self.rank
+        );
+        Ok(self.bytes.clone())
+    }
+}
+
+#[test]
+fn column_shards_dequantize_to_the_unsharded_rows_and_reshard_by_bytes() {
+    let dev = CpuDevice::new().unwrap();
+    for shape in SHAPES {
+        let whole = layer(&dev, shape);
+        let (n, k) = (shape.0, shape.1);
+        let full = dequantize_4bit(&dev, &whole.packed, &whole.state).unwrap();
+        for &d in legal_shards(shape) {
+            let shards: Vec<Linear4bit> =
+                (0..d).map(|r| whole.column_shard(r, d).unwrap()).collect();
+            let row_bytes = k * full.dtype.size_bytes();
+            for (r, s) in shards.iter().enumerate() {
+                assert_eq!(s.state.shape, [n / d, k]);
+                let part = dequantize_4bit(&dev, &s.packed, &s.state).unwrap();
+                let rows = r * n / d..(r + 1) * n / d;
+                assert_eq!(
+                    part.data,
+                    full.data[rows.start * row_bytes..rows.end * row_bytes],
+                    "{shape:?} shard {r} of {d}"
+                );
+            }
+            let joined = Linear4bit::from_column_shards(&shards).unwrap();
+            assert!(joined == whole, "{shape:?}: {d} shards joined");
+            // D -> D' through the joined bytes equals splitting the original into D'.
+            for &d2 in legal_shards(shape) {
+                for r in 0..d2 {
+                    assert!(
+                        joined.column_shard(r, d2).unwrap() == whole.column_shard(r, d2).unwrap(),
+                        "{shape:?}: {d} -> {d2}, shard {r}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn column_parallel_forward_equals_the_unsharded_forward_bit_for_bit() {
+    let dev = CpuDevice::new().unwrap();
+    for shape in SHAPES {
+        let whole = layer(&dev, shape);
+        for dtype in [DType::F32, DType::BF16] {
+            let x = input(shape.1, dtype);
+            let expected = whole.forward(&dev, &x).unwrap();
+            let single = whole
+                .forward_column_parallel(&dev, &SingleRank, &x)
+                .unwrap();
+            assert_eq!(single, expected, "{shape:?} {dtype}: one rank");
+            for &d in legal_shards(shape) {
+                let shards: Vec<Linear4bit> =
+                    (0..d).map(|r| whole.column_shard(r, d).unwrap()).collect();
+                let bytes: Vec<u8> = shards
+                    .iter()
+                    .flat_map(|s| s.forward(&dev, &x).unwrap().data)
+                    .collect();
+                for (rank, s) in shards.iter().enumerate() {
+                    let comm = Gathered {
+                        rank,
+                        size: d,
+                        bytes: bytes.clone(),
+                    };
+                    let y = s.forward_column_parallel(&dev, &comm, &x).unwrap();
+                    assert_eq!(y.shape, expected.shape);
+                    assert!(
+                        y.data == expected.data,
+                        "{shape:?} {dtype}: rank {rank} of {d} differs from the unsharded forward"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_shard_counts_and_mismatched_shards_are_named_errors() {
+    let dev = CpuDevice::new().unwrap();
+    let nested = layer(&dev, SHAPES[0]);
+    let crossing = layer(&dev, SHAPES[1]);
+    let err = |r: Result<Linear4bit>| r.unwrap_err().to_string();
+    let e = err(nested.column_shard(0, 3));
+    assert!(
+        e.contains("3 shards do not divide") && e.contains("N = 16"),
+        "{e}"
+    );
+    let e = err(nested.column_shard(0, 0));
+    assert!(e.contains("0 shards"), "{e}");
+    // 8 shards of [16, 4096]: a boundary every 2 rows = 128 blocks, inside a nested block.
+    let e = err(nested.column_shard(0, 8));
+    assert!(e.contains("row 2") && e.contains("nested block"), "{e}");
+    // 4 shards of [16, 40]: a boundary at element 160, inside a 64-element block.
+    let e = err(crossing.column_shard(1, 4));
+    assert!(e.contains("element 160") && e.contains("64-element"), "{e}");
+    let e = err(nested.column_shard(2, 2));
+    assert!(e.contains("rank 2 is not one of 2"), "{e}");
+    assert!(column_rows(&nested.state, 4).is_ok());
+
+    let e = err(Linear4bit::from_column_shards(&[]));
+    assert!(e.contains("no shards"), "{e}");
+    // Shards of two quantizations (another weight: another double-quant offset).
+    let w = HostTensor::from_f32(vec![16, 4096], &values(16 * 4096, 5.0)).unwrap();
+    let other = Linear4bit::quantize(&dev, &w, QuantType::Nf4, 64, true, None).unwrap();
+    let mixed = [
+        nested.column_shard(0, 2).unwrap(),
+        other.column_shard(1, 2).unwrap(),
+    ];
+    let e = err(Linear4bit::from_column_shards(&mixed));
+    assert!(e.contains("shard 1 differs"), "{e}");
+    let uneven = [
+        nested.column_shard(0, 2).unwrap(),
+        nested.column_shard(1, 4).unwrap(),
+    ];
+    let e = err(Linear4bit::from_column_shards(&uneven));
+    assert!(e.contains("shard 1 differs") && e.contains("shape"), "{e}");
+}
+
+/// Set in the environment of the ranks this test binary starts under `mpirun`.
+const RANK_ENV: &str = "QFORGE_TEST_MPI_RANK";
+
+/// `mpirun -n ranks` (with `--oversubscribe` past 2 ranks: CI has 2 cores), allowed to run as
+/// root (CI containers); `None`, after the skip report, where MPI cannot be used.
+fn mpirun(ranks: usize) -> Option<std::process::Command> {
+    if !cfg!(feature = "mpi") {
+        qforge_testkit::unavailable("mpi", "built without the `mpi` feature");
+        return None;
+    }
+    let Some(mpirun) = which("mpirun") else {
+        qforge_testkit::unavailable("mpi", "no mpirun on PATH (Debian: libopenmpi-dev)");
+        return None;
+    };
+    let mut cmd = std::process::Command::new(mpirun);
+    cmd.args(["-n", &ranks.to_string()]);
+    if ranks > 2 {
+        cmd.arg("--oversubscribe");
+    }
+    // OpenMPI refuses root without these.
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    Some(cmd)
+}
+
+#[test]
+fn column_parallel_forward_over_mpi_ranks_equals_the_unsharded_forward() {
+    if std::env::var_os(RANK_ENV).is_some() {
+        #[cfg(feature = "mpi")]
+        mpi_rank::run();
+        return;
+    }
+    for ranks in [2usize, 4] {
+        let Some(mut cmd) = mpirun(ranks) else { return };
+        cmd.arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "column_parallel_forward_over_mpi_ranks_equals_the_unsharded_forward",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(RANK_ENV, "1");
+        let (code, out, err) = run_with_deadline(cmd, std::time::Duration::from_secs(300));
+        assert_eq!(code, Some(0), "mpirun -n {ranks}:\n{out}\n{err}");
+        for r in 0..ranks {
+            let line = format!("rank {r} of {ranks}: column-parallel forward bit-identical");
+            assert!(
+                out.contains(&line),
+                "mpirun -n {ranks}: no '{line}':\n{out}\n{err}"
+            );
+        }
+    }
+}
+
+const QFORGE: &str = env!("CARGO_BIN_EXE_qforge");
+
+/// `qforge finetune` on the synthetic model, 8 steps, with `args`, writing to `out`.
+fn finetune_args(out: &std::path::Path, args: &[&str]) -> Vec<String> {
+    let mut all: Vec<String> = ["finetune", "--steps", "8", "--device", "cpu", "--out"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    all.push(out.display().to_string());
+    all.extend(args.iter().map(|s| s.to_string()));
+    all
+}
+
+#[test]
+fn finetune_over_mpi_ranks_writes_the_bits_of_one_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    for optimizer in ["adamw4bit-zip-sr", "adamw8bit"] {
+        let opts = ["--micro-batches", "4", "--optimizer", optimizer];
+        let one = dir.path().join(format!("{optimizer}-1"));
+        let (code, _, err) = qforge_testkit::run(
+            QFORGE,
+            &finetune_args(&one, &opts)
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(code, 0, "{err}");
+        for ranks in [2usize, 4] {
+            if optimizer == "adamw8bit" && ranks == 4 {
+                continue;
+            }
+            let Some(mut cmd) = mpirun(ranks) else { return };
+            let out = dir.path().join(format!("{optimizer}-{ranks}"));
+            let shards = ranks.to_string();
+            let mut args = finetune_args(&out, &opts);
+            args.extend(["--shards".to_string(), shards]);
+            cmd.arg(QFORGE).args(&args);
+            let (code, stdout, stderr) =
+                run_with_deadline(cmd, std::time::Duration::from_secs(300));
+            assert_eq!(code, Some(0), "mpirun -n {ranks}:\n{stdout}\n{stderr}");
+            // Rank 0 alone reports.
+            assert_eq!(stdout.matches("wrote ").count(), 1, "{stdout}");
+            for file in ["merged.safetensors", "loss.csv"] {
+                let (a, b) = (
+                    std::fs::read(one.join(file)).unwrap(),
+                    std::fs::read(out.join(file)).unwrap(),
+                );
+                assert!(
+                    a == b,
+                    "{optimizer}: {file} of {ranks} ranks differs from one rank's"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn finetune_shards_that_do_not_match_the_ranks_are_named_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let args = |extra: &[&str]| finetune_args(&out, extra);
+    // Not under mpirun: a world of one rank (or no MPI engine at all).
+    let a = args(&["--shards", "2", "--micro-batches", "2"]);
+    let (code, _, err) =
+        qforge_testkit::run(QFORGE, &a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--shards 2"), "{err}");
+    let Some(mut cmd) = mpirun(4) else { return };
+    cmd.arg(QFORGE)
+        .args(args(&["--shards", "2", "--micro-batches", "2"]));
+    let (code, _, err) = run_with_deadline(cmd, std::time::Duration::from_secs(120));
+    assert!(code.is_some_and(|c| c != 0), "{err}");
+    assert!(err.contains("one of 4 MPI ranks"), "{err}");
+    let Some(mut cmd) = mpirun(2) else { return };
+    cmd.arg(QFORGE)
+        .args(args(&["--shards", "2", "--micro-batches", "3"]));
+    let (code, _, err) = run_with_deadline(cmd, std::time::Duration::from_secs(120));
+    assert!(code.is_some_and(|c| c != 0), "{err}");
+    assert!(err.contains("--micro-batches must divide"), "{err}");
+    assert!(!out.exists(), "a failed run wrote {}", out.display());
+}
+
+#[test]
+fn a_rank_killed_mid_training_ends_the_job_and_nothing_is_written() {
+    let Some(mut cmd) = mpirun(2) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("killed-run");
+    let mut args = finetune_args(&out, &["--shards", "2", "--micro-batches", "2"]);
+    args[2] = "1000000".into();
+    cmd.arg(QFORGE)
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut job = cmd.spawn().expect("start mpirun");
+    // Wait for both ranks to be training, then kill rank 1's process.
+    let pattern = out.display().to_string();
+    let ranks = loop {
+        let found = pids_with_arg(&pattern);
+        if found.len() == 2 {
+            break found;
+        }
+        assert!(
+            job.try_wait().unwrap().is_none(),
+            "the job ended before training"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &ranks[1].to_string()])
+        .status();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = job.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed().as_secs() > 120 {
+            job.kill().ok();
+            panic!("the job did not end after a rank was killed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(!status.success(), "the job succeeded with a killed rank");
+    let written: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .flat_map(|e| std::fs::read_dir(e.path()).into_iter().flatten().flatten())
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        written.is_empty(),
+        "outputs after a killed rank: {written:?}"
+    );
+}
+
+/// The pids of the processes (other than mpirun) whose command line has an argument `arg`.
+fn pids_with_arg(arg: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_rank = args.first().is_some_and(|a| a.ends_with(b"qforge"));
+        if is_rank && args.contains(&arg.as_bytes()) {
+            pids.push(pid);
+        }
+    }
+    pids.sort();
+    pids
+}
+
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+/// Runs `cmd`, killing it after `deadline`; returns its exit code (`None` when killed or ended
+/// by a signal), stdout and stderr.
+fn run_with_deadline(
+    mut cmd: std::process::Command,
+    deadline: std::time::Duration,
+) -> (Option<i32>, String, String) {
+    use std::io::Read;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start mpirun");
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let out_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        out.read_to_string(&mut s).ok();
+        s
+    });
+    let err_thread = std::thread::spawn(move || {
+        let mut s = String::new();
+        err.read_to_string(&mut s).ok();
+        s
+    });
+    let start = std::time::Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().expect("wait for mpirun") {
+            break status.code();
+        }
+        if start.elapsed() > deadline {
+            child.kill().ok();
+            child.wait().ok();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    (
+        code,
+        out_thread.join().unwrap_or_default(),
+        err_thread.join().unwrap_or_default(),
+    )
+}
+
+/// What each rank does under `mpirun`.
+#[cfg(feature = "mpi")]
+mod mpi_rank {
+    use super::*;
+    use qforge::runtime::collective::MpiCommunicator;
+
+    pub fn run() {
+        let comm = MpiCommunicator::init().expect("MPI init");
+        let (rank, size) = (comm.rank(), comm.size());
+        // A failing rank ends the job (MPI_Abort), so that no rank waits forever in a collective.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check_ranks(&comm);
+        }));
+        if outcome.is_err() {
+            eprintln!("rank {rank} of {size} failed; aborting the job");
+            comm.abort(1);
+        }
+        println!("rank {rank} of {size}: column-parallel forward bit-identical");
+    }
+
+    fn check_ranks(comm: &MpiCommunicator) {
+        let dev = CpuDevice::new().unwrap();
+        let (rank, size) = (comm.rank(), comm.size());
+        for shape in SHAPES {
+            let whole = layer(&dev, shape);
+            let Ok(shard) = whole.column_shard(rank, size) else {
+                // [16, 40] over 4 ranks is illegal (tested in-process); every rank skips it alike.
+                assert!(!legal_shards(shape).contains(&size));
+                continue;
+            };
+            for dtype in [DType::F32, DType::BF16] {
+                let x = input(shape.1, dtype);
+                let y = shard.forward_column_parallel(&dev, comm, &x).unwrap();
+                let expected = whole.forward(&dev, &x).unwrap();
+                assert!(y == expected, "{shape:?} {dtype}: rank {rank} of {size}");
+            }
+        }
+        // Ranks passing different shapes get an error on every rank, not a hang or a crash.
+        let e = comm
+            .all_gather(&vec![7u8; rank + 1])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("different byte counts"), "{e}");
+    }
+}
