@@ -5,6 +5,10 @@
 //! binary under `mpirun -n 2` and `mpirun -n 4 --oversubscribe`.
 
 use qforge::kernels::ops::{column_rows, dequantize_4bit, Linear4bit, QuantType};
+use qforge::kernels::optim::{
+    owned_elements, Optimizer, OptimizerKind, ParamGroup, QAdamWConfig, StateBits, StateLayout,
+};
+use qforge::kernels::AdamHyper;
 use qforge::runtime::{Communicator, CpuDevice, Device, HostTensor, Result, SingleRank};
 use qforge_ir::DType;
 
@@ -191,6 +195,156 @@ fn bad_shard_counts_and_mismatched_shards_are_named_errors() {
     assert!(e.contains("shard 1 differs") && e.contains("shape"), "{e}");
 }
 
+/// The sharded optimizer cases: 8-bit AdamW, 4-bit AdamW (ZIP-SR: NF4 m1, stochastically
+/// rounded Dyn4 m2) and 32-bit AdamW.
+fn optimizers() -> Vec<(&'static str, OptimizerKind, StateBits)> {
+    let hyper = AdamHyper {
+        lr: 1e-2,
+        weight_decay: 0.01,
+        ..AdamHyper::default()
+    };
+    vec![
+        ("adamw8bit", OptimizerKind::AdamW(hyper), StateBits::Bits8),
+        (
+            "adamw4bit-zip-sr",
+            OptimizerKind::QAdamW(QAdamWConfig::zip_sr(hyper)),
+            StateBits::Bits8,
+        ),
+        ("adamw", OptimizerKind::AdamW(hyper), StateBits::Bits32),
+    ]
+}
+
+/// Parameter shapes: 6144 elements (8-bit state although a shard of 2 or 4 ranks is under
+/// `min_8bit_size` = 4096), 5000 (a partial last block), a bias of 96 (one block: ranks that own
+/// none of it), 3000 (32-bit state: under the threshold as a whole).
+const PARAM_SHAPES: [&[usize]; 4] = [&[96, 64], &[5000], &[96], &[3, 1000]];
+
+fn param_tensors(seed: f32) -> Vec<HostTensor> {
+    PARAM_SHAPES
+        .iter()
+        .enumerate()
+        .map(|(i, shape)| {
+            let n = shape.iter().product();
+            HostTensor::from_f32(shape.to_vec(), &values(n, seed + i as f32)).unwrap()
+        })
+        .collect()
+}
+
+fn optimizer(kind: &OptimizerKind, bits: StateBits) -> Optimizer {
+    let names: Vec<String> = (0..PARAM_SHAPES.len()).map(|i| format!("p{i}")).collect();
+    Optimizer::new(vec![ParamGroup::new(names, *kind, bits)]).unwrap()
+}
+
+/// `steps` unsharded and sharded steps from the same start on `comm`; asserts the parameters
+/// after every step, the 8-bit layout of the 6144-element parameter, the gathered state file
+/// and a resumed step from it.
+fn check_sharded_optimizer(dev: &dyn Device, comm: &dyn Communicator, steps: usize) {
+    for (name, kind, bits) in optimizers() {
+        let (mut whole, mut sharded) = (optimizer(&kind, bits), optimizer(&kind, bits));
+        let (mut p1, mut p2) = (param_tensors(0.5), param_tensors(0.5));
+        let step = |k: usize| param_tensors(10.0 + k as f32);
+        for k in 0..steps {
+            whole.step(dev, &mut p1, &step(k)).unwrap();
+            sharded.step_sharded(dev, comm, &mut p2, &step(k)).unwrap();
+            assert!(
+                p1 == p2,
+                "{name}: step {k}, rank {} of {}",
+                comm.rank(),
+                comm.size()
+            );
+        }
+        if bits == StateBits::Bits8 && name == "adamw8bit" {
+            assert_eq!(
+                sharded.state_layout("p0"),
+                Some(StateLayout::Bits8),
+                "{name}"
+            );
+            assert_eq!(
+                sharded.state_layout("p3"),
+                Some(StateLayout::Bits32),
+                "{name}"
+            );
+        }
+        if comm.size() > 1 {
+            let e = sharded.state_dict().unwrap_err().to_string();
+            assert!(e.contains("gather_state"), "{e}");
+        }
+        sharded.gather_state(comm).unwrap();
+        let file = whole.state_dict().unwrap();
+        assert!(
+            sharded.state_dict().unwrap() == file,
+            "{name}: the gathered state file"
+        );
+        // Resume from the file with this rank count (the file is the unsharded one: any count).
+        let mut resumed = optimizer(&kind, bits);
+        resumed.load_state_dict(&file).unwrap();
+        let mut p3 = p1.clone();
+        whole.step(dev, &mut p1, &step(steps)).unwrap();
+        resumed
+            .step_sharded(dev, comm, &mut p3, &step(steps))
+            .unwrap();
+        assert!(
+            p1 == p3,
+            "{name}: resumed step, rank {} of {}",
+            comm.rank(),
+            comm.size()
+        );
+    }
+}
+
+#[test]
+fn owned_elements_split_whole_blocks_and_cover_the_parameter() {
+    for numel in [1usize, 255, 256, 257, 5000, 6144] {
+        for ranks in [1usize, 2, 3, 4, 8] {
+            let mut next = 0;
+            for r in 0..ranks {
+                let o = owned_elements(numel, r, ranks);
+                assert_eq!(o.start, next, "{numel} over {ranks}");
+                assert!(
+                    o.start.is_multiple_of(256) && (o.end.is_multiple_of(256) || o.end == numel)
+                );
+                next = o.end;
+            }
+            assert_eq!(next, numel);
+        }
+    }
+    assert_eq!(owned_elements(6144, 1, 4), 1536..3072);
+}
+
+#[test]
+fn a_sharded_step_on_one_rank_is_the_unsharded_step() {
+    let dev = CpuDevice::new().unwrap();
+    check_sharded_optimizer(&dev, &SingleRank, 2);
+}
+
+#[test]
+fn sharded_steps_refuse_norm_rules_and_unsharded_steps_refuse_a_shard() {
+    let dev = CpuDevice::new().unwrap();
+    let hyper = AdamHyper::default();
+    // Percentile clipping needs the whole gradient's norm.
+    let names: Vec<String> = (0..PARAM_SHAPES.len()).map(|i| format!("p{i}")).collect();
+    let group = ParamGroup::new(names, OptimizerKind::AdamW(hyper), StateBits::Bits8)
+        .with_percentile_clipping(90);
+    let mut clipped = Optimizer::new(vec![group]).unwrap();
+    let mut p = param_tensors(0.5);
+    let e = clipped
+        .step_sharded(&dev, &SingleRank, &mut p, &param_tensors(3.0))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not supported sharded"), "{e}");
+    // A state that is one rank's shard (here the single rank's) is stepped sharded only.
+    let mut opt = optimizer(&OptimizerKind::AdamW(hyper), StateBits::Bits8);
+    opt.step_sharded(&dev, &SingleRank, &mut p, &param_tensors(3.0))
+        .unwrap();
+    let e = opt
+        .step(&dev, &mut p, &param_tensors(4.0))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("step_sharded, or gather_state"), "{e}");
+    let e = opt.state_dict().unwrap_err().to_string();
+    assert!(e.contains("gather_state"), "{e}");
+}
+
 /// Set in the environment of the ranks this test binary starts under `mpirun`.
 const RANK_ENV: &str = "QFORGE_TEST_MPI_RANK";
 
@@ -217,7 +371,7 @@ fn mpirun(ranks: usize) -> Option<std::process::Command> {
 }
 
 #[test]
-fn column_parallel_forward_over_mpi_ranks_equals_the_unsharded_forward() {
+fn sharded_kernels_over_mpi_ranks_equal_the_unsharded_run() {
     if std::env::var_os(RANK_ENV).is_some() {
         #[cfg(feature = "mpi")]
         mpi_rank::run();
@@ -228,7 +382,7 @@ fn column_parallel_forward_over_mpi_ranks_equals_the_unsharded_forward() {
         cmd.arg(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "column_parallel_forward_over_mpi_ranks_equals_the_unsharded_forward",
+                "sharded_kernels_over_mpi_ranks_equal_the_unsharded_run",
                 "--nocapture",
                 "--test-threads=1",
             ])
@@ -236,7 +390,7 @@ fn column_parallel_forward_over_mpi_ranks_equals_the_unsharded_forward() {
         let (code, out, err) = run_with_deadline(cmd, std::time::Duration::from_secs(300));
         assert_eq!(code, Some(0), "mpirun -n {ranks}:\n{out}\n{err}");
         for r in 0..ranks {
-            let line = format!("rank {r} of {ranks}: column-parallel forward bit-identical");
+            let line = format!("rank {r} of {ranks}: sharded forward and optimizer bit-identical");
             assert!(
                 out.contains(&line),
                 "mpirun -n {ranks}: no '{line}':\n{out}\n{err}"
@@ -466,7 +620,7 @@ mod mpi_rank {
             eprintln!("rank {rank} of {size} failed; aborting the job");
             comm.abort(1);
         }
-        println!("rank {rank} of {size}: column-parallel forward bit-identical");
+        println!("rank {rank} of {size}: sharded forward and optimizer bit-identical");
     }
 
     fn check_ranks(comm: &MpiCommunicator) {
@@ -486,6 +640,7 @@ mod mpi_rank {
                 assert!(y == expected, "{shape:?} {dtype}: rank {rank} of {size}");
             }
         }
+        check_sharded_optimizer(&dev, comm, 3);
         // Ranks passing different shapes get an error on every rank, not a hang or a crash.
         let e = comm
             .all_gather(&vec![7u8; rank + 1])

@@ -308,7 +308,8 @@ pub fn run(
 
 /// [`run`] as one of `comm.size()` data-parallel ranks: each step, this rank computes its share
 /// of the micro-batches, the gradients are all-reduced in micro-batch order (`grad_reduce`) and
-/// every rank takes the same optimizer step, so the result is bit-identical to [`run`] with the
+/// the optimizer step is sharded (`Optimizer::step_sharded`: each rank keeps the state of its
+/// blocks, the parameters are all-gathered), so the result is bit-identical to [`run`] with the
 /// same options, for any rank count dividing `micro_batches`. Every rank returns the same
 /// report and merged layers (the caller writes them once).
 ///
@@ -407,7 +408,12 @@ pub fn run_data_parallel(
                 o.lr
             )));
         }
-        opt.step(dev, &mut p, &grads)?;
+        // Data parallel: each rank keeps the optimizer state of its blocks only (the same bits).
+        if comm.size() > 1 {
+            opt.step_sharded(dev, comm, &mut p, &grads)?;
+        } else {
+            opt.step(dev, &mut p, &grads)?;
+        }
         losses.push((loss, beta));
         on_step(step, loss, beta);
     }
@@ -466,6 +472,7 @@ pub fn run_data_parallel(
     };
     let err_merged = rel_error(&eval, d, |i, _| merged_block(i, false))?;
     let err_merged_nf4 = rel_error(&eval, d, |i, _| merged_block(i, true))?;
+    opt.gather_state(comm)?;
     let report = FinetuneReport {
         layers: layers.len(),
         steps: o.steps,

@@ -16,6 +16,7 @@ mod clip;
 mod file;
 mod group;
 mod serial;
+mod sharded;
 mod state;
 
 use std::collections::HashMap;
@@ -25,6 +26,7 @@ use crate::{MomentScheme, OPTIM_BLOCKSIZE};
 pub use clip::GNORM_HISTORY;
 pub use group::{OptimizerKind, ParamGroup, QAdamWConfig, StateBits};
 pub use serial::{STATE_FORMAT_VERSION, STATE_METADATA_KEY};
+pub use sharded::owned_elements;
 pub use state::StateLayout;
 
 use crate::ops::GradOptions;
@@ -68,6 +70,9 @@ struct Slot {
     /// The parameter's shape, known from the first step (or a loaded state).
     shape: Option<Vec<usize>>,
     state: Option<ParamState>,
+    /// The elements `state` covers when it is one rank's shard
+    /// ([`Optimizer::step_sharded`]); `None`: the whole parameter.
+    shard: Option<std::ops::Range<usize>>,
     /// Quantized AdamW: this parameter's first-moment scheme, replacing the group's
     /// ([`Optimizer::set_m1_quant_scheme_for_parameters`]).
     m1_scheme: Option<MomentScheme>,
@@ -126,6 +131,7 @@ impl Optimizer {
                     step: 0,
                     shape: None,
                     state: None,
+                    shard: None,
                     m1_scheme: None,
                     gnorm_vec: None,
                 });
@@ -191,14 +197,7 @@ impl Optimizer {
         params: &mut [HostTensor],
         grads: &[HostTensor],
     ) -> Result<()> {
-        let n = self.slots.len();
-        if params.len() != n || grads.len() != n {
-            return Err(Error::Invalid(format!(
-                "optimizer step: {n} parameters, got {} parameter and {} gradient tensors",
-                params.len(),
-                grads.len()
-            )));
-        }
+        self.check_counts(params, grads)?;
         let work: Vec<(usize, &mut HostTensor, &HostTensor)> = params
             .iter_mut()
             .zip(grads)
@@ -249,6 +248,14 @@ impl Optimizer {
     ) -> Result<()> {
         for (i, p, g) in &work {
             self.check_pair(*i, p, g)?;
+            let slot = &self.slots[*i];
+            if let Some(r) = &slot.shard {
+                return Err(Error::Invalid(format!(
+                    "optimizer step, parameter '{}': its state is one rank's shard (elements \
+                     {r:?}); step it with step_sharded, or gather_state first",
+                    slot.name
+                )));
+            }
         }
         let block = OPTIM_BLOCKSIZE as usize;
         let chunk = (self.options.workspace_elems / block).max(1) * block;
@@ -293,7 +300,7 @@ impl Optimizer {
                 _ => 0.0,
             };
             let updated = clipped
-                .and_then(|()| state.update(dev, &kind, p, g, step, chunk, rng, &opts, unorm));
+                .and_then(|()| state.update(dev, &kind, p, g, step, chunk, (rng, 0), &opts, unorm));
             if let Err(e) = updated {
                 // A parameter's first step that fails leaves no state behind (a state at
                 // step 0 could not be saved and loaded again).
@@ -387,6 +394,19 @@ impl Optimizer {
             {
                 s.m1.scheme = m1;
             }
+        }
+        Ok(())
+    }
+
+    /// One parameter and one gradient per slot.
+    fn check_counts(&self, params: &[HostTensor], grads: &[HostTensor]) -> Result<()> {
+        let n = self.slots.len();
+        if params.len() != n || grads.len() != n {
+            return Err(Error::Invalid(format!(
+                "optimizer step: {n} parameters, got {} parameter and {} gradient tensors",
+                params.len(),
+                grads.len()
+            )));
         }
         Ok(())
     }

@@ -100,8 +100,17 @@ impl Optimizer {
     /// The state as safetensors bytes: see the module docs and `docs/optimizers.md`.
     ///
     /// # Errors
-    /// [`Error::Invalid`] if safetensors rejects the tensors (a bug, reported, not a panic).
+    /// [`Error::Invalid`] while a parameter holds one rank's shard of its state
+    /// ([`Optimizer::step_sharded`]; [`Optimizer::gather_state`] makes it whole), or if
+    /// safetensors rejects the tensors (a bug, reported, not a panic).
     pub fn state_dict(&self) -> Result<Vec<u8>> {
+        if let Some(slot) = self.slots.iter().find(|s| s.shard.is_some()) {
+            return Err(err(format!(
+                "parameter '{}' holds one rank's shard of its state: call gather_state on \
+                 every rank first",
+                slot.name
+            )));
+        }
         let groups: Vec<Value> = self
             .groups
             .iter()
@@ -207,6 +216,7 @@ impl Optimizer {
             slot.step = step;
             slot.shape = shape;
             slot.state = state;
+            slot.shard = None;
             slot.m1_scheme = m1;
             slot.gnorm_vec = gnorm;
         }

@@ -337,6 +337,34 @@ fn for_chunks(
 }
 
 impl ParamState {
+    /// The state of elements `r` alone (`r.start` on a 256-element block; `r.end` on one or
+    /// at the parameter's end): the state of a shard.
+    pub fn slice(&self, r: &Range<usize>) -> ParamState {
+        let b = r.start / BLOCK..r.end.div_ceil(BLOCK);
+        match self {
+            ParamState::Adam32(s) => ParamState::Adam32(AdamState32 {
+                state1: s.state1[r.clone()].to_vec(),
+                state2: s.state2[r.clone()].to_vec(),
+            }),
+            ParamState::Adam8(s) => ParamState::Adam8(adam8_chunk(s, r, &b)),
+            ParamState::One32(s) => ParamState::One32(s[r.clone()].to_vec()),
+            ParamState::One8(s) => ParamState::One8(one8_chunk(s, r, &b)),
+            ParamState::Ademamix32(s) => ParamState::Ademamix32(AdemamixState32 {
+                m1: s.m1[r.clone()].to_vec(),
+                nu: s.nu[r.clone()].to_vec(),
+                m2: s.m2[r.clone()].to_vec(),
+            }),
+            ParamState::Ademamix8(s) => ParamState::Ademamix8(AdemamixState8 {
+                codes: std::array::from_fn(|k| s.codes[k][r.clone()].to_vec()),
+                absmax: std::array::from_fn(|k| s.absmax[k][b.clone()].to_vec()),
+            }),
+            ParamState::QAdam(s) => ParamState::QAdam(QAdamState {
+                m1: moment_chunk(&s.m1, r),
+                m2: moment_chunk(&s.m2, r),
+            }),
+        }
+    }
+
     /// The state's layout.
     pub fn layout(&self) -> Layout {
         match self {
@@ -396,7 +424,9 @@ impl ParamState {
     }
 
     /// One update of step `step` (1-based) in chunks of `chunk` elements (a multiple of the
-    /// 256-element block). `rng` is the stochastic-rounding key `(seed, parameter id)`.
+    /// 256-element block). `rng` is the stochastic-rounding key `(seed, parameter id)`;
+    /// `origin` is the index of `params`' first element in the whole parameter (a shard's
+    /// first element, block-aligned; 0 unsharded), which keys the stochastic rounding.
     ///
     /// # Errors
     /// Any host op error; [`Error::Invalid`] if the state does not belong to `kind` (a bug).
@@ -409,7 +439,7 @@ impl ParamState {
         grads: &HostTensor,
         step: u32,
         chunk: usize,
-        rng: (u64, u32),
+        (rng, origin): ((u64, u32), usize),
         opts: &GradOptions,
         max_unorm: f64,
     ) -> Result<()> {
@@ -566,7 +596,7 @@ impl ParamState {
             ParamState::QAdam(s) => {
                 let c = kind.qadam().ok_or_else(mismatch)?;
                 for_chunks(params, grads, chunk, |p, g, r, _| {
-                    let offset = u32::try_from(r.start)
+                    let offset = u32::try_from(origin + r.start)
                         .map_err(|_| Error::Invalid("parameter too large".into()))?;
                     let mut part = QAdamState {
                         m1: moment_chunk(&s.m1, &r),
