@@ -567,9 +567,19 @@ fn bench(json: bool, suite: &str, filter: Option<&str>, device: &str) -> Result<
 /// have `N` ranks.
 fn data_parallel_ranks(shards: usize) -> Result<Option<Box<dyn qforge::runtime::Communicator>>> {
     if shards <= 1 {
-        return match shards {
-            1 => Ok(None),
-            _ => Err(Error::Usage("finetune: --shards must be at least 1".into())),
+        // Started by a launcher with several ranks but no --shards: each would train alone and
+        // they would all write the same --out.
+        let launched = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+            .filter(|n| *n > 1);
+        return match (shards, launched) {
+            (0, _) => Err(Error::Usage("finetune: --shards must be at least 1".into())),
+            (_, Some(n)) => Err(Error::Usage(format!(
+                "finetune: this process is one of {n} MPI ranks but --shards is 1: pass \
+                 --shards {n} (and --micro-batches a multiple of {n})"
+            ))),
+            _ => Ok(None),
         };
     }
     #[cfg(feature = "mpi")]
@@ -621,11 +631,27 @@ fn finetune(
     let comm: &dyn Communicator = ranks.as_deref().unwrap_or(&SingleRank);
     // Rank 0 alone prints and writes; every rank computes the same result.
     let lead = comm.rank() == 0;
-    // A bad --out is found before the training, not after it.
-    if lead {
-        finetune::check_out_dir(out_dir)?;
-    }
-    let device = start_device(device, false)?;
+    // What may fail on some ranks only is agreed on before the first step, so that every rank
+    // returns its error instead of leaving the others in a collective: the options, a bad --out
+    // (found before the training, not after it), a device a machine lacks.
+    let device = qforge::runtime::agree(
+        comm,
+        finetune::check_options(&options, comm.size())
+            .and_then(|()| {
+                if lead {
+                    finetune::check_out_dir(out_dir)
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| {
+                if lead {
+                    start_device(device, false)
+                } else {
+                    Ok(open_device(device)?.0)
+                }
+            }),
+    )?;
     let bar = indicatif::ProgressBar::new(steps);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} steps {msg}")

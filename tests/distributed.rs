@@ -345,6 +345,28 @@ fn sharded_steps_refuse_norm_rules_and_unsharded_steps_refuse_a_shard() {
     assert!(e.contains("gather_state"), "{e}");
 }
 
+#[test]
+fn nccl_engine_on_one_gpu_gathers_and_runs_the_column_parallel_forward() {
+    #[cfg(not(feature = "nccl"))]
+    qforge_testkit::unavailable("nccl", "built without the `nccl` feature");
+    #[cfg(feature = "nccl")]
+    {
+        use qforge::runtime::collective::NcclCommunicator;
+        let comm = match NcclCommunicator::init(&SingleRank, 0) {
+            Ok(c) => c,
+            Err(e) => return qforge_testkit::unavailable("nccl", e),
+        };
+        assert_eq!((comm.rank(), comm.size()), (0, 1));
+        assert_eq!(comm.all_gather(&[1, 2, 3]).unwrap(), vec![1, 2, 3]);
+        assert!(comm.all_gather(&[]).unwrap().is_empty());
+        let dev = CpuDevice::new().unwrap();
+        let whole = layer(&dev, SHAPES[0]);
+        let x = input(SHAPES[0].1, DType::BF16);
+        let y = whole.forward_column_parallel(&dev, &comm, &x).unwrap();
+        assert!(y == whole.forward(&dev, &x).unwrap());
+    }
+}
+
 /// Set in the environment of the ranks this test binary starts under `mpirun`.
 const RANK_ENV: &str = "QFORGE_TEST_MPI_RANK";
 
@@ -478,7 +500,26 @@ fn finetune_shards_that_do_not_match_the_ranks_are_named_errors() {
     let (code, _, err) = run_with_deadline(cmd, std::time::Duration::from_secs(120));
     assert!(code.is_some_and(|c| c != 0), "{err}");
     assert!(err.contains("--micro-batches must divide"), "{err}");
+    // Several ranks without --shards would each train alone and write the same --out.
+    let Some(mut cmd) = mpirun(2) else { return };
+    cmd.arg(QFORGE).args(args(&[]));
+    let (code, _, err) = run_with_deadline(cmd, std::time::Duration::from_secs(120));
+    assert!(code.is_some_and(|c| c != 0), "{err}");
+    assert!(err.contains("pass --shards 2"), "{err}");
     assert!(!out.exists(), "a failed run wrote {}", out.display());
+    // A bad --out only rank 0 checks: every rank stops (none waits in the all-reduce), and the
+    // reason is printed.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"keep").unwrap();
+    let Some(mut cmd) = mpirun(2) else { return };
+    cmd.arg(QFORGE).args(finetune_args(
+        &file,
+        &["--shards", "2", "--micro-batches", "2"],
+    ));
+    let (code, _, err) = run_with_deadline(cmd, std::time::Duration::from_secs(120));
+    assert!(code.is_some_and(|c| c != 0), "a bad --out: {err}");
+    assert!(err.contains("is not a folder"), "{err}");
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep");
 }
 
 #[test]

@@ -20,7 +20,7 @@ mod wgpu;
 #[cfg(feature = "wgpu")]
 pub use self::wgpu::{Conformance, WgpuDevice};
 pub use aot::{AotDevice, AotKernel, Policy, TextArtifact};
-pub use collective::{Communicator, SingleRank};
+pub use collective::{agree, Communicator, SingleRank};
 
 /// Whether this build links the code generators and JITs (qforge-runtime's `compiler`
 /// feature); `false` in a program that runs only ahead-of-time kernels.

@@ -247,8 +247,12 @@ fn rel_error(
     Ok((e / s.max(f64::MIN_POSITIVE)).sqrt())
 }
 
-/// Checks the options for `shards` data-parallel ranks (before any work).
-fn check(o: &FinetuneOptions, shards: usize) -> Result<()> {
+/// Checks the options for `shards` data-parallel ranks (before any work; [`run_data_parallel`]
+/// does it too).
+///
+/// # Errors
+/// [`Error::Usage`] naming the bad option.
+pub fn check_options(o: &FinetuneOptions, shards: usize) -> Result<()> {
     let bad = |m: String| Err(Error::Usage(m));
     if o.layers.is_empty() {
         return bad("finetune: --layers must name at least one layer".into());
@@ -283,9 +287,22 @@ fn check(o: &FinetuneOptions, shards: usize) -> Result<()> {
         ));
     }
     if !o.micro_batches.is_multiple_of(shards) {
+        // A micro-batch count both dividing the batch and a multiple of the shards, if any.
+        let hint = (shards..=o.batch)
+            .step_by(shards.max(1))
+            .find(|g| o.batch.is_multiple_of(*g))
+            .map_or_else(
+                || {
+                    format!(
+                        "no count does for a batch of {} rows: use a shard count dividing it",
+                        o.batch
+                    )
+                },
+                |g| format!("e.g. --micro-batches {g}"),
+            );
         return bad(format!(
             "finetune: {shards} data-parallel shards must divide --micro-batches {} (each rank \
-             computes whole micro-batches; e.g. --micro-batches {shards})",
+             computes whole micro-batches; {hint})",
             o.micro_batches
         ));
     }
@@ -322,7 +339,7 @@ pub fn run_data_parallel(
     o: &FinetuneOptions,
     mut on_step: impl FnMut(u64, f64, f32),
 ) -> Result<(FinetuneReport, Vec<MergedLayer>)> {
-    check(o, comm.size())?;
+    check_options(o, comm.size())?;
     let model = match &o.model {
         Some(path) => Model::load(dev, path, &o.layers)?,
         None => Model::synthetic(dev, &o.layers, o.seed)?,

@@ -27,7 +27,8 @@ pub use cases::{config, random_cases, run_cases, runner};
 /// Every name a suite may ask about: the `--device` names of the devices, then tools and data.
 /// `transformers` is the Python of `scripts/install-transformers.sh` (torch, transformers and
 /// bitsandbytes), which `tests/transformers.rs` uses to load qforge's checkpoints;
-/// `mpi` is the `mpi` feature with OpenMPI's `mpirun` (`tests/distributed.rs`);
+/// `mpi` is the `mpi` feature with OpenMPI's `mpirun` (`tests/distributed.rs`); `nccl` the
+/// `nccl` feature with a GPU and `libnccl.so` (never required by CI, which has no GPU);
 /// `avx512_bf16` and `amx_bf16` are the CPU instructions `tests/probe_bf16.rs` probes (never
 /// required by CI, whose machines differ).
 pub const KNOWN: &[&str] = &[
@@ -42,6 +43,7 @@ pub const KNOWN: &[&str] = &[
     "models",
     "transformers",
     "mpi",
+    "nccl",
     "avx512_bf16",
     "amx_bf16",
 ];

@@ -248,11 +248,13 @@ impl Linear4bit {
     /// The column-parallel forward of this shard on `comm`'s rank: `y_r = x @ dequant(W_r).T
     /// (+ b_r)` locally ([`Linear4bit::forward`]), then one all-gather of the shards' outputs,
     /// giving every rank the whole `y` (`[..., N]`, `N = shards * rows`), equal bit for bit to
-    /// the unsharded layer's forward. Every rank passes the same `x` (`[..., K]`).
+    /// the unsharded layer's forward. Every rank passes the same `x` (`[..., K]`), and `self`
+    /// must be shard `comm.rank()` of `comm.size()` ([`Linear4bit::column_shard`]): a shard of
+    /// another count gathers equal byte counts and so cannot be told apart here.
     ///
     /// # Errors
     /// As [`Linear4bit::forward`]; the all-gather's errors (ranks whose shards or inputs differ
-    /// in shape).
+    /// in shape, so that their outputs differ in size).
     pub fn forward_column_parallel(
         &self,
         dev: &dyn Device,

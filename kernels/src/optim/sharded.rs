@@ -92,6 +92,8 @@ impl Optimizer {
     /// differ in shape). The checks fail alike on every rank given the same inputs; a device
     /// error on one rank leaves the others in the all-gather, so a rank that gets an error
     /// should end the group with [`Communicator::abort`] (as `qforge finetune --shards` does).
+    /// After an error, load a saved state to continue (the parameters and states before the
+    /// failing one may already be stepped, as with [`Optimizer::step`]).
     pub fn step_sharded(
         &mut self,
         dev: &dyn Device,
@@ -146,9 +148,9 @@ impl Optimizer {
             let state = match (slot.state.take(), &slot.shard) {
                 (Some(s), Some(_)) => s,
                 (Some(whole), None) => whole.slice(&owned),
-                (None, _) => Layout::choose(&group.kind, group.bits, numel, min8, m1)
-                    .zeros(numel)
-                    .slice(&owned),
+                (None, _) => {
+                    Layout::choose(&group.kind, group.bits, numel, min8, m1).zeros(owned.len())
+                }
             };
             let state = slot.state.insert(state);
             slot.shard = Some(owned.clone());
@@ -204,9 +206,24 @@ impl Optimizer {
     /// left as they are.
     ///
     /// # Errors
-    /// The all-gather's errors (ranks whose optimizers differ).
+    /// [`Error::Invalid`] when a state is the shard of another rank count or rank (it was
+    /// stepped on another communicator); the all-gather's errors (ranks whose optimizers
+    /// differ).
     pub fn gather_state(&mut self, comm: &dyn Communicator) -> Result<()> {
-        let ranks = comm.size();
+        let (rank, ranks) = (comm.rank(), comm.size());
+        for slot in &self.slots {
+            if let (Some(r), Some(shape)) = (&slot.shard, &slot.shape) {
+                let owned = owned_elements(shape.iter().product(), rank, ranks);
+                if *r != owned {
+                    return Err(Error::Invalid(format!(
+                        "optimizer gather_state, parameter '{}': the state is the shard {r:?}, \
+                         but rank {rank} of {ranks} owns {owned:?} (gather with the \
+                         communicator it was stepped on)",
+                        slot.name
+                    )));
+                }
+            }
+        }
         let mut mine = Vec::new();
         let mut lens = vec![Vec::new(); ranks];
         let mut sharded = Vec::new();

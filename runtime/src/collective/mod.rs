@@ -1,8 +1,10 @@
 //! Collectives across ranks: the communication sharded kernels need (`docs/distributed.md`).
 //!
 //! A [`Communicator`] is one rank's handle on a group of `size` ranks that run the same program
-//! (SPMD). Engines: [`SingleRank`] (one rank, no communication: the unsharded run) and, with the
-//! `mpi` feature, [`MpiCommunicator`] (rsmpi over the system's MPI, started with `mpirun`).
+//! (SPMD). Engines: [`SingleRank`] (one rank, no communication: the unsharded run); with the
+//! `mpi` feature `MpiCommunicator` (rsmpi over the system's MPI, started with `mpirun`); with
+//! the `nccl` feature `NcclCommunicator` (NCCL between CUDA GPUs, bootstrapped over a host
+//! communicator).
 //!
 //! Every collective here moves bytes only; the arithmetic that combines what was gathered is
 //! done by the caller in a fixed order, so the result never depends on the engine's own
@@ -10,9 +12,13 @@
 
 #[cfg(feature = "mpi")]
 mod mpi_engine;
+#[cfg(feature = "nccl")]
+mod nccl_engine;
 
 #[cfg(feature = "mpi")]
 pub use mpi_engine::MpiCommunicator;
+#[cfg(feature = "nccl")]
+pub use nccl_engine::NcclCommunicator;
 
 use crate::{Error, Result};
 
@@ -63,11 +69,62 @@ impl Communicator for SingleRank {
     }
 }
 
+/// The bytes of a failed rank's message that [`agree`] passes to the others.
+const AGREE_MESSAGE: usize = 1024;
+
+/// Every rank's verdict on a step that may fail on some ranks only (a file only rank 0 writes,
+/// a device one machine lacks): one all-gather of a status byte and the first 1024 bytes of
+/// any error message, so that either every rank goes on, or every rank returns an error (this
+/// rank's own, or one naming each failed rank and its message) and none is left waiting in a
+/// later collective. A collective call: every rank makes it.
+///
+/// # Errors
+/// This rank's error; [`Error::Invalid`] naming the failed ranks and their messages when
+/// others failed; the all-gather's errors.
+pub fn agree<T, E: From<Error> + std::fmt::Display>(
+    comm: &dyn Communicator,
+    local: std::result::Result<T, E>,
+) -> std::result::Result<T, E> {
+    let mut mine = vec![0u8; 1 + AGREE_MESSAGE];
+    match &local {
+        Ok(_) => mine[0] = 1,
+        Err(e) => {
+            let text = e.to_string();
+            let mut end = text.len().min(AGREE_MESSAGE);
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            mine[1..1 + end].copy_from_slice(&text.as_bytes()[..end]);
+        }
+    }
+    let all = comm.all_gather(&mine)?;
+    let failed: Vec<String> = all
+        .chunks_exact(1 + AGREE_MESSAGE)
+        .enumerate()
+        .filter(|(_, r)| r[0] == 0)
+        .map(|(rank, r)| {
+            let text = r[1..].split(|b| *b == 0).next().unwrap_or_default();
+            format!("rank {rank}: {}", String::from_utf8_lossy(text))
+        })
+        .collect();
+    match local {
+        Err(e) => Err(e),
+        Ok(_) if !failed.is_empty() => Err(Error::Invalid(format!(
+            "rank {} of {} stops because other ranks failed: {}",
+            comm.rank(),
+            comm.size(),
+            failed.join("; ")
+        ))
+        .into()),
+        Ok(v) => Ok(v),
+    }
+}
+
 /// Checks that every rank passed `lengths[rank]` equal bytes to an all-gather.
 ///
 /// # Errors
 /// [`Error::Invalid`] naming every rank's length when they differ.
-#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "mpi", feature = "nccl")), allow(dead_code))]
 pub(crate) fn check_equal_lengths(engine: &str, lengths: &[u64]) -> Result<()> {
     if lengths.windows(2).all(|w| w[0] == w[1]) {
         return Ok(());
@@ -93,6 +150,13 @@ mod tests {
         let c = SingleRank;
         assert_eq!((c.rank(), c.size()), (0, 1));
         assert_eq!(c.all_gather(&[1, 2, 3]).unwrap(), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn agree_passes_this_ranks_error_through() {
+        assert_eq!(agree::<_, Error>(&SingleRank, Ok(5)).unwrap(), 5);
+        let e = agree::<u8, _>(&SingleRank, Err(Error::Invalid("mine".into()))).unwrap_err();
+        assert_eq!(e.to_string(), "mine");
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub(super) const MIN_DRIVER_VERSION: c_int = 12000;
 ///
 /// # Errors
 /// A message naming the library and the names that were tried.
-pub(super) fn probe_library() -> Result<(), String> {
+pub(crate) fn probe_library() -> Result<(), String> {
     // SAFETY: `is_culib_present` only tries `dlopen` on the candidate names and closes them.
     let present = guard(|| Ok(unsafe { sys::is_culib_present() }))?;
     if present {
@@ -69,7 +69,7 @@ pub(super) fn check_driver_version(version: c_int) -> Result<(), String> {
 }
 
 /// `CUDA_ERROR_NAME: description` of a driver error (falls back to the numeric code).
-pub(super) fn describe(e: &DriverError) -> String {
+pub(crate) fn describe(e: &DriverError) -> String {
     let name = e
         .error_name()
         .map(|s| s.to_string_lossy().into_owned())
@@ -82,7 +82,7 @@ pub(super) fn describe(e: &DriverError) -> String {
 
 /// Runs `f`, turning a panic inside it (cudarc's loader panics on a missing symbol) into an
 /// error message instead of unwinding through the caller.
-pub(super) fn guard<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+pub(crate) fn guard<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
         Err(payload) => {

@@ -28,7 +28,7 @@
 //!
 //! [`THREADS_PER_BLOCK`]: qforge_codegen::ptx::THREADS_PER_BLOCK
 
-mod driver;
+pub(crate) mod driver;
 mod launch;
 
 use std::collections::HashMap;
