@@ -4,6 +4,7 @@
 //! the `mpi` feature the forward also runs on real MPI ranks: the last test relaunches this test
 //! binary under `mpirun -n 2` and `mpirun -n 4 --oversubscribe`.
 
+use qforge::kernels::adapter::BottleneckAdapter;
 use qforge::kernels::ops::{column_rows, dequantize_4bit, Linear4bit, QuantType};
 use qforge::kernels::optim::{
     owned_elements, Optimizer, OptimizerKind, ParamGroup, QAdamWConfig, StateBits, StateLayout,
@@ -367,6 +368,49 @@ fn nccl_engine_on_one_gpu_gathers_and_runs_the_column_parallel_forward() {
     }
 }
 
+/// An adapter over `d` features (rank 4) with every weight non-zero, and a layer `[d, 24]` in
+/// column-parallel shards of `3, 4, 5, ...` rows: the merge over `comm`'s ranks against
+/// `merge_sharded` over the same shards (and, on one rank, `merge_into`).
+fn check_merge(dev: &dyn Device, comm: &dyn Communicator) {
+    let counts: Vec<usize> = (0..comm.size()).map(|r| r + 3).collect();
+    let (d, k) = (counts.iter().sum::<usize>(), 24);
+    let mut a = BottleneckAdapter::new(d, 4, 7).unwrap();
+    a.up_weight = HostTensor::from_f32(vec![d, 4], &values(d * 4, 0.9)).unwrap();
+    a.up_bias = HostTensor::from_f32(vec![d], &values(d, 1.1)).unwrap();
+    let w = values(d * k, 3.3);
+    let b = values(d, 4.4);
+    let shards: Vec<(HostTensor, HostTensor)> = counts
+        .iter()
+        .scan(0, |at, n| {
+            let rows = *at..*at + n;
+            *at += n;
+            Some((
+                HostTensor::from_f32(vec![*n, k], &w[rows.start * k..rows.end * k]).unwrap(),
+                HostTensor::from_f32(vec![*n], &b[rows]).unwrap(),
+            ))
+        })
+        .collect();
+    let expected = a.merge_sharded(dev, &shards).unwrap();
+    let (w_r, b_r) = &shards[comm.rank()];
+    let got = a.merge_column_parallel(dev, comm, w_r, b_r).unwrap();
+    assert!(
+        got == expected[comm.rank()],
+        "merge: rank {} of {}",
+        comm.rank(),
+        comm.size()
+    );
+    if comm.size() == 1 {
+        let whole = a.merge_into(dev, w_r, b_r).unwrap();
+        assert!(got == whole, "merge on one rank");
+    }
+}
+
+#[test]
+fn the_merge_on_one_rank_is_the_unsharded_merge() {
+    let dev = CpuDevice::new().unwrap();
+    check_merge(&dev, &SingleRank);
+}
+
 /// Set in the environment of the ranks this test binary starts under `mpirun`.
 const RANK_ENV: &str = "QFORGE_TEST_MPI_RANK";
 
@@ -412,7 +456,8 @@ fn sharded_kernels_over_mpi_ranks_equal_the_unsharded_run() {
         let (code, out, err) = run_with_deadline(cmd, std::time::Duration::from_secs(300));
         assert_eq!(code, Some(0), "mpirun -n {ranks}:\n{out}\n{err}");
         for r in 0..ranks {
-            let line = format!("rank {r} of {ranks}: sharded forward and optimizer bit-identical");
+            let line =
+                format!("rank {r} of {ranks}: sharded forward, optimizer and merge bit-identical");
             assert!(
                 out.contains(&line),
                 "mpirun -n {ranks}: no '{line}':\n{out}\n{err}"
@@ -661,7 +706,7 @@ mod mpi_rank {
             eprintln!("rank {rank} of {size} failed; aborting the job");
             comm.abort(1);
         }
-        println!("rank {rank} of {size}: sharded forward and optimizer bit-identical");
+        println!("rank {rank} of {size}: sharded forward, optimizer and merge bit-identical");
     }
 
     fn check_ranks(comm: &MpiCommunicator) {
@@ -682,6 +727,7 @@ mod mpi_rank {
             }
         }
         check_sharded_optimizer(&dev, comm, 3);
+        check_merge(&dev, comm);
         // Ranks passing different shapes get an error on every rank, not a hang or a crash.
         let e = comm
             .all_gather(&vec![7u8; rank + 1])

@@ -17,15 +17,18 @@
 //! `f32` add per shard after the first); then every shard computes its own rows
 //! `W'_s = W_s + U_s (D W)` and `b'_s = (U_s t + b_u[rows_s]) + b_s` locally. The sums over `d`
 //! are split differently, so the result agrees with the unsharded merge within rounding (and
-//! is bitwise equal for one shard).
+//! is bitwise equal for one shard). [`BottleneckAdapter::merge_column_parallel`] runs it on real
+//! ranks (one all-gather of the partials, summed in rank order), bit-identical to
+//! [`BottleneckAdapter::merge_sharded`] over the same shards.
 
 use qforge_ir::DType;
 
 use super::BottleneckAdapter;
 use crate::ops::{gemm, Layout};
-use qforge_runtime::Device;
 use qforge_runtime::HostTensor;
+use qforge_runtime::{Communicator, Device};
 use qforge_runtime::{Error, Result};
+use std::ops::Range;
 
 use Layout::{RowMajor as N, Transposed as T};
 
@@ -110,7 +113,7 @@ impl BottleneckAdapter {
         dev: &dyn Device,
         shards: &[(HostTensor, HostTensor)],
     ) -> Result<Vec<(HostTensor, HostTensor)>> {
-        let (d, r) = self.dims()?;
+        let (d, _) = self.dims()?;
         let mut starts = Vec::with_capacity(shards.len());
         let (mut rows, mut k) = (0usize, None);
         for (s, (w, b)) in shards.iter().enumerate() {
@@ -129,14 +132,11 @@ impl BottleneckAdapter {
                 "adapter merge: the shards have {rows} output rows in all, the adapter has d = {d}"
             )));
         }
-        // Partials of the all-reduce: D_s W_s ([r, K]) and D_s b_s ([1, r]).
+        // The all-reduce of the partials D_s W_s ([r, K]) and D_s b_s ([1, r]), in shard order.
         let mut dw: Option<HostTensor> = None;
         let mut db: Option<HostTensor> = None;
         for ((w, b), span) in shards.iter().zip(&starts) {
-            let d_s = columns(&self.down_weight, span.clone())?;
-            let p = gemm(dev, (&d_s, N), (w, T), None, None)?;
-            let b_row = reshaped(b, vec![1, span.len()])?;
-            let q = gemm(dev, (&b_row, N), (&d_s, N), None, None)?;
+            let (p, q) = self.partials(dev, w, b, span.clone())?;
             dw = Some(match dw {
                 Some(acc) => add(&acc, &p)?,
                 None => p,
@@ -149,17 +149,101 @@ impl BottleneckAdapter {
         let (Some(dw), Some(db)) = (dw, db) else {
             return Err(Error::Invalid("adapter merge: no shard".into()));
         };
+        shards
+            .iter()
+            .zip(&starts)
+            .map(|((w, b), span)| self.merged_rows(dev, (&dw, &db), w, b, span.clone()))
+            .collect()
+    }
+
+    /// One shard's partials of the all-reduce: `D_s W_s` (`[r, K]`) and `D_s b_s` (`[1, r]`),
+    /// `D_s` the columns `span` of `D`.
+    fn partials(
+        &self,
+        dev: &dyn Device,
+        w: &HostTensor,
+        b: &HostTensor,
+        span: Range<usize>,
+    ) -> Result<(HostTensor, HostTensor)> {
+        let d_s = columns(&self.down_weight, span.clone())?;
+        let p = gemm(dev, (&d_s, N), (w, T), None, None)?;
+        let b_row = reshaped(b, vec![1, span.len()])?;
+        let q = gemm(dev, (&b_row, N), (&d_s, N), None, None)?;
+        Ok((p, q))
+    }
+
+    /// One shard's merged rows `span` from the all-reduced `(D W, D b)`:
+    /// `W'_s = W_s + U_s (D W)` and `b'_s = (U_s t + b_u[span]) + b_s` with `t = D b + b_d`.
+    fn merged_rows(
+        &self,
+        dev: &dyn Device,
+        (dw, db): (&HostTensor, &HostTensor),
+        w: &HostTensor,
+        b: &HostTensor,
+        span: Range<usize>,
+    ) -> Result<(HostTensor, HostTensor)> {
+        let (_, r) = self.dims()?;
         // t = D b + b_d, one f32 add per element (as the kernel's bias add).
-        let t = add(&db, &reshaped(&self.down_bias, vec![1, r])?)?;
-        let mut out = Vec::with_capacity(shards.len());
-        for ((w, b), span) in shards.iter().zip(&starts) {
-            let u_s = rows_of(&self.up_weight, span.clone())?;
-            let bu_s = rows_of(&self.up_bias, span.clone())?;
-            let w2 = gemm(dev, (&u_s, N), (&dw, T), None, Some(w))?;
-            let b_row = reshaped(b, vec![1, span.len()])?;
-            let b2 = gemm(dev, (&t, N), (&u_s, N), Some(&bu_s), Some(&b_row))?;
-            out.push((w2, reshaped(&b2, vec![span.len()])?));
+        let t = add(db, &reshaped(&self.down_bias, vec![1, r])?)?;
+        let u_s = rows_of(&self.up_weight, span.clone())?;
+        let bu_s = rows_of(&self.up_bias, span.clone())?;
+        let w2 = gemm(dev, (&u_s, N), (dw, T), None, Some(w))?;
+        let b_row = reshaped(b, vec![1, span.len()])?;
+        let b2 = gemm(dev, (&t, N), (&u_s, N), Some(&bu_s), Some(&b_row))?;
+        Ok((w2, reshaped(&b2, vec![span.len()])?))
+    }
+
+    /// [`BottleneckAdapter::merge_sharded`] on real ranks: this rank holds the column-parallel
+    /// shard `(weight: f32 [d_s, K], bias: f32 [d_s])`, the ranks' shards being the layer's rows
+    /// in rank order. One all-gather of the partials (`r x K + r` floats per rank), summed on
+    /// every rank in rank order, then this rank's merged rows: bit-identical to
+    /// `merge_sharded` over the same shards. A collective call: every rank makes it.
+    ///
+    /// # Errors
+    /// As [`BottleneckAdapter::merge_sharded`] (checked across the ranks: row counts that do
+    /// not add up to `d`); the all-gather's errors (ranks with another `K` or `r`).
+    pub fn merge_column_parallel(
+        &self,
+        dev: &dyn Device,
+        comm: &dyn Communicator,
+        weight: &HostTensor,
+        bias: &HostTensor,
+    ) -> Result<(HostTensor, HostTensor)> {
+        let (d, r) = self.dims()?;
+        let (rows, k) = layer(&format!("rank {}'s shard", comm.rank()), weight, bias)?;
+        // Every rank's row count, then its partials.
+        let counts = comm.all_gather(&(rows as u64).to_le_bytes())?;
+        let counts: Vec<usize> = counts
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+            .collect();
+        let start: usize = counts[..comm.rank()].iter().sum();
+        if counts.iter().sum::<usize>() != d {
+            return Err(Error::Invalid(format!(
+                "adapter merge: the ranks' shards have {counts:?} output rows, {} in all; the \
+                 adapter has d = {d}",
+                counts.iter().sum::<usize>()
+            )));
         }
-        Ok(out)
+        let span = start..start + rows;
+        let (p, q) = self.partials(dev, weight, bias, span.clone())?;
+        let mut local = p.data.clone();
+        local.extend_from_slice(&q.data);
+        let gathered = comm.all_gather(&local)?;
+        let part = |rank: usize| -> Result<(HostTensor, HostTensor)> {
+            let bytes = &gathered[rank * local.len()..(rank + 1) * local.len()];
+            let (pw, pb) = bytes.split_at(p.data.len());
+            Ok((
+                HostTensor::new(DType::F32, vec![r, k], pw.to_vec())?,
+                HostTensor::new(DType::F32, vec![1, r], pb.to_vec())?,
+            ))
+        };
+        let (mut dw, mut db) = part(0)?;
+        for rank in 1..comm.size() {
+            let (pw, pb) = part(rank)?;
+            dw = add(&dw, &pw)?;
+            db = add(&db, &pb)?;
+        }
+        self.merged_rows(dev, (&dw, &db), weight, bias, span)
     }
 }
