@@ -5,7 +5,9 @@
 //! binary under `mpirun -n 2` and `mpirun -n 4 --oversubscribe`.
 
 use qforge::kernels::adapter::BottleneckAdapter;
-use qforge::kernels::ops::{column_rows, dequantize_4bit, Linear4bit, QuantType};
+use qforge::kernels::ops::{
+    column_rows, dequantize_4bit, matmul_4bit, row_cols, Linear4bit, QuantType,
+};
 use qforge::kernels::optim::{
     owned_elements, Optimizer, OptimizerKind, ParamGroup, QAdamWConfig, StateBits, StateLayout,
 };
@@ -194,6 +196,188 @@ fn bad_shard_counts_and_mismatched_shards_are_named_errors() {
     ];
     let e = err(Linear4bit::from_column_shards(&uneven));
     assert!(e.contains("shard 1 differs") && e.contains("shape"), "{e}");
+}
+
+/// Row-parallel shapes: `K / D` a multiple of the blocksize for `D` in 1, 2, 4; nested blocks
+/// (256 blocks) that a column range of each row cuts.
+const ROW_SHAPES: [Shape; 3] = [
+    (16, 4096, QuantType::Nf4, 64, true),
+    (8, 256, QuantType::Fp4, 32, false),
+    (6, 512, QuantType::Nf4, 128, true),
+];
+
+/// Columns `cols` of the rows of `t` (`[m, k]`).
+fn columns_of(t: &HostTensor, cols: std::ops::Range<usize>) -> HostTensor {
+    let (m, k, size) = (t.shape[0], t.shape[1], t.dtype.size_bytes());
+    let data = (0..m)
+        .flat_map(|r| t.data[(r * k + cols.start) * size..(r * k + cols.end) * size].to_vec())
+        .collect();
+    HostTensor::new(t.dtype, vec![m, cols.len()], data).unwrap()
+}
+
+/// Row-parallel checks on `comm`'s ranks: the shard's dequantized weight is the unsharded
+/// columns, the input gradient is the unsharded one bit for bit, and the relaxed forward is
+/// within its documented bound of the exact product (returns how many outputs differ in bits
+/// from the unsharded forward).
+fn check_row_parallel(dev: &dyn Device, comm: &dyn Communicator, shape: Shape) -> usize {
+    let (rank, size) = (comm.rank(), comm.size());
+    let whole = layer(dev, shape);
+    let (n, k) = (shape.0, shape.1);
+    let shard = whole.row_shard(dev, rank, size).unwrap();
+    let cols = row_cols(&whole.state, size).unwrap()[rank].clone();
+    let full = dequantize_4bit(dev, &whole.packed, &whole.state).unwrap();
+    let part = dequantize_4bit(dev, &shard.packed, &shard.state).unwrap();
+    assert!(
+        part == columns_of(&full, cols.clone()),
+        "{shape:?}: rank {rank} of {size}"
+    );
+    for dtype in [DType::F32, DType::BF16] {
+        let dy = HostTensor::from_f32_as(dtype, vec![3, n], &values(3 * n, 6.1)).unwrap();
+        let dx = shard.backward_input_row_parallel(dev, comm, &dy).unwrap();
+        let expected = whole.backward_input(dev, &dy).unwrap();
+        assert!(
+            dx == expected,
+            "{shape:?} {dtype}: row-parallel dX, rank {rank} of {size}"
+        );
+    }
+    // The relaxed forward against the exact (f64) product, within its bound.
+    let x = input(k, DType::F32);
+    let y = shard
+        .forward_row_parallel_relaxed(dev, comm, &columns_of(&x, cols))
+        .unwrap()
+        .to_f32()
+        .unwrap();
+    let (xv, wv) = (x.to_f32().unwrap(), full.to_f32().unwrap());
+    let bias = whole.bias.as_ref().unwrap().to_f32().unwrap();
+    let terms = (k / (16 * size) + 4 + (size - 1) + 1) as f64;
+    let u = 2f64.powi(-24);
+    let gamma = terms * u / (1.0 - terms * u);
+    for m in 0..3 {
+        for j in 0..n {
+            let (mut exact, mut abs) = (bias[j] as f64, (bias[j] as f64).abs());
+            for i in 0..k {
+                let p = xv[m * k + i] as f64 * wv[j * k + i] as f64;
+                exact += p;
+                abs += p.abs();
+            }
+            let err = (y[m * n + j] as f64 - exact).abs();
+            assert!(
+                err <= gamma * abs,
+                "{shape:?}: relaxed y[{m}, {j}] = {} is {err:e} from exact {exact}, over the \
+                 bound {:e} (rank {rank} of {size})",
+                y[m * n + j],
+                gamma * abs
+            );
+        }
+    }
+    let unsharded = whole.forward(dev, &x).unwrap().to_f32().unwrap();
+    y.iter()
+        .zip(&unsharded)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count()
+}
+
+/// A communicator of `size` ranks in one process whose all-gather returns what `gather` makes
+/// from this rank's bytes, for checks whose ranks' parts can be computed up front.
+struct Simulated<'a> {
+    rank: usize,
+    size: usize,
+    gather: &'a dyn Fn(usize, &[u8]) -> Vec<u8>,
+}
+
+impl Communicator for Simulated<'_> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn engine(&self) -> &str {
+        "simulated"
+    }
+    fn abort(&self, code: i32) -> ! {
+        panic!("rank {} aborted with {code}", self.rank)
+    }
+    fn all_gather(&self, local: &[u8]) -> Result<Vec<u8>> {
+        Ok((self.gather)(self.rank, local))
+    }
+}
+
+#[test]
+fn row_parallel_dx_is_exact_and_the_relaxed_forward_within_its_bound() {
+    let dev = CpuDevice::new().unwrap();
+    for shape in ROW_SHAPES {
+        let whole = layer(&dev, shape);
+        for d in [1usize, 2, 4] {
+            let shards: Vec<Linear4bit> = (0..d)
+                .map(|r| whole.row_shard(&dev, r, d).unwrap())
+                .collect();
+            let cols = row_cols(&whole.state, d).unwrap();
+            let x = input(shape.1, DType::F32);
+            // What every rank contributes to each collective, in call order: dX in f32 and
+            // bf16, then the relaxed forward's partials.
+            let parts = |call: usize| -> Vec<u8> {
+                shards
+                    .iter()
+                    .zip(&cols)
+                    .flat_map(|(s, c)| match call {
+                        0 | 1 => {
+                            let dtype = [DType::F32, DType::BF16][call];
+                            let dy = HostTensor::from_f32_as(
+                                dtype,
+                                vec![3, shape.0],
+                                &values(3 * shape.0, 6.1),
+                            )
+                            .unwrap();
+                            s.backward_input(&dev, &dy).unwrap().data
+                        }
+                        _ => {
+                            let xr = columns_of(&x, c.clone());
+                            let y = matmul_4bit(&dev, &xr, &s.packed, &s.state, None, None);
+                            qforge::runtime::f32_bytes(&y.unwrap().to_f32().unwrap())
+                        }
+                    })
+                    .collect()
+            };
+            let calls: Vec<Vec<u8>> = (0..3).map(parts).collect();
+            for rank in 0..d {
+                let next = std::cell::Cell::new(0);
+                let gather = |r: usize, local: &[u8]| {
+                    let all = calls[next.get()].clone();
+                    next.set(next.get() + 1);
+                    assert_eq!(&all[r * local.len()..(r + 1) * local.len()], local);
+                    all
+                };
+                let comm = Simulated {
+                    rank,
+                    size: d,
+                    gather: &gather,
+                };
+                let differ = check_row_parallel(&dev, &comm, shape);
+                // One shard is the unsharded kernel's own order.
+                assert!(d > 1 || differ == 0, "{shape:?}: one shard differs");
+                if rank == 0 {
+                    println!("{shape:?}, {d} shards: {differ} of {} relaxed outputs differ in bits from the unsharded forward", 3 * shape.0);
+                }
+            }
+        }
+    }
+    let e = whole_err(&dev);
+    assert!(e.contains("not a multiple of the blocksize"), "{e}");
+}
+
+fn whole_err(dev: &dyn Device) -> String {
+    // [8, 96] with blocksize 32 over 2 shards: 48 columns each, a block straddles them.
+    let l = layer(dev, SHAPES[2]);
+    let e1 = l.row_shard(dev, 0, 2).unwrap_err().to_string();
+    let e2 = l.row_shard(dev, 0, 5).unwrap_err().to_string();
+    assert!(
+        e2.contains("5 shards do not divide") && e2.contains("K = 96"),
+        "{e2}"
+    );
+    let e3 = l.row_shard(dev, 3, 3).unwrap_err().to_string();
+    assert!(e3.contains("rank 3 is not one of 3"), "{e3}");
+    e1
 }
 
 /// The sharded optimizer cases: 8-bit AdamW, 4-bit AdamW (ZIP-SR: NF4 m1, stochastically
@@ -728,6 +912,9 @@ mod mpi_rank {
         }
         check_sharded_optimizer(&dev, comm, 3);
         check_merge(&dev, comm);
+        for shape in ROW_SHAPES {
+            check_row_parallel(&dev, comm, shape);
+        }
         // Ranks passing different shapes get an error on every rank, not a hang or a crash.
         let e = comm
             .all_gather(&vec![7u8; rank + 1])

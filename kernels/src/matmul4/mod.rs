@@ -58,6 +58,7 @@ pub(crate) mod host;
 pub mod panels;
 #[cfg(test)]
 mod reference;
+pub(crate) mod row_shard;
 pub(crate) mod shard;
 #[cfg(test)]
 mod tests;

@@ -261,21 +261,29 @@ impl Linear4bit {
         comm: &dyn Communicator,
         x: &HostTensor,
     ) -> Result<HostTensor> {
-        let local = self.forward(dev, x)?;
-        let gathered = comm.all_gather(&local.data)?;
-        let rows = self.out_features() * local.dtype.size_bytes();
-        let per_rank = local.data.len();
-        let mut y = Vec::with_capacity(gathered.len());
-        for m in 0..per_rank.checked_div(rows).unwrap_or(0) {
-            for r in 0..comm.size() {
-                let at = r * per_rank + m * rows;
-                y.extend_from_slice(&gathered[at..at + rows]);
-            }
-        }
-        let mut shape = local.shape.clone();
-        if let Some(last) = shape.last_mut() {
-            *last *= comm.size();
-        }
-        HostTensor::new(local.dtype, shape, y)
+        gather_last_dim(comm, &self.forward(dev, x)?)
     }
+}
+
+/// Every rank's `local` (`[..., c]`, the same shape on every rank) gathered along the last
+/// dimension in rank order: `[..., size * c]`.
+///
+/// # Errors
+/// The all-gather's errors.
+pub(crate) fn gather_last_dim(comm: &dyn Communicator, local: &HostTensor) -> Result<HostTensor> {
+    let gathered = comm.all_gather(&local.data)?;
+    let row = local.shape.last().copied().unwrap_or(1) * local.dtype.size_bytes();
+    let per_rank = local.data.len();
+    let mut y = Vec::with_capacity(gathered.len());
+    for m in 0..per_rank.checked_div(row).unwrap_or(0) {
+        for r in 0..comm.size() {
+            let at = r * per_rank + m * row;
+            y.extend_from_slice(&gathered[at..at + row]);
+        }
+    }
+    let mut shape = local.shape.clone();
+    if let Some(last) = shape.last_mut() {
+        *last *= comm.size();
+    }
+    HostTensor::new(local.dtype, shape, y)
 }

@@ -50,6 +50,7 @@ pub use crate::matmul4::host::{
     matmul_4bit, matmul_4bit_backward_input, suggest_backward_tile_sizes, suggest_tile_sizes,
     DeviceCaps, Linear4bit,
 };
+pub use crate::matmul4::row_shard::row_cols;
 pub use crate::matmul4::shard::column_rows;
 pub use crate::optim1::host::{optim1_step_32bit, optim1_step_8bit, Optim1State8};
 pub use crate::optim4::host::{qadamw_step, MomentState, QAdamRng, QAdamState};
