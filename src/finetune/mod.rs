@@ -26,7 +26,7 @@ use qforge_kernels::AdamHyper;
 use qforge_kernels::StateBits;
 use qforge_runtime::{Communicator, Device, HostTensor, ProfiledDevice, SingleRank};
 
-pub use model::{Block, Model};
+pub use model::{Block, Linear, Model};
 pub use report::FinetuneReport;
 
 use crate::error::{Error, Result};
