@@ -263,6 +263,103 @@ fn check_row_parallel(dev: &dyn Device, comm: &dyn Communicator, shape: Shape) -
         .count()
 }
 
+/// The exact row-parallel forward on `comm`'s ranks equals the unsharded forward bit for bit
+/// (f32 and bf16 activations, with the layer's bias).
+fn check_row_parallel_exact(dev: &dyn Device, comm: &dyn Communicator, shape: Shape) {
+    let (rank, size) = (comm.rank(), comm.size());
+    let whole = layer(dev, shape);
+    let shard = whole.row_shard(dev, rank, size).unwrap();
+    let cols = row_cols(&whole.state, size).unwrap()[rank].clone();
+    for dtype in [DType::F32, DType::BF16] {
+        let x = input(shape.1, dtype);
+        let y = shard
+            .forward_row_parallel(dev, comm, &columns_of(&x, cols.clone()))
+            .unwrap();
+        let expected = whole.forward(dev, &x).unwrap();
+        assert!(
+            y == expected,
+            "{shape:?} {dtype}: exact row-parallel forward, rank {rank} of {size}"
+        );
+    }
+}
+
+#[test]
+fn the_exact_row_parallel_forward_on_one_rank_is_the_layer() {
+    let dev = CpuDevice::new().unwrap();
+    for shape in ROW_SHAPES {
+        check_row_parallel_exact(&dev, &SingleRank, shape);
+    }
+    // The chains kernel on the reference interpreter too.
+    check_row_parallel_exact(
+        &qforge::runtime::InterpreterDevice,
+        &SingleRank,
+        ROW_SHAPES[1],
+    );
+    // Not a row-parallel shard: a double-quantized layer as it is.
+    let whole = layer(&dev, ROW_SHAPES[0]);
+    let x = input(ROW_SHAPES[0].1, DType::F32);
+    let e = whole
+        .forward_row_parallel(&dev, &SingleRank, &x)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a row-parallel shard"), "{e}");
+    let shard = whole.row_shard(&dev, 0, 1).unwrap();
+    let e = shard
+        .forward_row_parallel(&dev, &SingleRank, &input(100, DType::F32))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("x_r must be a float tensor [..., 4096]"), "{e}");
+}
+
+/// Column-parallel input-gradient shapes: shard row counts that are multiples of 8 for `D` in
+/// 1, 2, 4 (`DX_ORDER`'s chains continue), boundaries on nested blocks.
+const COLUMN_DX_SHAPES: [Shape; 2] = [
+    (32, 4096, QuantType::Nf4, 64, true),
+    (64, 96, QuantType::Fp4, 32, false),
+];
+
+/// The exact column-parallel input gradient on `comm`'s ranks equals the unsharded `dX` bit
+/// for bit (f32 and bf16).
+fn check_column_parallel_dx(dev: &dyn Device, comm: &dyn Communicator, shape: Shape) {
+    let (rank, size) = (comm.rank(), comm.size());
+    let whole = layer(dev, shape);
+    let shard = whole.column_shard(rank, size).unwrap();
+    let rows = column_rows(&whole.state, size).unwrap()[rank].clone();
+    for dtype in [DType::F32, DType::BF16] {
+        let dy =
+            HostTensor::from_f32_as(dtype, vec![3, shape.0], &values(3 * shape.0, 6.1)).unwrap();
+        let dx = shard
+            .backward_input_column_parallel(dev, comm, &columns_of(&dy, rows.clone()))
+            .unwrap();
+        let expected = whole.backward_input(dev, &dy).unwrap();
+        assert!(
+            dx == expected,
+            "{shape:?} {dtype}: exact column-parallel dX, rank {rank} of {size}"
+        );
+    }
+}
+
+#[test]
+fn the_exact_column_parallel_dx_on_one_rank_is_the_layer() {
+    let dev = CpuDevice::new().unwrap();
+    for shape in COLUMN_DX_SHAPES {
+        check_column_parallel_dx(&dev, &SingleRank, shape);
+    }
+    check_column_parallel_dx(
+        &qforge::runtime::InterpreterDevice,
+        &SingleRank,
+        COLUMN_DX_SHAPES[1],
+    );
+    // A shard of 4 rows: DX_ORDER's 8 chains would not continue across shards.
+    let small = layer(&dev, SHAPES[0]).column_shard(0, 4).unwrap();
+    let dy = HostTensor::from_f32(vec![1, 4], &[1.0; 4]).unwrap();
+    let e = small
+        .backward_input_column_parallel(&dev, &SingleRank, &dy)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("4 rows, not a multiple of 8"), "{e}");
+}
+
 /// Asserts that `y = x @ w.T + bias` (`x: [m, k]`, `w: [n, k]`, all `f32`) computed by the
 /// relaxed row-parallel forward over `ranks` ranks is within its documented bound of the exact
 /// (`f64`) value: `n u / (1 - n u) * (sum |x w| + |b|)` with `n = k / (16 ranks) + 4 +
@@ -299,12 +396,13 @@ fn assert_within_relaxed_bound(
 
 /// Tensor parallelism on MiniLM's layer-0 feed-forward block (NF4): `intermediate.dense`
 /// column-parallel, GELU on each rank's columns, `output.dense` row-parallel. The hidden
-/// columns are the unsharded ones bit for bit (no communication); the output, through the
-/// relaxed row-parallel forward, is within its bound. Returns how many outputs differ in bits
-/// from the unsharded block; `None` without the model.
+/// columns are the unsharded ones bit for bit (no communication); the output through the exact
+/// row-parallel forward is the unsharded block bit for bit, and through the relaxed one within
+/// its bound. Returns how many relaxed outputs differ in bits from the unsharded block; `None`
+/// without the model.
 fn check_minilm_ffn(dev: &dyn Device, comm: &dyn Communicator) -> Option<usize> {
     use qforge::kernels::activation::Act;
-    use qforge::kernels::ops::act_beta;
+    use qforge::kernels::ops::{act_beta, act_beta_backward};
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../shared/models/all-MiniLM-L6-v2/model.safetensors");
     if !path.is_file() {
@@ -341,6 +439,38 @@ fn check_minilm_ffn(dev: &dyn Device, comm: &dyn Communicator) -> Option<usize> 
     let b = down.bias.as_ref().unwrap().to_f32().unwrap();
     let (hv, wv) = (h.to_f32().unwrap(), w.to_f32().unwrap());
     assert_within_relaxed_bound((&hv, &wv, &b), &y_tp, (8, n, k), size, "MiniLM FFN");
+    // The exact row-parallel forward: the unsharded block, bit for bit.
+    let y_exact = down_r.forward_row_parallel(dev, comm, &h_r).unwrap();
+    assert!(
+        y_exact == y,
+        "MiniLM FFN tensor-parallel (exact), rank {rank} of {size}"
+    );
+    // The backward: dH's columns locally from the row-parallel shard, GELU's backward on them,
+    // then the column-parallel dX (the sum over the hidden features crosses the shards).
+    let dy = HostTensor::from_f32(vec![8, n], &values(8 * n, 8.8)).unwrap();
+    let pre = up.forward(dev, &x).unwrap();
+    let dh = down.backward_input(dev, &dy).unwrap();
+    let dx = up
+        .backward_input(
+            dev,
+            &act_beta_backward(dev, Act::Gelu, &pre, &dh, 1.0).unwrap(),
+        )
+        .unwrap();
+    let dh_r = down_r.backward_input(dev, &dy).unwrap();
+    let cols = row_cols(&down.state, size).unwrap()[rank].clone();
+    assert!(
+        dh_r == columns_of(&dh, cols),
+        "MiniLM FFN dH columns, rank {rank} of {size}"
+    );
+    let pre_r = up_r.forward(dev, &x).unwrap();
+    let dpre_r = act_beta_backward(dev, Act::Gelu, &pre_r, &dh_r, 1.0).unwrap();
+    let dx_tp = up_r
+        .backward_input_column_parallel(dev, comm, &dpre_r)
+        .unwrap();
+    assert!(
+        dx_tp == dx,
+        "MiniLM FFN tensor-parallel dX (exact), rank {rank} of {size}"
+    );
     let yv = y.to_f32().unwrap();
     Some(
         y_tp.iter()
@@ -998,6 +1128,10 @@ mod mpi_rank {
         check_merge(&dev, comm);
         for shape in ROW_SHAPES {
             check_row_parallel(&dev, comm, shape);
+            check_row_parallel_exact(&dev, comm, shape);
+        }
+        for shape in COLUMN_DX_SHAPES {
+            check_column_parallel_dx(&dev, comm, shape);
         }
         if let Some(differ) = check_minilm_ffn(&dev, comm) {
             println!("rank {rank} of {size}: MiniLM FFN tensor-parallel: {differ} of 3072 outputs differ in bits from the unsharded block (relaxed row-parallel forward, within its bound)");

@@ -321,17 +321,7 @@ fn run(
             state.dtype
         )));
     }
-    // bitsandbytes: dequantize to the weight's dtype, then `.to(x.dtype)`.
-    let weight_dtype = match (state.dtype, dtype) {
-        (DType::F32, x) => x,
-        (w, DType::F32) => w,
-        (w, x) if w == x => w,
-        (w, x) => {
-            return Err(Error::Invalid(format!(
-                "{op}: a {w} weight with {x} activations would round twice; convert one of them"
-            )))
-        }
-    };
+    let weight_dtype = weight_dtype(op, state.dtype, dtype)?;
     let threads = match DeviceCaps::of(dev) {
         DeviceCaps::Cpu { threads, .. } => Some(threads as usize),
         DeviceCaps::Gpu { .. } => None,
@@ -466,6 +456,23 @@ fn run(
         out = narrowed(dtype, &out, t);
     }
     HostTensor::new(dtype, shape, out)
+}
+
+/// The dtype the decoded weight is rounded to for activations of `act` (bitsandbytes:
+/// dequantize to the weight's dtype, then `.to(x.dtype)`), as `matmul_4bit` decides it.
+///
+/// # Errors
+/// [`Error::Invalid`] naming `op` for a 16-bit weight with activations of the other 16-bit
+/// dtype (it would round twice).
+pub(crate) fn weight_dtype(op: &str, weight: DType, act: DType) -> Result<DType> {
+    match (weight, act) {
+        (DType::F32, x) => Ok(x),
+        (w, DType::F32) => Ok(w),
+        (w, x) if w == x => Ok(w),
+        (w, x) => Err(Error::Invalid(format!(
+            "{op}: a {w} weight with {x} activations would round twice; convert one of them"
+        ))),
+    }
 }
 
 /// `y = x @ dequant(W).T (+ bias)` for `x` of shape `[..., K]` (f32, f16 or bf16) and a weight

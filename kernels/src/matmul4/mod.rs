@@ -54,6 +54,7 @@
 //! keeps the builder version, which the tests prove identical (same IR, so the same speed).
 
 pub(crate) mod catalog;
+mod chain;
 pub(crate) mod host;
 pub mod panels;
 #[cfg(test)]

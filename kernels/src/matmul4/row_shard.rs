@@ -6,8 +6,10 @@
 //!   `N` reduction (`DX_ORDER`) for those columns, the same in the shard as in the layer, so the
 //!   gathered columns are the unsharded `dX` bit for bit.
 //! * The forward needs a sum across shards, and `K_ORDER`'s partial chains run through the
-//!   whole `K`: no combination of the shards' sums gives the unsharded bits. It is offered as an
-//!   explicitly relaxed mode ([`Linear4bit::forward_row_parallel_relaxed`]) with its bound.
+//!   whole `K`: no combination of the shards' finished sums gives the unsharded bits. The exact
+//!   forward ([`Linear4bit::forward_row_parallel`]) continues the chains from rank to rank
+//!   (`chain.rs`; serial compute, sharded memory); the parallel one is an explicitly relaxed
+//!   mode ([`Linear4bit::forward_row_parallel_relaxed`]) with its bound.
 //! * A plain absmax is the corresponding bytes. A double-quantized absmax groups 256 blocks of
 //!   the flattened weight, which a column range of each row does not keep whole, so the shard
 //!   carries the decoded `f32` absmax of its blocks (the values the kernel decodes, two `f32`
@@ -17,7 +19,8 @@ use std::ops::Range;
 
 use qforge_runtime::{Communicator, Device, Error, HostTensor, Result};
 
-use super::host::{matmul_4bit, Linear4bit};
+use super::chain::{continued_chains, tree, ChainOf, ChainWeight};
+use super::host::{matmul_4bit, weight_dtype, Linear4bit};
 use super::shard::gather_last_dim;
 use crate::ops::{decompress_absmax, Absmax4, QuantState4};
 
@@ -119,6 +122,68 @@ impl Linear4bit {
         dy: &HostTensor,
     ) -> Result<HostTensor> {
         gather_last_dim(comm, &self.backward_input(dev, dy)?)
+    }
+
+    /// The exact row-parallel forward of this shard on `comm`'s rank, `x_r` being this rank's
+    /// columns of the input (`[..., K / D]`, f32, f16 or bf16): equal bit for bit to the
+    /// unsharded layer's `x @ dequant(W).T + b` on every rank. Rank `r` continues `K_ORDER`'s 16
+    /// partial chains from rank `r - 1` (`chain.rs`), so the ranks compute one after another:
+    /// `D` all-gathers of `16 * M * N` floats each, the last of which gives every rank the
+    /// chains it combines (halving tree, then the bias in `x`'s dtype, in `f32`) and rounds to
+    /// `x`'s dtype. Every rank passes its own columns of the same `x`.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] when `self` is not a row-parallel shard (its absmax is not plain),
+    /// `x_r` is not a float tensor whose last dim is the shard's `K / D`, a 16-bit weight meets
+    /// activations of another 16-bit dtype, or a count exceeds `u32`; device errors; the
+    /// all-gathers' errors.
+    pub fn forward_row_parallel(
+        &self,
+        dev: &dyn Device,
+        comm: &dyn Communicator,
+        x_r: &HostTensor,
+    ) -> Result<HostTensor> {
+        let (n, k) = (self.out_features(), self.in_features());
+        let bad = |what: String| Err(Error::Invalid(format!("row-parallel forward: {what}")));
+        let Absmax4::Plain(absmax) = &self.state.absmax else {
+            return bad("the weight is not a row-parallel shard (make it with row_shard)".into());
+        };
+        let dtype = x_r.dtype;
+        if !dtype.is_float()
+            || x_r.shape.last() != Some(&k)
+            || !k.is_multiple_of(ChainOf::Forward.chains())
+        {
+            return bad(format!(
+                "x_r must be a float tensor [..., {k}] (this rank's columns, a multiple of 16), \
+                 got {dtype} {:?}",
+                x_r.shape
+            ));
+        }
+        let weight_dtype = weight_dtype("row-parallel forward", self.state.dtype, dtype)?;
+        let x = x_r.to_f32()?;
+        let m = x.len() / k;
+        let weight = ChainWeight {
+            packed: &self.packed,
+            absmax,
+            quant_type: self.state.quant_type,
+            blocksize: self.state.blocksize,
+            weight_dtype,
+        };
+        let of = ChainOf::Forward;
+        let mut chains = continued_chains(dev, comm, of, &weight, &x, (m, n, k))?;
+        let mut y = tree(&mut chains, of.chains());
+        // The bias in x's dtype (as `matmul_4bit`), one f32 addition.
+        if let Some(b) = &self.bias {
+            let b = HostTensor::from_f32_as(dtype, b.shape.clone(), &b.to_f32()?)?.to_f32()?;
+            for (v, b) in y.iter_mut().zip(b.iter().cycle()) {
+                *v += b;
+            }
+        }
+        let mut shape = x_r.shape.clone();
+        if let Some(last) = shape.last_mut() {
+            *last = n;
+        }
+        HostTensor::from_f32_as(dtype, shape, &y)
     }
 
     /// **Relaxed, not bit-identical to the unsharded layer.** The row-parallel forward of this

@@ -17,8 +17,9 @@ use std::ops::Range;
 
 use qforge_runtime::{Communicator, Device, Error, HostTensor, Result};
 
-use super::host::Linear4bit;
-use crate::ops::{Absmax4, QuantState4};
+use super::chain::{continued_chains, tree, ChainOf, ChainWeight};
+use super::host::{weight_dtype, Linear4bit};
+use crate::ops::{decompress_absmax, Absmax4, QuantState4};
 use crate::NESTED_BLOCKSIZE;
 
 /// The output rows of each of `shards` column-parallel shards of a 4-bit weight `[N, K]`
@@ -262,6 +263,64 @@ impl Linear4bit {
         x: &HostTensor,
     ) -> Result<HostTensor> {
         gather_last_dim(comm, &self.forward(dev, x)?)
+    }
+}
+
+impl Linear4bit {
+    /// The exact column-parallel input gradient of this shard on `comm`'s rank, `dy_r` being
+    /// this rank's columns of `dY` (`[..., N / D]`, f32, f16 or bf16): equal bit for bit to the
+    /// unsharded `dX = dY @ dequant(W)` (`[..., K]`) on every rank. The sum over `N` crosses the
+    /// shards: rank `r` continues `DX_ORDER`'s 8 partial chains from rank `r - 1` (`chain.rs`),
+    /// so the ranks compute one after another (`D` all-gathers of `8 * M * K` floats), and
+    /// every rank combines the last chains by the halving tree and rounds to `dY`'s dtype.
+    /// `self` is shard `comm.rank()` of `comm.size()` ([`Linear4bit::column_shard`]).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] when the shard's row count is not a multiple of 8 (the chains would
+    /// not continue), `dy_r` is not a float tensor whose last dim is the shard's rows, a 16-bit
+    /// weight meets activations of another 16-bit dtype, or a count exceeds `u32`; device
+    /// errors (decoding a nested absmax, the chains kernel); the all-gathers' errors.
+    pub fn backward_input_column_parallel(
+        &self,
+        dev: &dyn Device,
+        comm: &dyn Communicator,
+        dy_r: &HostTensor,
+    ) -> Result<HostTensor> {
+        let (rows, k) = (self.out_features(), self.in_features());
+        let of = ChainOf::InputGradient;
+        let dtype = dy_r.dtype;
+        if !rows.is_multiple_of(of.chains()) {
+            return Err(Error::Invalid(format!(
+                "column-parallel dX: the shard has {rows} rows, not a multiple of {}: \
+                 DX_ORDER's chains would not continue across shards",
+                of.chains()
+            )));
+        }
+        if !dtype.is_float() || dy_r.shape.last() != Some(&rows) {
+            return Err(Error::Invalid(format!(
+                "column-parallel dX: dy_r must be a float tensor [..., {rows}] (this rank's \
+                 columns of dY), got {dtype} {:?}",
+                dy_r.shape
+            )));
+        }
+        let weight_dtype = weight_dtype("column-parallel dX", self.state.dtype, dtype)?;
+        let absmax = decompress_absmax(dev, &self.state.absmax)?;
+        let dy = dy_r.to_f32()?;
+        let m = dy.len() / rows;
+        let weight = ChainWeight {
+            packed: &self.packed,
+            absmax: &absmax,
+            quant_type: self.state.quant_type,
+            blocksize: self.state.blocksize,
+            weight_dtype,
+        };
+        let mut chains = continued_chains(dev, comm, of, &weight, &dy, (m, k, rows))?;
+        let dx = tree(&mut chains, of.chains());
+        let mut shape = dy_r.shape.clone();
+        if let Some(last) = shape.last_mut() {
+            *last = k;
+        }
+        HostTensor::from_f32_as(dtype, shape, &dx)
     }
 }
 
