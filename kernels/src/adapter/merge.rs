@@ -26,7 +26,7 @@ use qforge_ir::DType;
 use super::BottleneckAdapter;
 use crate::ops::{gemm, Layout};
 use qforge_runtime::HostTensor;
-use qforge_runtime::{Communicator, Device};
+use qforge_runtime::{agree, Communicator, Device};
 use qforge_runtime::{Error, Result};
 use std::ops::Range;
 
@@ -209,8 +209,12 @@ impl BottleneckAdapter {
         weight: &HostTensor,
         bias: &HostTensor,
     ) -> Result<(HostTensor, HostTensor)> {
-        let (d, r) = self.dims()?;
-        let (rows, k) = layer(&format!("rank {}'s shard", comm.rank()), weight, bias)?;
+        // Checked on every rank and agreed on: a rank with a bad adapter or shard stops them all.
+        let (d, r) = agree(comm, self.dims())?;
+        let (rows, k) = agree(
+            comm,
+            layer(&format!("rank {}'s shard", comm.rank()), weight, bias),
+        )?;
         // Every rank's row count, then its partials.
         let counts = comm.all_gather(&(rows as u64).to_le_bytes())?;
         let counts: Vec<usize> = counts
@@ -226,7 +230,7 @@ impl BottleneckAdapter {
             )));
         }
         let span = start..start + rows;
-        let (p, q) = self.partials(dev, weight, bias, span.clone())?;
+        let (p, q) = agree(comm, self.partials(dev, weight, bias, span.clone()))?;
         let mut local = p.data.clone();
         local.extend_from_slice(&q.data);
         let gathered = comm.all_gather(&local)?;

@@ -16,7 +16,7 @@
 //! compute is serial.
 
 use qforge_ir::{Access, Arg, DType, Dim, Kernel, KernelBuilder, ReduceOrder, Scalar, ScalarType};
-use qforge_runtime::{Communicator, Device, Error, Result};
+use qforge_runtime::{Communicator, Device, Error, HostTensor, Result};
 
 use crate::QuantType;
 
@@ -160,13 +160,49 @@ pub(crate) struct ChainWeight<'a> {
     pub weight_dtype: DType,
 }
 
+impl ChainWeight<'_> {
+    /// Checks the weight as `[rows, cols]` (row-major, bitsandbytes' packing) against its
+    /// buffers and blocksize.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] naming `op` for an empty shape, a blocksize outside 32..=4096 (powers
+    /// of two), or packed codes / absmax of the wrong length.
+    pub(crate) fn check(&self, op: &str, rows: usize, cols: usize) -> Result<()> {
+        let elems = rows * cols;
+        let bad = |what: String| Err(Error::Invalid(format!("{op}: {what}")));
+        if elems == 0 {
+            return bad(format!("the weight [{rows}, {cols}] is empty"));
+        }
+        if !u32::try_from(self.blocksize).is_ok_and(|b| crate::BLOCKSIZES_4BIT.contains(&b)) {
+            return bad(format!("unsupported blocksize {}", self.blocksize));
+        }
+        if self.packed.len() != elems.div_ceil(2)
+            || self.absmax.len() != elems.div_ceil(self.blocksize)
+        {
+            return bad(format!(
+                "the weight [{rows}, {cols}] needs {} packed bytes and {} absmax, got {} and {}",
+                elems.div_ceil(2),
+                elems.div_ceil(self.blocksize),
+                self.packed.len(),
+                self.absmax.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Every output's chains after the last rank: rank 0 starts them at `-0.0` and each rank
 /// continues them over its part of the reduction (`act: f32 [m, red]`, its weight `w`), one
-/// after another, through `comm.size()` all-gathers of `m * outs * C` floats. Returns them on
-/// every rank (`[m, outs, C]`), to be combined by the order's halving tree ([`tree`]).
+/// after another. Each of the `comm.size()` all-gathers carries every rank's status byte and
+/// `m * outs * C` floats (the computing rank's chains, zeros from the others), so a rank whose
+/// step fails (a device error) stops every rank with an error instead of leaving them waiting.
+/// Returns the chains on every rank (`[m, outs, C]`), to be combined by the order's halving
+/// tree ([`tree`]). The caller has checked the shapes on every rank (through
+/// `qforge_runtime::agree`).
 ///
 /// # Errors
-/// [`Error::Invalid`] when a count exceeds `u32`; device errors; the all-gathers' errors.
+/// [`Error::Invalid`] when an index (`m * outs * C`, `m * red`) exceeds `u32`, or a rank's
+/// step failed (naming it); device errors; the all-gathers' errors.
 pub(crate) fn continued_chains(
     dev: &dyn Device,
     comm: &dyn Communicator,
@@ -178,36 +214,63 @@ pub(crate) fn continued_chains(
     let count = |v: usize, what: &str| {
         u32::try_from(v).map_err(|_| Error::Invalid(format!("chained sum: {what} {v} exceeds u32")))
     };
+    let len = m * outs * of.chains();
+    // Every index the kernel forms fits in u32 (the same on every rank: shapes were agreed).
+    let scalars = [
+        count(m, "M")?,
+        count(outs, "outputs per row")?,
+        count(red, "reduction length")?,
+        count(m * outs, "outputs")?,
+        count(w.packed.len(), "packed bytes")?,
+        count(w.absmax.len(), "blocks")?,
+    ];
+    count(len, "chain values")?;
+    count(m * red, "activation elements")?;
     let kernel = chain_kernel(
         of,
         w.quant_type,
         count(w.blocksize, "blocksize")?,
         w.weight_dtype,
     );
-    let len = m * outs * of.chains();
     let mut start = vec![-0.0f32; len];
     for step in 0..comm.size() {
-        let mut mine = vec![0u8; len * 4];
+        let mut mine = vec![0u8; 1 + len * 4];
+        mine[0] = 1;
+        let mut failed = None;
         if step == comm.rank() && len > 0 {
-            dev.launch(
-                &kernel,
-                &mut [
-                    Arg::Scalar(Scalar::U32(count(m, "M")?)),
-                    Arg::Scalar(Scalar::U32(count(outs, "outputs per row")?)),
-                    Arg::Scalar(Scalar::U32(count(red, "reduction length")?)),
-                    Arg::Scalar(Scalar::U32(count(m * outs, "outputs")?)),
-                    Arg::Scalar(Scalar::U32(count(w.packed.len(), "packed bytes")?)),
-                    Arg::Scalar(Scalar::U32(count(w.absmax.len(), "blocks")?)),
-                    Arg::Read(&qforge_runtime::f32_bytes(act)),
-                    Arg::Read(w.packed),
-                    Arg::Read(&qforge_runtime::f32_bytes(w.absmax)),
-                    Arg::Read(&qforge_runtime::f32_bytes(&start)),
-                    Arg::Write(&mut mine),
-                ],
-            )?;
+            let mut args: Vec<Arg<'_>> = scalars
+                .iter()
+                .map(|v| Arg::Scalar(Scalar::U32(*v)))
+                .collect();
+            let (act, absmax, starts) = (
+                qforge_runtime::f32_bytes(act),
+                qforge_runtime::f32_bytes(w.absmax),
+                qforge_runtime::f32_bytes(&start),
+            );
+            let (status, out) = mine.split_at_mut(1);
+            args.extend([
+                Arg::Read(&act),
+                Arg::Read(w.packed),
+                Arg::Read(&absmax),
+                Arg::Read(&starts),
+                Arg::Write(out),
+            ]);
+            if let Err(e) = dev.launch(&kernel, &mut args) {
+                status[0] = 0;
+                failed = Some(e);
+            }
         }
         let all = comm.all_gather(&mine)?;
-        start = qforge_runtime::bytes_f32(&all[step * len * 4..(step + 1) * len * 4]);
+        let part = &all[step * (1 + len * 4)..(step + 1) * (1 + len * 4)];
+        if part[0] == 0 {
+            return Err(failed.unwrap_or_else(|| {
+                Error::Invalid(format!(
+                    "chained sum: rank {step} of {} failed its step (its error is its own)",
+                    comm.size()
+                ))
+            }));
+        }
+        start = qforge_runtime::bytes_f32(&part[1..]);
     }
     Ok(start)
 }
@@ -228,4 +291,31 @@ pub(crate) fn tree(chains: &mut [f32], c: usize) -> Vec<f32> {
             p[0]
         })
         .collect()
+}
+
+/// `t` in `f32` and its row count, checked as `[..., last]`: a float tensor (f32, f16, bf16)
+/// whose last dim is `last` and whose bytes match its shape.
+///
+/// # Errors
+/// [`Error::Invalid`] naming `op` and `what` otherwise.
+pub(crate) fn activations(
+    op: &str,
+    what: &str,
+    t: &HostTensor,
+    last: usize,
+) -> Result<(Vec<f32>, usize)> {
+    let numel: usize = t.shape.iter().product();
+    if !t.dtype.is_float()
+        || t.shape.last() != Some(&last)
+        || t.data.len() != numel * t.dtype.size_bytes()
+    {
+        return Err(Error::Invalid(format!(
+            "{op}: {what} must be a float tensor [..., {last}] whose bytes match its shape, got \
+             {} {:?} with {} bytes",
+            t.dtype,
+            t.shape,
+            t.data.len()
+        )));
+    }
+    Ok((t.to_f32()?, numel / last.max(1)))
 }

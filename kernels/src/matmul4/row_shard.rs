@@ -17,9 +17,9 @@
 
 use std::ops::Range;
 
-use qforge_runtime::{Communicator, Device, Error, HostTensor, Result};
+use qforge_runtime::{agree, Communicator, Device, Error, HostTensor, Result};
 
-use super::chain::{continued_chains, tree, ChainOf, ChainWeight};
+use super::chain::{activations, continued_chains, tree, ChainOf, ChainWeight};
 use super::host::{matmul_4bit, weight_dtype, Linear4bit};
 use super::shard::gather_last_dim;
 use crate::ops::{decompress_absmax, Absmax4, QuantState4};
@@ -121,14 +121,14 @@ impl Linear4bit {
         comm: &dyn Communicator,
         dy: &HostTensor,
     ) -> Result<HostTensor> {
-        gather_last_dim(comm, &self.backward_input(dev, dy)?)
+        gather_last_dim(comm, &agree(comm, self.backward_input(dev, dy))?)
     }
 
     /// The exact row-parallel forward of this shard on `comm`'s rank, `x_r` being this rank's
     /// columns of the input (`[..., K / D]`, f32, f16 or bf16): equal bit for bit to the
     /// unsharded layer's `x @ dequant(W).T + b` on every rank. Rank `r` continues `K_ORDER`'s 16
     /// partial chains from rank `r - 1` (`chain.rs`), so the ranks compute one after another:
-    /// `D` all-gathers of `16 * M * N` floats each, the last of which gives every rank the
+    /// `D` all-gathers of `16 * M * N` floats per rank each, the last of which gives every rank the
     /// chains it combines (halving tree, then the bias in `x`'s dtype, in `f32`) and rounds to
     /// `x`'s dtype. Every rank passes its own columns of the same `x`.
     ///
@@ -143,32 +143,41 @@ impl Linear4bit {
         comm: &dyn Communicator,
         x_r: &HostTensor,
     ) -> Result<HostTensor> {
+        const OP: &str = "row-parallel forward";
         let (n, k) = (self.out_features(), self.in_features());
-        let bad = |what: String| Err(Error::Invalid(format!("row-parallel forward: {what}")));
-        let Absmax4::Plain(absmax) = &self.state.absmax else {
-            return bad("the weight is not a row-parallel shard (make it with row_shard)".into());
-        };
         let dtype = x_r.dtype;
-        if !dtype.is_float()
-            || x_r.shape.last() != Some(&k)
-            || !k.is_multiple_of(ChainOf::Forward.chains())
-        {
-            return bad(format!(
-                "x_r must be a float tensor [..., {k}] (this rank's columns, a multiple of 16), \
-                 got {dtype} {:?}",
-                x_r.shape
-            ));
-        }
-        let weight_dtype = weight_dtype("row-parallel forward", self.state.dtype, dtype)?;
-        let x = x_r.to_f32()?;
-        let m = x.len() / k;
-        let weight = ChainWeight {
-            packed: &self.packed,
-            absmax,
-            quant_type: self.state.quant_type,
-            blocksize: self.state.blocksize,
-            weight_dtype,
-        };
+        // Checked on every rank and agreed on, so that a rank with bad input stops them all.
+        let checked = (|| {
+            let Absmax4::Plain(absmax) = &self.state.absmax else {
+                return Err(Error::Invalid(format!(
+                    "{OP}: the weight is not a row-parallel shard (make it with row_shard)"
+                )));
+            };
+            if !k.is_multiple_of(ChainOf::Forward.chains()) {
+                return Err(Error::Invalid(format!(
+                    "{OP}: the shard's {k} columns are not a multiple of 16"
+                )));
+            }
+            let (x, m) = activations(OP, "x_r (this rank's columns)", x_r, k)?;
+            if let Some(b) = &self.bias {
+                if b.shape != [n] || !b.dtype.is_float() {
+                    return Err(Error::Invalid(format!(
+                        "{OP}: the bias must be a float [{n}], got {} {:?}",
+                        b.dtype, b.shape
+                    )));
+                }
+            }
+            let weight = ChainWeight {
+                packed: &self.packed,
+                absmax,
+                quant_type: self.state.quant_type,
+                blocksize: self.state.blocksize,
+                weight_dtype: weight_dtype(OP, self.state.dtype, dtype)?,
+            };
+            weight.check(OP, n, k)?;
+            Ok((weight, x, m))
+        })();
+        let (weight, x, m) = agree(comm, checked)?;
         let of = ChainOf::Forward;
         let mut chains = continued_chains(dev, comm, of, &weight, &x, (m, n, k))?;
         let mut y = tree(&mut chains, of.chains());
@@ -204,7 +213,10 @@ impl Linear4bit {
         comm: &dyn Communicator,
         x_r: &HostTensor,
     ) -> Result<HostTensor> {
-        let local = matmul_4bit(dev, x_r, &self.packed, &self.state, None, None)?;
+        let local = agree(
+            comm,
+            matmul_4bit(dev, x_r, &self.packed, &self.state, None, None),
+        )?;
         let f32s = local.to_f32()?;
         let gathered = comm.all_gather(&qforge_runtime::f32_bytes(&f32s))?;
         let parts: Vec<f32> = qforge_runtime::bytes_f32(&gathered);

@@ -15,9 +15,9 @@
 
 use std::ops::Range;
 
-use qforge_runtime::{Communicator, Device, Error, HostTensor, Result};
+use qforge_runtime::{agree, Communicator, Device, Error, HostTensor, Result};
 
-use super::chain::{continued_chains, tree, ChainOf, ChainWeight};
+use super::chain::{activations, continued_chains, tree, ChainOf, ChainWeight};
 use super::host::{weight_dtype, Linear4bit};
 use crate::ops::{decompress_absmax, Absmax4, QuantState4};
 use crate::NESTED_BLOCKSIZE;
@@ -262,7 +262,7 @@ impl Linear4bit {
         comm: &dyn Communicator,
         x: &HostTensor,
     ) -> Result<HostTensor> {
-        gather_last_dim(comm, &self.forward(dev, x)?)
+        gather_last_dim(comm, &agree(comm, self.forward(dev, x))?)
     }
 }
 
@@ -271,7 +271,7 @@ impl Linear4bit {
     /// this rank's columns of `dY` (`[..., N / D]`, f32, f16 or bf16): equal bit for bit to the
     /// unsharded `dX = dY @ dequant(W)` (`[..., K]`) on every rank. The sum over `N` crosses the
     /// shards: rank `r` continues `DX_ORDER`'s 8 partial chains from rank `r - 1` (`chain.rs`),
-    /// so the ranks compute one after another (`D` all-gathers of `8 * M * K` floats), and
+    /// so the ranks compute one after another (`D` all-gathers of `8 * M * K` floats per rank), and
     /// every rank combines the last chains by the halving tree and rounds to `dY`'s dtype.
     /// `self` is shard `comm.rank()` of `comm.size()` ([`Linear4bit::column_shard`]).
     ///
@@ -286,27 +286,25 @@ impl Linear4bit {
         comm: &dyn Communicator,
         dy_r: &HostTensor,
     ) -> Result<HostTensor> {
+        const OP: &str = "column-parallel dX";
         let (rows, k) = (self.out_features(), self.in_features());
         let of = ChainOf::InputGradient;
         let dtype = dy_r.dtype;
-        if !rows.is_multiple_of(of.chains()) {
-            return Err(Error::Invalid(format!(
-                "column-parallel dX: the shard has {rows} rows, not a multiple of {}: \
-                 DX_ORDER's chains would not continue across shards",
-                of.chains()
-            )));
-        }
-        if !dtype.is_float() || dy_r.shape.last() != Some(&rows) {
-            return Err(Error::Invalid(format!(
-                "column-parallel dX: dy_r must be a float tensor [..., {rows}] (this rank's \
-                 columns of dY), got {dtype} {:?}",
-                dy_r.shape
-            )));
-        }
-        let weight_dtype = weight_dtype("column-parallel dX", self.state.dtype, dtype)?;
-        let absmax = decompress_absmax(dev, &self.state.absmax)?;
-        let dy = dy_r.to_f32()?;
-        let m = dy.len() / rows;
+        // Checked on every rank and agreed on, so that a rank with bad input stops them all.
+        let checked = (|| {
+            if !rows.is_multiple_of(of.chains()) {
+                return Err(Error::Invalid(format!(
+                    "{OP}: the shard has {rows} rows, not a multiple of {}: DX_ORDER's chains \
+                     would not continue across shards",
+                    of.chains()
+                )));
+            }
+            let (dy, m) = activations(OP, "dy_r (this rank's columns of dY)", dy_r, rows)?;
+            let weight_dtype = weight_dtype(OP, self.state.dtype, dtype)?;
+            let absmax = decompress_absmax(dev, &self.state.absmax)?;
+            Ok((dy, m, weight_dtype, absmax))
+        })();
+        let (dy, m, weight_dtype, absmax) = agree(comm, checked)?;
         let weight = ChainWeight {
             packed: &self.packed,
             absmax: &absmax,
@@ -314,6 +312,7 @@ impl Linear4bit {
             blocksize: self.state.blocksize,
             weight_dtype,
         };
+        agree(comm, weight.check(OP, rows, k))?;
         let mut chains = continued_chains(dev, comm, of, &weight, &dy, (m, k, rows))?;
         let dx = tree(&mut chains, of.chains());
         let mut shape = dy_r.shape.clone();

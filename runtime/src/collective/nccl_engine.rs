@@ -60,9 +60,11 @@ fn probe() -> std::result::Result<(), String> {
 
 impl NcclCommunicator {
     /// Rank `bootstrap.rank()` of `bootstrap.size()` on GPU `ordinal`. Every rank calls it (a
-    /// collective on `bootstrap`): each checks that the driver and NCCL load, rank 0 makes the
-    /// NCCL unique id, one all-gather on `bootstrap` shares both, and all ranks fail together,
-    /// naming the ranks that could not start, or all join the NCCL communicator.
+    /// collective on `bootstrap`): each checks that the driver and NCCL load and opens its GPU,
+    /// rank 0 makes the NCCL unique id, one all-gather on `bootstrap` shares both, and all
+    /// ranks fail together, naming the ranks that could not start, or all go on to
+    /// `ncclCommInitRank` (a failure inside NCCL's own initialization or collectives on one
+    /// rank is NCCL's to report; the launcher ends the job when that rank exits).
     ///
     /// # Errors
     /// [`Error::Device`] when the CUDA driver or NCCL cannot be loaded on some rank (naming the
@@ -70,33 +72,46 @@ impl NcclCommunicator {
     /// all-gather's errors.
     pub fn init(bootstrap: &dyn Communicator, ordinal: usize) -> Result<NcclCommunicator> {
         let (rank, size) = (bootstrap.rank(), bootstrap.size());
-        let ready = probe().and_then(|()| {
-            if rank == 0 {
-                driver::guard(|| Id::new().map_err(|e| format!("ncclGetUniqueId: {e:?}"))).map(Some)
-            } else {
-                Ok(None)
-            }
-        });
+        // Everything that may fail on one rank only comes before the status all-gather: the
+        // libraries, the GPU, rank 0's unique id.
+        let ready = probe()
+            .and_then(|()| {
+                driver::guard(|| {
+                    CudaContext::new(ordinal)
+                        .map_err(|e| format!("cannot open GPU {ordinal}: {}", driver::describe(&e)))
+                })
+            })
+            .and_then(|ctx| {
+                let id = if rank == 0 {
+                    Some(driver::guard(|| {
+                        Id::new().map_err(|e| format!("ncclGetUniqueId: {e:?}"))
+                    })?)
+                } else {
+                    None
+                };
+                Ok((ctx, id))
+            });
         // Per rank: 1 status byte, then the 128-byte id (rank 0's is the one used).
         let mut mine = vec![u8::from(ready.is_ok())];
         match &ready {
-            Ok(Some(id)) => mine.extend(id.internal().iter().map(|c| *c as u8)),
+            Ok((_, Some(id))) => mine.extend(id.internal().iter().map(|c| *c as u8)),
             _ => mine.resize(129, 0),
         }
         let all = bootstrap.all_gather(&mine)?;
         let failed: Vec<usize> = (0..size).filter(|r| all[r * 129] == 0).collect();
-        if !failed.is_empty() {
-            let why = ready
-                .err()
-                .unwrap_or_else(|| "see that rank's error".into());
-            return Err(fail(format!(
-                "ranks {failed:?} of {size} cannot start NCCL (this rank {rank}: {why})"
-            )));
-        }
+        let ctx = match ready {
+            Ok((ctx, _)) if failed.is_empty() => ctx,
+            other => {
+                let why = other
+                    .err()
+                    .unwrap_or_else(|| "see that rank's error".into());
+                return Err(fail(format!(
+                    "ranks {failed:?} of {size} cannot start NCCL (this rank {rank}: {why})"
+                )));
+            }
+        };
         let id = Id::uninit(std::array::from_fn(|i| all[1 + i] as std::ffi::c_char));
         driver::guard(|| {
-            let ctx = CudaContext::new(ordinal)
-                .map_err(|e| format!("cannot open GPU {ordinal}: {}", driver::describe(&e)))?;
             let stream = ctx.default_stream();
             let comm = Comm::from_rank(stream.clone(), rank, size, id)
                 .map_err(|e| format!("ncclCommInitRank (rank {rank} of {size}): {e:?}"))?;
