@@ -179,6 +179,12 @@ impl Linear4bit {
         };
         let (k, bs) = (first.in_features(), first.state.blocksize);
         let rows = first.out_features();
+        if shards.len() > 1 && ((rows * k) % bs != 0 || !(rows * k).is_multiple_of(2)) {
+            return Err(Error::Invalid(format!(
+                "column-parallel shards: a shard of {rows} rows x {k} ends inside a \
+                 {bs}-element block; it cannot be joined"
+            )));
+        }
         let mut joined = first.clone();
         for (r, s) in shards.iter().enumerate().skip(1) {
             let st = &s.state;
@@ -189,12 +195,6 @@ impl Linear4bit {
                 != (first.state.quant_type, bs, first.state.dtype)
             {
                 return Err(mismatch(r, "quant_type, blocksize or dtype"));
-            }
-            if (rows * k) % bs != 0 || !(rows * k).is_multiple_of(2) {
-                return Err(Error::Invalid(format!(
-                    "column-parallel shards: a shard of {rows} rows x {k} ends inside a \
-                     {bs}-element block; it cannot be joined"
-                )));
             }
             joined.packed.extend_from_slice(&s.packed);
             match (&mut joined.state.absmax, &st.absmax) {
