@@ -9,6 +9,7 @@ Request: {"dir": D, "args": [...]}. D holds `module.mlir`; each arg is
 """
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -17,10 +18,23 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 
+# Ops the reference interpreter cannot run: it aborts the whole process on a collective.
+COLLECTIVE = re.compile(
+    r"\b(stablehlo\.(all_gather|all_reduce|reduce_scatter|all_to_all|collective_permute|"
+    r"collective_broadcast|partition_id|replica_id|send|recv)|sdy\.manual_computation)\b"
+)
+
+
 def run(ctx, req):
     d = req["dir"]
     with open(os.path.join(d, "module.mlir")) as f:
         text = f.read()
+    found = COLLECTIVE.search(text)
+    if found:
+        raise ValueError(
+            "the module uses %s: the StableHLO reference interpreter cannot run collectives "
+            "(run a sharded program on the XLA SPMD engine)" % found.group(1)
+        )
     with ctx:
         module = ir.Module.parse(text)
         if not module.operation.verify():

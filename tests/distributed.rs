@@ -15,16 +15,8 @@ use qforge::kernels::AdamHyper;
 use qforge::runtime::{Communicator, CpuDevice, Device, HostTensor, Result, SingleRank};
 use qforge_ir::DType;
 
-/// One layer of the cases: `(N, K, quant_type, blocksize, double-quantized)`.
-type Shape = (usize, usize, QuantType, usize, bool);
-
-/// Shapes whose legal shard boundaries fall on every kind of block boundary: nested blocks
-/// exactly (4 rows of 64 blocks each), blocks that cross rows (`K = 40`), one block per row.
-const SHAPES: [Shape; 3] = [
-    (16, 4096, QuantType::Nf4, 64, true),
-    (16, 40, QuantType::Fp4, 64, false),
-    (8, 96, QuantType::Nf4, 32, false),
-];
+mod shard_support;
+use shard_support::{columns_of, layer, minilm_ffn, values, Shape, ROW_SHAPES, SHAPES};
 
 /// The shard counts of `SHAPES[i]` that are legal (the others are in `bad_shard_counts...`).
 fn legal_shards(shape: Shape) -> &'static [usize] {
@@ -32,18 +24,6 @@ fn legal_shards(shape: Shape) -> &'static [usize] {
         40 => &[1, 2],
         _ => &[1, 2, 4],
     }
-}
-
-fn values(len: usize, seed: f32) -> Vec<f32> {
-    (0..len)
-        .map(|i| ((i as f32 * 0.731 + seed).sin() * 3.0) * ((i % 7) as f32 - 2.5))
-        .collect()
-}
-
-fn layer(dev: &dyn Device, (n, k, qt, bs, nested): Shape) -> Linear4bit {
-    let w = HostTensor::from_f32(vec![n, k], &values(n * k, 0.3)).unwrap();
-    let bias = HostTensor::from_f32_as(DType::BF16, vec![n], &values(n, 1.7)).unwrap();
-    Linear4bit::quantize(dev, &w, qt, bs, nested, Some(bias)).unwrap()
 }
 
 fn input(k: usize, dtype: DType) -> HostTensor {
@@ -205,23 +185,6 @@ fn bad_shard_counts_and_mismatched_shards_are_named_errors() {
     ];
     let e = err(Linear4bit::from_column_shards(&uneven));
     assert!(e.contains("shard 1 differs") && e.contains("shape"), "{e}");
-}
-
-/// Row-parallel shapes: `K / D` a multiple of the blocksize for `D` in 1, 2, 4; nested blocks
-/// (256 blocks) that a column range of each row cuts.
-const ROW_SHAPES: [Shape; 3] = [
-    (16, 4096, QuantType::Nf4, 64, true),
-    (8, 256, QuantType::Fp4, 32, false),
-    (6, 512, QuantType::Nf4, 128, true),
-];
-
-/// Columns `cols` of the rows of `t` (`[m, k]`).
-fn columns_of(t: &HostTensor, cols: std::ops::Range<usize>) -> HostTensor {
-    let (m, k, size) = (t.shape[0], t.shape[1], t.dtype.size_bytes());
-    let data = (0..m)
-        .flat_map(|r| t.data[(r * k + cols.start) * size..(r * k + cols.end) * size].to_vec())
-        .collect();
-    HostTensor::new(t.dtype, vec![m, cols.len()], data).unwrap()
 }
 
 /// Row-parallel checks on `comm`'s ranks: the shard's dequantized weight is the unsharded
@@ -412,22 +375,8 @@ fn assert_within_relaxed_bound(
 fn check_minilm_ffn(dev: &dyn Device, comm: &dyn Communicator) -> Option<usize> {
     use qforge::kernels::activation::Act;
     use qforge::kernels::ops::{act_beta, act_beta_backward};
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/models/all-MiniLM-L6-v2/model.safetensors");
-    if !path.is_file() {
-        return None;
-    }
+    let (up, down, x) = minilm_ffn(dev)?;
     let (rank, size) = (comm.rank(), comm.size());
-    let model = qforge::finetune::Model::load(dev, &path, &[0]).unwrap();
-    let linear = |l: &qforge::finetune::Linear| Linear4bit {
-        packed: l.packed.clone(),
-        state: l.state.clone(),
-        bias: Some(l.bias.clone()),
-    };
-    let (up, down) = (linear(&model.blocks[0].up), linear(&model.blocks[0].down));
-    let x = model
-        .rows(&(0..8).map(|i| i * 97 + 5).collect::<Vec<_>>())
-        .unwrap();
     let h = act_beta(dev, Act::Gelu, &up.forward(dev, &x).unwrap(), 1.0).unwrap();
     let y = down.forward(dev, &h).unwrap();
     let up_r = up.column_shard(rank, size).unwrap();

@@ -130,3 +130,47 @@ fn backend_text_hashes_of_every_library_kernel() {
         .collect();
     settings().bind(|| insta::assert_snapshot!("backend_text_hashes", lines.join("\n")));
 }
+
+/// A kernel with three results, one per way a sharded program combines them.
+const THREE_RESULTS: &str = "kernel three(a: f32[n] read, s: f32 , y: f32[n] write, g: bf16[n] write, t: f32[n] write, n: u32)
+grid n
+{
+  %0: u32 = work_item
+  %1: f32 = load a[%0]
+  %2: f32 = param s
+  %3: f32 = mul %1, %2
+  store y[%0] = %3
+  store g[%0] = %3 rne
+  store t[%0] = %1
+}";
+
+/// The sharded program (`codegen/src/stablehlo/spmd.rs`) of a small kernel on 2 ranks: the
+/// mesh, the shardings, the manual computation and its three kinds of result combine.
+#[test]
+fn sharded_stablehlo_program_of_a_small_kernel() {
+    use qforge::codegen::stablehlo::spmd::{module, Combine, Place, Plan};
+    use qforge::codegen::stablehlo::Shapes;
+    let kernel = text::parse(THREE_RESULTS).unwrap();
+    let plan = Plan {
+        ranks: 2,
+        args: vec![
+            Place::Split,
+            Place::Replicated,
+            Place::Replicated,
+            Place::Replicated,
+            Place::Replicated,
+            Place::Replicated,
+        ],
+        results: vec![
+            Combine::Local,
+            Combine::GatherLastDim { rows: 2 },
+            Combine::SumF32InRankOrder,
+        ],
+    };
+    let shapes = Shapes {
+        grid: 4,
+        elements: vec![4, 0, 4, 4, 4, 0],
+    };
+    let text = module(&kernel, &shapes, &plan).unwrap();
+    settings().bind(|| insta::assert_snapshot!("spmd_three_results.stablehlo", text));
+}

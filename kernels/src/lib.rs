@@ -74,6 +74,8 @@ pub mod optim_norm1;
 pub mod optim_norm8;
 pub mod optim_staged;
 pub mod quant4;
+#[cfg(feature = "stablehlo")]
+mod spmd_capture;
 #[cfg(test)]
 mod test_util;
 mod tile;

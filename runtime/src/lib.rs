@@ -16,6 +16,8 @@ mod stablehlo;
 mod tensor;
 #[cfg(feature = "wgpu")]
 mod wgpu;
+#[cfg(feature = "stablehlo")]
+pub mod xla_spmd;
 
 #[cfg(feature = "wgpu")]
 pub use self::wgpu::{Conformance, WgpuDevice};

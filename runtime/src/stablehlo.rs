@@ -82,6 +82,20 @@ fn make_live(runner: &mut Option<Runner>) -> Result<()> {
 /// Numbers the launch folders of every device in this process.
 static NEXT_FOLDER: AtomicU64 = AtomicU64::new(0);
 
+/// A new, empty folder `<prefix>-<pid>-<n>` in the temporary folder, for one run's files: a
+/// name that exists already (another process's, or a stale one) is skipped, never reused.
+pub(crate) fn fresh_folder(prefix: &str) -> std::result::Result<PathBuf, String> {
+    loop {
+        let n = NEXT_FOLDER.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
+        }
+    }
+}
+
 struct Runner {
     child: Child,
     stdin: ChildStdin,
@@ -173,7 +187,7 @@ fn device_error(message: String) -> Error {
 }
 
 /// The Python that runs the runner: `QFORGE_STABLEHLO_PYTHON`, or the workspace's venv.
-fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     match std::env::var_os("QFORGE_STABLEHLO_PYTHON") {
         Some(p) => PathBuf::from(p),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/stablehlo-venv/bin/python"),
@@ -193,14 +207,10 @@ impl StableHloDevice {
     }
 
     fn folder(&self) -> Result<PathBuf> {
-        let n = NEXT_FOLDER.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("qforge-stablehlo-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| device_error(format!("cannot create {}: {e}", dir.display())))?;
-        Ok(dir)
+        fresh_folder("qforge-stablehlo").map_err(device_error)
     }
 
-    fn request(&self, kernel: &Kernel, dir: &Path, args: Vec<serde_json::Value>) -> Result<()> {
+    fn request(&self, name: &str, dir: &Path, args: Vec<serde_json::Value>) -> Result<()> {
         let req = serde_json::json!({ "dir": dir.to_string_lossy(), "args": args });
         let req = format!("{req}\n");
         // The first free slot, else wait for one (spread over the slots by launch number).
@@ -229,11 +239,38 @@ impl StableHloDevice {
             "ok" => Ok(()),
             "" => Err(device_error(format!(
                 "{}: the runner stopped: {} (the next launch starts it again)",
-                kernel.name,
+                name,
                 runner.last_words()
             ))),
-            other => Err(device_error(format!("{}: {other}", kernel.name))),
+            other => Err(device_error(format!("{name}: {other}"))),
         }
+    }
+}
+
+impl StableHloDevice {
+    /// Evaluates the StableHLO module `text` (its `main` taking no arguments) with the
+    /// reference interpreter and returns its results' raw bytes; `name` names it in errors.
+    /// The runner refuses modules with collectives (`all_gather`, `all_reduce`, ...,
+    /// `sdy.manual_computation`): the interpreter cannot run them (it would abort the runner);
+    /// sharded programs run on the XLA SPMD engine ([`crate::xla_spmd`]).
+    ///
+    /// # Errors
+    /// [`Error::Device`] with the runner's message (a module that does not parse or verify,
+    /// collectives, an evaluation error).
+    pub fn run_module(&self, name: &str, text: &str) -> Result<Vec<Vec<u8>>> {
+        let dir = self.folder()?;
+        let result = (|| {
+            let io = |e: std::io::Error| device_error(format!("{}: {e}", dir.display()));
+            std::fs::write(dir.join("module.mlir"), text).map_err(io)?;
+            self.request(name, &dir, Vec::new())?;
+            let mut outs = Vec::new();
+            while let Ok(b) = std::fs::read(dir.join(format!("out{}.bin", outs.len()))) {
+                outs.push(b);
+            }
+            Ok(outs)
+        })();
+        let _ = std::fs::remove_dir_all(&dir);
+        result
     }
 }
 
@@ -308,7 +345,7 @@ impl Device for StableHloDevice {
                     _ => return Err(device_error(format!("{}: argument {i}", kernel.name))),
                 }
             }
-            self.request(kernel, &dir, list)?;
+            self.request(&kernel.name, &dir, list)?;
             let mut k = 0;
             for arg in args.iter_mut() {
                 if let Arg::Write(b) = arg {

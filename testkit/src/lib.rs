@@ -27,6 +27,7 @@ pub use cases::{config, random_cases, run_cases, runner};
 /// Every name a suite may ask about: the `--device` names of the devices, then tools and data.
 /// `transformers` is the Python of `scripts/install-transformers.sh` (torch, transformers and
 /// bitsandbytes), which `tests/transformers.rs` uses to load qforge's checkpoints;
+/// `xla` is the XLA SPMD engine (jax from `scripts/install-stablehlo.sh`, `tests/xla_spmd.rs`);
 /// `mpi` is the `mpi` feature with OpenMPI's `mpirun` (`tests/distributed.rs`); `nccl` the
 /// `nccl` feature with a GPU and `libnccl.so` (never required by CI, which has no GPU);
 /// `avx512_bf16` and `amx_bf16` are the CPU instructions `tests/probe_bf16.rs` probes (never
@@ -38,6 +39,7 @@ pub const KNOWN: &[&str] = &[
     "wgpu",
     "cuda",
     "stablehlo",
+    "xla",
     "ptxas",
     "golden",
     "models",
@@ -51,7 +53,7 @@ pub const KNOWN: &[&str] = &[
 /// What `.ci/run` installs and so what must be present whenever [`ci`] is true and
 /// `QFORGE_REQUIRE` is not set: the Cranelift and LLVM CPU devices, the ahead-of-time CPU
 /// device (feature `aot`), the wgpu device (Mesa's
-/// lavapipe), the StableHLO runner, NVIDIA's `ptxas`, the shared golden vectors and models,
+/// lavapipe), the StableHLO runner and XLA through jax, NVIDIA's `ptxas`, the shared golden vectors and models,
 /// the Python with transformers, and OpenMPI for the MPI engine. Not `cuda`: CI has no GPU.
 pub const CI_REQUIRES: &[&str] = &[
     "cpu",
@@ -59,6 +61,7 @@ pub const CI_REQUIRES: &[&str] = &[
     "cpu-aot",
     "wgpu",
     "stablehlo",
+    "xla",
     "ptxas",
     "golden",
     "models",

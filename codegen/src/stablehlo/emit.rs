@@ -69,6 +69,29 @@ pub(super) struct Emitter<'k> {
 
 /// The text of the module for `kernel` at `shapes` (verified and checked by the caller).
 pub(super) fn module(k: &Kernel, shapes: &Shapes) -> Result<String> {
+    let f = function(k, shapes, "public @main")?;
+    Ok(format!(
+        "// qforge kernel {} (grid {})\nmodule @{} {{\n{}}}\n",
+        k.name,
+        shapes.grid,
+        module_name(&k.name),
+        f.text
+    ))
+}
+
+/// A kernel lowered to one `func.func` (see the backend's module docs for its signature).
+pub(super) struct Function {
+    /// The function's text, indented for a module body, ending with a newline.
+    pub(super) text: String,
+    /// The type of each argument, in parameter order.
+    pub(super) args: Vec<String>,
+    /// The type of each result: the `Write` and `ReadWrite` buffers, in parameter order.
+    pub(super) results: Vec<String>,
+}
+
+/// `kernel` at `shapes` as a function named `symbol` (with its visibility, e.g.
+/// `"private @shard"`), verified and checked by the caller.
+pub(super) fn function(k: &Kernel, shapes: &Shapes, symbol: &str) -> Result<Function> {
     let mut e = Emitter {
         k,
         g: shapes.grid,
@@ -152,12 +175,9 @@ pub(super) fn module(k: &Kernel, shapes: &Shapes) -> Result<String> {
         ));
         names.push(out);
     }
-    let types: Vec<&str> = results.iter().map(|(_, t)| t.as_str()).collect();
+    let types: Vec<String> = results.into_iter().map(|(_, t)| t).collect();
     let mut text = format!(
-        "// qforge kernel {} (grid {})\nmodule @{} {{\n  func.func public @main({}) -> ({}) {{\n",
-        k.name,
-        e.g,
-        module_name(&k.name),
+        "  func.func {symbol}({}) -> ({}) {{\n",
         args.join(", "),
         types.join(", ")
     );
@@ -169,12 +189,20 @@ pub(super) fn module(k: &Kernel, shapes: &Shapes) -> Result<String> {
     } else {
         format!("return {} : {}", names.join(", "), types.join(", "))
     };
-    let _ = writeln!(text, "    {ret}\n  }}\n}}");
-    Ok(text)
+    let _ = writeln!(text, "    {ret}\n  }}");
+    let args = args
+        .into_iter()
+        .map(|a| a.split_once(": ").map_or(a.clone(), |(_, t)| t.to_string()))
+        .collect();
+    Ok(Function {
+        text,
+        args,
+        results: types,
+    })
 }
 
 /// A symbol name for the module: the kernel name's identifier characters.
-fn module_name(name: &str) -> String {
+pub(super) fn module_name(name: &str) -> String {
     let s: String = name
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })

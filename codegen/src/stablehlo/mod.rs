@@ -61,6 +61,7 @@
 mod emit;
 mod exact;
 mod ops;
+pub mod spmd;
 
 use qforge_ir::{Dim, Kernel, ParamKind};
 
@@ -151,6 +152,12 @@ pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<String> {
 
 /// [`lower`] for a verified kernel already through the bucket search decomposition.
 pub(crate) fn lower_prepared(kernel: &Kernel, shapes: &Shapes) -> Result<String> {
+    check_shapes(kernel, shapes)?;
+    emit::module(kernel, shapes)
+}
+
+/// Checks that `shapes` gives one element count per parameter, each under [`MAX_ELEMENTS`].
+fn check_shapes(kernel: &Kernel, shapes: &Shapes) -> Result<()> {
     let unsupported = |what: String| Error::Unsupported {
         backend: BACKEND,
         op: format!("{}: {what}", kernel.name),
@@ -173,5 +180,5 @@ pub(crate) fn lower_prepared(kernel: &Kernel, shapes: &Shapes) -> Result<String>
             MAX_ELEMENTS - 1
         )));
     }
-    emit::module(kernel, shapes)
+    Ok(())
 }

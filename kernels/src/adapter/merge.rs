@@ -251,3 +251,88 @@ impl BottleneckAdapter {
         self.merged_rows(dev, (&dw, &db), weight, bias, span)
     }
 }
+
+#[cfg(feature = "stablehlo")]
+impl BottleneckAdapter {
+    /// [`BottleneckAdapter::merge_column_parallel`] on the XLA SPMD engine: `shards[r]` is rank
+    /// `r`'s column-parallel shard `(weight: f32 [d_s, K], bias: f32 [d_s])` (equal row counts:
+    /// one program runs on every rank). Each rank's partials (`r x K` and `r` floats) are
+    /// computed on XLA device `r`, all-gathered and summed in rank order in the program (one
+    /// program per partial); the merged rows follow on `dev`. Returns every rank's merged rows,
+    /// bit-identical to [`BottleneckAdapter::merge_sharded`] over the same shards for inputs
+    /// without subnormals (XLA's CPU code flushes them).
+    ///
+    /// # Errors
+    /// As [`BottleneckAdapter::merge_column_parallel`]; [`Error::Invalid`] when there is not
+    /// one shard per rank or the shards' row counts or `K` differ; the engine's errors.
+    pub fn merge_column_parallel_xla(
+        &self,
+        dev: &dyn Device,
+        engine: &qforge_runtime::xla_spmd::XlaSpmd,
+        shards: &[(HostTensor, HostTensor)],
+    ) -> Result<Vec<(HostTensor, HostTensor)>> {
+        use qforge_runtime::xla_spmd::Combine;
+        const OP: &str = "adapter merge (xla)";
+        if shards.len() != engine.ranks() {
+            return Err(Error::Invalid(format!(
+                "{OP}: {} shards on {} ranks (one shard per rank)",
+                shards.len(),
+                engine.ranks()
+            )));
+        }
+        let (d, _) = self.dims()?;
+        let mut spans = Vec::new();
+        let mut sizes = Vec::new();
+        for (rank, (w, b)) in shards.iter().enumerate() {
+            let (rows, k) = layer(&format!("rank {rank}'s shard"), w, b)?;
+            let start = spans.last().map_or(0, |s: &Range<usize>| s.end);
+            spans.push(start..start + rows);
+            sizes.push((rows, k));
+        }
+        if sizes.iter().any(|s| *s != sizes[0]) {
+            return Err(Error::Invalid(format!(
+                "{OP}: the shards' (rows, K) are {sizes:?}: one program runs on every rank, so \
+                 every shard must have the same rows and K"
+            )));
+        }
+        let total = spans.last().map_or(0, |s| s.end);
+        if total != d {
+            return Err(Error::Invalid(format!(
+                "{OP}: the shards have {total} output rows in all; the adapter has d = {d}"
+            )));
+        }
+        let recorded = crate::spmd_capture::record(OP, engine, 2, |rank, capture, _| {
+            let (w, b) = &shards[rank];
+            self.partials(capture, w, b, spans[rank].clone())
+        })?;
+        // The host results give the partials' shapes only (the launches were recorded).
+        let Some((p, q)) = recorded.results.first() else {
+            return Err(Error::Invalid(format!("{OP}: no shards")));
+        };
+        let (dw, db) = match &recorded.launches[..] {
+            [p_all, q_all] => {
+                let sum = |launches| -> Result<Vec<u8>> {
+                    Ok(engine
+                        .run(launches, &[Combine::SumF32InRankOrder])?
+                        .remove(0))
+                };
+                (
+                    HostTensor::new(DType::F32, p.shape.clone(), sum(p_all)?)?,
+                    HostTensor::new(DType::F32, q.shape.clone(), sum(q_all)?)?,
+                )
+            }
+            [] if p.data.is_empty() && q.data.is_empty() => (p.clone(), q.clone()),
+            other => {
+                return Err(Error::Invalid(format!(
+                    "{OP}: {} recorded launches per rank for non-empty partials",
+                    other.len()
+                )))
+            }
+        };
+        shards
+            .iter()
+            .zip(spans)
+            .map(|((w, b), span)| self.merged_rows(dev, (&dw, &db), w, b, span))
+            .collect()
+    }
+}

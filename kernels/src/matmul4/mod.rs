@@ -64,6 +64,8 @@ pub(crate) mod shard;
 #[cfg(test)]
 mod tests;
 mod widen;
+#[cfg(feature = "stablehlo")]
+mod xla;
 
 use qforge_macros::kernel;
 

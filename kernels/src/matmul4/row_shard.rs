@@ -178,10 +178,20 @@ impl Linear4bit {
             Ok((weight, x, m))
         })();
         let (weight, x, m) = agree(comm, checked)?;
-        let of = ChainOf::Forward;
-        let mut chains = continued_chains(dev, comm, of, &weight, &x, (m, n, k))?;
-        let mut y = tree(&mut chains, of.chains());
-        // The bias in x's dtype (as `matmul_4bit`), one f32 addition.
+        let chains = continued_chains(dev, comm, ChainOf::Forward, &weight, &x, (m, n, k))?;
+        self.forward_from_chains(chains, x_r)
+    }
+
+    /// The end of the exact row-parallel forward: the last rank's `K_ORDER` chains
+    /// (`16 * M * N` floats) combined by the halving tree, the bias added in `x`'s dtype (as
+    /// `matmul_4bit`, one `f32` addition), rounded to `x_r`'s dtype, shaped `[..., N]`.
+    pub(crate) fn forward_from_chains(
+        &self,
+        mut chains: Vec<f32>,
+        x_r: &HostTensor,
+    ) -> Result<HostTensor> {
+        let dtype = x_r.dtype;
+        let mut y = tree(&mut chains, ChainOf::Forward.chains());
         if let Some(b) = &self.bias {
             let b = HostTensor::from_f32_as(dtype, b.shape.clone(), &b.to_f32()?)?.to_f32()?;
             for (v, b) in y.iter_mut().zip(b.iter().cycle()) {
@@ -190,7 +200,7 @@ impl Linear4bit {
         }
         let mut shape = x_r.shape.clone();
         if let Some(last) = shape.last_mut() {
-            *last = n;
+            *last = self.out_features();
         }
         HostTensor::from_f32_as(dtype, shape, &y)
     }

@@ -313,13 +313,24 @@ impl Linear4bit {
             weight_dtype,
         };
         agree(comm, weight.check(OP, rows, k))?;
-        let mut chains = continued_chains(dev, comm, of, &weight, &dy, (m, k, rows))?;
-        let dx = tree(&mut chains, of.chains());
+        let chains = continued_chains(dev, comm, of, &weight, &dy, (m, k, rows))?;
+        self.dx_from_chains(chains, dy_r)
+    }
+
+    /// The end of the exact column-parallel dX: the last rank's `DX_ORDER` chains
+    /// (`8 * M * K` floats) combined by the halving tree, rounded to `dy_r`'s dtype, shaped
+    /// `[..., K]`.
+    pub(crate) fn dx_from_chains(
+        &self,
+        mut chains: Vec<f32>,
+        dy_r: &HostTensor,
+    ) -> Result<HostTensor> {
+        let dx = tree(&mut chains, ChainOf::InputGradient.chains());
         let mut shape = dy_r.shape.clone();
         if let Some(last) = shape.last_mut() {
-            *last = k;
+            *last = self.in_features();
         }
-        HostTensor::from_f32_as(dtype, shape, &dx)
+        HostTensor::from_f32_as(dy_r.dtype, shape, &dx)
     }
 }
 
