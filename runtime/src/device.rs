@@ -47,6 +47,14 @@ impl Caps {
     /// SMs x 2048).
     pub const GPU_THREADS: u32 = 65536;
 
+    /// A GPU (or a device that stands in for one, such as the XLA SPMD engine's recorder) whose
+    /// resident threads are not queried: scalar code, [`Caps::GPU_THREADS`] threads.
+    pub const GPU: Caps = Caps {
+        kind: DeviceKind::Gpu,
+        vector_lanes: 1,
+        parallel_threads: Caps::GPU_THREADS,
+    };
+
     /// Whether the device is a GPU (host ops then pick their GPU tiles and unstaged kernels).
     pub fn is_gpu(&self) -> bool {
         self.kind == DeviceKind::Gpu

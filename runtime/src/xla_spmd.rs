@@ -26,7 +26,7 @@ use qforge_codegen::stablehlo::spmd::{self, Place, Plan};
 use qforge_codegen::stablehlo::Shapes;
 use qforge_ir::{Access, Arg, Kernel, ParamKind, Scalar};
 
-use crate::device::{Caps, Device, DeviceKind};
+use crate::device::{Caps, Device};
 use crate::error::{Error, Result};
 
 const NAME: &str = "xla-spmd";
@@ -83,11 +83,7 @@ impl Device for Capture {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            kind: DeviceKind::Gpu,
-            vector_lanes: 1,
-            parallel_threads: Caps::GPU_THREADS,
-        }
+        Caps::GPU
     }
 
     fn compile(&self, kernel: &Kernel) -> Result<()> {

@@ -40,7 +40,7 @@ use qforge_codegen::ptx::{self, PtxParam, SmTarget};
 use qforge_ir::{Arg, Kernel, ParamKind};
 
 use crate::aot::{Policy, TextArtifact, TextStore};
-use crate::device::{Caps, Device, DeviceKind};
+use crate::device::{Caps, Device};
 use crate::error::{Error, Result};
 
 /// The device name in messages and in `--device`.
@@ -341,11 +341,7 @@ impl Device for CudaDevice {
         ptx::BACKEND
     }
     fn caps(&self) -> Caps {
-        Caps {
-            kind: DeviceKind::Gpu,
-            vector_lanes: 1,
-            parallel_threads: Caps::GPU_THREADS,
-        }
+        Caps::GPU
     }
     fn compile(&self, kernel: &Kernel) -> Result<()> {
         self.compiled(kernel).map(|_| ())

@@ -62,7 +62,8 @@ pub struct WgpuDevice {
     queue: wgpu::Queue,
     limits: wgpu::Limits,
     cache: Mutex<HashMap<u64, Arc<Compiled>>>,
-    /// Launches hold this lock so error scopes of concurrent launches do not interleave.
+    /// Launches hold this lock: they share the queue, and a launch's errors could otherwise be
+    /// reported through the uncaptured-error handler to another launch's scope check.
     launch_lock: Mutex<()>,
     /// Errors that escaped every error scope (recorded by the uncaptured-error handler).
     uncaptured: Arc<Mutex<Vec<String>>>,
@@ -275,11 +276,9 @@ impl WgpuDevice {
                 (wgsl.to_string(), entry_point)
             }
         };
+        // No lock: error scopes are per thread in wgpu (its `std` feature), so concurrent
+        // compiles (each in its own scopes) run in parallel on drivers that allow it.
         let compiled = {
-            let _guard = self
-                .launch_lock
-                .lock()
-                .map_err(|_| self.err("launch lock poisoned".into()))?;
             self.scoped(&format!("compiling '{}'", kernel.name), || {
                 let module = self
                     .device
