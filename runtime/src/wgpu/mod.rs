@@ -278,71 +278,69 @@ impl WgpuDevice {
         };
         // No lock: error scopes are per thread in wgpu (its `std` feature), so concurrent
         // compiles (each in its own scopes) run in parallel on drivers that allow it.
-        let compiled = {
-            self.scoped(&format!("compiling '{}'", kernel.name), || {
-                let module = self
-                    .device
-                    .create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(&kernel.name),
-                        source: wgpu::ShaderSource::Wgsl(wgsl.as_str().into()),
-                    });
-                let mut entries: Vec<wgpu::BindGroupLayoutEntry> = layout
-                    .buffers
-                    .iter()
-                    .map(|b| wgpu::BindGroupLayoutEntry {
-                        binding: b.binding,
-                        visibility: wgpu::ShaderStages::COMPUTE,
-                        ty: wgpu::BindingType::Buffer {
-                            ty: wgpu::BufferBindingType::Storage {
-                                read_only: b.read_only,
-                            },
-                            has_dynamic_offset: false,
-                            min_binding_size: None,
-                        },
-                        count: None,
-                    })
-                    .collect();
-                entries.push(wgpu::BindGroupLayoutEntry {
-                    binding: layout.params_binding,
+        let compiled = self.scoped(&format!("compiling '{}'", kernel.name), || {
+            let module = self
+                .device
+                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(&kernel.name),
+                    source: wgpu::ShaderSource::Wgsl(wgsl.as_str().into()),
+                });
+            let mut entries: Vec<wgpu::BindGroupLayoutEntry> = layout
+                .buffers
+                .iter()
+                .map(|b| wgpu::BindGroupLayoutEntry {
+                    binding: b.binding,
                     visibility: wgpu::ShaderStages::COMPUTE,
                     ty: wgpu::BindingType::Buffer {
-                        ty: wgpu::BufferBindingType::Uniform,
+                        ty: wgpu::BufferBindingType::Storage {
+                            read_only: b.read_only,
+                        },
                         has_dynamic_offset: false,
                         min_binding_size: None,
                     },
                     count: None,
-                });
-                let bind_group_layout =
-                    self.device
-                        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                            label: Some(&kernel.name),
-                            entries: &entries,
-                        });
-                let pipeline_layout =
-                    self.device
-                        .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                            label: Some(&kernel.name),
-                            bind_group_layouts: &[Some(&bind_group_layout)],
-                            immediate_size: 0,
-                        });
-                let pipeline =
-                    self.device
-                        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                            label: Some(&kernel.name),
-                            layout: Some(&pipeline_layout),
-                            module: &module,
-                            entry_point: Some(&entry_point),
-                            compilation_options: Default::default(),
-                            cache: None,
-                        });
-                Ok(Compiled {
-                    kernel: kernel.clone(),
-                    layout,
-                    bind_group_layout,
-                    pipeline,
                 })
-            })?
-        };
+                .collect();
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding: layout.params_binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            });
+            let bind_group_layout =
+                self.device
+                    .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                        label: Some(&kernel.name),
+                        entries: &entries,
+                    });
+            let pipeline_layout =
+                self.device
+                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: Some(&kernel.name),
+                        bind_group_layouts: &[Some(&bind_group_layout)],
+                        immediate_size: 0,
+                    });
+            let pipeline = self
+                .device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&kernel.name),
+                    layout: Some(&pipeline_layout),
+                    module: &module,
+                    entry_point: Some(&entry_point),
+                    compilation_options: Default::default(),
+                    cache: None,
+                });
+            Ok(Compiled {
+                kernel: kernel.clone(),
+                layout,
+                bind_group_layout,
+                pipeline,
+            })
+        })?;
         let compiled = Arc::new(compiled);
         let mut cache = self
             .cache
