@@ -1,14 +1,16 @@
-"""Compiles and runs one sharded StableHLO module (qforge's XLA SPMD engine, `codegen/src/
+"""Compiles and runs sharded StableHLO modules (qforge's XLA SPMD engine, `codegen/src/
 stablehlo/spmd.rs`) with XLA's CPU compiler on D host devices, through jax (pinned by
 scripts/install-stablehlo.sh). jax has no public entry point that compiles a StableHLO module
 it did not trace: the private `jax._src` calls live in this file only.
 
-Usage: python xla_spmd_runner.py DIR. DIR holds `module.mlir` and `request.json`:
+Usage: python -u xla_spmd_runner.py D. It sets up XLA for D devices, prints `ready`, then reads
+one folder DIR per line of stdin and answers each with one line on stdout: `ok` or
+`error: <message>`. DIR holds `module.mlir` and `request.json`:
 {"ranks": D, "args": [...], "results": [...]}; each arg is {"file": F, "dtype": "uint8" |
 "uint16" | "uint32", "split": bool} (raw little-endian global buffer in DIR) or {"value": u32}
 (a scalar's bits); each result is "split" (the devices' results concatenated in device order)
 or "replicated" (every device must hold the same bytes). Results are written to DIR as
-`out0.bin`, `out1.bin`, ...; the last line of stdout is `ok` or `error: <message>`.
+`out0.bin`, `out1.bin`, ....
 
 XLA's CPU compiler is told not to use FMA instructions (`--xla_cpu_max_isa=AVX`, an x86 flag):
 it always allows LLVM to contract a multiply and an add, which would change bits. The caller's
@@ -21,16 +23,14 @@ import platform
 import sys
 
 
-def run(d):
+def setup(ranks):
+    """XLA on `ranks` CPU devices; returns them."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         # Only x86 has the flag that keeps XLA from contracting multiply-adds (docstring).
         raise ValueError(
             "the XLA SPMD engine needs an x86-64 CPU (on %s XLA could contract multiply-adds, "
             "changing bits)" % platform.machine()
         )
-    with open(os.path.join(d, "request.json")) as f:
-        req = json.load(f)
-    ranks = int(req["ranks"])
     # The caller's XLA_FLAGS first (a dump folder, say), ours last: for a flag given twice the
     # last wins, so the device count and the instruction cap hold.
     os.environ["XLA_FLAGS"] = (
@@ -38,6 +38,16 @@ def run(d):
         + " --xla_force_host_platform_device_count=%d --xla_cpu_max_isa=AVX" % ranks
     )
     os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax  # noqa: F401 (imported once, before any request)
+    from jax._src import xla_bridge
+
+    devices = xla_bridge.get_backend("cpu").devices()[:ranks]
+    if len(devices) != ranks:
+        raise ValueError("XLA has %d CPU devices, %d ranks asked" % (len(devices), ranks))
+    return devices
+
+
+def run(d, devices):
     import jax
     import numpy as np
     from jax._src import compiler, xla_bridge
@@ -46,10 +56,12 @@ def run(d):
     from jax.sharding import NamedSharding, PartitionSpec
     from jaxlib.mlir import ir
 
+    with open(os.path.join(d, "request.json")) as f:
+        req = json.load(f)
+    ranks = int(req["ranks"])
+    if ranks != len(devices):
+        raise ValueError("a program for %d ranks sent to the runner of %d" % (ranks, len(devices)))
     backend = xla_bridge.get_backend("cpu")
-    devices = backend.devices()[:ranks]
-    if len(devices) != ranks:
-        raise ValueError("XLA has %d CPU devices, %d ranks asked" % (len(devices), ranks))
     with open(os.path.join(d, "module.mlir")) as f:
         text = f.read()
     with jax_mlir.make_ir_context():
@@ -102,15 +114,27 @@ def run(d):
         out.tofile(os.path.join(d, "out%d.bin" % k))
 
 
+def answer(e):
+    """The answer line for an exception."""
+    if isinstance(e, ImportError):
+        return "error: %s (run scripts/install-stablehlo.sh)" % e
+    message = " | ".join(str(e).splitlines()) or "(no message)"
+    return "error: %s: %s" % (type(e).__name__, message)
+
+
 def main():
     try:
-        run(sys.argv[1])
-        print("ok", flush=True)
-    except ImportError as e:
-        print("error: %s (run scripts/install-stablehlo.sh)" % e, flush=True)
-    except Exception as e:  # reported to the caller
-        message = " | ".join(str(e).splitlines()) or "(no message)"
-        print("error: %s: %s" % (type(e).__name__, message), flush=True)
+        devices = setup(int(sys.argv[1]))
+    except Exception as e:  # the caller reports the last lines of stderr
+        print(answer(e), file=sys.stderr, flush=True)
+        sys.exit(1)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        try:
+            run(line.strip(), devices)
+            print("ok", flush=True)
+        except Exception as e:  # reported to the caller
+            print(answer(e), flush=True)
 
 
 main()

@@ -1,10 +1,11 @@
 //! The ranks' launches for the XLA SPMD engine ([`XlaSpmd`], feature `stablehlo`): the host
 //! code of each rank runs on a [`Capture`] device with a [`Rehearsal`] of its rank, so that the
 //! kernels it would launch on another engine are recorded, and the engine runs them as one
-//! sharded program per launch.
+//! sharded program per launch. Host code whose launches are independent runs a second time on
+//! a [`Replay`] device, which gives it the engine's results ([`run_each_rank`]).
 
-use qforge_runtime::xla_spmd::{Capture, RankLaunch, XlaSpmd};
-use qforge_runtime::{Communicator, Error, Result};
+use qforge_runtime::xla_spmd::{writable, Capture, Combine, RankLaunch, Replay, XlaSpmd};
+use qforge_runtime::{Communicator, Device, Error, Result};
 
 /// One rank's side of a group in which every rank passes the same bytes as this one: the
 /// host code of rank `rank` runs alone, its agreements succeed, and its chained sums record
@@ -50,8 +51,8 @@ pub(crate) struct Recorded<T> {
 }
 
 /// Runs `one(rank, device, communicator)` for each of `engine`'s ranks on a [`Capture`]
-/// device and records its launches; every rank must make `launches` of them, or none when
-/// none does.
+/// device and records its launches; every rank must make `launches` of them (as many as rank
+/// 0 when `None`), or none when none does.
 ///
 /// # Errors
 /// `one`'s errors; [`Error::Invalid`] naming `op` when a rank makes another number of launches
@@ -59,7 +60,7 @@ pub(crate) struct Recorded<T> {
 pub(crate) fn record<T>(
     op: &str,
     engine: &XlaSpmd,
-    launches: usize,
+    launches: Option<usize>,
     one: impl Fn(usize, &Capture, &Rehearsal) -> Result<T>,
 ) -> Result<Recorded<T>> {
     let size = engine.ranks();
@@ -77,6 +78,7 @@ pub(crate) fn record<T>(
             results,
         });
     }
+    let launches = launches.unwrap_or(counts[0]);
     if counts.iter().any(|c| *c != launches) {
         return Err(Error::Invalid(format!(
             "{op}: the ranks made {counts:?} launches, {launches} each expected (every rank \
@@ -94,4 +96,57 @@ pub(crate) fn record<T>(
         launches: by_launch,
         results,
     })
+}
+
+/// Runs host code on every rank of `engine`: `one(rank, device)` runs once per rank on a
+/// [`Capture`] device to record its launches, the engine runs launch `l` of every rank as one
+/// sharded program (each rank keeps its own results, [`Combine::Local`]), and `one` runs again
+/// per rank on a [`Replay`] device that gives each launch that rank's results. Returns each
+/// rank's result of the second run, in rank order. `one` must build its inputs afresh on each
+/// call (the first run's results are dropped), and no launch may read what an earlier one of
+/// the same call wrote (the capture computed nothing: the replay names such a launch).
+///
+/// # Errors
+/// `one`'s errors; [`Error::Invalid`] naming `op` when the ranks make different numbers of
+/// launches; the engine's and the replay's errors.
+pub(crate) fn run_each_rank<T>(
+    op: &str,
+    engine: &XlaSpmd,
+    one: impl Fn(usize, &dyn Device) -> Result<T>,
+) -> Result<Vec<T>> {
+    let d = engine.ranks();
+    let recorded = record(op, engine, None, |rank, capture, _| one(rank, capture))?;
+    let mut per_rank: Vec<Vec<RankLaunch>> = vec![Vec::new(); d];
+    let mut results: Vec<Vec<Vec<Vec<u8>>>> = vec![Vec::new(); d];
+    for launch in recorded.launches {
+        let outputs = writable(&launch[0].kernel).count();
+        let global = engine.run(&launch, &vec![Combine::Local; outputs])?;
+        // Each global result is the ranks' results concatenated in rank order.
+        for (rank, rank_launch) in launch.into_iter().enumerate() {
+            let mine = global
+                .iter()
+                .map(|g| {
+                    let n = g.len() / d;
+                    g[rank * n..(rank + 1) * n].to_vec()
+                })
+                .collect();
+            per_rank[rank].push(rank_launch);
+            results[rank].push(mine);
+        }
+    }
+    per_rank
+        .into_iter()
+        .zip(results)
+        .enumerate()
+        .map(|(rank, (launches, outputs))| {
+            let replay = Replay::new(rank, launches, outputs);
+            let out = one(rank, &replay).map_err(|e| {
+                Error::Invalid(format!(
+                    "{op}: rank {rank}, replaying the engine's results: {e}"
+                ))
+            })?;
+            replay.finish()?;
+            Ok(out)
+        })
+        .collect()
 }

@@ -12,6 +12,8 @@ mod device;
 mod error;
 mod profile;
 #[cfg(feature = "stablehlo")]
+mod python_runner;
+#[cfg(feature = "stablehlo")]
 mod stablehlo;
 mod tensor;
 #[cfg(feature = "wgpu")]

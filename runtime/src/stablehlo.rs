@@ -15,12 +15,9 @@
 //! `target/stablehlo-venv/bin/python` of this workspace, which `scripts/install-stablehlo.sh`
 //! creates (jax and jaxlib from PyPI).
 
-use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use qforge_codegen::compile::{Launch, Options, Target};
 use qforge_codegen::stablehlo::{Shapes, BACKEND};
@@ -28,6 +25,7 @@ use qforge_ir::{Arg, Kernel, ParamKind};
 
 use crate::device::{Caps, Device, DeviceKind};
 use crate::error::{Error, Result};
+use crate::python_runner::Runner;
 
 const NAME: &str = "stablehlo";
 const RUNNER: &str = include_str!("../../scripts/stablehlo_runner.py");
@@ -74,7 +72,7 @@ fn make_live(runner: &mut Option<Runner>) -> Result<()> {
                 py.display()
             )));
         }
-        *runner = Some(Runner::start(&py)?);
+        *runner = Some(Runner::start(&py, RUNNER, &[]).map_err(device_error)?);
     }
     Ok(())
 }
@@ -93,89 +91,6 @@ pub(crate) fn fresh_folder(prefix: &str) -> std::result::Result<PathBuf, String>
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
         }
-    }
-}
-
-struct Runner {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    /// The last lines the runner wrote to stderr, which a thread drains (so a chatty runner can
-    /// never block on a full pipe).
-    stderr: Arc<Mutex<VecDeque<String>>>,
-}
-
-/// Lines of the runner's stderr kept for error messages.
-const KEPT_LINES: usize = 3;
-
-impl Runner {
-    /// Starts the runner with `py` and waits for its `ready`.
-    fn start(py: &Path) -> Result<Runner> {
-        let mut child = Command::new(py)
-            .arg("-u")
-            .arg("-c")
-            .arg(RUNNER)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| device_error(format!("cannot start {}: {e}", py.display())))?;
-        let (Some(stdin), Some(stdout), Some(err)) =
-            (child.stdin.take(), child.stdout.take(), child.stderr.take())
-        else {
-            return Err(device_error("the runner has no pipes".into()));
-        };
-        let stderr = Arc::new(Mutex::new(VecDeque::new()));
-        let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            for line in BufReader::new(err).lines().map_while(|l| l.ok()) {
-                if let Ok(mut kept) = sink.lock() {
-                    if kept.len() == KEPT_LINES {
-                        kept.pop_front();
-                    }
-                    kept.push_back(line);
-                }
-            }
-        });
-        let mut runner = Runner {
-            child,
-            stdin,
-            stdout: BufReader::new(stdout),
-            stderr,
-        };
-        let mut first = String::new();
-        let _ = runner.stdout.read_line(&mut first);
-        if first.trim() != "ready" {
-            // Stop it, and let the stderr thread catch its last words.
-            let _ = runner.child.kill();
-            let _ = runner.child.wait();
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            return Err(device_error(format!(
-                "the StableHLO runner ({}) did not start: {}",
-                py.display(),
-                runner.last_words()
-            )));
-        }
-        Ok(runner)
-    }
-
-    /// The last lines of the runner's stderr, for an error message.
-    fn last_words(&self) -> String {
-        match self.stderr.lock() {
-            Ok(kept) => kept.iter().cloned().collect::<Vec<_>>().join(" | "),
-            Err(_) => String::new(),
-        }
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for Runner {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -211,8 +126,7 @@ impl StableHloDevice {
     }
 
     fn request(&self, name: &str, dir: &Path, args: Vec<serde_json::Value>) -> Result<()> {
-        let req = serde_json::json!({ "dir": dir.to_string_lossy(), "args": args });
-        let req = format!("{req}\n");
+        let req = serde_json::json!({ "dir": dir.to_string_lossy(), "args": args }).to_string();
         // The first free slot, else wait for one (spread over the slots by launch number).
         let slots = slots();
         let mut slot = match slots.iter().find_map(|s| s.try_lock().ok()) {
@@ -225,24 +139,16 @@ impl StableHloDevice {
         let Some(runner) = slot.as_mut() else {
             return Err(device_error("the runner is not running".into()));
         };
-        runner
-            .stdin
-            .write_all(req.as_bytes())
-            .and_then(|_| runner.stdin.flush())
-            .map_err(|e| device_error(format!("the runner stopped: {e}")))?;
-        let mut answer = String::new();
-        runner
-            .stdout
-            .read_line(&mut answer)
-            .map_err(|e| device_error(format!("the runner stopped: {e}")))?;
-        match answer.trim() {
-            "ok" => Ok(()),
-            "" => Err(device_error(format!(
-                "{}: the runner stopped: {} (the next launch starts it again)",
-                name,
-                runner.last_words()
-            ))),
-            other => Err(device_error(format!("{name}: {other}"))),
+        let answer = runner.ask(&req, 3);
+        match answer {
+            Ok(a) if a == "ok" => Ok(()),
+            Ok(other) => Err(device_error(format!("{name}: {other}"))),
+            Err(e) => {
+                *slot = None;
+                Err(device_error(format!(
+                    "{name}: {e} (the next launch starts it again)"
+                )))
+            }
         }
     }
 }

@@ -27,6 +27,10 @@ pub enum Place {
     /// The global argument is the ranks' local arguments concatenated in rank order; rank `r`
     /// gets the `r`-th equal part.
     Split,
+    /// A scalar with a value of its own on each rank (a shard's first element index, say): the
+    /// global argument is the ranks' values in rank order (`tensor<D x ui32>`), rank `r` gets
+    /// the `r`-th.
+    PerRank,
 }
 
 /// What the program returns for one of the kernel's results (a `Write` or `ReadWrite` buffer).
@@ -62,7 +66,8 @@ pub enum Combine {
 pub struct Plan {
     /// The number of ranks (XLA devices, the mesh axis' size), at least 1.
     pub ranks: usize,
-    /// One per kernel parameter, in parameter order (scalars must be [`Place::Replicated`]).
+    /// One per kernel parameter, in parameter order ([`Place::Split`] for buffers only,
+    /// [`Place::PerRank`] for scalars only).
     pub args: Vec<Place>,
     /// One per `Write`/`ReadWrite` buffer, in parameter order.
     pub results: Vec<Combine>,
@@ -75,14 +80,14 @@ const AXIS: &str = "ranks";
 /// devices (see the module docs). For one rank it is the kernel's own module (the backend's
 /// [`super::lower`]): XLA does not partition a one-device program, and every combine is the
 /// identity there. Its `main` takes the global arguments in parameter order (a
-/// split buffer of `n` elements per rank as `tensor<D n x ...>`, raw bits as the backend's
-/// signature) and returns one global result per writable buffer: `D n` elements for
+/// split buffer of `n` elements per rank as `tensor<D n x ...>`, a per-rank scalar as
+/// `tensor<D x ui32>`, raw bits as the backend's signature) and returns one global result per writable buffer: `D n` elements for
 /// [`Combine::Local`] and [`Combine::GatherLastDim`], `n` for [`Combine::SumF32InRankOrder`]
 /// and [`Combine::ContinuedInto`].
 ///
 /// # Errors
 /// [`Error::Unsupported`] when `plan` has no ranks, does not give one place per parameter and
-/// one combine per writable buffer, splits a scalar, sums a buffer that is not `f32`, gathers
+/// one combine per writable buffer, splits a scalar, gives a buffer a value per rank, sums a buffer that is not `f32`, gathers
 /// rows that do not divide the result (or a result with no elements), or continues a result
 /// that is not the only one or into an argument of another type; the lowering's errors.
 pub fn module(kernel: &Kernel, shapes: &Shapes, plan: &Plan) -> Result<String> {
@@ -115,11 +120,31 @@ pub fn module(kernel: &Kernel, shapes: &Shapes, plan: &Plan) -> Result<String> {
     // The global type and sharding of each argument.
     let mut global_args = Vec::new();
     let mut in_shardings = Vec::new();
+    // The type of each argument inside the manual computation, and the value the kernel gets.
+    let mut local_types = f.args.clone();
+    let mut inputs: Vec<String> = (0..f.args.len()).map(|i| format!("%local{i}")).collect();
+    let mut body = String::new();
     for (i, ((_, p), place)) in kernel.params.iter().zip(&plan.args).enumerate() {
         let local = &f.args[i];
         match (&p.kind, place) {
             (ParamKind::Scalar(_), Place::Split) => {
                 return Err(bad(format!("the scalar `{}` cannot be split", p.name)))
+            }
+            (ParamKind::Buffer { .. }, Place::PerRank) => {
+                return Err(bad(format!(
+                    "the buffer `{}` cannot have a value per rank (split it)",
+                    p.name
+                )))
+            }
+            (ParamKind::Scalar(_), Place::PerRank) => {
+                global_args.push(format!("tensor<{d}xui32>"));
+                in_shardings.push(format!("<@mesh, [{{\"{AXIS}\"}}]>"));
+                local_types[i] = "tensor<1xui32>".to_string();
+                let _ = writeln!(
+                    body,
+                    "      %scalar{i} = stablehlo.reshape %local{i} : (tensor<1xui32>) -> tensor<ui32>"
+                );
+                inputs[i] = format!("%scalar{i}");
             }
             (ParamKind::Scalar(_), Place::Replicated) => {
                 global_args.push(local.clone());
@@ -146,13 +171,11 @@ pub fn module(kernel: &Kernel, shapes: &Shapes, plan: &Plan) -> Result<String> {
             _ => None,
         })
         .collect();
-    let mut body = String::new();
     let mut next = 0usize;
     let mut fresh = || {
         next += 1;
         format!("%c{next}")
     };
-    let locals: Vec<String> = (0..f.args.len()).map(|i| format!("%local{i}")).collect();
     // A continued result: the ranks' steps one after another (see `Combine::ContinuedInto`).
     let continued: Vec<(usize, usize)> = plan
         .results
@@ -180,7 +203,6 @@ pub fn module(kernel: &Kernel, shapes: &Shapes, plan: &Plan) -> Result<String> {
         }
     }
     let steps = if continued.is_empty() { 1 } else { d };
-    let mut inputs = locals.clone();
     let n_results = f.results.len();
     let mut call = String::new();
     let mut carried = String::new();
@@ -327,10 +349,10 @@ pub fn module(kernel: &Kernel, shapes: &Shapes, plan: &Plan) -> Result<String> {
         rets.join(", ")
     );
     let arg_names: Vec<String> = (0..global_args.len()).map(|i| format!("%arg{i}")).collect();
-    let manual_params: Vec<String> = locals
+    let manual_params: Vec<String> = local_types
         .iter()
-        .zip(&f.args)
-        .map(|(l, t)| format!("{l}: {t}"))
+        .enumerate()
+        .map(|(i, t)| format!("%local{i}: {t}"))
         .collect();
     let result_count = if names.is_empty() {
         String::new()
@@ -446,6 +468,10 @@ grid n
                 "scalar `n` cannot be split",
             ),
             (
+                plan(2, vec![Place::PerRank, rep, rep], vec![Combine::Local]),
+                "buffer `a` cannot have a value per rank",
+            ),
+            (
                 plan(2, vec![split, rep, rep], vec![]),
                 "0 result combines for 1",
             ),
@@ -487,6 +513,25 @@ grid n
             text.contains("tensor<18xui8> {sdy.sharding = #sdy.sharding<@mesh, [{\"ranks\"}]>}")
         );
         assert!(text.contains("replica_groups = dense<[[0, 1, 2]]> : tensor<1x3xi64>"));
+        // A scalar with a value per rank: three values in, one per rank to the kernel.
+        let per_rank = plan(3, vec![split, rep, Place::PerRank], vec![Combine::Local]);
+        let text = module(&k, &shapes, &per_rank).unwrap();
+        assert!(
+            text.contains(
+                "%arg2: tensor<3xui32> {sdy.sharding = #sdy.sharding<@mesh, [{\"ranks\"}]>}"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "%scalar2 = stablehlo.reshape %local2 : (tensor<1xui32>) -> tensor<ui32>"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("func.call @shard(%local0, %local1, %scalar2)"),
+            "{text}"
+        );
         // A continued result must be the only one (the others would be no engine's bits).
         let two = qforge_ir::text::parse(
             "kernel two(a: u8[n] read, y: u8[n] write, z: u8[n] write, n: u32)

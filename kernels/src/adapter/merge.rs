@@ -301,7 +301,7 @@ impl BottleneckAdapter {
                 "{OP}: the shards have {total} output rows in all; the adapter has d = {d}"
             )));
         }
-        let recorded = crate::spmd_capture::record(OP, engine, 2, |rank, capture, _| {
+        let recorded = crate::spmd_capture::record(OP, engine, Some(2), |rank, capture, _| {
             let (w, b) = &shards[rank];
             self.partials(capture, w, b, spans[rank].clone())
         })?;

@@ -36,7 +36,9 @@ fn sharded(
     let Recorded {
         launches,
         mut results,
-    } = record(op, engine, 1, |r, dev, comm| one(r, &shards[r], dev, comm))?;
+    } = record(op, engine, Some(1), |r, dev, comm| {
+        one(r, &shards[r], dev, comm)
+    })?;
     let Some(local) = results.pop() else {
         return Err(Error::Invalid(format!("{op}: no shards")));
     };

@@ -18,6 +18,8 @@ mod group;
 mod serial;
 mod sharded;
 mod state;
+#[cfg(feature = "stablehlo")]
+mod xla;
 
 use std::collections::HashMap;
 
@@ -28,6 +30,8 @@ pub use group::{OptimizerKind, ParamGroup, QAdamWConfig, StateBits};
 pub use serial::{STATE_FORMAT_VERSION, STATE_METADATA_KEY};
 pub use sharded::owned_elements;
 pub use state::StateLayout;
+#[cfg(feature = "stablehlo")]
+pub use xla::XlaStepLayout;
 
 use crate::ops::GradOptions;
 use qforge_runtime::Device;

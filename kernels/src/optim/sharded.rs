@@ -76,7 +76,41 @@ fn gather_slices(
         .collect())
 }
 
+/// The state of a parameter whose pieces, in element order, have the tensors `parts[k]` (in
+/// the layout's tensor order, [`Layout::tensors`]): the tensors concatenated.
+pub(super) fn joined_state(layout: Layout, parts: &[Vec<Vec<u8>>]) -> super::state::ParamState {
+    let count = parts.first().map_or(0, Vec::len);
+    let whole: Vec<Vec<u8>> = (0..count)
+        .map(|k| parts.iter().flat_map(|p| p[k].iter().copied()).collect())
+        .collect();
+    let views: Vec<&[u8]> = whole.iter().map(Vec::as_slice).collect();
+    layout.state_from(&views)
+}
+
 impl Optimizer {
+    /// Refuses, for `op`, a parameter whose rule needs a norm of the whole gradient or update
+    /// (percentile clipping, LAMB / LARS trust ratios, `max_unorm`): not sharded yet.
+    pub(super) fn check_shardable(&self, i: usize, op: &str) -> Result<()> {
+        let slot = &self.slots[i];
+        let group = &self.groups[slot.group];
+        let kind = group.effective_kind();
+        let norm = group.clips()
+            || kind.lamb().is_some()
+            || kind.lars().is_some()
+            || matches!(kind, OptimizerKind::Rmsprop(_) | OptimizerKind::Adagrad(_))
+                && group.max_unorm > 0.0;
+        if norm {
+            return Err(Error::Invalid(format!(
+                "optimizer {op}, parameter '{}': {} with percentile clipping, LAMB/LARS trust \
+                 ratios or max_unorm needs the norm of the whole tensor; not supported sharded \
+                 yet (step unsharded)",
+                slot.name,
+                kind.name()
+            )));
+        }
+        Ok(())
+    }
+
     /// One step as rank `comm.rank()` of `comm.size()`: every rank passes the same whole
     /// `params` and `grads` (for example after a data-parallel gradient all-reduce), updates the
     /// state and parameter elements it owns ([`owned_elements`]), and the updated elements are
@@ -106,23 +140,8 @@ impl Optimizer {
         let (rank, ranks) = (comm.rank(), comm.size());
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             self.check_pair(i, p, g)?;
+            self.check_shardable(i, "step_sharded")?;
             let slot = &self.slots[i];
-            let group = &self.groups[slot.group];
-            let kind = group.effective_kind();
-            let norm = group.clips()
-                || kind.lamb().is_some()
-                || kind.lars().is_some()
-                || matches!(kind, OptimizerKind::Rmsprop(_) | OptimizerKind::Adagrad(_))
-                    && group.max_unorm > 0.0;
-            if norm {
-                return Err(Error::Invalid(format!(
-                    "optimizer step_sharded, parameter '{}': {} with percentile clipping, \
-                     LAMB/LARS trust ratios or max_unorm needs the norm of the whole tensor; \
-                     not supported sharded yet (step unsharded)",
-                    slot.name,
-                    kind.name()
-                )));
-            }
             let owned = owned_elements(p.numel(), rank, ranks);
             if let Some(r) = slot.shard.as_ref().filter(|r| **r != owned) {
                 return Err(Error::Invalid(format!(
@@ -245,13 +264,13 @@ impl Optimizer {
         let all = gather_slices(comm, &mine, &lens)?;
         let mut first = 0;
         for (i, layout, count) in sharded {
-            let whole: Vec<Vec<u8>> = (first..first + count)
-                .map(|k| all.iter().flat_map(|rank| rank[k].clone()).collect())
+            let parts: Vec<Vec<Vec<u8>>> = all
+                .iter()
+                .map(|rank| rank[first..first + count].to_vec())
                 .collect();
             first += count;
-            let views: Vec<&[u8]> = whole.iter().map(Vec::as_slice).collect();
             let slot = &mut self.slots[i];
-            slot.state = Some(layout.state_from(&views));
+            slot.state = Some(joined_state(layout, &parts));
             slot.shard = None;
         }
         Ok(())
