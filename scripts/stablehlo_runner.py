@@ -12,6 +12,11 @@ import os
 import re
 import sys
 
+# Answers go to the caller on a copy of stdout; anything else written to stdout (a library's
+# print, C++ code) goes to stderr, so it is never taken for an answer.
+ANSWERS = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+
 import numpy as np
 from jax._src.interpreters import mlir as jax_mlir
 from jaxlib.mlir import ir
@@ -53,13 +58,13 @@ def run(ctx, req):
 
 def main():
     ctx = jax_mlir.make_ir_context()
-    print("ready", flush=True)
+    print("ready", file=ANSWERS, flush=True)
     for line in sys.stdin:
         try:
             run(ctx, json.loads(line))
-            print("ok", flush=True)
+            print("ok", file=ANSWERS, flush=True)
         except Exception as e:  # reported to the caller, which names the kernel
-            print("error: " + " | ".join(str(e).splitlines()), flush=True)
+            print("error: " + " | ".join(str(e).splitlines()), file=ANSWERS, flush=True)
 
 
 main()

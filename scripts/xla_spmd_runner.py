@@ -4,8 +4,9 @@ scripts/install-stablehlo.sh). jax has no public entry point that compiles a Sta
 it did not trace: the private `jax._src` calls live in this file only.
 
 Usage: python -u xla_spmd_runner.py D. It sets up XLA for D devices, prints `ready`, then reads
-one folder DIR per line of stdin and answers each with one line on stdout: `ok` or
-`error: <message>`. DIR holds `module.mlir` and `request.json`:
+one request {"dir": DIR} per line of stdin and answers each with one line on stdout: `ok` or
+`error: <message>` (whatever else writes to stdout is sent to stderr). DIR holds `module.mlir`
+and `request.json`:
 {"ranks": D, "args": [...], "results": [...]}; each arg is {"file": F, "dtype": "uint8" |
 "uint16" | "uint32", "split": bool} (raw little-endian global buffer in DIR) or {"value": u32}
 (a scalar's bits); each result is "split" (the devices' results concatenated in device order)
@@ -21,6 +22,11 @@ import json
 import os
 import platform
 import sys
+
+# Answers go to the caller on a copy of stdout; anything else written to stdout (XLA's dumps,
+# a library's print) goes to stderr, so it is never taken for an answer.
+ANSWERS = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
 
 
 def setup(ranks):
@@ -128,13 +134,13 @@ def main():
     except Exception as e:  # the caller reports the last lines of stderr
         print(answer(e), file=sys.stderr, flush=True)
         sys.exit(1)
-    print("ready", flush=True)
+    print("ready", file=ANSWERS, flush=True)
     for line in sys.stdin:
         try:
-            run(line.strip(), devices)
-            print("ok", flush=True)
+            run(json.loads(line)["dir"], devices)
+            print("ok", file=ANSWERS, flush=True)
         except Exception as e:  # reported to the caller
-            print(answer(e), flush=True)
+            print(answer(e), file=ANSWERS, flush=True)
 
 
 main()

@@ -526,18 +526,26 @@ fn shapes_of(l: &RankLaunch) -> Result<Shapes> {
     })
 }
 
-/// The idle runners of this process, each with its rank count (XLA's device count is fixed
-/// when a process starts). A run takes one for its count, or starts one, and puts it back
-/// after an answer; a runner that stopped is dropped.
-static IDLE: Mutex<Vec<(usize, Runner)>> = Mutex::new(Vec::new());
+/// The idle runners of this process, each with its rank count and the `XLA_FLAGS` it started
+/// with (XLA reads both once, when a process starts). A run takes one of its count and flags,
+/// or starts one, and puts it back after an answer (at most [`MAX_IDLE`] are kept); a runner
+/// that stopped is dropped.
+static IDLE: Mutex<Vec<(RunnerKey, Runner)>> = Mutex::new(Vec::new());
+
+/// A runner's rank count and `XLA_FLAGS`.
+type RunnerKey = (usize, Option<std::ffi::OsString>);
+
+/// The most idle runners kept (each a Python process with jax loaded, about 160 MB).
+const MAX_IDLE: usize = 4;
 
 /// Runs the program in `dir` on a runner for `ranks` devices and reads its answer.
 fn run_runner(kernel: &str, ranks: usize, dir: &std::path::Path) -> Result<()> {
+    let key: RunnerKey = (ranks, std::env::var_os("XLA_FLAGS"));
     let taken = {
         let mut pool = IDLE
             .lock()
             .map_err(|_| engine_error("the runner pool's lock is poisoned".into()))?;
-        let at = pool.iter().position(|(d, _)| *d == ranks);
+        let at = pool.iter().position(|(k, _)| *k == key);
         at.map(|at| pool.swap_remove(at).1)
     };
     let mut runner = match taken.and_then(|mut r| r.alive().then_some(r)) {
@@ -554,11 +562,14 @@ fn run_runner(kernel: &str, ranks: usize, dir: &std::path::Path) -> Result<()> {
             Runner::start(&py, RUNNER, &[ranks.to_string()]).map_err(engine_error)?
         }
     };
+    let request = serde_json::json!({ "dir": dir.to_string_lossy() }).to_string();
     let answer = runner
-        .ask(&dir.to_string_lossy(), 3)
+        .ask(&request, 3)
         .map_err(|e| engine_error(format!("{kernel}: {e}")))?;
     if let Ok(mut pool) = IDLE.lock() {
-        pool.push((ranks, runner));
+        if pool.len() < MAX_IDLE {
+            pool.push((key, runner));
+        }
     }
     match answer.as_str() {
         "ok" => Ok(()),

@@ -29,7 +29,8 @@ pub enum Place {
     Split,
     /// A scalar with a value of its own on each rank (a shard's first element index, say): the
     /// global argument is the ranks' values in rank order (`tensor<D x ui32>`), rank `r` gets
-    /// the `r`-th.
+    /// the `r`-th. With one rank the module is the kernel's own, which takes the scalar
+    /// itself (`tensor<ui32>`).
     PerRank,
 }
 

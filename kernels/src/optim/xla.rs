@@ -53,7 +53,11 @@ impl Optimizer {
     /// so is the state the optimizer keeps; every updated element is the bits of
     /// [`Optimizer::step`] for inputs whose update meets no subnormal. One XLA program per
     /// update chunk ([`super::OptimizerOptions::workspace_elems`]) and parameter, plus one per
-    /// parameter with a partial last block in the FSDP layout.
+    /// parameter with a partial last block in the FSDP layout. Memory: the recording of a
+    /// parameter's launches holds every rank's arguments and results at once (in the
+    /// data-parallel layout about `D` copies of the parameter, gradient and state; in the FSDP
+    /// layout about one), not bounded by `workspace_elems`: the engine is for programs the size
+    /// of one host's memory.
     ///
     /// # Errors
     /// As [`Optimizer::step`]; [`Error::Invalid`] for a rule that needs a norm of the whole
@@ -209,8 +213,14 @@ impl Optimizer {
             let last = outs
                 .pop()
                 .ok_or_else(|| Error::Invalid(format!("{op}: no ranks")))?;
+            // Compared as bytes: a NaN moment is the same replica, a -0.0 another.
+            let bytes = |u: &Updated| -> Vec<Vec<u8>> {
+                let tensors = u.state.tensors(&[u.len]).into_iter().map(|t| t.data);
+                std::iter::once(u.param.clone()).chain(tensors).collect()
+            };
+            let want = bytes(&last);
             for (rank, u) in outs.iter().enumerate() {
-                if u.param != last.param || u.state != last.state {
+                if bytes(u) != want {
                     return Err(Error::Invalid(format!(
                         "{op}: rank {rank}'s replica of the update differs from rank {}'s",
                         ranges.len() - 1
