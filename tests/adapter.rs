@@ -549,25 +549,34 @@ fn forward_and_backward_are_bit_exact_on_every_device() {
         println!("skipped: no device besides the interpreter can run on this machine");
         return;
     }
-    let mut runner = qforge_testkit::runner(file!(), qforge_testkit::random_cases(640));
     // How many output values are NaN (the edge values should not turn every case into NaN),
     // and how many activation inputs z land where exp/erf/tanh/sigmoid change regime.
-    let (nan_outputs, outputs) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0usize));
-    let regime = std::cell::Cell::new(0usize);
-    let result = runner.run(&case(), |c| {
-        let want = run_case(&InterpreterDevice, &c, c.beta);
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    let (nan_outputs, outputs, regime) = (
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+    );
+    // The interpreter and every device run each case side by side.
+    let mut runs: Vec<&dyn qforge::runtime::Device> = vec![&InterpreterDevice];
+    runs.extend(devices.iter().map(|d| d.as_ref()));
+    // Two runners at once (the StableHLO runner of a case is the slow part, one core each).
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cases = qforge_testkit::random_cases(640);
+    let result = qforge_testkit::run_split(file!(), cases, threads, &case(), |c| {
+        let mut outputs_of = qforge_testkit::on_each(&runs, |dev| run_case(*dev, &c, c.beta));
+        let want = outputs_of.remove(0);
         for (name, t) in &want {
             let v = t.to_f32().unwrap();
             if *name == "z" {
                 let near = v.iter().filter(|z| (80.0..=110.0).contains(&z.abs()));
-                regime.set(regime.get() + near.count());
+                regime.fetch_add(near.count(), Relaxed);
             }
-            outputs.set(outputs.get() + v.len());
-            nan_outputs.set(nan_outputs.get() + v.iter().filter(|x| x.is_nan()).count());
+            outputs.fetch_add(v.len(), Relaxed);
+            nan_outputs.fetch_add(v.iter().filter(|x| x.is_nan()).count(), Relaxed);
         }
-        for dev in &devices {
-            let got = run_case(dev.as_ref(), &c, c.beta);
-            for ((name, w), (_, g)) in want.iter().zip(&got) {
+        for (dev, got) in devices.iter().zip(&outputs_of) {
+            for ((name, w), (_, g)) in want.iter().zip(got) {
                 if let Some((i, x, y)) = first_difference(w, g) {
                     return Err(TestCaseError::fail(format!(
                         "{name}[{i}] on {}: interpreter {x:e} ({:#010x}), device {y:e} \
@@ -589,7 +598,11 @@ fn forward_and_backward_are_bit_exact_on_every_device() {
     if let Err(e) = result {
         panic!("{e}");
     }
-    let (nan, total, near) = (nan_outputs.get(), outputs.get(), regime.get());
+    let (nan, total, near) = (
+        nan_outputs.into_inner(),
+        outputs.into_inner(),
+        regime.into_inner(),
+    );
     println!(
         "{} device(s); {nan} of {total} output values were NaN; {near} activation inputs had \
          |z| in [80, 110]",

@@ -19,27 +19,58 @@ use qforge::ir::{Arg, Kernel, Scalar};
 use qforge::kernels::activation::ActBetaArgs;
 use qforge::kernels::{Act, ActDirection, ActSpec, ACT_BLOCKSIZE};
 use qforge::runtime::{launch_typed, CpuDevice, CpuOptions, Device, InterpreterDevice};
+use std::sync::OnceLock;
+use std::time::Instant;
 
-/// The CPU device in its four configurations, then every available device.
-fn devices() -> Vec<Box<dyn Device>> {
-    let mut out: Vec<Box<dyn Device>> = Vec::new();
-    for simd in [true, false] {
-        for native_features in [true, false] {
-            let dev = CpuDevice::with_options(CpuOptions {
-                simd,
-                native_features,
-                ..CpuOptions::default()
-            })
-            .expect("Cranelift supports the host");
-            out.push(Box::new(dev));
+/// The CPU device in its four configurations, then every available device: made once per
+/// process, so each device compiles a kernel once for all the cases.
+fn devices() -> &'static [Box<dyn Device>] {
+    static DEVICES: OnceLock<Vec<Box<dyn Device>>> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        let mut out: Vec<Box<dyn Device>> = Vec::new();
+        for simd in [true, false] {
+            for native_features in [true, false] {
+                let dev = CpuDevice::with_options(CpuOptions {
+                    simd,
+                    native_features,
+                    ..CpuOptions::default()
+                })
+                .expect("Cranelift supports the host");
+                out.push(Box::new(dev));
+            }
         }
-    }
-    let (available, unavailable) = available_devices();
-    for u in unavailable {
-        println!("{} unavailable: {}", u.backend, u.reason);
-    }
-    out.extend(available);
-    out
+        let (available, unavailable) = available_devices();
+        for u in unavailable {
+            println!("{} unavailable: {}", u.backend, u.reason);
+        }
+        out.extend(available);
+        out
+    })
+}
+
+/// `run` on the interpreter and on every device of [`devices`] side by side: the
+/// interpreter's result, then each device's (in [`devices`]' order). `what` names the check in
+/// the time each device took, which is printed.
+fn on_interpreter_and_devices<T: Send>(
+    what: &str,
+    run: impl Fn(&dyn Device) -> T + Sync,
+) -> (T, Vec<T>) {
+    let mut all: Vec<&dyn Device> = vec![&InterpreterDevice];
+    all.extend(devices().iter().map(|d| d.as_ref()));
+    let timed = qforge_testkit::on_each(&all, |dev| {
+        let start = Instant::now();
+        let out = run(*dev);
+        (out, start.elapsed().as_secs_f64())
+    });
+    let times: Vec<String> = all
+        .iter()
+        .zip(&timed)
+        .map(|(d, (_, t))| format!("{} {t:.2} s", d.name()))
+        .collect();
+    println!("{what}: {}", times.join(", "));
+    let mut outs = timed.into_iter().map(|(out, _)| out);
+    let want = outs.next().expect("the interpreter ran");
+    (want, outs.collect())
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -123,24 +154,40 @@ fn value() -> impl Strategy<Value = f32> {
 #[test]
 fn math_routines_are_bit_exact_on_every_device() {
     let mut xs = edges();
+    let n_edges = xs.len();
     xs.extend(
         (0..=u32::MAX)
             .step_by(65_537)
             .map(f32::from_bits)
             .collect::<Vec<_>>(),
     );
-    let devs = devices();
+    // The StableHLO reference interpreter costs about 1 us per element and op (20 to 50 s per
+    // routine for the whole sweep, 2 cores): it gets the edges and every 16th sweep value.
+    let thinned: Vec<usize> = (0..xs.len())
+        .filter(|i| *i < n_edges || (i - n_edges).is_multiple_of(16))
+        .collect();
+    let inputs = |dev: &dyn Device| -> Vec<usize> {
+        if dev.backend() == "stablehlo" {
+            thinned.clone()
+        } else {
+            (0..xs.len()).collect()
+        }
+    };
     for f in MathFn::ALL {
         let k = f.kernel();
-        let want = run_math(&InterpreterDevice, &k, &xs);
-        for dev in &devs {
-            let got = run_math(dev.as_ref(), &k, &xs);
-            let bad: Vec<String> = xs
+        let (want, gots) = on_interpreter_and_devices(f.name(), |dev| {
+            let at = inputs(dev);
+            let x: Vec<f32> = at.iter().map(|i| xs[*i]).collect();
+            (at, run_math(dev, &k, &x))
+        });
+        for (dev, (at, got)) in devices().iter().zip(&gots) {
+            let bad: Vec<String> = at
                 .iter()
-                .zip(got.iter().zip(&want))
-                .filter(|(_, (g, w))| !same(**g, **w))
+                .zip(got)
+                .map(|(i, g)| (xs[*i], *g, want.1[*i]))
+                .filter(|(_, g, w)| !same(*g, *w))
                 .take(5)
-                .map(|(x, (g, w))| format!("{x:e}: {g:e} != {w:e}"))
+                .map(|(x, g, w)| format!("{x:e}: {g:e} != {w:e}"))
                 .collect();
             assert!(bad.is_empty(), "{} on {}: {bad:?}", f.name(), dev.name());
         }
@@ -155,9 +202,8 @@ proptest! {
     ) {
         for f in MathFn::ALL {
             let k = f.kernel();
-            let want = run_math(&InterpreterDevice, &k, &xs);
-            for dev in devices() {
-                let got = run_math(dev.as_ref(), &k, &xs);
+            let (want, gots) = on_interpreter_and_devices(f.name(), |dev| run_math(dev, &k, &xs));
+            for (dev, got) in devices().iter().zip(&gots) {
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     prop_assert!(same(*g, *w), "{} on {}: f({:e}) = {:e}, interpreter {:e}",
                         f.name(), dev.name(), xs[i], g, w);
@@ -358,9 +404,9 @@ proptest! {
         for act in Act::ALL {
             for direction in [ActDirection::Forward, ActDirection::Backward] {
                 let s = spec(act, direction);
-                let want = run_act(&InterpreterDevice, s, beta, &z, &dy);
-                for dev in devices() {
-                    let got = run_act(dev.as_ref(), s, beta, &z, &dy);
+                let (want, gots) =
+                    on_interpreter_and_devices(&s.name(), |dev| run_act(dev, s, beta, &z, &dy));
+                for (dev, got) in devices().iter().zip(&gots) {
                     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                         prop_assert!(same(*g, *w), "{} on {}: z = {:e}: {:e} != {:e}",
                             s.name(), dev.name(), z[i], g, w);

@@ -22,7 +22,9 @@
 use std::fmt::Display;
 
 mod cases;
-pub use cases::{config, random_cases, run_cases, runner};
+mod each;
+pub use cases::{config, random_cases, run_cases, run_split, runner};
+pub use each::on_each;
 
 /// Every name a suite may ask about: the `--device` names of the devices, then tools and data.
 /// `transformers` is the Python of `scripts/install-transformers.sh` (torch, transformers and
