@@ -703,6 +703,30 @@ fn sharded_steps_refuse_norm_rules_and_unsharded_steps_refuse_a_shard() {
     assert!(e.contains("step_sharded, or gather_state"), "{e}");
     let e = opt.state_dict().unwrap_err().to_string();
     assert!(e.contains("gather_state"), "{e}");
+    // A state sharded as rank 0 of 2 (every rank passing the same parameters) is refused on
+    // one rank, stepped or gathered, with both ranges named.
+    let two = |_: usize, local: &[u8]| local.repeat(2);
+    let rank0 = Simulated {
+        rank: 0,
+        size: 2,
+        gather: &two,
+    };
+    let mut opt = optimizer(&OptimizerKind::AdamW(hyper), StateBits::Bits8);
+    opt.step_sharded(&dev, &rank0, &mut p, &param_tensors(3.0))
+        .unwrap();
+    let e = opt
+        .step_sharded(&dev, &SingleRank, &mut p, &param_tensors(4.0))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the state is the shard 0..3072, but rank 0 of 1 owns 0..6144"),
+        "{e}"
+    );
+    let e = opt.gather_state(&SingleRank).unwrap_err().to_string();
+    assert!(
+        e.contains("gather with the communicator it was stepped on"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -728,8 +752,9 @@ fn nccl_engine_on_one_gpu_gathers_and_runs_the_column_parallel_forward() {
 }
 
 /// An adapter over `d` features (rank 4) with every weight non-zero, and a layer `[d, 24]` in
-/// column-parallel shards of `3, 4, 5, ...` rows: the merge over `comm`'s ranks against
-/// `merge_sharded` over the same shards (and, on one rank, `merge_into`).
+/// column-parallel shards of `3, 4, 5, ...` rows: the exact merge over `comm`'s ranks against
+/// the unsharded `merge_into`'s rows, the relaxed one against `merge_sharded` over the same
+/// shards.
 fn check_merge(dev: &dyn Device, comm: &dyn Communicator) {
     let counts: Vec<usize> = (0..comm.size()).map(|r| r + 3).collect();
     let (d, k) = (counts.iter().sum::<usize>(), 24);
@@ -751,16 +776,35 @@ fn check_merge(dev: &dyn Device, comm: &dyn Communicator) {
         .collect();
     let expected = a.merge_sharded(dev, &shards).unwrap();
     let (w_r, b_r) = &shards[comm.rank()];
-    let got = a.merge_column_parallel(dev, comm, w_r, b_r).unwrap();
+    let got = a
+        .merge_column_parallel_relaxed(dev, comm, w_r, b_r)
+        .unwrap();
     assert!(
         got == expected[comm.rank()],
-        "merge: rank {} of {}",
+        "relaxed merge: rank {} of {}",
+        comm.rank(),
+        comm.size()
+    );
+    // The exact merge: this rank's rows of the unsharded merge, bit for bit.
+    let whole_w = HostTensor::from_f32(vec![d, k], &w).unwrap();
+    let whole_b = HostTensor::from_f32(vec![d], &b).unwrap();
+    let (mw, mb) = a.merge_into(dev, &whole_w, &whole_b).unwrap();
+    let rows: usize = counts[..comm.rank()].iter().sum();
+    let span = rows..rows + counts[comm.rank()];
+    let (mw, mb) = (mw.to_f32().unwrap(), mb.to_f32().unwrap());
+    let want = (
+        HostTensor::from_f32(vec![span.len(), k], &mw[span.start * k..span.end * k]).unwrap(),
+        HostTensor::from_f32(vec![span.len()], &mb[span.clone()]).unwrap(),
+    );
+    let exact = a.merge_column_parallel(dev, comm, w_r, b_r).unwrap();
+    assert!(
+        exact == want,
+        "exact merge: rank {} of {}",
         comm.rank(),
         comm.size()
     );
     if comm.size() == 1 {
-        let whole = a.merge_into(dev, w_r, b_r).unwrap();
-        assert!(got == whole, "merge on one rank");
+        assert!(got == exact, "merge on one rank");
     }
 }
 
@@ -933,10 +977,12 @@ fn a_rank_killed_mid_training_ends_the_job_and_nothing_is_written() {
     let out = dir.path().join("killed-run");
     let mut args = finetune_args(&out, &["--shards", "2", "--micro-batches", "2"]);
     args[2] = "1000000".into();
+    // stderr goes to a file: a pipe nobody reads could fill and stop the job.
+    let err_path = dir.path().join("stderr.txt");
     cmd.arg(QFORGE)
         .args(&args)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
+        .stderr(std::fs::File::create(&err_path).unwrap());
     let mut job = cmd.spawn().expect("start mpirun");
     // Wait for both ranks to be training, then kill rank 1's process.
     let pattern = out.display().to_string();
@@ -967,9 +1013,15 @@ fn a_rank_killed_mid_training_ends_the_job_and_nothing_is_written() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     assert!(!status.success(), "the job succeeded with a killed rank");
+    // The survivor reports why it stopped (mpirun ends it with SIGTERM), and mpirun names the
+    // rank that died.
+    let err = std::fs::read_to_string(&err_path).unwrap();
+    assert!(err.contains("error: terminated (SIGTERM)"), "{err}");
+    assert!(err.contains("rank 1"), "{err}");
     let written: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .flatten()
+        .filter(|e| e.path() != err_path)
         .flat_map(|e| std::fs::read_dir(e.path()).into_iter().flatten().flatten())
         .map(|e| e.file_name())
         .collect();

@@ -17,9 +17,11 @@
 //! `f32` add per shard after the first); then every shard computes its own rows
 //! `W'_s = W_s + U_s (D W)` and `b'_s = (U_s t + b_u[rows_s]) + b_s` locally. The sums over `d`
 //! are split differently, so the result agrees with the unsharded merge within rounding (and
-//! is bitwise equal for one shard). [`BottleneckAdapter::merge_column_parallel`] runs it on real
-//! ranks (one all-gather of the partials, summed in rank order), bit-identical to
-//! [`BottleneckAdapter::merge_sharded`] over the same shards.
+//! is bitwise equal for one shard). [`BottleneckAdapter::merge_column_parallel_relaxed`] runs it
+//! on real ranks (one all-gather of the partials, summed in rank order), bit-identical to
+//! [`BottleneckAdapter::merge_sharded`] over the same shards. The exact merge on real ranks,
+//! [`BottleneckAdapter::merge_column_parallel`], all-gathers the layer's columns chunk by chunk
+//! instead and computes `D W` as the unsharded merge does.
 
 use qforge_ir::DType;
 
@@ -113,25 +115,7 @@ impl BottleneckAdapter {
         dev: &dyn Device,
         shards: &[(HostTensor, HostTensor)],
     ) -> Result<Vec<(HostTensor, HostTensor)>> {
-        let (d, _) = self.dims()?;
-        let mut starts = Vec::with_capacity(shards.len());
-        let (mut rows, mut k) = (0usize, None);
-        for (s, (w, b)) in shards.iter().enumerate() {
-            let (ds, ks) = layer(&format!("shard {s}"), w, b)?;
-            if *k.get_or_insert(ks) != ks {
-                return Err(Error::Invalid(format!(
-                    "adapter merge: shard {s} has K = {ks}, shard 0 has K = {}",
-                    k.unwrap_or(0)
-                )));
-            }
-            starts.push(rows..rows + ds);
-            rows += ds;
-        }
-        if shards.is_empty() || rows != d {
-            return Err(Error::Invalid(format!(
-                "adapter merge: the shards have {rows} output rows in all, the adapter has d = {d}"
-            )));
-        }
+        let (starts, _) = self.shard_spans(shards)?;
         // The all-reduce of the partials D_s W_s ([r, K]) and D_s b_s ([1, r]), in shard order.
         let mut dw: Option<HostTensor> = None;
         let mut db: Option<HostTensor> = None;
@@ -154,6 +138,34 @@ impl BottleneckAdapter {
             .zip(&starts)
             .map(|((w, b), span)| self.merged_rows(dev, (&dw, &db), w, b, span.clone()))
             .collect()
+    }
+
+    /// Checks the adapter and `shards` (as [`BottleneckAdapter::merge_sharded`] takes them) and
+    /// returns each shard's rows of the layer, and `K`.
+    fn shard_spans(
+        &self,
+        shards: &[(HostTensor, HostTensor)],
+    ) -> Result<(Vec<Range<usize>>, usize)> {
+        let (d, _) = self.dims()?;
+        let mut starts = Vec::with_capacity(shards.len());
+        let (mut rows, mut k) = (0usize, None);
+        for (s, (w, b)) in shards.iter().enumerate() {
+            let (ds, ks) = layer(&format!("shard {s}"), w, b)?;
+            if *k.get_or_insert(ks) != ks {
+                return Err(Error::Invalid(format!(
+                    "adapter merge: shard {s} has K = {ks}, shard 0 has K = {}",
+                    k.unwrap_or(0)
+                )));
+            }
+            starts.push(rows..rows + ds);
+            rows += ds;
+        }
+        if shards.is_empty() || rows != d {
+            return Err(Error::Invalid(format!(
+                "adapter merge: the shards have {rows} output rows in all, the adapter has d = {d}"
+            )));
+        }
+        Ok((starts, k.unwrap_or(0)))
     }
 
     /// One shard's partials of the all-reduce: `D_s W_s` (`[r, K]`) and `D_s b_s` (`[1, r]`),
@@ -193,11 +205,14 @@ impl BottleneckAdapter {
         Ok((w2, reshaped(&b2, vec![span.len()])?))
     }
 
-    /// [`BottleneckAdapter::merge_sharded`] on real ranks: this rank holds the column-parallel
-    /// shard `(weight: f32 [d_s, K], bias: f32 [d_s])`, the ranks' shards being the layer's rows
-    /// in rank order. One all-gather of the partials (`r x K + r` floats per rank), summed on
-    /// every rank in rank order, then this rank's merged rows: bit-identical to
-    /// `merge_sharded` over the same shards. A collective call: every rank makes it.
+    /// The merge of a column-parallel layer on real ranks, **bit-identical to the unsharded
+    /// [`BottleneckAdapter::merge_into`]**: this rank holds the shard `(weight: f32 [d_s, K],
+    /// bias: f32 [d_s])`, the ranks' shards being the layer's rows in rank order, and gets its
+    /// rows of `(W', b')`. `D W` sums over all `d` rows in the unsharded order, so the layer's
+    /// columns are all-gathered in chunks of at most 64 MiB of the whole layer (every rank
+    /// computes `D W` chunk by chunk, then its own rows locally). It moves the whole weight to
+    /// every rank once; [`BottleneckAdapter::merge_column_parallel_relaxed`] moves `r x K`
+    /// floats per rank instead, with other bits. A collective call: every rank makes it.
     ///
     /// # Errors
     /// As [`BottleneckAdapter::merge_sharded`] (checked across the ranks: row counts that do
@@ -209,13 +224,76 @@ impl BottleneckAdapter {
         weight: &HostTensor,
         bias: &HostTensor,
     ) -> Result<(HostTensor, HostTensor)> {
-        // Checked on every rank and agreed on: a rank with a bad adapter or shard stops them all.
-        let (d, r) = agree(comm, self.dims())?;
+        self.merge_column_parallel_in_chunks(dev, comm, weight, bias, 64 << 20)
+    }
+
+    /// [`BottleneckAdapter::merge_column_parallel`] gathering at most `chunk_bytes` of the whole
+    /// layer at a time (at least one column).
+    fn merge_column_parallel_in_chunks(
+        &self,
+        dev: &dyn Device,
+        comm: &dyn Communicator,
+        weight: &HostTensor,
+        bias: &HostTensor,
+        chunk_bytes: usize,
+    ) -> Result<(HostTensor, HostTensor)> {
+        let (counts, span, k) = self.rank_rows(comm, weight, bias)?;
+        let d: usize = counts.iter().sum();
+        let r = self.dims()?.1;
+        let most = counts.iter().copied().max().unwrap_or(0);
+        // Every rank passes `most` rows per chunk (zero rows after its own).
+        let chunk = (chunk_bytes / (4 * d.max(1))).clamp(1, k.max(1));
+        let gathered_rows = |local: &HostTensor, cols: usize| -> Result<HostTensor> {
+            let mut bytes = local.data.clone();
+            bytes.resize(most * cols * 4, 0);
+            let all = comm.all_gather(&bytes)?;
+            let per = most * cols * 4;
+            let whole: Vec<u8> = counts
+                .iter()
+                .enumerate()
+                .flat_map(|(rank, n)| all[rank * per..rank * per + n * cols * 4].to_vec())
+                .collect();
+            HostTensor::new(DType::F32, vec![d, cols], whole)
+        };
+        let b_all = gathered_rows(&reshaped(bias, vec![span.len(), 1])?, 1)?;
+        let b_all = reshaped(&b_all, vec![d])?;
+        let mut dw = vec![0u8; r * k * 4];
+        let mut db = None;
+        let mut c0 = 0;
+        loop {
+            let c1 = (c0 + chunk).min(k);
+            let w_chunk = gathered_rows(&columns(weight, c0..c1)?, c1 - c0)?;
+            let (p, q) = agree(comm, self.partials(dev, &w_chunk, &b_all, 0..d))?;
+            // Columns c0..c1 of D W.
+            let width = (c1 - c0) * 4;
+            for (i, row) in p.data.chunks_exact(width.max(1)).take(r).enumerate() {
+                dw[(i * k + c0) * 4..(i * k + c0) * 4 + width].copy_from_slice(&row[..width]);
+            }
+            db.get_or_insert(q);
+            c0 = c1;
+            if c0 >= k {
+                break;
+            }
+        }
+        let dw = HostTensor::new(DType::F32, vec![r, k], dw)?;
+        let db = db.ok_or_else(|| Error::Invalid("adapter merge: no chunk".into()))?;
+        self.merged_rows(dev, (&dw, &db), weight, bias, span)
+    }
+
+    /// Checks this rank's adapter and shard on every rank (agreed on: a rank with a bad adapter
+    /// or shard stops them all) and gathers the ranks' row counts: returns them, this rank's
+    /// rows of the layer and `K`.
+    fn rank_rows(
+        &self,
+        comm: &dyn Communicator,
+        weight: &HostTensor,
+        bias: &HostTensor,
+    ) -> Result<(Vec<usize>, Range<usize>, usize)> {
+        let (d, _) = agree(comm, self.dims())?;
         let (rows, k) = agree(
             comm,
             layer(&format!("rank {}'s shard", comm.rank()), weight, bias),
         )?;
-        // Every rank's row count, then its partials.
         let counts = comm.all_gather(&(rows as u64).to_le_bytes())?;
         let counts: Vec<usize> = counts
             .chunks_exact(8)
@@ -229,7 +307,27 @@ impl BottleneckAdapter {
                 counts.iter().sum::<usize>()
             )));
         }
-        let span = start..start + rows;
+        Ok((counts, start..start + rows, k))
+    }
+
+    /// **Relaxed, not bit-identical to the unsharded merge** (within rounding):
+    /// [`BottleneckAdapter::merge_sharded`] on real ranks. This rank holds the column-parallel
+    /// shard `(weight: f32 [d_s, K], bias: f32 [d_s])`, the ranks' shards being the layer's rows
+    /// in rank order. One all-gather of the partials (`r x K + r` floats per rank), summed on
+    /// every rank in rank order, then this rank's merged rows: bit-identical to
+    /// `merge_sharded` over the same shards. A collective call: every rank makes it.
+    ///
+    /// # Errors
+    /// As [`BottleneckAdapter::merge_column_parallel`].
+    pub fn merge_column_parallel_relaxed(
+        &self,
+        dev: &dyn Device,
+        comm: &dyn Communicator,
+        weight: &HostTensor,
+        bias: &HostTensor,
+    ) -> Result<(HostTensor, HostTensor)> {
+        let (_, span, k) = self.rank_rows(comm, weight, bias)?;
+        let r = self.dims()?.1;
         let (p, q) = agree(comm, self.partials(dev, weight, bias, span.clone()))?;
         let mut local = p.data.clone();
         local.extend_from_slice(&q.data);
@@ -254,7 +352,80 @@ impl BottleneckAdapter {
 
 #[cfg(feature = "stablehlo")]
 impl BottleneckAdapter {
-    /// [`BottleneckAdapter::merge_column_parallel`] on the XLA SPMD engine: `shards[r]` is rank
+    /// The exact merge of a column-parallel layer on the XLA SPMD engine, **bit-identical to
+    /// the unsharded [`BottleneckAdapter::merge_into`]** for inputs without subnormals (XLA's CPU
+    /// code flushes them): `shards[r]` is rank `r`'s shard `(weight: f32 [d_s, K], bias: f32
+    /// [d_s])`, in row order. `D W` is split by columns instead: device `r` computes columns
+    /// `r K / D ..` of it from those columns of the whole layer (a GEMM's columns do not depend
+    /// on the others), and one all-gather gives every device `D W`; `D b` is computed alike on
+    /// every device. The merged rows follow on `dev`. Returns every rank's merged rows.
+    ///
+    /// # Errors
+    /// As [`BottleneckAdapter::merge_sharded`]; [`Error::Invalid`] when there is not one shard
+    /// per rank or `D` does not divide `K`; the engine's errors.
+    pub fn merge_column_parallel_xla(
+        &self,
+        dev: &dyn Device,
+        engine: &qforge_runtime::xla_spmd::XlaSpmd,
+        shards: &[(HostTensor, HostTensor)],
+    ) -> Result<Vec<(HostTensor, HostTensor)>> {
+        use qforge_runtime::xla_spmd::Combine;
+        const OP: &str = "exact adapter merge (xla)";
+        let ranks = engine.ranks();
+        if shards.len() != ranks {
+            return Err(Error::Invalid(format!(
+                "{OP}: {} shards on {ranks} ranks (one shard per rank)",
+                shards.len()
+            )));
+        }
+        let (spans, k) = self.shard_spans(shards)?;
+        if k % ranks != 0 {
+            return Err(Error::Invalid(format!(
+                "{OP}: {ranks} ranks do not divide K = {k} (each device computes K / D columns \
+                 of D W)"
+            )));
+        }
+        let (d, r) = self.dims()?;
+        // The whole layer, from the shards in row order.
+        let w_all: Vec<u8> = shards.iter().flat_map(|(w, _)| w.data.clone()).collect();
+        let b_all: Vec<u8> = shards.iter().flat_map(|(_, b)| b.data.clone()).collect();
+        let w_all = HostTensor::new(DType::F32, vec![d, k], w_all)?;
+        let b_all = HostTensor::new(DType::F32, vec![d], b_all)?;
+        let c = k / ranks;
+        let recorded = crate::spmd_capture::record(OP, engine, Some(2), |rank, capture, _| {
+            let cols = columns(&w_all, rank * c..(rank + 1) * c)?;
+            self.partials(capture, &cols, &b_all, 0..d)
+        })?;
+        let (dw, db) = match &recorded.launches[..] {
+            [p_all, q_all] => {
+                let dw = engine
+                    .run(p_all, &[Combine::GatherLastDim { rows: r }])?
+                    .remove(0);
+                // Every rank computed the same `D b`: its copies, concatenated.
+                let db = engine.run(q_all, &[Combine::Local])?.remove(0);
+                let one = db.len() / ranks;
+                (
+                    HostTensor::new(DType::F32, vec![r, k], dw)?,
+                    HostTensor::new(DType::F32, vec![1, r], db[..one].to_vec())?,
+                )
+            }
+            [] => self.partials(dev, &w_all, &b_all, 0..d)?,
+            other => {
+                return Err(Error::Invalid(format!(
+                    "{OP}: {} recorded launches per rank, 2 expected",
+                    other.len()
+                )))
+            }
+        };
+        shards
+            .iter()
+            .zip(spans)
+            .map(|((w, b), span)| self.merged_rows(dev, (&dw, &db), w, b, span))
+            .collect()
+    }
+
+    /// **Relaxed, not bit-identical to the unsharded merge** (within rounding):
+    /// [`BottleneckAdapter::merge_column_parallel_relaxed`] on the XLA SPMD engine: `shards[r]` is rank
     /// `r`'s column-parallel shard `(weight: f32 [d_s, K], bias: f32 [d_s])` (equal row counts:
     /// one program runs on every rank). Each rank's partials (`r x K` and `r` floats) are
     /// computed on XLA device `r`, all-gathered and summed in rank order in the program (one
@@ -263,9 +434,9 @@ impl BottleneckAdapter {
     /// without subnormals (XLA's CPU code flushes them).
     ///
     /// # Errors
-    /// As [`BottleneckAdapter::merge_column_parallel`]; [`Error::Invalid`] when there is not
+    /// As [`BottleneckAdapter::merge_column_parallel_relaxed`]; [`Error::Invalid`] when there is not
     /// one shard per rank or the shards' row counts or `K` differ; the engine's errors.
-    pub fn merge_column_parallel_xla(
+    pub fn merge_column_parallel_relaxed_xla(
         &self,
         dev: &dyn Device,
         engine: &qforge_runtime::xla_spmd::XlaSpmd,
@@ -334,5 +505,33 @@ impl BottleneckAdapter {
             .zip(spans)
             .map(|((w, b), span)| self.merged_rows(dev, (&dw, &db), w, b, span))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qforge_runtime::{InterpreterDevice, SingleRank};
+
+    #[test]
+    fn the_exact_merge_in_column_chunks_is_the_unsharded_merge() {
+        let (d, k) = (10, 24);
+        let mut a = BottleneckAdapter::new(d, 4, 7).unwrap();
+        let vals = |n: usize, s: f32| -> Vec<f32> {
+            (0..n).map(|i| (i as f32 * 0.731 + s).sin() * 3.0).collect()
+        };
+        a.up_weight = HostTensor::from_f32(vec![d, 4], &vals(d * 4, 0.9)).unwrap();
+        a.up_bias = HostTensor::from_f32(vec![d], &vals(d, 1.1)).unwrap();
+        let w = HostTensor::from_f32(vec![d, k], &vals(d * k, 3.3)).unwrap();
+        let b = HostTensor::from_f32(vec![d], &vals(d, 4.4)).unwrap();
+        let dev = InterpreterDevice;
+        let whole = a.merge_into(&dev, &w, &b).unwrap();
+        // 5 columns (200 bytes of the layer) at a time: chunks of 5, 5, 5, 5 and 4 columns.
+        for bytes in [1, 200, 64 << 20] {
+            let got = a
+                .merge_column_parallel_in_chunks(&dev, &SingleRank, &w, &b, bytes)
+                .unwrap();
+            assert!(got == whole, "chunks of {bytes} bytes");
+        }
     }
 }
