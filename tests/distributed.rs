@@ -649,6 +649,22 @@ fn check_sharded_optimizer(dev: &dyn Device, comm: &dyn Communicator, steps: usi
             comm.rank(),
             comm.size()
         );
+        // The file with parameters of another shape (the same bytes, or more): refused on
+        // every rank before any gather, naming both shapes.
+        for extra in [0usize, 256] {
+            let mut wrong = optimizer(&kind, bits);
+            wrong.load_state_dict(&file).unwrap();
+            let mut p4 = p1.clone();
+            let n = p4[0].numel() + extra;
+            p4[0] = HostTensor::from_f32(vec![2, n / 2], &values(n, 0.3)).unwrap();
+            let mut g4 = step(steps);
+            g4[0] = HostTensor::from_f32(vec![2, n / 2], &values(n, 1.3)).unwrap();
+            let e = wrong
+                .step_sharded(dev, comm, &mut p4, &g4)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("its state was created for"), "{name}: {e}");
+        }
     }
 }
 
@@ -803,6 +819,35 @@ fn check_merge(dev: &dyn Device, comm: &dyn Communicator) {
         comm.rank(),
         comm.size()
     );
+    // In column chunks of 1, 5 (the last one 4) and 24 columns, rows padded to the most rows.
+    for bytes in [1, 4 * 5 * d, 4 * 24 * d] {
+        let chunked = a
+            .merge_column_parallel_in_chunks(dev, comm, w_r, b_r, bytes)
+            .unwrap();
+        assert!(chunked == want, "exact merge in chunks of {bytes} bytes");
+    }
+    if comm.size() > 1 {
+        // A rank with another K: every rank gets the error (none waits in a gather).
+        let (w_bad, b_bad) = if comm.rank() == 1 {
+            let n = counts[1];
+            (
+                HostTensor::from_f32(vec![n, k + 1], &values(n * (k + 1), 0.5)).unwrap(),
+                b_r.clone(),
+            )
+        } else {
+            (w_r.clone(), b_r.clone())
+        };
+        for relaxed in [false, true] {
+            let e = if relaxed {
+                a.merge_column_parallel_relaxed(dev, comm, &w_bad, &b_bad)
+            } else {
+                a.merge_column_parallel(dev, comm, &w_bad, &b_bad)
+            }
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("rank 1 has K = 25"), "rank {}: {e}", comm.rank());
+        }
+    }
     if comm.size() == 1 {
         assert!(got == exact, "merge on one rank");
     }
@@ -926,6 +971,52 @@ fn finetune_over_mpi_ranks_writes_the_bits_of_one_rank() {
 }
 
 #[test]
+fn finetune_on_minilm_over_two_ranks_writes_the_bits_of_one_rank() {
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/models/all-MiniLM-L6-v2/model.safetensors");
+    if !model.exists() {
+        qforge_testkit::unavailable("models", format!("{} is missing", model.display()));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = model.display().to_string();
+    // Two layers, two steps: each rank trains on one of the two micro-batches.
+    let opts = [
+        "--model",
+        &model,
+        "--layers",
+        "0,5",
+        "--micro-batches",
+        "2",
+        "--optimizer",
+        "adamw8bit",
+    ];
+    let args = |out: &std::path::Path| {
+        let mut a = finetune_args(out, &opts);
+        a[2] = "2".into();
+        a
+    };
+    let one = dir.path().join("one");
+    let (code, _, err) = qforge_testkit::run(
+        QFORGE,
+        &args(&one).iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    assert_eq!(code, 0, "{err}");
+    let Some(mut cmd) = mpirun(2) else { return };
+    let two = dir.path().join("two");
+    cmd.arg(QFORGE).args(args(&two)).args(["--shards", "2"]);
+    let (code, stdout, stderr) = run_with_deadline(cmd, std::time::Duration::from_secs(300));
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    for file in ["merged.safetensors", "loss.csv"] {
+        let (a, b) = (
+            std::fs::read(one.join(file)).unwrap(),
+            std::fs::read(two.join(file)).unwrap(),
+        );
+        assert!(a == b, "MiniLM: {file} of 2 ranks differs from one rank's");
+    }
+}
+
+#[test]
 fn finetune_shards_that_do_not_match_the_ranks_are_named_errors() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
@@ -987,7 +1078,7 @@ fn a_rank_killed_mid_training_ends_the_job_and_nothing_is_written() {
     // Wait for both ranks to be training, then kill rank 1's process.
     let pattern = out.display().to_string();
     let ranks = loop {
-        let found = pids_with_arg(&pattern);
+        let found = ranks_with_arg(&pattern);
         if found.len() == 2 {
             break found;
         }
@@ -999,7 +1090,7 @@ fn a_rank_killed_mid_training_ends_the_job_and_nothing_is_written() {
     };
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let _ = std::process::Command::new("kill")
-        .args(["-9", &ranks[1].to_string()])
+        .args(["-9", &ranks[1].1.to_string()])
         .status();
     let start = std::time::Instant::now();
     let status = loop {
@@ -1018,12 +1109,9 @@ fn a_rank_killed_mid_training_ends_the_job_and_nothing_is_written() {
     let err = std::fs::read_to_string(&err_path).unwrap();
     assert!(err.contains("error: terminated (SIGTERM)"), "{err}");
     assert!(err.contains("rank 1"), "{err}");
-    let written: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path() != err_path)
-        .flat_map(|e| std::fs::read_dir(e.path()).into_iter().flatten().flatten())
-        .map(|e| e.file_name())
+    let written: Vec<_> = files_under(dir.path())
+        .into_iter()
+        .filter(|p| *p != err_path)
         .collect();
     assert!(
         written.is_empty(),
@@ -1031,24 +1119,46 @@ fn a_rank_killed_mid_training_ends_the_job_and_nothing_is_written() {
     );
 }
 
-/// The pids of the processes (other than mpirun) whose command line has an argument `arg`.
-fn pids_with_arg(arg: &str) -> Vec<u32> {
-    let mut pids = Vec::new();
+/// The processes (other than mpirun) whose command line has an argument `arg`, as
+/// `(MPI rank, pid)` in rank order (the rank from `OMPI_COMM_WORLD_RANK` in their environment;
+/// a process not started by OpenMPI is left out).
+fn ranks_with_arg(arg: &str) -> Vec<(usize, u32)> {
+    let mut ranks = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+        let (Ok(cmdline), Ok(environ)) = (
+            std::fs::read(entry.path().join("cmdline")),
+            std::fs::read(entry.path().join("environ")),
+        ) else {
             continue;
         };
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
         let is_rank = args.first().is_some_and(|a| a.ends_with(b"qforge"));
-        if is_rank && args.contains(&arg.as_bytes()) {
-            pids.push(pid);
+        let rank = environ.split(|b| *b == 0).find_map(|v| {
+            let v = std::str::from_utf8(v).ok()?;
+            v.strip_prefix("OMPI_COMM_WORLD_RANK=")?.parse().ok()
+        });
+        if let (true, true, Some(rank)) = (is_rank, args.contains(&arg.as_bytes()), rank) {
+            ranks.push((rank, pid));
         }
     }
-    pids.sort();
-    pids
+    ranks.sort();
+    ranks
+}
+
+/// Every file and folder under `dir`, at any depth.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_under(&path));
+        }
+        found.push(path);
+    }
+    found
 }
 
 fn which(program: &str) -> Option<std::path::PathBuf> {
@@ -1107,7 +1217,17 @@ mod mpi_rank {
     use qforge::runtime::collective::MpiCommunicator;
 
     pub fn run() {
-        let comm = MpiCommunicator::init().expect("MPI init");
+        let mut comm = MpiCommunicator::init().expect("MPI init");
+        // Gathers over MPI's count limit are made of several: the same bytes in 5-byte pieces.
+        let local: Vec<u8> = (0..23).map(|i| (i * 7 + comm.rank() * 100) as u8).collect();
+        let whole = comm.all_gather(&local).expect("gather");
+        comm.set_gather_piece(5);
+        assert_eq!(comm.all_gather(&local).expect("gather in pieces"), whole);
+        comm.set_gather_piece(usize::MAX);
+        assert_eq!(whole.len(), 23 * comm.size());
+        for (r, part) in whole.chunks_exact(23).enumerate() {
+            assert_eq!(part[1], (7 + r * 100) as u8, "rank {r}'s bytes");
+        }
         let (rank, size) = (comm.rank(), comm.size());
         // A failing rank ends the job (MPI_Abort), so that no rank waits forever in a collective.
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -215,8 +215,9 @@ impl BottleneckAdapter {
     /// floats per rank instead, with other bits. A collective call: every rank makes it.
     ///
     /// # Errors
-    /// As [`BottleneckAdapter::merge_sharded`] (checked across the ranks: row counts that do
-    /// not add up to `d`); the all-gather's errors (ranks with another `K` or `r`).
+    /// As [`BottleneckAdapter::merge_sharded`], checked across the ranks (row counts that do
+    /// not add up to `d`, ranks with another `K`, `d` or `r`: the same error on every rank);
+    /// the all-gather's errors.
     pub fn merge_column_parallel(
         &self,
         dev: &dyn Device,
@@ -228,8 +229,12 @@ impl BottleneckAdapter {
     }
 
     /// [`BottleneckAdapter::merge_column_parallel`] gathering at most `chunk_bytes` of the whole
-    /// layer at a time (at least one column).
-    fn merge_column_parallel_in_chunks(
+    /// layer at a time (at least one column; every rank must pass the same value): less memory
+    /// per gather, more gathers. The same bits for every `chunk_bytes`.
+    ///
+    /// # Errors
+    /// As [`BottleneckAdapter::merge_column_parallel`].
+    pub fn merge_column_parallel_in_chunks(
         &self,
         dev: &dyn Device,
         comm: &dyn Communicator,
@@ -289,16 +294,35 @@ impl BottleneckAdapter {
         weight: &HostTensor,
         bias: &HostTensor,
     ) -> Result<(Vec<usize>, Range<usize>, usize)> {
-        let (d, _) = agree(comm, self.dims())?;
+        let (d, r) = agree(comm, self.dims())?;
         let (rows, k) = agree(
             comm,
             layer(&format!("rank {}'s shard", comm.rank()), weight, bias),
         )?;
-        let counts = comm.all_gather(&(rows as u64).to_le_bytes())?;
-        let counts: Vec<usize> = counts
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+        // Every rank's (rows, K, d, r): every rank checks them all alike, so that ranks that
+        // disagree all return the error (none goes on into a gather the others skip).
+        let mine: Vec<u8> = [rows, k, d, r]
+            .iter()
+            .flat_map(|v| (*v as u64).to_le_bytes())
             .collect();
+        let all: Vec<[usize; 4]> = comm
+            .all_gather(&mine)?
+            .chunks_exact(32)
+            .map(|c| {
+                let v = |i: usize| {
+                    u64::from_le_bytes(c[8 * i..8 * i + 8].try_into().expect("8 bytes")) as usize
+                };
+                [v(0), v(1), v(2), v(3)]
+            })
+            .collect();
+        let counts: Vec<usize> = all.iter().map(|a| a[0]).collect();
+        if let Some((other, a)) = all.iter().enumerate().find(|(_, a)| a[1..] != all[0][1..]) {
+            return Err(Error::Invalid(format!(
+                "adapter merge: rank {other} has K = {}, d = {}, r = {}; rank 0 has K = {}, \
+                 d = {}, r = {} (every rank merges the same adapter into shards of one layer)",
+                a[1], a[2], a[3], all[0][1], all[0][2], all[0][3]
+            )));
+        }
         let start: usize = counts[..comm.rank()].iter().sum();
         if counts.iter().sum::<usize>() != d {
             return Err(Error::Invalid(format!(

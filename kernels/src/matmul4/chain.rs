@@ -226,6 +226,8 @@ pub(crate) fn continued_chains(
     ];
     count(len, "chain values")?;
     count(m * red, "activation elements")?;
+    // The weight element index `o * red + idx` (or `idx * outs + o`) reaches `outs * red - 1`.
+    count(outs * red, "weight elements")?;
     let kernel = chain_kernel(
         of,
         w.quant_type,

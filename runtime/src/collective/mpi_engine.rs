@@ -13,6 +13,8 @@ use crate::{Error, Result};
 /// it finalizes MPI; MPI cannot be initialized again in the same process).
 pub struct MpiCommunicator {
     world: SimpleCommunicator,
+    /// The most bytes per rank one `MPI_Allgather` moves ([`MpiCommunicator::set_gather_piece`]).
+    piece: usize,
     // Finalizes MPI on drop, after `world` is gone.
     _universe: Universe,
 }
@@ -43,10 +45,22 @@ impl MpiCommunicator {
                 .into(),
         })?;
         let world = universe.world();
+        // MPI counts the whole receive buffer (every rank's part) as an `int`.
+        let piece = i32::MAX as usize / (world.size().max(1) as usize);
         Ok(MpiCommunicator {
             world,
+            piece,
             _universe: universe,
         })
+    }
+
+    /// Makes [`Communicator::all_gather`] move at most `bytes` per rank per `MPI_Allgather`
+    /// (at least 1; the default and the most is `i32::MAX / size()`, MPI's count limit for the
+    /// receive buffer): larger gathers are made of several. Every rank must set the same value.
+    /// The result does not depend on it; tests set small pieces to run the split.
+    pub fn set_gather_piece(&mut self, bytes: usize) {
+        let most = i32::MAX as usize / self.size().max(1);
+        self.piece = bytes.clamp(1, most);
     }
 }
 
@@ -70,15 +84,28 @@ impl Communicator for MpiCommunicator {
         self.world
             .all_gather_into(&(local.len() as u64), &mut lengths[..]);
         check_equal_lengths(self.engine(), &lengths)?;
-        if local.len() > i32::MAX as usize {
-            return Err(Error::Invalid(format!(
-                "mpi all_gather: {} bytes per rank is over MPI's count limit of {} bytes",
-                local.len(),
-                i32::MAX
-            )));
+        let (n, size) = (local.len(), self.size());
+        let total = n.checked_mul(size).ok_or_else(|| {
+            Error::Invalid(format!(
+                "mpi all_gather: {n} bytes on each of {size} ranks overflow the address space"
+            ))
+        })?;
+        let mut out = vec![0u8; total];
+        if n <= self.piece {
+            self.world.all_gather_into(local, &mut out[..]);
+            return Ok(out);
         }
-        let mut out = vec![0u8; local.len() * self.size()];
-        self.world.all_gather_into(local, &mut out[..]);
+        // Every rank has the same `n` (checked above), so every rank makes the same gathers.
+        let mut buf = vec![0u8; self.piece * size];
+        for start in (0..n).step_by(self.piece) {
+            let len = self.piece.min(n - start);
+            let recv = &mut buf[..len * size];
+            self.world
+                .all_gather_into(&local[start..start + len], &mut recv[..]);
+            for (r, part) in recv.chunks_exact(len).enumerate() {
+                out[r * n + start..r * n + start + len].copy_from_slice(part);
+            }
+        }
         Ok(out)
     }
 
