@@ -21,6 +21,7 @@ mod error;
 mod handle;
 mod kernel;
 mod ops;
+mod shared;
 mod source;
 mod types;
 
@@ -40,6 +41,7 @@ pub use kernel::{
     ValueDef, Var, VarId,
 };
 pub use ops::{BinaryOp, CmpOp, NanMode, Op, ReduceKind, ReduceOrder, UnaryOp};
+pub use shared::SharedKernel;
 pub use source::{SourceLoc, SourceMap};
 pub use types::{DType, Rounding, Scalar, ScalarType};
 pub use verify::verify;

@@ -1,7 +1,7 @@
 //! The `Device` trait, what a device can do ([`Caps`]) and the interpreter device.
 
 use qforge_ir::dsl::{Signature, TypedKernel};
-use qforge_ir::{Arg, Kernel};
+use qforge_ir::{Arg, Kernel, SharedKernel};
 
 use crate::error::Result;
 
@@ -83,6 +83,26 @@ pub trait Device: Send + Sync {
     /// failure.
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()>;
 
+    /// [`Device::compile`] of a shared, immutable kernel: a device that caches compilations
+    /// keeps the shared kernel, so that [`Device::launch_shared`] finds it without comparing.
+    /// The default compiles `kernel.kernel()`.
+    ///
+    /// # Errors
+    /// As [`Device::compile`].
+    fn compile_shared(&self, kernel: &SharedKernel) -> Result<()> {
+        self.compile(kernel.kernel())
+    }
+
+    /// [`Device::launch`] of a shared, immutable kernel whose fingerprint is known: a device
+    /// that caches compilations finds this one without hashing or comparing the kernel (the
+    /// CPU devices do; the default launches `kernel.kernel()`). The same results as `launch`.
+    ///
+    /// # Errors
+    /// As [`Device::launch`].
+    fn launch_shared(&self, kernel: &SharedKernel, args: &mut [Arg<'_>]) -> Result<()> {
+        self.launch(kernel.kernel(), args)
+    }
+
     /// What the device can do ([`Caps`]); host ops choose tiles and kernels from it. The
     /// default is [`Caps::SEQUENTIAL`].
     fn caps(&self) -> Caps {
@@ -107,7 +127,7 @@ pub fn launch_typed<S: Signature>(
     args: &mut S::Args<'_>,
 ) -> Result<()> {
     let mut list = kernel.args(args)?;
-    dev.launch(kernel.kernel(), &mut list)
+    dev.launch_shared(kernel.shared(), &mut list)
 }
 
 /// The reference interpreter as a device: slow, sequential, and by definition exact.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use qforge_ir::{Arg, Kernel};
+use qforge_ir::{Arg, Kernel, SharedKernel};
 
 use crate::device::{Caps, Device};
 use crate::error::Result;
@@ -59,6 +59,44 @@ impl<'d> ProfiledDevice<'d> {
     }
 }
 
+impl ProfiledDevice<'_> {
+    /// Runs `launch` (a launch of `kernel` on the inner device), first `compile` (its
+    /// compilation) when `kernel` has no recorded launch yet, and records both times.
+    fn timed(
+        &self,
+        kernel: &Kernel,
+        compile: impl FnOnce() -> Result<()>,
+        launch: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        // A kernel without a recorded launch has not been compiled here yet.
+        let first = self
+            .profile
+            .lock()
+            .map(|p| !p.kernels.contains_key(&kernel.name))
+            .unwrap_or(false);
+        if first {
+            let started = Instant::now();
+            compile()?;
+            let seconds = started.elapsed().as_secs_f64();
+            if let Ok(mut p) = self.profile.lock() {
+                p.compile_seconds += seconds;
+            }
+        }
+        let started = Instant::now();
+        let result = launch();
+        let seconds = started.elapsed().as_secs_f64();
+        if let Ok(mut p) = self.profile.lock() {
+            let t = match p.kernels.get_mut(&kernel.name) {
+                Some(t) => t,
+                None => p.kernels.entry(kernel.name.clone()).or_default(),
+            };
+            t.launches += 1;
+            t.seconds += seconds;
+        }
+        result
+    }
+}
+
 impl Device for ProfiledDevice<'_> {
     fn name(&self) -> &str {
         self.inner.name()
@@ -73,29 +111,23 @@ impl Device for ProfiledDevice<'_> {
     }
 
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
-        // A kernel without a recorded launch has not been compiled here yet.
-        let first = self
-            .profile
-            .lock()
-            .map(|p| !p.kernels.contains_key(&kernel.name))
-            .unwrap_or(false);
-        if first {
-            let started = Instant::now();
-            self.inner.compile(kernel)?;
-            let seconds = started.elapsed().as_secs_f64();
-            if let Ok(mut p) = self.profile.lock() {
-                p.compile_seconds += seconds;
-            }
-        }
-        let started = Instant::now();
-        let result = self.inner.launch(kernel, args);
-        let seconds = started.elapsed().as_secs_f64();
-        if let Ok(mut p) = self.profile.lock() {
-            let t = p.kernels.entry(kernel.name.clone()).or_default();
-            t.launches += 1;
-            t.seconds += seconds;
-        }
-        result
+        self.timed(
+            kernel,
+            || self.inner.compile(kernel),
+            || self.inner.launch(kernel, args),
+        )
+    }
+
+    fn compile_shared(&self, kernel: &SharedKernel) -> Result<()> {
+        self.inner.compile_shared(kernel)
+    }
+
+    fn launch_shared(&self, kernel: &SharedKernel, args: &mut [Arg<'_>]) -> Result<()> {
+        self.timed(
+            kernel.kernel(),
+            || self.inner.compile_shared(kernel),
+            || self.inner.launch_shared(kernel, args),
+        )
     }
 
     fn caps(&self) -> Caps {

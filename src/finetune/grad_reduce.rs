@@ -33,35 +33,60 @@ pub(super) fn all_reduce_in_order(
     local: &[MicroGrad],
     shapes: &[Vec<usize>],
 ) -> Result<(f64, Vec<HostTensor>)> {
-    let mut bytes = Vec::new();
-    for mb in local {
-        bytes.extend_from_slice(&mb.sq.to_le_bytes());
-        for g in &mb.grads {
-            bytes.extend_from_slice(&g.data);
-        }
-    }
-    let gathered = comm.all_gather(&bytes)?;
     let sizes: Vec<usize> = shapes
         .iter()
         .map(|s| s.iter().product::<usize>() * 4)
         .collect();
     let per_micro = 8 + sizes.iter().sum::<usize>();
-    if gathered.len() % per_micro != 0 || gathered.is_empty() {
+    let mut bytes = Vec::new();
+    // One rank sums its own micro-batches' bytes in place; several gather everyone's first.
+    let micro_batches: Vec<(f64, Vec<&[u8]>)> = if comm.size() == 1 {
+        local
+            .iter()
+            .map(|mb| (mb.sq, mb.grads.iter().map(|g| &g.data[..]).collect()))
+            .collect()
+    } else {
+        for mb in local {
+            bytes.extend_from_slice(&mb.sq.to_le_bytes());
+            for g in &mb.grads {
+                bytes.extend_from_slice(&g.data);
+            }
+        }
+        bytes = comm.all_gather(&bytes)?;
+        bytes
+            .chunks(per_micro)
+            .map(|micro| {
+                let (head, mut rest) = micro.split_at(8.min(micro.len()));
+                let sq = f64::from_le_bytes(head.try_into().unwrap_or([0; 8]));
+                let grads = sizes
+                    .iter()
+                    .map(|size| {
+                        let (g, tail) = rest.split_at((*size).min(rest.len()));
+                        rest = tail;
+                        g
+                    })
+                    .collect();
+                (sq, grads)
+            })
+            .collect()
+    };
+    let whole = |(_, grads): &(f64, Vec<&[u8]>)| {
+        grads.len() == sizes.len() && grads.iter().zip(&sizes).all(|(g, s)| g.len() == *s)
+    };
+    if micro_batches.is_empty() || !micro_batches.iter().all(whole) {
         return Err(Error::Usage(format!(
             "finetune: the ranks' gradients do not split into micro-batches of {per_micro} bytes \
-             ({} bytes gathered)",
-            gathered.len()
+             ({} micro-batches, {} bytes gathered)",
+            micro_batches.len(),
+            bytes.len()
         )));
     }
     let mut sq = 0.0f64;
     let mut sums: Vec<Vec<f32>> = Vec::new();
-    for micro in gathered.chunks_exact(per_micro) {
-        let (head, mut rest) = micro.split_at(8);
-        sq += f64::from_le_bytes(head.try_into().expect("8 bytes"));
+    for (micro_sq, grads) in &micro_batches {
+        sq += micro_sq;
         let first = sums.is_empty();
-        for (p, size) in sizes.iter().enumerate() {
-            let (g, tail) = rest.split_at(*size);
-            rest = tail;
+        for (p, g) in grads.iter().enumerate() {
             let values = g
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")));

@@ -10,6 +10,7 @@ use crate::args::{bind, Arg};
 use crate::builder::KernelBuilder;
 use crate::error::{Error, Result};
 use crate::kernel::{Kernel, ParamKind};
+use crate::shared::SharedKernel;
 use crate::source::SourceMap;
 use crate::types::{DType, Scalar};
 
@@ -197,7 +198,7 @@ impl ArgType for InOut<Float> {
 /// A verified kernel with its typed signature `S` and the source map of the code that built it.
 #[derive(Clone, Debug)]
 pub struct TypedKernel<S: Signature> {
-    kernel: Kernel,
+    kernel: SharedKernel,
     source: SourceMap,
     _s: PhantomData<fn() -> S>,
 }
@@ -212,7 +213,7 @@ impl<S: Signature> TypedKernel<S> {
         let kernel = b.finish();
         crate::verify(&kernel).map_err(|e| source.annotate(e))?;
         Ok(TypedKernel {
-            kernel,
+            kernel: SharedKernel::new(kernel),
             source,
             _s: PhantomData,
         })
@@ -220,12 +221,18 @@ impl<S: Signature> TypedKernel<S> {
 
     /// The kernel.
     pub fn kernel(&self) -> &Kernel {
+        self.kernel.kernel()
+    }
+
+    /// The kernel shared with its fingerprint ([`SharedKernel`]): what a typed launch passes to
+    /// a device (the runtime's `Device::launch_shared`).
+    pub fn shared(&self) -> &SharedKernel {
         &self.kernel
     }
 
     /// The kernel, without its signature.
     pub fn into_kernel(self) -> Kernel {
-        self.kernel
+        self.kernel.into_kernel()
     }
 
     /// Where each value and statement came from.
@@ -240,8 +247,8 @@ impl<S: Signature> TypedKernel<S> {
     /// # Errors
     /// [`Error::Argument`] naming the parameter.
     pub fn args<'s>(&self, args: &'s mut S::Args<'_>) -> Result<Vec<Arg<'s>>> {
-        let list = args.to_args(&self.kernel)?;
-        bind(&self.kernel, &list)?;
+        let list = args.to_args(self.kernel())?;
+        bind(self.kernel(), &list)?;
         Ok(list)
     }
 }

@@ -2,6 +2,8 @@
 //! native kernel code, JIT-compiled or linked ahead of time.
 
 use qforge_ir::cpu_abi::ArgLayout;
+use std::sync::Arc;
+
 use qforge_ir::Kernel;
 
 /// The ABI of every compiled kernel (see `qforge_codegen::cranelift`).
@@ -55,7 +57,7 @@ impl Entry {
 pub(crate) struct Compiled {
     /// The kernel it was compiled from (launch arguments are bound against it; a cache
     /// confirms hits with `==`).
-    pub(crate) kernel: Kernel,
+    pub(crate) kernel: Arc<Kernel>,
     pub(crate) entry: Entry,
     pub(crate) layout: ArgLayout,
     /// Table data the code reads through `args`, owned here.

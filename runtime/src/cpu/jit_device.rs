@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use qforge_codegen::compile::LlvmTarget;
 use qforge_codegen::compile::{CpuLevel, Launch, Options, Target};
 use qforge_ir::cpu_abi::ArgLayout;
-use qforge_ir::{Arg, Kernel};
+use qforge_ir::{Arg, Kernel, SharedKernel};
 
 use super::entry::Compiled;
 use super::jit::Jit;
@@ -173,13 +173,23 @@ impl CpuDevice {
 
     /// The cached compilation of `kernel`, compiling (and verifying) it first if needed.
     fn compiled(&self, kernel: &Kernel) -> Result<Arc<Compiled>> {
-        let hash = kernel.fingerprint();
+        self.compiled_as(kernel, kernel.fingerprint(), None)
+    }
+
+    /// [`CpuDevice::compiled`] of `kernel`, whose fingerprint is `hash`; when it is `shared`, a
+    /// cache entry holding that very `Arc` is a hit without comparing the kernels.
+    fn compiled_as(
+        &self,
+        kernel: &Kernel,
+        hash: u64,
+        shared: Option<&SharedKernel>,
+    ) -> Result<Arc<Compiled>> {
         let lock_error = || Error::Device {
             device: "cpu".into(),
             message: "kernel cache lock poisoned".into(),
         };
         if let Some(c) = self.cache.lock().map_err(|_| lock_error())?.get(&hash) {
-            if c.kernel == *kernel {
+            if shared.is_some_and(|s| s.same(&c.kernel)) || *c.kernel == *kernel {
                 return Ok(Arc::clone(c));
             }
         }
@@ -219,7 +229,7 @@ impl CpuDevice {
             Compiler::Llvm(jit) => jit.compile(&kernel.name, code, symbol)?,
         };
         let compiled = Arc::new(Compiled {
-            kernel: kernel.clone(),
+            kernel: shared.map_or_else(|| Arc::new(kernel.clone()), |s| Arc::clone(s.arc())),
             entry,
             layout,
             tables,
@@ -296,6 +306,16 @@ impl Device for CpuDevice {
 
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
         let compiled = self.compiled(kernel)?;
+        launch::launch(&compiled, &self.options, &self.pool, args)
+    }
+
+    fn compile_shared(&self, kernel: &SharedKernel) -> Result<()> {
+        self.compiled_as(kernel.kernel(), kernel.fingerprint(), Some(kernel))
+            .map(|_| ())
+    }
+
+    fn launch_shared(&self, kernel: &SharedKernel, args: &mut [Arg<'_>]) -> Result<()> {
+        let compiled = self.compiled_as(kernel.kernel(), kernel.fingerprint(), Some(kernel))?;
         launch::launch(&compiled, &self.options, &self.pool, args)
     }
 

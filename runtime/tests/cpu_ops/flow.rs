@@ -277,6 +277,43 @@ fn kernels_are_cached_by_content() {
 }
 
 #[test]
+fn shared_kernels_hit_the_cache_of_equal_kernels() {
+    let dev = CpuDevice::new().expect("cpu");
+    let neg = elementwise("shared_neg", &[DType::F32], DType::F32, |b, v| b.neg(v[0]));
+    let abs = elementwise("shared_neg", &[DType::F32], DType::F32, |b, v| b.abs(v[0]));
+    let run = |k: &qforge_ir::SharedKernel| -> f32 {
+        let mut args = vec![
+            OwnedArg::Scalar(Scalar::U32(1)),
+            OwnedArg::Read(le_f32(&[3.0])),
+            OwnedArg::Write(vec![0; 4]),
+        ];
+        dev.launch_shared(k, &mut OwnedArg::borrow_all(&mut args))
+            .expect("launch");
+        let OwnedArg::Write(y) = &args[2] else {
+            panic!("output")
+        };
+        f32s(y)[0]
+    };
+    // A kernel compiled from a plain launch is found for a shared copy of it (compared), and
+    // the shared kernel's own entry again (the same Arc).
+    dev.compile(&neg).expect("compiles");
+    let shared = qforge_ir::SharedKernel::new(neg.clone());
+    assert_eq!(shared.fingerprint(), neg.fingerprint());
+    assert_eq!((run(&shared), run(&shared)), (-3.0, -3.0));
+    assert_eq!(dev.cached_kernels(), 1);
+    // Same name, another body: its own code, never the other kernel's.
+    let shared_abs = qforge_ir::SharedKernel::new(abs);
+    assert_eq!((run(&shared_abs), run(&shared)), (3.0, -3.0));
+    assert_eq!(dev.cached_kernels(), 2);
+    assert!(shared.clone().into_kernel() == neg);
+    // Compiled as shared first, then found for the plain kernel (compared).
+    let fresh = CpuDevice::new().expect("cpu");
+    fresh.compile_shared(&shared_abs).expect("compiles");
+    fresh.compile(shared_abs.kernel()).expect("compiles");
+    assert_eq!(fresh.cached_kernels(), 1);
+}
+
+#[test]
 fn unchecked_device_gives_the_same_bits() {
     // SAFETY: the kernel indexes x and y with the work item, in range for n = grid.
     let dev = unsafe { CpuDevice::new_unchecked(CpuOptions::default()) }.expect("cpu");
