@@ -135,14 +135,16 @@ mod xla {
     #[test]
     fn exact_row_parallel_forward_and_column_parallel_dx_continue_the_chains_across_xla_devices() {
         let dev = CpuDevice::new().unwrap();
-        let dx_shapes: [Shape; 2] = [
+        let dx_shapes: [Shape; 3] = [
             (16, 4096, QuantType::Nf4, 64, true),
             (32, 256, QuantType::Fp4, 64, false),
+            (32, 4096, QuantType::Nf4, 64, true),
         ];
         let cases = [
             (2, ROW_SHAPES[0], dx_shapes[0], DType::F32),
             (2, ROW_SHAPES[2], dx_shapes[1], DType::BF16),
             (4, ROW_SHAPES[1], dx_shapes[1], DType::F32),
+            (4, ROW_SHAPES[0], dx_shapes[2], DType::BF16),
         ];
         for (ranks, row_shape, dx_shape, dtype) in cases {
             let Some(xla) = engine(ranks) else { return };
