@@ -222,6 +222,34 @@ pub fn available_devices() -> (Vec<Box<dyn Device>>, Vec<Unavailable>) {
     (devices, unavailable)
 }
 
+/// The devices a bit-exactness suite runs a kernel on: the Cranelift CPU device in its four
+/// configurations (vector code on and off, the host's extensions on and off), then
+/// [`available_devices`] (the CPU device again among them, plus every other backend compiled in
+/// that can start here). The devices that cannot start are printed with the reason.
+pub fn cpu_variants_and_available_devices() -> Vec<Box<dyn Device>> {
+    let mut out: Vec<Box<dyn Device>> = Vec::new();
+    for simd in [true, false] {
+        for native_features in [true, false] {
+            match CpuDevice::with_options(qforge_runtime::CpuOptions {
+                simd,
+                native_features,
+                ..Default::default()
+            }) {
+                Ok(dev) => out.push(Box::new(dev)),
+                Err(e) => println!(
+                    "cranelift (simd {simd}, native features {native_features}) unavailable: {e}"
+                ),
+            }
+        }
+    }
+    let (available, unavailable) = available_devices();
+    for u in unavailable {
+        println!("{} unavailable: {}", u.backend, u.reason);
+    }
+    out.extend(available);
+    out
+}
+
 /// The device `--device name` asks for, as the CLI opens it ([`device_by_name`]), with the line
 /// to print when the name was [`AUTO`] ([`AutoChoice::announcement`]: `device: cpu-llvm
 /// (auto)`).

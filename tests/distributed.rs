@@ -16,7 +16,7 @@ use qforge::runtime::{Communicator, CpuDevice, Device, HostTensor, Result, Singl
 use qforge_ir::DType;
 
 mod shard_support;
-use shard_support::{columns_of, layer, minilm_ffn, values, Shape, ROW_SHAPES, SHAPES};
+use shard_support::{columns_of, layer, minilm_ffn, tensors_of, values, Shape, ROW_SHAPES, SHAPES};
 
 /// The shard counts of `SHAPES[i]` that are legal (the others are in `bad_shard_counts...`).
 fn legal_shards(shape: Shape) -> &'static [usize] {
@@ -580,14 +580,7 @@ fn optimizers() -> Vec<(&'static str, OptimizerKind, StateBits)> {
 const PARAM_SHAPES: [&[usize]; 4] = [&[96, 64], &[5000], &[96], &[3, 1000]];
 
 fn param_tensors(seed: f32) -> Vec<HostTensor> {
-    PARAM_SHAPES
-        .iter()
-        .enumerate()
-        .map(|(i, shape)| {
-            let n = shape.iter().product();
-            HostTensor::from_f32(shape.to_vec(), &values(n, seed + i as f32)).unwrap()
-        })
-        .collect()
+    tensors_of(&PARAM_SHAPES, seed)
 }
 
 fn optimizer(kind: &OptimizerKind, bits: StateBits) -> Optimizer {

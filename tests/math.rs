@@ -12,13 +12,13 @@
 //! * the activation backward against central finite differences of the `f64` forward formula.
 
 use proptest::prelude::*;
-use qforge::devices::available_devices;
+use qforge::devices::cpu_variants_and_available_devices;
 use qforge::ir::dsl::{FloatIn, FloatOut};
 use qforge::ir::routines::math::{MathFn, MATH_BLOCKSIZE};
 use qforge::ir::{Arg, Kernel, Scalar};
 use qforge::kernels::activation::ActBetaArgs;
 use qforge::kernels::{Act, ActDirection, ActSpec, ACT_BLOCKSIZE};
-use qforge::runtime::{launch_typed, CpuDevice, CpuOptions, Device, InterpreterDevice};
+use qforge::runtime::{launch_typed, CpuDevice, Device, InterpreterDevice};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -26,26 +26,7 @@ use std::time::Instant;
 /// process, so each device compiles a kernel once for all the cases.
 fn devices() -> &'static [Box<dyn Device>] {
     static DEVICES: OnceLock<Vec<Box<dyn Device>>> = OnceLock::new();
-    DEVICES.get_or_init(|| {
-        let mut out: Vec<Box<dyn Device>> = Vec::new();
-        for simd in [true, false] {
-            for native_features in [true, false] {
-                let dev = CpuDevice::with_options(CpuOptions {
-                    simd,
-                    native_features,
-                    ..CpuOptions::default()
-                })
-                .expect("Cranelift supports the host");
-                out.push(Box::new(dev));
-            }
-        }
-        let (available, unavailable) = available_devices();
-        for u in unavailable {
-            println!("{} unavailable: {}", u.backend, u.reason);
-        }
-        out.extend(available);
-        out
-    })
+    DEVICES.get_or_init(|| cpu_variants_and_available_devices())
 }
 
 /// `run` on the interpreter and on every device of [`devices`] side by side: the

@@ -1,15 +1,15 @@
 //! Philox4x32-10 random bits on the devices: the `random_bits` kernel
 //! (`qforge::ir::routines::philox::philox_kernel`) and the `philox4x32_10_blocks` kernel run on
 //! the CPU device (Cranelift; SIMD on and off, native and baseline instruction set) and on every
-//! device of `qforge::devices::available_devices()`, bit for bit against the reference
+//! device of `qforge::devices::cpu_variants_and_available_devices()`, bit for bit against the reference
 //! interpreter and against the plain-Rust `philox4x32_10_host`, including the Random123
 //! known-answer vectors.
 
 use proptest::prelude::*;
-use qforge::devices::available_devices;
+use qforge::devices::cpu_variants_and_available_devices;
 use qforge::ir::routines::philox::{philox4x32_10_host, philox_blocks_kernel, philox_kernel};
 use qforge::ir::{Kernel, OwnedArg, Scalar};
-use qforge::runtime::{CpuDevice, CpuOptions, Device, InterpreterDevice};
+use qforge::runtime::{Device, InterpreterDevice};
 
 /// Random123 `kat_vectors`, philox4x32 with 10 rounds: (counter, key, expected output).
 const KAT: [([u32; 4], [u32; 2], [u32; 4]); 3] = [
@@ -38,29 +38,6 @@ fn words(b: &[u8]) -> Vec<u32> {
     b.chunks(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
-}
-
-/// The CPU device in its four configurations, then every available device (the CPU device
-/// again among them, plus any GPU backend compiled in and able to start).
-fn devices() -> Vec<Box<dyn Device>> {
-    let mut out: Vec<Box<dyn Device>> = Vec::new();
-    for simd in [true, false] {
-        for native_features in [true, false] {
-            let dev = CpuDevice::with_options(CpuOptions {
-                simd,
-                native_features,
-                ..CpuOptions::default()
-            })
-            .expect("Cranelift supports the host");
-            out.push(Box::new(dev));
-        }
-    }
-    let (available, unavailable) = available_devices();
-    for u in unavailable {
-        println!("{} unavailable: {}", u.backend, u.reason);
-    }
-    out.extend(available);
-    out
 }
 
 /// Runs `random_bits(seed, n)` on `dev`; returns the `4n` words.
@@ -102,7 +79,7 @@ fn blocks(dev: &dyn Device, k: &Kernel, inputs: &[([u32; 4], [u32; 2])]) -> Vec<
 #[test]
 fn philox_random_bits_are_bit_identical_on_every_device() {
     let k = philox_kernel().unwrap();
-    let devs = devices();
+    let devs = cpu_variants_and_available_devices();
     for seed in [0u32, 1, 0x9E37_79B9, u32::MAX] {
         for n in [1u32, 3, 64, 1000] {
             let want: Vec<u32> = (0..n)
@@ -131,7 +108,7 @@ fn philox_kat_vectors_hold_on_every_device() {
     let inputs: Vec<_> = KAT.iter().map(|(c, k, _)| (*c, *k)).collect();
     let want: Vec<[u32; 4]> = KAT.iter().map(|(_, _, w)| *w).collect();
     assert_eq!(blocks(&InterpreterDevice, &k, &inputs), want, "interpreter");
-    for dev in devices() {
+    for dev in cpu_variants_and_available_devices() {
         assert_eq!(
             blocks(dev.as_ref(), &k, &inputs),
             want,
@@ -151,7 +128,7 @@ proptest! {
         let k = philox_blocks_kernel().unwrap();
         let want: Vec<[u32; 4]> = inputs.iter().map(|(c, key)| philox4x32_10_host(*c, *key)).collect();
         prop_assert_eq!(&blocks(&InterpreterDevice, &k, &inputs), &want);
-        for dev in devices() {
+        for dev in cpu_variants_and_available_devices() {
             prop_assert_eq!(&blocks(dev.as_ref(), &k, &inputs), &want, "{}", dev.name());
         }
     }

@@ -16,7 +16,9 @@ mod shard_support;
 
 #[cfg(feature = "stablehlo")]
 mod xla {
-    use super::shard_support::{columns_of, layer, minilm_ffn, values, Shape, ROW_SHAPES, SHAPES};
+    use super::shard_support::{
+        columns_of, layer, minilm_ffn, tensors_of, values, Shape, ROW_SHAPES, SHAPES,
+    };
 
     use qforge::kernels::ops::{matmul_4bit, row_cols, Linear4bit, QuantType};
     use qforge::runtime::xla_spmd::{Combine, RankLaunch, RecordedArg, Replay, XlaSpmd};
@@ -486,14 +488,7 @@ grid n
     const OPTIM_SHAPES: [&[usize]; 2] = [&[96, 64], &[4992]];
 
     fn optim_tensors(seed: f32) -> Vec<HostTensor> {
-        OPTIM_SHAPES
-            .iter()
-            .enumerate()
-            .map(|(i, shape)| {
-                let n = shape.iter().product();
-                HostTensor::from_f32(shape.to_vec(), &values(n, seed + i as f32)).unwrap()
-            })
-            .collect()
+        tensors_of(&OPTIM_SHAPES, seed)
     }
 
     /// 8-bit AdamW and 4-bit AdamW (ZIP-SR: NF4 m1, stochastically rounded Dyn4 m2, each

@@ -33,6 +33,18 @@ pub fn values(len: usize, seed: f32) -> Vec<f32> {
         .collect()
 }
 
+/// One `f32` tensor of [`values`] per shape, tensor `i` from seed `seed + i`.
+pub fn tensors_of(shapes: &[&[usize]], seed: f32) -> Vec<HostTensor> {
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, shape)| {
+            let n = shape.iter().product();
+            HostTensor::from_f32(shape.to_vec(), &values(n, seed + i as f32)).unwrap()
+        })
+        .collect()
+}
+
 /// The layer of `shape`, quantized on `dev`, with a bf16 bias.
 pub fn layer(dev: &dyn Device, (n, k, qt, bs, nested): Shape) -> Linear4bit {
     let w = HostTensor::from_f32(vec![n, k], &values(n * k, 0.3)).unwrap();
