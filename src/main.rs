@@ -563,6 +563,33 @@ fn bench(json: bool, suite: &str, filter: Option<&str>, device: &str) -> Result<
     Ok(())
 }
 
+/// Refuses, on every rank alike, ranks started with different command lines (`mpirun -n 1 qforge
+/// ... : -n 1 qforge ...` with other options): they would train into a mix of runs. One
+/// all-gather of a hash of each rank's arguments.
+fn same_command_line(comm: &dyn qforge::runtime::Communicator) -> Result<()> {
+    use std::hash::{Hash, Hasher};
+    if comm.size() == 1 {
+        return Ok(());
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::env::args_os().skip(1).collect::<Vec<_>>().hash(&mut h);
+    let all = comm.all_gather(&h.finish().to_le_bytes())?;
+    let differ: Vec<usize> = all
+        .chunks_exact(8)
+        .enumerate()
+        .filter(|(_, c)| *c != &all[..8])
+        .map(|(r, _)| r)
+        .collect();
+    if differ.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!(
+            "finetune: ranks {differ:?} were started with other arguments than rank 0: start \
+             every rank with the same command line"
+        )))
+    }
+}
+
 /// The communicator of `--shards N`: none for 1, else this process's MPI world, which must
 /// have `N` ranks.
 fn data_parallel_ranks(shards: usize) -> Result<Option<Box<dyn qforge::runtime::Communicator>>> {
@@ -629,6 +656,7 @@ fn finetune(
     };
     let ranks = data_parallel_ranks(shards)?;
     let comm: &dyn Communicator = ranks.as_deref().unwrap_or(&SingleRank);
+    same_command_line(comm)?;
     // Rank 0 alone prints and writes; every rank computes the same result.
     let lead = comm.rank() == 0;
     // What may fail on some ranks only is agreed on before the first step, so that every rank
@@ -669,10 +697,13 @@ fn finetune(
         });
     let (report, merged) = match (trained, &ranks) {
         (Ok(t), _) => t,
-        // A rank that fails ends every rank (MPI_Abort): the others may be waiting in the
+        // A usage error is every rank's: one agreed on before training (a bad model or layer),
+        // or a diverged loss (every rank computes the same loss). Each rank returns it.
+        (Err(e @ Error::Usage(_)), _) => return Err(e),
+        // Any other failing rank ends every rank (MPI_Abort): the others may be waiting in the
         // gradient all-reduce. Rank 0 has written nothing yet.
         (Err(e), Some(ranks)) => {
-            eprintln!("error: rank {} of {shards}: {e}", ranks.rank());
+            error_line(&format!("error: rank {} of {shards}: {e}", ranks.rank()));
             ranks.abort(1)
         }
         (Err(e), _) => return Err(e),
@@ -909,7 +940,14 @@ fn main() -> ExitCode {
         }
     };
     result.unwrap_or_else(|e: Error| {
-        eprintln!("error: {e}");
+        error_line(&format!("error: {e}"));
         ExitCode::from(2)
     })
+}
+
+/// Writes `line` and a newline to stderr in one write, so that the lines of ranks sharing a
+/// terminal (`mpirun`) do not cut into each other.
+fn error_line(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }

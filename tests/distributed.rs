@@ -1052,6 +1052,38 @@ fn finetune_shards_that_do_not_match_the_ranks_are_named_errors() {
     assert!(code.is_some_and(|c| c != 0), "a bad --out: {err}");
     assert!(err.contains("is not a folder"), "{err}");
     assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+    // A bad model, found while every rank loads it: each rank stops with the error (exit code
+    // 2, no MPI_Abort), before any step.
+    let Some(mut cmd) = mpirun(2) else { return };
+    let missing = dir.path().join("missing.safetensors");
+    cmd.arg(QFORGE).args(args(&[
+        "--shards",
+        "2",
+        "--micro-batches",
+        "2",
+        "--model",
+        missing.to_str().unwrap(),
+    ]));
+    let (code, stdout, err) = run_with_deadline(cmd, std::time::Duration::from_secs(120));
+    assert_eq!(code, Some(2), "a missing model: {err}");
+    assert!(err.contains("missing.safetensors"), "{err}");
+    assert!(!err.contains("MPI_ABORT"), "{err}");
+    assert!(!stdout.contains("step"), "{stdout}");
+    // Ranks started with other options (an MPMD launch) would train into a mix of runs.
+    let Some(mut cmd) = mpirun(1) else { return };
+    let one = args(&["--shards", "2", "--micro-batches", "2"]);
+    let other = args(&["--shards", "2", "--micro-batches", "2", "--lr", "0.1"]);
+    cmd.arg(QFORGE)
+        .args(&one)
+        .args([":", "-n", "1", QFORGE])
+        .args(&other);
+    let (code, _, err) = run_with_deadline(cmd, std::time::Duration::from_secs(120));
+    assert_eq!(code, Some(2), "ranks with other options: {err}");
+    assert!(
+        err.contains("ranks [1] were started with other arguments"),
+        "{err}"
+    );
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
 }
 
 #[test]

@@ -219,6 +219,8 @@ fn cli_prints_the_json_line_last_and_rejects_bad_options() {
             vec!["finetune", "--layers", "1,0,1"],
             "--layers names layer 1 twice",
         ),
+        // Past f32's range: refused before the first step.
+        (vec!["finetune", "--lr", "1e39"], "within f32's range"),
     ] {
         let (code, _, stderr) = qforge(&args);
         assert_eq!(code, 2, "{args:?}: {stderr}");
@@ -334,9 +336,13 @@ fn cli_refuses_bad_models_and_outputs_and_writes_nothing() {
     // Bad output folders are refused before the training (this used to train first and then
     // fail with a bare OS error), and an output name taken by a folder leaves no other output
     // behind (the three files used to be written one by one).
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(at("nowhere/at-all"), at("dangling")).unwrap();
     for (out, want) in [
         (path("afile"), "--out"),
         (format!("{}/sub", path("afile")), "is not a folder"),
+        #[cfg(unix)]
+        (path("dangling"), "is a symbolic link to nothing"),
         (
             path("taken"),
             "taken/merged.safetensors is a directory; refusing to replace it",
@@ -377,4 +383,29 @@ fn write_outputs_is_all_or_nothing() {
     let fresh = dir.path().join("a/b");
     write_outputs(&fresh, &r, &merged).unwrap();
     assert!(fresh.join("merged.safetensors").is_file());
+}
+
+/// `--layers` is a set: the order it is given in changes no bit, and a layer's weights follow
+/// its index (`--layers 3` is not `--layers 0` renamed).
+#[test]
+fn the_order_of_layers_changes_no_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |layers: &str| {
+        let out = dir.path().join(layers.replace(',', "-"));
+        let o = out.to_str().unwrap().to_string();
+        let (code, _, stderr) =
+            qforge(&["finetune", "--steps", "3", "--layers", layers, "--out", &o]);
+        assert_eq!(code, 0, "{layers}: {stderr}");
+        std::fs::read(out.join("merged.safetensors")).unwrap()
+    };
+    assert!(run("0,3") == run("3,0"), "--layers 0,3 and 3,0 differ");
+    let merged_weight = |bytes: &[u8], layer: usize| {
+        let st = safetensors::SafeTensors::deserialize(bytes).unwrap();
+        let name = format!("encoder.layer.{layer}.output.dense.weight");
+        st.tensor(&name).unwrap().data().to_vec()
+    };
+    assert!(
+        merged_weight(&run("0"), 0) != merged_weight(&run("3"), 3),
+        "--layers 3 trained layer 0's weights"
+    );
 }

@@ -26,7 +26,7 @@ use std::time::Instant;
 /// process, so each device compiles a kernel once for all the cases.
 fn devices() -> &'static [Box<dyn Device>] {
     static DEVICES: OnceLock<Vec<Box<dyn Device>>> = OnceLock::new();
-    DEVICES.get_or_init(|| cpu_variants_and_available_devices())
+    DEVICES.get_or_init(cpu_variants_and_available_devices)
 }
 
 /// `run` on the interpreter and on every device of [`devices`] side by side: the

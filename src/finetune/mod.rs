@@ -271,9 +271,9 @@ pub fn check_options(o: &FinetuneOptions, shards: usize) -> Result<()> {
             o.steps
         ));
     }
-    if !(o.lr.is_finite() && o.lr > 0.0) {
+    if !(o.lr.is_finite() && o.lr > 0.0 && (o.lr as f32).is_finite()) {
         return bad(format!(
-            "finetune: --lr must be a positive number, got {}",
+            "finetune: --lr must be a positive number within f32's range, got {}",
             o.lr
         ));
     }
@@ -340,40 +340,56 @@ pub fn run_data_parallel(
     mut on_step: impl FnMut(u64, f64, f32),
 ) -> Result<(FinetuneReport, Vec<MergedLayer>)> {
     check_options(o, comm.size())?;
-    let model = match &o.model {
-        Some(path) => Model::load(dev, path, &o.layers)?,
-        None => Model::synthetic(dev, &o.layers, o.seed)?,
+    // `--layers` is a set: trained in ascending order (the optimizer's parameter order).
+    let mut layers = o.layers.clone();
+    layers.sort_unstable();
+    // What may fail before training (the model file, its layers, the data) is agreed on by the
+    // ranks: every rank returns the error (a usage error, exit code 2), none waits in a gather.
+    let setup = || -> Result<_> {
+        let model = match &o.model {
+            Some(path) => Model::load(dev, path, &layers)?,
+            None => Model::synthetic(dev, &layers, o.seed)?,
+        };
+        let d = model.d;
+        let vocab = model.embeddings.len() / d;
+        if o.train_rows + o.eval_rows > vocab {
+            return Err(Error::Usage(format!(
+                "finetune: {} training + {} held-out rows exceed the {vocab} embedding rows",
+                o.train_rows, o.eval_rows
+            )));
+        }
+        // A fixed permutation of the vocabulary (7919 is prime and does not divide the sizes used):
+        // the first rows train, the next are held out.
+        let stride = if vocab % 7919 == 0 { 1 } else { 7919 };
+        let row = |i: usize| (i * stride + 13) % vocab;
+        let train_x = model.rows(&(0..o.train_rows).map(row).collect::<Vec<_>>())?;
+        let eval_x = model.rows(
+            &(o.train_rows..o.train_rows + o.eval_rows)
+                .map(row)
+                .collect::<Vec<_>>(),
+        )?;
+        let mut train = Vec::new();
+        let mut eval = Vec::new();
+        for block in &model.blocks {
+            train.push(Data::new(dev, block, &train_x)?);
+            eval.push(Data::new(dev, block, &eval_x)?);
+        }
+        let layers: Vec<usize> = model.blocks.iter().map(|b| b.layer).collect();
+        let mut adapters = Vec::new();
+        // An adapter's seed follows its layer's index: `--layers` is a set, its order is moot.
+        for l in &layers {
+            let seed = o.seed.wrapping_add(1 + *l as u64);
+            adapters.push((*l, BottleneckAdapter::new(d, o.rank, seed)?));
+        }
+        Ok((model, eval_x, train, eval, adapters))
     };
+    let (model, eval_x, train, eval, adapters) =
+        qforge_runtime::agree(comm, setup()).map_err(|e| match e {
+            Error::Usage(_) => e,
+            other => Error::Usage(other.to_string()),
+        })?;
     let d = model.d;
-    let vocab = model.embeddings.len() / d;
-    if o.train_rows + o.eval_rows > vocab {
-        return Err(Error::Usage(format!(
-            "finetune: {} training + {} held-out rows exceed the {vocab} embedding rows",
-            o.train_rows, o.eval_rows
-        )));
-    }
-    // A fixed permutation of the vocabulary (7919 is prime and does not divide the sizes used):
-    // the first rows train, the next are held out.
-    let stride = if vocab % 7919 == 0 { 1 } else { 7919 };
-    let row = |i: usize| (i * stride + 13) % vocab;
-    let train_x = model.rows(&(0..o.train_rows).map(row).collect::<Vec<_>>())?;
-    let eval_x = model.rows(
-        &(o.train_rows..o.train_rows + o.eval_rows)
-            .map(row)
-            .collect::<Vec<_>>(),
-    )?;
-    let mut train = Vec::new();
-    let mut eval = Vec::new();
-    for block in &model.blocks {
-        train.push(Data::new(dev, block, &train_x)?);
-        eval.push(Data::new(dev, block, &eval_x)?);
-    }
     let layers: Vec<usize> = model.blocks.iter().map(|b| b.layer).collect();
-    let mut adapters = Vec::new();
-    for (i, l) in layers.iter().enumerate() {
-        let seed = o.seed.wrapping_add(1 + i as u64);
-        adapters.push((*l, BottleneckAdapter::new(d, o.rank, seed)?));
-    }
     let schedule = AfaSchedule::new(o.steps);
     let err_before = rel_error(&eval, d, |i, h| {
         Ok(adapters[i].1.forward(dev, o.act, h, 1.0)?.0.to_f32()?)
@@ -528,6 +544,10 @@ pub fn check_out_dir(dir: &Path) -> Result<()> {
     let existing = match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => dir.to_path_buf(),
         Ok(_) => return usage("exists and is not a folder".into()),
+        // A link to nothing: creating the folder would fail after the training.
+        Err(_) if std::fs::symlink_metadata(dir).is_ok() => {
+            return usage("is a symbolic link to nothing (a dangling link)".into())
+        }
         Err(_) => {
             let Some(up) = dir
                 .ancestors()

@@ -274,8 +274,9 @@ impl Model {
             )?)
         };
         let mut blocks = Vec::new();
-        for (i, &layer) in layers.iter().enumerate() {
-            let s = seed.wrapping_add(16 * (i as u64 + 1));
+        // A layer's weights follow its index, not its place in `layers`.
+        for &layer in layers {
+            let s = seed.wrapping_add(16 * (layer as u64 + 1));
             blocks.push(Block {
                 layer,
                 up: Linear::new(dev, t(vec![ff, d], 0.05, s)?, t(vec![ff], 0.05, s + 1)?)?,
