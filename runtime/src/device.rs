@@ -1,6 +1,8 @@
 //! The `Device` trait, what a device can do ([`Caps`]) and the interpreter device.
 
 use qforge_ir::dsl::{Signature, TypedKernel};
+use std::sync::Arc;
+
 use qforge_ir::{Arg, Kernel, SharedKernel};
 
 use crate::error::Result;
@@ -112,6 +114,61 @@ pub trait Device: Send + Sync {
     /// The `f32` lanes of the device's vector code: [`Caps::vector_lanes`] of [`Device::caps`].
     fn vector_lanes(&self) -> u32 {
         self.caps().vector_lanes
+    }
+}
+
+/// A kernel as a device method received it: by reference ([`Device::launch`]) or shared
+/// ([`Device::launch_shared`]). Devices with a compiled-kernel cache take one path for both.
+#[derive(Clone, Copy)]
+pub(crate) enum KernelRef<'a> {
+    Plain(&'a Kernel),
+    Shared(&'a SharedKernel),
+}
+
+impl<'a> KernelRef<'a> {
+    /// The kernel.
+    pub(crate) fn kernel(self) -> &'a Kernel {
+        match self {
+            KernelRef::Plain(k) => k,
+            KernelRef::Shared(s) => s.kernel(),
+        }
+    }
+
+    /// Its fingerprint: computed now for a plain kernel, the shared kernel's own otherwise.
+    pub(crate) fn fingerprint(self) -> u64 {
+        match self {
+            KernelRef::Plain(k) => k.fingerprint(),
+            KernelRef::Shared(s) => s.fingerprint(),
+        }
+    }
+
+    /// Whether `cached` is this very kernel, or equal to it.
+    pub(crate) fn is(self, cached: &Arc<Kernel>) -> bool {
+        matches!(self, KernelRef::Shared(s) if s.same(cached)) || **cached == *self.kernel()
+    }
+
+    /// The kernel for a cache to keep: the shared `Arc`, or a copy.
+    pub(crate) fn to_arc(self) -> Arc<Kernel> {
+        match self {
+            KernelRef::Plain(k) => Arc::new(k.clone()),
+            KernelRef::Shared(s) => Arc::clone(s.arc()),
+        }
+    }
+
+    /// [`Device::compile`] or [`Device::compile_shared`] of it on `dev`.
+    pub(crate) fn compile_on(self, dev: &dyn Device) -> Result<()> {
+        match self {
+            KernelRef::Plain(k) => dev.compile(k),
+            KernelRef::Shared(s) => dev.compile_shared(s),
+        }
+    }
+
+    /// [`Device::launch`] or [`Device::launch_shared`] of it on `dev`.
+    pub(crate) fn launch_on(self, dev: &dyn Device, args: &mut [Arg<'_>]) -> Result<()> {
+        match self {
+            KernelRef::Plain(k) => dev.launch(k, args),
+            KernelRef::Shared(s) => dev.launch_shared(s, args),
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use qforge_ir::{Arg, Kernel, SharedKernel};
 use super::entry::Compiled;
 use super::jit::Jit;
 use super::{launch, CpuOptions};
-use crate::device::{Caps, Device, DeviceKind};
+use crate::device::{Caps, Device, DeviceKind, KernelRef};
 use crate::error::{Error, Result};
 
 /// The JIT a device compiles with.
@@ -171,28 +171,21 @@ impl CpuDevice {
         self.cache.lock().map(|c| c.len()).unwrap_or(0)
     }
 
-    /// The cached compilation of `kernel`, compiling (and verifying) it first if needed.
-    fn compiled(&self, kernel: &Kernel) -> Result<Arc<Compiled>> {
-        self.compiled_as(kernel, kernel.fingerprint(), None)
-    }
-
-    /// [`CpuDevice::compiled`] of `kernel`, whose fingerprint is `hash`; when it is `shared`, a
-    /// cache entry holding that very `Arc` is a hit without comparing the kernels.
-    fn compiled_as(
-        &self,
-        kernel: &Kernel,
-        hash: u64,
-        shared: Option<&SharedKernel>,
-    ) -> Result<Arc<Compiled>> {
+    /// The cached compilation of `kernel`, compiling (and verifying) it first if needed; a
+    /// shared kernel is found by its own fingerprint and `Arc`, without hashing or comparing.
+    fn compiled(&self, kernel: KernelRef<'_>) -> Result<Arc<Compiled>> {
+        let hash = kernel.fingerprint();
         let lock_error = || Error::Device {
             device: "cpu".into(),
             message: "kernel cache lock poisoned".into(),
         };
         if let Some(c) = self.cache.lock().map_err(|_| lock_error())?.get(&hash) {
-            if shared.is_some_and(|s| s.same(&c.kernel)) || *c.kernel == *kernel {
+            if kernel.is(&c.kernel) {
                 return Ok(Arc::clone(c));
             }
         }
+        let to_keep = kernel.to_arc();
+        let kernel = kernel.kernel();
         let (target, options) = self.target();
         let artifact = qforge_codegen::compile(kernel, &target, &options)?;
         let manifest = &artifact.manifest;
@@ -229,7 +222,7 @@ impl CpuDevice {
             Compiler::Llvm(jit) => jit.compile(&kernel.name, code, symbol)?,
         };
         let compiled = Arc::new(Compiled {
-            kernel: shared.map_or_else(|| Arc::new(kernel.clone()), |s| Arc::clone(s.arc())),
+            kernel: to_keep,
             entry,
             layout,
             tables,
@@ -301,21 +294,20 @@ impl Device for CpuDevice {
     }
 
     fn compile(&self, kernel: &Kernel) -> Result<()> {
-        self.compiled(kernel).map(|_| ())
+        self.compiled(KernelRef::Plain(kernel)).map(|_| ())
     }
 
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
-        let compiled = self.compiled(kernel)?;
+        let compiled = self.compiled(KernelRef::Plain(kernel))?;
         launch::launch(&compiled, &self.options, &self.pool, args)
     }
 
     fn compile_shared(&self, kernel: &SharedKernel) -> Result<()> {
-        self.compiled_as(kernel.kernel(), kernel.fingerprint(), Some(kernel))
-            .map(|_| ())
+        self.compiled(KernelRef::Shared(kernel)).map(|_| ())
     }
 
     fn launch_shared(&self, kernel: &SharedKernel, args: &mut [Arg<'_>]) -> Result<()> {
-        let compiled = self.compiled_as(kernel.kernel(), kernel.fingerprint(), Some(kernel))?;
+        let compiled = self.compiled(KernelRef::Shared(kernel))?;
         launch::launch(&compiled, &self.options, &self.pool, args)
     }
 
