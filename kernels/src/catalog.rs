@@ -306,7 +306,8 @@ mod tests {
                 + 2
                 + 6
                 + 24
-                + 5
+                // Dense products (two with `B` in panels).
+                + 7
                 + 7
                 // 8-bit LAMB (3 dtypes) and LARS: partials and update.
                 + 8

@@ -84,6 +84,34 @@ pub(crate) fn work_tile(
     (rows, outs)
 }
 
+/// As [`work_tile`] with the tiles taken in groups of `group` row tiles (`group >= 1`): work
+/// item `t` is in group `g = t / (group * n_tiles)`, of row tiles `g * group ..` (the last group
+/// may have fewer: `size`), and takes output tile `r / size` and row tile `g * group + r % size`
+/// for `r = t % (group * n_tiles)`. The consecutive items one CPU thread runs go down a group's
+/// row tiles for one output tile, sharing that output tile's operand (a dense product's panel
+/// of `B`) in cache, before the next output tile; the group's rows of `A` stay in cache across
+/// the output tiles. `group = 1` is [`work_tile`]'s order (Triton calls this "grouped
+/// ordering").
+#[qforge_macros::func]
+pub(crate) fn work_tile_grouped(
+    (m_tiles, n_tiles, group): (Val<u32>, Val<u32>, Val<u32>),
+    tile: TileConfig,
+    row_len: Val<u32>,
+    out_len: Val<u32>,
+) -> (Vec<Row>, Vec<Row>) {
+    let item = work_item();
+    let per_group = group * n_tiles;
+    let g = item / per_group;
+    let r = item - g * per_group;
+    let first = g * group;
+    let size = min(group, m_tiles - first);
+    let tile_n = r / size;
+    let tile_m = first + (r - tile_n * size);
+    let rows = span_rows(tile_m, tile.tm, row_len);
+    let outs = span_rows(tile_n, tile.tn, out_len);
+    (rows, outs)
+}
+
 /// `row.clamped * len` for each row.
 #[qforge_macros::func]
 pub(crate) fn row_starts(rows: &[Row], len: Val<u32>) -> Vec<Val<u32>> {

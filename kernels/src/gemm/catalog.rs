@@ -4,7 +4,8 @@
 use qforge_ir::dsl::{FloatIn, FloatOut};
 use qforge_ir::{Kernel, OwnedArg, Result};
 
-use super::{Gemm, GemmKernelArgs};
+use super::host::packed;
+use super::{Gemm, GemmKernelArgs, Layout};
 use crate::catalog::float_bytes;
 use crate::CatalogEntry;
 
@@ -22,8 +23,9 @@ impl CatalogEntry for Gemm {
     }
 
     /// A reduction over `L = values.len()` with `M = 1 + L % 3` and `N = 3 + L % 5`: the
-    /// operands, bias and residual cycle through `values` (rounded to the dtype), the output
-    /// starts zeroed.
+    /// operands, bias and residual cycle through `values` (rounded to the dtype; `B` cycles
+    /// as if written `[N, L]`, then is stored in the spec's layout), the output starts zeroed;
+    /// two row tiles per group.
     fn example_args(&self, values: &[f32]) -> Result<Vec<OwnedArg>> {
         let l = values.len().max(1);
         let (m, n) = (1 + l % 3, 3 + l % 5);
@@ -42,6 +44,13 @@ impl CatalogEntry for Gemm {
             cycle(n, 2),
             cycle(m * n, 3),
         );
+        // `B` as written, `[N, L]`, in the spec's layout.
+        let tn = self.tile.tn as usize;
+        let b = match self.b {
+            Layout::Panels => packed(&b, dtype, Layout::RowMajor, (n, l), tn),
+            _ => b,
+        };
+        let panel_len = (self.b == Layout::Panels).then_some((l * tn) as u32);
         let mut c = vec![0u8; m * n * dtype.size_bytes()];
         let kernel = self.build_typed()?;
         let mut args = GemmKernelArgs {
@@ -49,7 +58,10 @@ impl CatalogEntry for Gemm {
             n: n as u32,
             l: l as u32,
             n_items: n_items as u32,
+            m_tiles: m.div_ceil(self.tile.tm as usize) as u32,
             n_tiles: n_tiles as u32,
+            group: 2,
+            panel_len,
             a: FloatIn { dtype, bytes: &a },
             b: FloatIn { dtype, bytes: &b },
             bias: self.bias.then_some(FloatIn {

@@ -20,33 +20,33 @@
 //! (nearest even) to the output dtype. For `f32` this is PyTorch's `h + (a @ W.T + b)`: each
 //! add rounds once, in that order.
 //!
-//! Parameters (scalars first, then buffers): `gemm_{a}{b}_{dtype}[_bias][_res]_t{TM}x{TN}` with `{a}`,
-//! `{b}` = `n` (row-major) or `t` (transposed): `(m, n, l, n_items, n_tiles: u32, a: dtype[m*l]
-//! read, b: dtype[n*l] read, [bias: dtype[n] read,] [r: dtype[m, n] read,] c: dtype[m, n]
-//! write)`, grid `n_items =
-//! ceil(m/TM) * ceil(n/TN)`, `n_tiles = ceil(n/TN)`; rows of a tile past the end read the last
-//! valid row and store nothing.
+//! Parameters (scalars first, then buffers): `gemm_{a}{b}_{dtype}[_bias][_res]_t{TM}x{TN}` with
+//! `{a}` = `n` (row-major) or `t` (transposed), `{b}` the same or `p` ([`Layout::Panels`]):
+//! `(m, n, l, n_items, m_tiles, n_tiles, group: u32, [panel_len: u32,] a: dtype[m*l] read,
+//! b: dtype[n*l] read (panels: `[n_tiles, panel_len]`), [bias: dtype[n] read,] [r: dtype[m, n]
+//! read,] c: dtype[m, n] write)`, grid `n_items = m_tiles * n_tiles` with `m_tiles =
+//! ceil(m/TM)`, `n_tiles = ceil(n/TN)`, `group >= 1` the row tiles taken together (the order of
+//! the work items, `tile::work_tile_grouped`; it never changes a bit), `panel_len = l * TN`;
+//! rows of a tile past the end read the last valid row and store nothing.
 //!
 //! The kernel is written in the kernel language ([`gemm_kernel`]; its arguments are
 //! [`GemmKernelArgs`]). The tile's one `accumulate` is a builder fragment in the helper calling
 //! convention (`tile::accumulate_tile`): an `#[accumulate]` loop names a fixed list of
-//! accumulators, a tile has a build-time number (`TM * TN`) of them. `reference.rs` keeps the
-//! builder version, which the tests prove identical (same IR).
+//! accumulators, a tile has a build-time number (`TM * TN`) of them.
 
 mod catalog;
 pub(crate) mod host;
 #[cfg(test)]
 mod tests;
 
-#[cfg(test)]
-mod reference;
-
 use qforge_macros::kernel;
 
 use crate::check_float_dtype;
 use crate::funcs::vars;
 use crate::matmul4::TileConfig;
-use crate::tile::{accumulate_tile, load_rows, store_sums, work_tile, Factors, Row, TileFactors};
+use crate::tile::{
+    accumulate_tile, load_rows, store_sums, work_tile_grouped, Factors, Row, TileFactors,
+};
 use qforge_ir::dsl::{Buf, Float, In, Out, TypedKernel, Val};
 use qforge_ir::KernelBuilder;
 use qforge_ir::Result;
@@ -68,6 +68,14 @@ pub enum Layout {
     RowMajor,
     /// Stored `[L, rows]`: element `(r, l)` at `l * rows + r`.
     Transposed,
+    /// Stored in panels of `P` rows, `P` the tile's `TN` (`B` only): `[ceil(rows / P), L, P]`,
+    /// element `(r, l)` at `((r / P) * L + l) * P + r % P`, the rows past the end zero. A tile's
+    /// columns are then `P` consecutive elements at each `l` and its whole panel one contiguous
+    /// run: the CPU plan's `B` ([`host::gemm`] packs it), where a transposed `B` of `N` columns
+    /// put the tile's consecutive `l` at `4 N` bytes from each other (at `N = 4096`, one page
+    /// and one L1 set per element of `L`: on the AVX-512 development VM the product at
+    /// `M = 512`, `K = N = 4096` ran at 34 GFLOP/s, 5 times slower than on a panel).
+    Panels,
 }
 
 impl Layout {
@@ -76,6 +84,7 @@ impl Layout {
         match self {
             Layout::RowMajor => 'n',
             Layout::Transposed => 't',
+            Layout::Panels => 'p',
         }
     }
 }
@@ -124,28 +133,39 @@ impl Gemm {
     /// Builds the kernel with its typed signature ([`GemmKernelArgs`] names its arguments).
     ///
     /// # Errors
-    /// [`crate::Error::Unsupported`] for a non-float dtype or an invalid tile.
+    /// [`crate::Error::Unsupported`] for a non-float dtype, an invalid tile or `A` in
+    /// [`Layout::Panels`].
     pub fn build_typed(&self) -> Result<TypedKernel<GemmKernel>> {
         check_float_dtype(self.dtype)?;
         self.tile.check()?;
+        if self.a == Layout::Panels {
+            return Err(qforge_ir::Error::Unsupported(format!(
+                "{}: A cannot be stored in panels (only B is)",
+                self.name()
+            )));
+        }
         gemm_kernel(*self)
     }
 }
 
 impl Layout {
-    /// The first stored dim of a logical `[rows, L]` operand: `rows` (row-major) or `L`.
-    pub fn outer<T>(self, rows: T, l: T) -> T {
+    /// The first stored dim of a logical `[rows, L]` operand: `rows` (row-major), `L`
+    /// (transposed) or the number of panels.
+    pub fn outer<T>(self, rows: T, l: T, panels: T) -> T {
         match self {
             Layout::RowMajor => rows,
             Layout::Transposed => l,
+            Layout::Panels => panels,
         }
     }
 
-    /// The second stored dim of a logical `[rows, L]` operand: `L` (row-major) or `rows`.
-    pub fn inner<T>(self, rows: T, l: T) -> T {
-        match self {
-            Layout::RowMajor => l,
-            Layout::Transposed => rows,
+    /// The second stored dim of a logical `[rows, L]` operand: `L` (row-major), `rows`
+    /// (transposed) or a panel's `L * P` elements.
+    pub fn inner<T>(self, rows: T, l: T, panel: Option<T>) -> T {
+        match (self, panel) {
+            (Layout::RowMajor, _) => l,
+            (Layout::Transposed, _) | (Layout::Panels, None) => rows,
+            (Layout::Panels, Some(p)) => p,
         }
     }
 }
@@ -154,9 +174,10 @@ impl Layout {
 struct Operand {
     buf: Buf<In<Float>>,
     layout: Layout,
-    /// Row-major: `row * L` per tile row; transposed: the row index itself.
+    /// Row-major: `row * L` per tile row; transposed: the row index itself; panels:
+    /// `first * L + row - first`.
     offsets: Vec<Val<u32>>,
-    /// Transposed: the stored row length (`rows`).
+    /// Transposed: the stored row length (`rows`); panels: the panel width.
     stride: Val<u32>,
 }
 
@@ -176,14 +197,19 @@ fn operand(
         let off = match layout {
             Layout::RowMajor => r.clamped * l,
             Layout::Transposed => r.clamped,
+            Layout::Panels => r.first * (l - 1u32) + r.clamped,
         };
         offsets.push(off);
     }
+    let stride = match layout {
+        Layout::Panels => val::<u32>(comptime!(rows.len() as u32)),
+        _ => len,
+    };
     Operand {
         buf,
         layout,
         offsets,
-        stride: len,
+        stride,
     }
 }
 
@@ -197,7 +223,7 @@ fn load_operand(op: &Operand, l: Val<u32>) -> Vec<Val<f32>> {
         Layout::RowMajor => {
             loads = load_rows(buf, &op.offsets, l);
         }
-        Layout::Transposed => {
+        Layout::Transposed | Layout::Panels => {
             let base = l * op.stride;
             for off in op.offsets.iter().copied() {
                 let x = buf[base + off];
@@ -231,11 +257,14 @@ pub fn gemm_kernel(
     n: u32,
     l: u32,
     n_items: u32,
+    m_tiles: u32,
     n_tiles: u32,
-    #[shape(spec.a.outer(m, l), spec.a.inner(m, l))]
+    group: u32,
+    #[when(spec.b == Layout::Panels)] panel_len: u32,
+    #[shape(spec.a.outer(m, l, m), spec.a.inner(m, l, None))]
     #[dtype(spec.dtype)]
     a: In<Float>,
-    #[shape(spec.b.outer(n, l), spec.b.inner(n, l))]
+    #[shape(spec.b.outer(n, l, n_tiles), spec.b.inner(n, l, panel_len))]
     #[dtype(spec.dtype)]
     b: In<Float>,
     #[when(spec.bias)]
@@ -253,7 +282,7 @@ pub fn gemm_kernel(
     let mv = m;
     let nv = n;
     let lv = l;
-    let (rows, outs) = work_tile(n_tiles, spec.tile, mv, nv);
+    let (rows, outs) = work_tile_grouped((m_tiles, n_tiles, group), spec.tile, mv, nv);
     let accs = vars::<f32>(comptime!(rows.len() * outs.len()), "acc");
     let a_op = operand(a, spec.a, &rows, mv, lv);
     let b_op = operand(b, spec.b, &outs, nv, lv);
@@ -263,7 +292,9 @@ pub fn gemm_kernel(
 
 impl Gemm {
     /// The catalog's dense products: the forward (`nn` with bias), `dX` with a residual
-    /// (`nt`), `dW` (`tt`) and the bias gradient (`nt`) in `f32`, and the forward in `bf16`.
+    /// (`nt`), `dW` (`tt`) and the bias gradient (`nt`) in `f32`, the forward in `bf16`, and
+    /// `B` in panels (the CPU plan's large `B`): the forward in `f32` (`np`) and `dW` with a
+    /// residual in `bf16` (`tp`).
     pub fn catalog() -> Vec<Gemm> {
         let g = |a, b, dtype, bias, residual| Gemm {
             a,
@@ -273,13 +304,15 @@ impl Gemm {
             residual,
             tile: TileConfig { tm: 2, tn: 4 },
         };
-        use Layout::{RowMajor as N, Transposed as T};
+        use Layout::{Panels as P, RowMajor as N, Transposed as T};
         vec![
             g(N, N, DType::F32, true, false),
             g(N, T, DType::F32, false, true),
             g(T, T, DType::F32, false, false),
             g(N, T, DType::F32, false, false),
             g(N, N, DType::BF16, true, false),
+            g(N, P, DType::F32, true, false),
+            g(T, P, DType::BF16, false, true),
         ]
     }
 }
