@@ -25,8 +25,9 @@
 //! `(m, n, l, n_items, m_tiles, n_tiles, group: u32, [panel_len: u32,] a: dtype[m*l] read,
 //! b: dtype[n*l] read (panels: `[n_tiles, panel_len]`), [bias: dtype[n] read,] [r: dtype[m, n]
 //! read,] c: dtype[m, n] write)`, grid `n_items = m_tiles * n_tiles` with `m_tiles =
-//! ceil(m/TM)`, `n_tiles = ceil(n/TN)`, `group >= 1` the row tiles taken together (the order of
-//! the work items, `tile::work_tile_grouped`; it never changes a bit), `panel_len = l * TN`;
+//! ceil(m/TM)`, `n_tiles = ceil(n/TN)`, `group` the row tiles taken together (0 is read as 1;
+//! the order of the work items, `tile::work_tile_grouped`; it never changes a bit),
+//! `panel_len = l * TN`;
 //! rows of a tile past the end read the last valid row and store nothing.
 //!
 //! The kernel is written in the kernel language ([`gemm_kernel`]; its arguments are
