@@ -141,7 +141,11 @@ fn llvm_takes_column_lanes_only_for_columns() {
         x86_avx512_vbmi: true,
         x86_avx2: true,
     };
-    for (b, want) in [(Layout::Transposed, true), (Layout::RowMajor, false)] {
+    for (b, want) in [
+        (Layout::Transposed, true),
+        (Layout::Panels, true),
+        (Layout::RowMajor, false),
+    ] {
         let spec = Gemm {
             a: Layout::RowMajor,
             b,

@@ -84,7 +84,7 @@ pub(crate) fn work_tile(
     (rows, outs)
 }
 
-/// As [`work_tile`] with the tiles taken in groups of `group` row tiles (0 is read as 1): work
+/// As [`work_tile`] with the tiles taken in groups of `group` row tiles (0 is read as 1, more than `m_tiles` as `m_tiles`): work
 /// item `t` is in group `g = t / (group * n_tiles)`, of row tiles `g * group ..` (the last group
 /// may have fewer: `size`), and takes output tile `r / size` and row tile `g * group + r % size`
 /// for `r = t % (group * n_tiles)`. The consecutive items one CPU thread runs go down a group's
@@ -100,8 +100,9 @@ pub(crate) fn work_tile_grouped(
     out_len: Val<u32>,
 ) -> (Vec<Row>, Vec<Row>) {
     let item = work_item();
-    // A group of 0 (a direct launch's mistake) is read as 1, so no two items overlap.
-    let group = max(group, 1u32);
+    // A group of 0 is read as 1 and one past `m_tiles` as `m_tiles` (a direct launch's
+    // mistakes; `group * n_tiles` then never wraps), so every tile is taken exactly once.
+    let group = min(max(group, 1u32), m_tiles);
     let per_group = group * n_tiles;
     let g = item / per_group;
     let r = item - g * per_group;

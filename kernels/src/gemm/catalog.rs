@@ -23,9 +23,9 @@ impl CatalogEntry for Gemm {
     }
 
     /// A reduction over `L = values.len()` with `M = 1 + L % 3` and `N = 3 + L % 5`: the
-    /// operands, bias and residual cycle through `values` (rounded to the dtype; `B` cycles
-    /// as if written `[N, L]`, then is stored in the spec's layout), the output starts zeroed;
-    /// two row tiles per group.
+    /// operands, bias and residual cycle through `values` (rounded to the dtype; for panels `B`
+    /// cycles as if written `[N, L]` and is then packed), the output starts zeroed; two row tiles
+    /// per group.
     fn example_args(&self, values: &[f32]) -> Result<Vec<OwnedArg>> {
         let l = values.len().max(1);
         let (m, n) = (1 + l % 3, 3 + l % 5);

@@ -195,7 +195,7 @@ pub fn gemm(
     if let Some(r) = residual {
         if r.dtype != dtype
             || r.shape != [m as usize, n as usize]
-            || r.data.len() != (m * n) as usize * dtype.size_bytes()
+            || r.data.len() != m as usize * n as usize * dtype.size_bytes()
         {
             return Err(Error::Invalid(format!(
                 "gemm: residual must be a {dtype} tensor of shape [{m}, {n}], got {} {:?}",

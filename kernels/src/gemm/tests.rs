@@ -112,7 +112,14 @@ fn every_layout_dtype_and_tile_matches_the_model() {
             .map(move |b| (*a, b))
     }) {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            for (m, n, l) in [(1usize, 1usize, 1usize), (3, 5, 19), (7, 2, 64), (2, 9, 0)] {
+            for (m, n, l) in [
+                (1usize, 1usize, 1usize),
+                (3, 5, 19),
+                (7, 2, 64),
+                (2, 9, 0),
+                // Several groups (the last one partial) of several output tiles.
+                (7, 9, 5),
+            ] {
                 let (a, b, bias, res) = (
                     data(dtype, m * l, 3),
                     data(dtype, n * l, 5),
@@ -123,7 +130,13 @@ fn every_layout_dtype_and_tile_matches_the_model() {
                     [(false, false), (true, false), (false, true), (true, true)]
                 {
                     let mut want = None;
-                    for (tm, tn, group) in [(1u32, 1u32, 1u32), (2, 3, 2), (4, 4, 0), (1, 8, 3)] {
+                    for (tm, tn, group) in [
+                        (1u32, 1u32, 1u32),
+                        (2, 3, 2),
+                        (4, 4, 0),
+                        (1, 8, 3),
+                        (2, 2, 9),
+                    ] {
                         let g = Gemm {
                             a: la,
                             b: lb,
