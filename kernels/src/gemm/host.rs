@@ -37,6 +37,8 @@ fn operand(what: &str, t: &HostTensor, layout: Layout, dtype: DType) -> Result<(
             r * c * dtype.size_bytes()
         )));
     }
+    // Every element's index is a `u32` in the kernel.
+    count_u32("gemm", what, r * c)?;
     let (rows, l) = match layout {
         Layout::RowMajor => (r, c),
         Layout::Transposed => (c, r),
