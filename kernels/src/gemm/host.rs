@@ -270,11 +270,20 @@ pub fn gemm(
 /// adapter's products) panels gained nothing and the row order lost up to 25%.
 const PANELS_FROM_BYTES: usize = 2 << 20;
 
+/// A `B` given transposed is packed in panels only from this many row tiles on. Its packing is
+/// a copy the transposed read does not need, and each panel is read once per row tile: on the
+/// development VM, `B` 8 MiB (`L = 512`, `N = 4096`, given transposed), `cpu-llvm`, the
+/// transposed read against panels took 0.32-0.34 against 1.9-2.1 ms at `M = 1`, 1.2 against
+/// 2.4-2.5 at `M = 16`, 2.1-2.3 against 2.6-2.7 at `M = 32` (4 row tiles) and 4.5-5.0 against
+/// 3.3-3.6 at `M = 64` (8 row tiles).
+const PANELS_MIN_ROW_TILES: u32 = 8;
+
 /// The layouts of `A` and `B` the kernel of an `[M, L] x [L, N]` product (`(m, n, l)`, `dtype`) reads
 /// on a device, and its tile (the host copies an operand stored otherwise, transposed):
 /// * a GPU reads the operands as they are;
 /// * a CPU with vectors (4 lanes or more) reads `A` as stored and `B` stored `[L, N]`, or in
-///   panels ([`Layout::Panels`]) from [`PANELS_FROM_BYTES`] of `B` on: the
+///   panels ([`Layout::Panels`]) from [`PANELS_FROM_BYTES`] of `B` on (a `B` given transposed
+///   from [`PANELS_MIN_ROW_TILES`] on): the
 ///   tile's columns are the vector lanes, each `A` element is broadcast to them, and every
 ///   output keeps its one running sum ([`crate::GEMM_ORDER`]) in a lane (the LLVM backend's
 ///   `codegen/src/llvm/outer.rs`, the Cranelift backend's
@@ -294,13 +303,17 @@ fn plan(
             suggest_tile_sizes(m as usize, n as usize, l as usize, caps),
         ),
         DeviceCaps::Cpu { lanes, .. } if lanes >= 4 => {
+            let tile = column_tile(m, n, l, caps);
             let b_bytes = n as usize * l as usize * dtype.size_bytes();
-            let b = if b_bytes >= PANELS_FROM_BYTES {
+            // A `B` stored otherwise is copied anyway; packing a transposed one is a copy of
+            // its own, which only enough row tiles pay back.
+            let reused = b != Layout::Transposed || m.div_ceil(tile.tm) >= PANELS_MIN_ROW_TILES;
+            let b = if b_bytes >= PANELS_FROM_BYTES && reused {
                 Layout::Panels
             } else {
                 Layout::Transposed
             };
-            (a, b, column_tile(m, n, l, caps))
+            (a, b, tile)
         }
         DeviceCaps::Cpu { .. } => (
             Layout::RowMajor,
