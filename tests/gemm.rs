@@ -158,60 +158,72 @@ fn sequential(len: usize, a: impl Fn(usize) -> f32, b: impl Fn(usize) -> f32, ex
     (0..len).fold(-0.0f32, |p, l| a(l).mul_add(b(l), p)) + extra
 }
 
-/// A `B` of 2 MiB or more goes to the CPU devices in panels (`PANELS_FROM_BYTES`; the `dX`'s
-/// `B`, given transposed, with enough row tiles: `M = 67`, so a last row tile of 3 rows). The
-/// forward and `dX` are bit for bit the pinned order, written here as a plain loop (the
-/// interpreter would take a minute at this size), and the last panel is padded (`N = 260`).
+/// `B` goes to the CPU devices in panels: with 2 MiB or more (`PANELS_FROM_BYTES`, the row
+/// tiles fastest: `M = 67, K = 2048, N = 260`), and smaller, given row-major or with rows of 4 KiB
+/// or more (`PANELS_FROM_ROW_BYTES`, the output tiles fastest: `M = 67, K = 1100, N = 64`). In
+/// both, the `dX`'s `B` is given transposed with enough row tiles (`M = 67`: a last row tile of 3
+/// rows), and the last panel is padded. The forward and `dX` are bit for bit the pinned order,
+/// written here as a plain loop (the interpreter would take a minute at the first size).
 #[test]
-fn a_large_b_in_panels_is_bit_exact_on_the_cpu_devices() {
+fn b_in_panels_is_bit_exact_on_the_cpu_devices() {
     let (devices, _) = available_devices();
-    let (m, k, n) = (67usize, 2048usize, 260usize);
-    let (x, w, b, dy) = (
-        tensor(DType::F32, vec![m, k], 3),
-        tensor(DType::F32, vec![n, k], 5),
-        tensor(DType::F32, vec![n], 7),
-        tensor(DType::F32, vec![m, n], 11),
-    );
-    let [xf, wf, bf, dyf] = [&x, &w, &b, &dy].map(|t| t.to_f32().unwrap());
-    let y_want: Vec<u32> = (0..m * n)
-        .map(|e| {
-            let (i, j) = (e / n, e % n);
-            sequential(k, |l| xf[i * k + l], |l| wf[j * k + l], bf[j]).to_bits()
-        })
-        .collect();
-    let dx_want: Vec<u32> = (0..m * k)
-        .map(|e| {
-            let (i, c) = (e / k, e % k);
-            sequential(n, |l| dyf[i * n + l], |l| wf[l * k + c], xf[e]).to_bits()
-        })
-        .collect();
-    let bits =
-        |t: HostTensor| -> Vec<u32> { t.to_f32().unwrap().iter().map(|v| v.to_bits()).collect() };
-    let mut ran = 0;
-    for dev in devices
-        .iter()
-        .filter(|d| d.name() == "cpu" || d.name() == "cpu-llvm")
-    {
-        let dev = dev.as_ref();
-        let y = ops::gemm(
-            dev,
-            (&x, Layout::RowMajor),
-            (&w, Layout::RowMajor),
-            Some(&b),
-            None,
+    for (m, k, n) in [(67usize, 2048usize, 260usize), (67, 1100, 64)] {
+        let (x, w, b, dy) = (
+            tensor(DType::F32, vec![m, k], 3),
+            tensor(DType::F32, vec![n, k], 5),
+            tensor(DType::F32, vec![n], 7),
+            tensor(DType::F32, vec![m, n], 11),
         );
-        assert!(bits(y.unwrap()) == y_want, "{}: forward", dev.name());
-        let dx = ops::gemm(
-            dev,
-            (&dy, Layout::RowMajor),
-            (&w, Layout::Transposed),
-            None,
-            Some(&x),
-        );
-        assert!(bits(dx.unwrap()) == dx_want, "{}: dX", dev.name());
-        ran += 1;
+        let [xf, wf, bf, dyf] = [&x, &w, &b, &dy].map(|t| t.to_f32().unwrap());
+        let y_want: Vec<u32> = (0..m * n)
+            .map(|e| {
+                let (i, j) = (e / n, e % n);
+                sequential(k, |l| xf[i * k + l], |l| wf[j * k + l], bf[j]).to_bits()
+            })
+            .collect();
+        let dx_want: Vec<u32> = (0..m * k)
+            .map(|e| {
+                let (i, c) = (e / k, e % k);
+                sequential(n, |l| dyf[i * n + l], |l| wf[l * k + c], xf[e]).to_bits()
+            })
+            .collect();
+        let bits = |t: HostTensor| -> Vec<u32> {
+            t.to_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+        };
+        let mut ran = 0;
+        for dev in devices
+            .iter()
+            .filter(|d| d.name() == "cpu" || d.name() == "cpu-llvm")
+        {
+            let dev = dev.as_ref();
+            let y = ops::gemm(
+                dev,
+                (&x, Layout::RowMajor),
+                (&w, Layout::RowMajor),
+                Some(&b),
+                None,
+            );
+            assert!(
+                bits(y.unwrap()) == y_want,
+                "{} {m}x{k}x{n}: forward",
+                dev.name()
+            );
+            let dx = ops::gemm(
+                dev,
+                (&dy, Layout::RowMajor),
+                (&w, Layout::Transposed),
+                None,
+                Some(&x),
+            );
+            assert!(
+                bits(dx.unwrap()) == dx_want,
+                "{} {m}x{k}x{n}: dX",
+                dev.name()
+            );
+            ran += 1;
+        }
+        assert!(ran >= 1, "the Cranelift CPU device is always built");
     }
-    assert!(ran >= 1, "the Cranelift CPU device is always built");
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! dense products' tile and its edges: columns clamped at the end (not consecutive), a row
 //! stride below the tile's width, a short buffer (the proof fails and the checked loop reports),
 //! `bf16` columns (one widened 8-byte load) and `f16` ones (no run), a transposed row factor (a
-//! strided load proven in range), factors in either order, variables shared by accumulators.
+//! strided load proven in range), factors in either order, variables shared by accumulators, a
+//! row `i * s + o` (a dense product's `B` in panels).
 
 use proptest::prelude::*;
 use qforge::ir::{
@@ -25,20 +26,26 @@ struct Shape {
     swap: bool,
     /// 0: a variable per accumulator; 1: one per group of 4 columns; 2: one per column.
     share: u32,
+    /// The column loads at `i * s + o + c_j` (`o` a parameter, [`OFFSET`]) instead of `i * s +
+    /// c_j`: `B` in panels.
+    offset: bool,
 }
 
-/// `out[(g*rows + r)*cols + j] = sum over i < n (sequential) of A(g*rows + r, i) * b[i*s + c_j]`
+/// The parameter `o` of a kernel whose shape has `offset`.
+const OFFSET: u32 = 5;
+
+/// `out[(g*rows + r)*cols + j] = sum over i < n (sequential) of A(g*rows + r, i) * b[i*s (+ o) + c_j]`
 /// for work item `g`, `c_j = min(g*cols + j, last)` (a tile's columns clamped to the last one,
 /// as the library's tiles are), `A(p, i) = a[p*n + i]` or, transposed, `a[i*m + p]`, and `b` of
 /// `bdt` widened; then every variable stored in accumulator order.
 fn column_kernel(sh: Shape) -> Kernel {
     let name = format!(
-        "columns_{}x{}_{}_{}_{}_{}",
-        sh.rows, sh.cols, sh.bdt, sh.transposed, sh.swap, sh.share
+        "columns_{}x{}_{}_{}_{}_{}_{}",
+        sh.rows, sh.cols, sh.bdt, sh.transposed, sh.swap, sh.share, sh.offset
     );
     let mut b = KernelBuilder::new(&name);
-    let [n, s, last, m, la, lb, items] =
-        ["n", "s", "last", "m", "la", "lb", "items"].map(|p| b.scalar_param(p, ScalarType::U32));
+    let [n, s, o, last, m, la, lb, items] = ["n", "s", "o", "last", "m", "la", "lb", "items"]
+        .map(|p| b.scalar_param(p, ScalarType::U32));
     let a = b.buffer_param("a", DType::F32, &[Dim::Param(la)], Access::Read);
     let bb = b.buffer_param("b", sh.bdt, &[Dim::Param(lb)], Access::Read);
     let per_item = sh.rows * sh.cols;
@@ -76,10 +83,13 @@ fn column_kernel(sh: Shape) -> Kernel {
             _ => own[t],
         })
         .collect();
-    let (nv, sv, mv) = (b.param(n), b.param(s), b.param(m));
+    let (nv, sv, mv, ov) = (b.param(n), b.param(s), b.param(m), b.param(o));
     let row_starts: Vec<Value> = rows.iter().map(|p| b.mul(*p, nv)).collect();
     b.accumulate(nv, ReduceOrder::Sequential, &vars, |b, i| {
-        let at_row = b.mul(i, sv);
+        let mut at_row = b.mul(i, sv);
+        if sh.offset {
+            at_row = b.add(at_row, ov);
+        }
         let bv: Vec<Value> = cols
             .iter()
             .map(|c| {
@@ -133,8 +143,9 @@ fn column_args(
 ) -> Vec<OwnedArg> {
     let m = items * sh.rows;
     let la = (m * n).saturating_sub(short_a);
-    let lb = (n.saturating_sub(1) * s + ncols).saturating_add_signed(-short_b);
-    [n, s, ncols - 1, m, la, lb, items]
+    let o = if sh.offset { OFFSET } else { 0 };
+    let lb = (n.saturating_sub(1) * s + o + ncols).saturating_add_signed(-short_b);
+    [n, s, o, ncols - 1, m, la, lb, items]
         .map(|v| OwnedArg::Scalar(Scalar::U32(v)))
         .into_iter()
         .chain([
@@ -152,6 +163,7 @@ const SHAPE: Shape = Shape {
     transposed: false,
     swap: false,
     share: 0,
+    offset: false,
 };
 
 #[test]
@@ -166,6 +178,7 @@ fn column_runs_and_their_edges_match_the_interpreter() {
     };
     let bf16 = with(|s| s.bdt = DType::BF16);
     let transposed = with(|s| s.transposed = true);
+    let offset = with(|s| s.offset = true);
     let cases = [
         (SHAPE, 3, 37, 24, 24, (0, 0)),
         (SHAPE, 3, 37, 21, 21, (0, 0)),
@@ -190,6 +203,9 @@ fn column_runs_and_their_edges_match_the_interpreter() {
         ),
         (with(|s| s.share = 1), 3, 20, 24, 24, (0, 0)),
         (with(|s| s.share = 2), 3, 20, 24, 24, (0, 0)),
+        (offset, 3, 37, 24, 24, (0, 0)),
+        (offset, 3, 37, 21, 21, (0, 0)),
+        (offset, 3, 37, 24, 24, (0, 1)),
     ];
     for (i, (sh, items, n, ncols, s, shorts)) in cases.into_iter().enumerate() {
         let kernel = column_kernel(sh);
@@ -212,6 +228,7 @@ proptest! {
         transposed in any::<bool>(),
         swap in any::<bool>(),
         share in 0u32..3,
+        offset in any::<bool>(),
         items in 1u32..4,
         n in 0u32..40,
         ncols in 1u32..30,
@@ -220,7 +237,7 @@ proptest! {
         seed in any::<u32>(),
         edges in prop_oneof![Just(0u32), 2u32..9],
     ) {
-        let sh = Shape { rows, cols, bdt, transposed, swap, share };
+        let sh = Shape { rows, cols, bdt, transposed, swap, share, offset };
         let s = ncols + extra;
         check(&column_kernel(sh), &column_args(sh, items, n, ncols, s, shorts, seed, edges));
     }

@@ -6,9 +6,10 @@
 //! factors `b_k = buf[row + col_k]` (the second factor, or else the first: the product is the
 //! same): loads of one `f32` or `bf16` buffer defined in the body and used by nothing but runs
 //! as such (no statement, no other factor), `row` the loop index `i` or
-//! `i * s` (the same value for the 4), `col_k` available before the loop. Before the loop one
-//! check covers every run: `col_k = col_0 + k`, and `(len - 1) * s + col_0 + 3` (in 64 bits)
-//! below `2^32` (so no `u32` index of any iteration wraps) and below the buffer's element count.
+//! `i * s`, either plus a loop constant `o` (the same value for the 4), `col_k` available before
+//! the loop. Before the loop one check covers every run: `col_k = col_0 + k`, and
+//! `(len - 1) * s + o + col_0 + 3` (in 64 bits) below `2^32` (so no `u32` index of any iteration
+//! wraps) and below the buffer's element count.
 //! The body's other loads at `u + i` (`accumulate_range.rs`) or `i * s + u` are proven in range
 //! the same way and run unchecked. When it holds, the loop lowers the body without the runs' loads and loads each run's 4 values
 //! with one vector load at `row + col_0` (a `bf16` run: one 8-byte load widened exactly), every
@@ -53,13 +54,15 @@ pub(super) struct ColumnPlan {
     skipped: HashSet<usize>,
 }
 
-/// A load at `buf[row + col]`: `row` the loop index or `index * stride`, `stride` and `col`
-/// available before the loop.
+/// A load at `buf[row + col]`: `row` the loop index or `index * stride`, plus `offset` if any,
+/// `stride`, `offset` and `col` available before the loop (`offset`: a dense product's `B` in
+/// panels, `row = l * P + first * (L - 1)`).
 #[derive(Clone, Copy)]
 struct Column {
     buf: ParamId,
     row: IrValue,
     stride: Option<IrValue>,
+    offset: Option<IrValue>,
     col: IrValue,
 }
 
@@ -142,6 +145,7 @@ impl Lowerer<'_> {
                         && c.buf == c0.buf
                         && c.row == c0.row
                         && c.stride == c0.stride
+                        && c.offset == c0.offset
                         && !banned.contains(&col.index())
                 })
             });
@@ -169,8 +173,8 @@ impl Lowerer<'_> {
         matches!(dtype, DType::F32 | DType::BF16).then_some(column)
     }
 
-    /// The load `v` as `buf[row + col]`, `row` the loop index `index` or `index * s`, `s` and
-    /// `col` not in `defined` (available before the loop).
+    /// The load `v` as `buf[row + col]`, `row` the loop index `index` or `index * s`, either
+    /// plus `o`, with `s`, `o` and `col` not in `defined` (available before the loop).
     fn strided_load(&self, v: IrValue, index: IrValue, defined: &HashSet<usize>) -> Option<Column> {
         let op = |v: IrValue| self.k.values.try_get(v).map(|d| (&d.op, d.ty));
         let Some((Op::Load { buf, index: at }, _)) = op(v) else {
@@ -185,33 +189,49 @@ impl Lowerer<'_> {
             (false, true) => (*y, *x),
             _ => return None,
         };
-        let stride = if row == index {
-            None
-        } else {
-            match op(row) {
+        // `index`, `index * s` or either plus a loop constant: `(stride, offset)`.
+        let scaled = |v: IrValue| -> Option<Option<IrValue>> {
+            if v == index {
+                return Some(None);
+            }
+            match op(v) {
                 Some((Op::Binary(BinaryOp::Mul, p, q), ScalarType::U32)) => {
                     if *p == index && !inside(q) {
-                        Some(*q)
+                        Some(Some(*q))
                     } else if *q == index && !inside(p) {
-                        Some(*p)
+                        Some(Some(*p))
                     } else {
-                        return None;
+                        None
+                    }
+                }
+                _ => None,
+            }
+        };
+        let (stride, offset) = match scaled(row) {
+            Some(stride) => (stride, None),
+            None => match op(row) {
+                Some((Op::Binary(BinaryOp::Add, p, q), ScalarType::U32)) => {
+                    match (inside(p), inside(q)) {
+                        (true, false) => (scaled(*p)?, Some(*q)),
+                        (false, true) => (scaled(*q)?, Some(*p)),
+                        _ => return None,
                     }
                 }
                 _ => return None,
-            }
+            },
         };
         Some(Column {
             buf: *buf,
             row,
             stride,
+            offset,
             col,
         })
     }
 
-    /// The `i8` condition "`(len - 1) * s + col + span` is below `2^32` and below `buf`'s
-    /// element count" (`last_i = len - 1` in 64 bits): every element `row + col + k`, `k <=
-    /// span`, of every iteration exists and no `u32` index wraps.
+    /// The `i8` condition "`(len - 1) * s + offset + col + span` is below `2^32` and below
+    /// `buf`'s element count" (`last_i = len - 1` in 64 bits): every element `row + col + k`,
+    /// `k <= span`, of every iteration exists and no `u32` index wraps.
     fn span_proof(
         &mut self,
         column: &Column,
@@ -228,7 +248,12 @@ impl Lowerer<'_> {
             None => last_i,
         };
         let c64 = self.b.ins().uextend(I64, col);
-        let last = self.b.ins().iadd(last_row, c64);
+        let mut last = self.b.ins().iadd(last_row, c64);
+        if let Some(offset) = column.offset {
+            let o = self.val(offset)?;
+            let o64 = self.b.ins().uextend(I64, o);
+            last = self.b.ins().iadd(last, o64);
+        }
         let last = self.b.ins().iadd_imm_u(last, span as i64);
         let limit = self.c64(1 << 32);
         let (_, count, _, _) = self.buffer(column.buf)?;

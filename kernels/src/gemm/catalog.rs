@@ -47,7 +47,7 @@ impl CatalogEntry for Gemm {
         // `B` as written, `[N, L]`, in the spec's layout.
         let tn = self.tile.tn as usize;
         let b = match self.b {
-            Layout::Panels => packed(&b, dtype, Layout::RowMajor, (n, l), tn),
+            Layout::Panels => packed(&b, dtype, Layout::RowMajor, (n, l), tn, 1),
             _ => b,
         };
         let panel_len = (self.b == Layout::Panels).then_some((l * tn) as u32);

@@ -60,17 +60,58 @@ fn float_in(t: &HostTensor) -> FloatIn<'_> {
     }
 }
 
-/// The `[cols, rows]` transpose of the row-major `[rows, cols]` matrix of `N`-byte elements
-/// `src`, in blocks of 16 x 16 elements, each output row of a block written contiguously.
-/// (512 x 4096 f32, one thread, Zen 3: 2.6 ms; 5.9 ms in blocks of 32 x 32 read row by row.)
-fn transposed<const N: usize>(src: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+/// Below this many bytes a host copy runs on the calling thread: a thread's start costs about
+/// as much as copying this much.
+const THREADED_COPY_FROM_BYTES: usize = 256 << 10;
+
+/// `dst` cut into runs of whole `row_bytes` rows, one run per thread (up to `threads`, one
+/// below [`THREADED_COPY_FROM_BYTES`]); `fill(first_row, run)` fills each run.
+fn fill_rows(
+    dst: &mut [u8],
+    row_bytes: usize,
+    threads: usize,
+    fill: impl Fn(usize, &mut [u8]) + Sync,
+) {
+    let rows = dst.len() / row_bytes.max(1);
+    if rows == 0 {
+        return;
+    }
+    let threads = if dst.len() < THREADED_COPY_FROM_BYTES {
+        1
+    } else {
+        threads.clamp(1, rows)
+    };
+    let per = rows.div_ceil(threads);
+    if threads == 1 {
+        return fill(0, dst);
+    }
+    std::thread::scope(|s| {
+        for (i, run) in dst.chunks_mut(per * row_bytes).enumerate() {
+            let fill = &fill;
+            s.spawn(move || fill(i * per, run));
+        }
+    });
+}
+
+/// Writes columns `cs` of the row-major `[rows, cols]` matrix of `N`-byte elements `src` as rows
+/// of `dst` (column `c` at row `c - cs.start`, `stride` elements per row, the first `rows` of
+/// them written), in blocks of 16 x 16 elements, each output row of a block written
+/// contiguously. (512 x 4096 f32, one thread, Zen 3: 2.6 ms; 5.9 ms in blocks of 32 x 32 read
+/// row by row.)
+fn transpose_into<const N: usize>(
+    src: &[u8],
+    (rows, cols): (usize, usize),
+    cs: std::ops::Range<usize>,
+    dst: &mut [u8],
+    stride: usize,
+) {
     const BLOCK: usize = 16;
-    let mut dst = vec![0u8; src.len()];
     for r0 in (0..rows).step_by(BLOCK) {
         let r1 = (r0 + BLOCK).min(rows);
-        for c0 in (0..cols).step_by(BLOCK) {
-            for c in c0..(c0 + BLOCK).min(cols) {
-                let out = &mut dst[(c * rows + r0) * N..(c * rows + r1) * N];
+        for c0 in cs.clone().step_by(BLOCK) {
+            for c in c0..(c0 + BLOCK).min(cs.end) {
+                let at = (c - cs.start) * stride;
+                let out = &mut dst[(at + r0) * N..(at + r1) * N];
                 for (o, r) in out.chunks_exact_mut(N).zip(r0..r1) {
                     let from = (r * cols + c) * N;
                     o.copy_from_slice(&src[from..from + N]);
@@ -78,57 +119,85 @@ fn transposed<const N: usize>(src: &[u8], rows: usize, cols: usize) -> Vec<u8> {
             }
         }
     }
+}
+
+/// The `[cols, rows]` transpose of the row-major `[rows, cols]` matrix of `N`-byte elements
+/// `src` ([`transpose_into`]), the output rows split between up to `threads` threads.
+fn transposed<const N: usize>(src: &[u8], rows: usize, cols: usize, threads: usize) -> Vec<u8> {
+    let mut dst = vec![0u8; src.len()];
+    fill_rows(&mut dst, rows * N, threads, |c_first, run| {
+        let c_end = c_first + run.len() / (rows * N).max(1);
+        transpose_into::<N>(src, (rows, cols), c_first..c_end, run, rows);
+    });
     dst
 }
 
+/// Panels [`packed`] fills together from a transposed operand. On the AVX-512 development VM,
+/// one thread, 64 MiB of `f32` (`L = rows = 4096`, panels of 32): 10.3 ms in blocks of 8 or 16,
+/// 13.5 one panel at a time (the reads 16 KiB apart), 22.5 all 128 panels along each row.
+const PANELS_PER_BLOCK: usize = 16;
+
 /// The `[ceil(rows / p), L, p]` panels ([`Layout::Panels`], the rows past the end zero) of the
-/// `[rows, L]` operand `src` of `dtype` elements stored with `layout` (row-major or transposed).
+/// `[rows, L]` operand `src` of `dtype` elements stored with `layout` (row-major or transposed),
+/// the panels split between up to `threads` threads.
 pub(crate) fn packed(
     src: &[u8],
     dtype: DType,
     layout: Layout,
     (rows, l): (usize, usize),
     p: usize,
+    threads: usize,
 ) -> Vec<u8> {
     let size = dtype.size_bytes();
     let mut dst = vec![0u8; rows.div_ceil(p) * l * p * size];
-    if l == 0 {
-        return dst;
-    }
-    for (panel, out) in dst.chunks_exact_mut(l * p * size).enumerate() {
-        let r0 = panel * p;
-        let width = p.min(rows - r0) * size;
+    let panel_bytes = l * p * size;
+    fill_rows(&mut dst, panel_bytes, threads, |first, run| {
+        let panels = run.len() / panel_bytes;
         match layout {
-            // Row `l` of a transposed operand holds the panel's elements in a run.
+            // Row `l` of a transposed operand holds each panel's elements in a run. A block of
+            // panels is filled row by row: the reads stream along the rows, and the writes go
+            // to a few panels at once.
             Layout::Transposed => {
-                for (li, o) in out.chunks_exact_mut(p * size).enumerate() {
-                    let from = (li * rows + r0) * size;
-                    o[..width].copy_from_slice(&src[from..from + width]);
+                for j0 in (0..panels).step_by(PANELS_PER_BLOCK) {
+                    let block = j0..(j0 + PANELS_PER_BLOCK).min(panels);
+                    for li in 0..l {
+                        for j in block.clone() {
+                            let r0 = (first + j) * p;
+                            let width = p.min(rows - r0) * size;
+                            let from = (li * rows + r0) * size;
+                            let to = (j * l + li) * p * size;
+                            run[to..to + width].copy_from_slice(&src[from..from + width]);
+                        }
+                    }
                 }
             }
             // A row-major operand's panel is the transpose of its rows.
             _ => {
-                for j in 0..width / size {
-                    let row = &src[(r0 + j) * l * size..(r0 + j + 1) * l * size];
-                    for (li, e) in row.chunks_exact(size).enumerate() {
-                        let to = (li * p + j) * size;
-                        out[to..to + size].copy_from_slice(e);
+                for (j, out) in run.chunks_exact_mut(panel_bytes).enumerate() {
+                    let r0 = (first + j) * p;
+                    let width = p.min(rows - r0);
+                    let block = &src[r0 * l * size..(r0 + width) * l * size];
+                    if size == 4 {
+                        transpose_into::<4>(block, (width, l), 0..l, out, p);
+                    } else {
+                        transpose_into::<2>(block, (width, l), 0..l, out, p);
                     }
                 }
             }
         }
-    }
+    });
     dst
 }
 
 /// `t` (a logical `[rows, L]` operand stored with `layout`) stored with `want` instead (panels of
-/// `p` rows for [`Layout::Panels`]): a copy when they differ.
+/// `p` rows for [`Layout::Panels`]): a copy when they differ, made by up to `threads` threads.
 fn stored_as(
     t: &HostTensor,
     layout: Layout,
     want: Layout,
     (rows, l): (u32, u32),
     p: u32,
+    threads: usize,
 ) -> Option<HostTensor> {
     if layout == want {
         return None;
@@ -137,11 +206,11 @@ fn stored_as(
     let (shape, data) = match want {
         Layout::Panels => {
             let (rows, l, p) = (rows as usize, l as usize, p as usize);
-            let data = packed(&t.data, t.dtype, layout, (rows, l), p);
+            let data = packed(&t.data, t.dtype, layout, (rows, l), p, threads);
             (vec![rows.div_ceil(p), l * p], data)
         }
-        _ if t.dtype.size_bytes() == 4 => (vec![c, r], transposed::<4>(&t.data, r, c)),
-        _ => (vec![c, r], transposed::<2>(&t.data, r, c)),
+        _ if t.dtype.size_bytes() == 4 => (vec![c, r], transposed::<4>(&t.data, r, c, threads)),
+        _ => (vec![c, r], transposed::<2>(&t.data, r, c, threads)),
     };
     Some(HostTensor {
         dtype: t.dtype,
@@ -205,7 +274,13 @@ pub fn gemm(
             )));
         }
     }
-    let (want_a, want_b, tile) = plan(DeviceCaps::of(dev), (m, n, l, dtype), a_layout, b_layout);
+    let caps = DeviceCaps::of(dev);
+    let Plan {
+        a: want_a,
+        b: want_b,
+        tile,
+        rows_first,
+    } = plan(caps, (m, n, l, dtype), a_layout, b_layout);
     let outputs = count_u32("gemm", "C", m as usize * n as usize)?;
     let (m_tiles, n_tiles) = (m.div_ceil(tile.tm), n.div_ceil(tile.tn));
     let n_items = count_u32(
@@ -221,8 +296,13 @@ pub fn gemm(
         }
         _ => None,
     };
-    let a_t = stored_as(a, a_layout, want_a, (m, l), tile.tm);
-    let b_t = stored_as(b, b_layout, want_b, (n, l), tile.tn);
+    // The host's copies run on the device's threads (only a CPU plan asks for copies).
+    let threads = match caps {
+        DeviceCaps::Cpu { threads, .. } => threads as usize,
+        DeviceCaps::Gpu { .. } => 1,
+    };
+    let a_t = stored_as(a, a_layout, want_a, (m, l), tile.tm, threads);
+    let b_t = stored_as(b, b_layout, want_b, (n, l), tile.tn, threads);
     let (a, b) = (a_t.as_ref().unwrap_or(a), b_t.as_ref().unwrap_or(b));
     let spec = Gemm {
         a: want_a,
@@ -244,10 +324,7 @@ pub fn gemm(
             n_items,
             m_tiles,
             n_tiles,
-            // Panels are for a `B` too large for the core's cache: its panel stays there while
-            // the rows go by. A smaller `B` stays there whole, and each tile of rows of `A` is
-            // read once for every output tile.
-            group: if panel_len.is_some() { m_tiles } else { 1 },
+            group: if rows_first { m_tiles } else { 1 },
             panel_len,
             a: float_in(a),
             b: float_in(b),
@@ -262,12 +339,12 @@ pub fn gemm(
     HostTensor::new(dtype, vec![m as usize, n as usize], c)
 }
 
-/// From this many bytes of `B` on, the CPU plan packs `B` in panels and runs the row tiles
-/// fastest (see [`plan`]). On the 2-core AVX-512 development VM (2 MiB of L2 per core), `cpu-llvm`,
-/// `M = 512`, `K = N = 4096` (64 MiB of `B`): 22-25 GFLOP/s transposed with the output tiles
-/// fastest, 39-52 transposed with the row tiles fastest, 112-115 in panels with the row tiles
-/// fastest (the `gemm` crate: 174-247 in the same runs). At 1 MiB (`d = 4096`, `r = 64`, the
-/// adapter's products) panels gained nothing and the row order lost up to 25%.
+/// From this many bytes of `B` on, the CPU plan runs the row tiles fastest over `B` in panels
+/// (see [`plan`]): the panel stays in the core's cache while the rows go by. On the 2-core
+/// AVX-512 development VM (2 MiB of L2 per core), `cpu-llvm`, `M = 512`, `K = N = 4096` (64 MiB
+/// of `B`): 22-25 GFLOP/s transposed with the output tiles fastest, 39-52 transposed with the
+/// row tiles fastest, 112-115 in panels with the row tiles fastest (the `gemm` crate: 174-247 in
+/// the same runs). A smaller `B` stays in the cache whole, and the output tiles go fastest.
 const PANELS_FROM_BYTES: usize = 2 << 20;
 
 /// A `B` given transposed is packed in panels only from this many row tiles on. Its packing is
@@ -278,48 +355,77 @@ const PANELS_FROM_BYTES: usize = 2 << 20;
 /// 3.3-3.6 at `M = 64` (8 row tiles).
 const PANELS_MIN_ROW_TILES: u32 = 8;
 
-/// The layouts of `A` and `B` the kernel of an `[M, L] x [L, N]` product (`(m, n, l)`, `dtype`) reads
-/// on a device, and its tile (the host copies an operand stored otherwise, transposed):
+/// A `B` given transposed whose stored rows are this long or longer (in bytes) is packed even
+/// when it fits the cache (from [`PANELS_MIN_ROW_TILES`] on): a tile's consecutive elements of
+/// `L` are then a page or more apart, in one L1 set, where the prefetchers stop. On the
+/// development VM, `cpu-llvm`, the adapter's `dh = dz @ D + dy` (`M = 512`, `L = 64`, `D` given
+/// `[64, 4096]`, medians of 23 interleaved runs) took 2.86 against 3.28 ms in panels, packing
+/// included; `da = dy @ U` (`U` given `[4096, 64]`, 256-byte rows) gained nothing.
+const PANELS_FROM_ROW_BYTES: usize = 4096;
+
+/// How the kernel of one product reads its operands ([`plan`]).
+struct Plan {
+    /// Storage of `A` the kernel reads (the host copies `A` stored otherwise).
+    a: Layout,
+    /// Storage of `B` the kernel reads.
+    b: Layout,
+    tile: TileConfig,
+    /// Whether consecutive work items go down the row tiles for one output tile (the `group`
+    /// parameter is then `m_tiles`), rather than along the output tiles of a row tile.
+    rows_first: bool,
+}
+
+/// The [`Plan`] of an `[M, L] x [L, N]` product (`(m, n, l)`, `dtype`) on a device, with `A`
+/// and `B` given stored as `a` and `b`:
 /// * a GPU reads the operands as they are;
-/// * a CPU with vectors (4 lanes or more) reads `A` as stored and `B` stored `[L, N]`, or in
-///   panels ([`Layout::Panels`]) from [`PANELS_FROM_BYTES`] of `B` on (a `B` given transposed
-///   from [`PANELS_MIN_ROW_TILES`] on): the
+/// * a CPU with vectors (4 lanes or more) reads `A` as stored and `B` in panels
+///   ([`Layout::Panels`]), or a `B` given transposed as it is when packing it does not pay
+///   (fewer than [`PANELS_MIN_ROW_TILES`] row tiles, or below both [`PANELS_FROM_BYTES`] and
+///   [`PANELS_FROM_ROW_BYTES`]): the
 ///   tile's columns are the vector lanes, each `A` element is broadcast to them, and every
 ///   output keeps its one running sum ([`crate::GEMM_ORDER`]) in a lane (the LLVM backend's
 ///   `codegen/src/llvm/outer.rs`, the Cranelift backend's
 ///   `codegen/src/cranelift/accumulate_columns.rs`). A transposed `A` is read in place: the
 ///   backend proves its strided column in range once per tile. [`column_tile`] gives the tile;
+///   the row tiles go fastest from [`PANELS_FROM_BYTES`] of `B` on;
 /// * a CPU without vectors (and the interpreter): both row-major, [`suggest_tile_sizes`].
-fn plan(
-    caps: DeviceCaps,
-    (m, n, l, dtype): (u32, u32, u32, DType),
-    a: Layout,
-    b: Layout,
-) -> (Layout, Layout, TileConfig) {
+///
+/// A `B` given row-major is copied either way; in panels rather than transposed, the adapter's
+/// `y = a @ U.T + b + h` (`M = 512`, `L = 64`, `N = 4096`) took 3.69 against 4.29 ms and
+/// `z = h @ D.T + b` (`L = 4096`, `N = 64`) 1.79 against 2.08 (medians as above).
+fn plan(caps: DeviceCaps, (m, n, l, dtype): (u32, u32, u32, DType), a: Layout, b: Layout) -> Plan {
     match caps {
-        DeviceCaps::Gpu { .. } => (
+        DeviceCaps::Gpu { .. } => Plan {
             a,
             b,
-            suggest_tile_sizes(m as usize, n as usize, l as usize, caps),
-        ),
+            tile: suggest_tile_sizes(m as usize, n as usize, l as usize, caps),
+            rows_first: false,
+        },
         DeviceCaps::Cpu { lanes, .. } if lanes >= 4 => {
             let tile = column_tile(m, n, l, caps);
-            let b_bytes = n as usize * l as usize * dtype.size_bytes();
-            // A `B` stored otherwise is copied anyway; packing a transposed one is a copy of
-            // its own, which only enough row tiles pay back.
-            let reused = b != Layout::Transposed || m.div_ceil(tile.tm) >= PANELS_MIN_ROW_TILES;
-            let b = if b_bytes >= PANELS_FROM_BYTES && reused {
+            let size = dtype.size_bytes();
+            let large = n as usize * l as usize * size >= PANELS_FROM_BYTES;
+            let pays = m.div_ceil(tile.tm) >= PANELS_MIN_ROW_TILES
+                && (large || n as usize * size >= PANELS_FROM_ROW_BYTES);
+            let copied = b != Layout::Transposed;
+            let b = if copied || pays {
                 Layout::Panels
             } else {
                 Layout::Transposed
             };
-            (a, b, tile)
+            Plan {
+                a,
+                b,
+                tile,
+                rows_first: b == Layout::Panels && large,
+            }
         }
-        DeviceCaps::Cpu { .. } => (
-            Layout::RowMajor,
-            Layout::RowMajor,
-            suggest_tile_sizes(m as usize, n as usize, l as usize, caps),
-        ),
+        DeviceCaps::Cpu { .. } => Plan {
+            a: Layout::RowMajor,
+            b: Layout::RowMajor,
+            tile: suggest_tile_sizes(m as usize, n as usize, l as usize, caps),
+            rows_first: false,
+        },
     }
 }
 
@@ -354,9 +460,35 @@ fn column_tile(m: u32, n: u32, l: u32, caps: DeviceCaps) -> TileConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::{packed, transposed};
+    use super::{packed, plan, transposed};
+    use crate::ops::DeviceCaps;
     use crate::Layout;
     use qforge_ir::DType;
+
+    /// The AVX-512 CPU plan of the adapter's products (`d = 4096`, `r = 64`, `M = 512`) and of
+    /// the bias gradient, as measured in [`plan`]'s docs: `(m, n, l)`, the given layouts, then
+    /// `B`'s storage and whether the row tiles go fastest.
+    #[test]
+    fn the_cpu_plan_packs_b_where_it_pays() {
+        use Layout::{Panels as P, RowMajor as N, Transposed as T};
+        let caps = DeviceCaps::Cpu {
+            threads: 2,
+            lanes: 16,
+        };
+        for (what, (m, n, l), (a, b), want) in [
+            ("z = h D^T", (512, 64, 4096), (N, N), (P, false)),
+            ("y = a U^T", (512, 4096, 64), (N, N), (P, false)),
+            ("da = dy U", (512, 64, 4096), (N, T), (T, false)),
+            ("dh = dz D", (512, 4096, 64), (N, T), (P, false)),
+            ("dU = dy^T a", (4096, 64, 512), (T, T), (T, false)),
+            ("dD = dz^T h", (64, 4096, 512), (T, T), (P, true)),
+            ("db = 1^T dy", (1, 4096, 512), (N, T), (T, false)),
+            ("y = x W^T, 64 MiB", (512, 4096, 4096), (N, N), (P, true)),
+        ] {
+            let p = plan(caps, (m, n, l, DType::F32), a, b);
+            assert_eq!((p.a, p.b, p.rows_first), (a, want.0, want.1), "{what}");
+        }
+    }
 
     /// Element `(r, l)` of a `[rows, L]` operand lands at `((r / p) * L + l) * p + r % p`
     /// from its row-major and its transposed storage alike, and the rows past the end are zero.
@@ -372,8 +504,8 @@ mod tests {
                     .collect(),
             );
             let stored_t = bytes((0..rows * l).map(|i| value(i % rows, i / rows)).collect());
-            let got = packed(&row_major, DType::BF16, Layout::RowMajor, (rows, l), p);
-            let got_t = packed(&stored_t, DType::BF16, Layout::Transposed, (rows, l), p);
+            let got = packed(&row_major, DType::BF16, Layout::RowMajor, (rows, l), p, 1);
+            let got_t = packed(&stored_t, DType::BF16, Layout::Transposed, (rows, l), p, 1);
             assert_eq!(got, got_t, "{rows}x{l} in panels of {p}");
             assert_eq!(got.len(), rows.div_ceil(p) * l * p * 2);
             for panel in 0..rows.div_ceil(p) {
@@ -393,12 +525,41 @@ mod tests {
         }
     }
 
+    /// Above the threaded size, the copies split between threads (runs of several rows and a
+    /// last short run) are the one-thread copies, which the tests above check element by element.
+    #[test]
+    fn threaded_copies_are_the_one_thread_copies() {
+        let (rows, cols) = (301, 263);
+        let src: Vec<u8> = (0..rows * cols * 4).map(|i| (i * 13 % 251) as u8).collect();
+        assert!(src.len() >= super::THREADED_COPY_FROM_BYTES);
+        let one = transposed::<4>(&src, rows, cols, 1);
+        for threads in [2, 3, 7] {
+            assert_eq!(
+                transposed::<4>(&src, rows, cols, threads),
+                one,
+                "{threads} threads"
+            );
+        }
+        for layout in [Layout::RowMajor, Layout::Transposed] {
+            for p in [8, 32] {
+                let one = packed(&src, DType::F32, layout, (rows, cols), p, 1);
+                for threads in [2, 3, 7] {
+                    assert_eq!(
+                        packed(&src, DType::F32, layout, (rows, cols), p, threads),
+                        one,
+                        "{layout:?}, panels of {p}, {threads} threads"
+                    );
+                }
+            }
+        }
+    }
+
     /// Every element lands at its transposed place, for sizes on and off the 16 x 16 blocks.
     #[test]
     fn transposed_moves_every_element() {
         for (rows, cols) in [(1, 1), (3, 17), (16, 16), (33, 5), (40, 70)] {
             let src: Vec<u8> = (0..rows * cols * 2).map(|i| (i * 7 % 251) as u8).collect();
-            let dst = transposed::<2>(&src, rows, cols);
+            let dst = transposed::<2>(&src, rows, cols, 1);
             for r in 0..rows {
                 for c in 0..cols {
                     let (from, to) = ((r * cols + c) * 2, (c * rows + r) * 2);

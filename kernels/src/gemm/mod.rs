@@ -175,11 +175,15 @@ impl Layout {
 struct Operand {
     buf: Buf<In<Float>>,
     layout: Layout,
-    /// Row-major: `row * L` per tile row; transposed: the row index itself; panels:
-    /// `first * L + row - first`.
+    /// Row-major: `row * L` per tile row; transposed and panels: the row index itself.
     offsets: Vec<Val<u32>>,
     /// Transposed: the stored row length (`rows`); panels: the panel width.
     stride: Val<u32>,
+    /// Panels: `first * (L - 1)`, `first` the tile's first row (a multiple of the width), so
+    /// that element `(r, l)` is at `(l * P + first * (L - 1)) + r`. The row stays the last
+    /// term, as in the transposed index, so the CPU backends see the tile's rows as the lanes
+    /// of both the loads and the stores (`codegen/src/llvm/outer_store.rs`).
+    panel_base: Option<Val<u32>>,
 }
 
 /// The operand `buf` stored with `layout` at the tile rows `rows` (of `len` rows, reduced
@@ -197,8 +201,7 @@ fn operand(
     for r in rows {
         let off = match layout {
             Layout::RowMajor => r.clamped * l,
-            Layout::Transposed => r.clamped,
-            Layout::Panels => r.first * (l - 1u32) + r.clamped,
+            Layout::Transposed | Layout::Panels => r.clamped,
         };
         offsets.push(off);
     }
@@ -206,11 +209,21 @@ fn operand(
         Layout::Panels => val::<u32>(comptime!(rows.len() as u32)),
         _ => len,
     };
+    #[comptime]
+    let mut panel_base = None;
+    match layout {
+        Layout::Panels => {
+            let first = rows[0].first * (l - 1u32);
+            panel_base = Some(first);
+        }
+        _ => {}
+    }
     Operand {
         buf,
         layout,
         offsets,
         stride,
+        panel_base,
     }
 }
 
@@ -225,7 +238,10 @@ fn load_operand(op: &Operand, l: Val<u32>) -> Vec<Val<f32>> {
             loads = load_rows(buf, &op.offsets, l);
         }
         Layout::Transposed | Layout::Panels => {
-            let base = l * op.stride;
+            let base = match op.panel_base {
+                Some(p) => l * op.stride + p,
+                None => l * op.stride,
+            };
             for off in op.offsets.iter().copied() {
                 let x = buf[base + off];
                 loads.push(x);

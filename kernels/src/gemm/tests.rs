@@ -83,7 +83,7 @@ fn launch(
     let mut b = bytes(g.dtype, b);
     if g.b == Layout::Panels {
         args.push(u32_arg(l * tn));
-        b = packed(&b, g.dtype, Layout::RowMajor, (n, l), tn);
+        b = packed(&b, g.dtype, Layout::RowMajor, (n, l), tn, 1);
     }
     args.extend([OwnedArg::Read(bytes(g.dtype, a)), OwnedArg::Read(b)]);
     if g.bias {
