@@ -8,7 +8,7 @@
 use qforge::codegen::cranelift::clif_text;
 use qforge::codegen::llvm::LlvmOptions;
 use qforge::codegen::ptx::{ptx_text, SmTarget};
-use qforge::codegen::stablehlo::StableHloBackend;
+use qforge::codegen::stablehlo::{StableHloBackend, TEXT_DIM};
 use qforge::codegen::wgsl::WgslBackend;
 use qforge::codegen::Backend;
 use qforge::ir::cpu_abi::fnv1a;
@@ -52,10 +52,11 @@ fn library() -> Vec<Kernel> {
         .collect()
 }
 
-/// Each backend's snapshot text of `kernel`: (file suffix, text).
+/// Each backend's snapshot text of `kernel`: (file suffix, text). The Mosaic module and its
+/// twin only for the kernels that backend lowers (`tests/mosaic.rs` checks the refusals).
 fn backend_texts(kernel: &Kernel) -> Vec<(&'static str, String)> {
     let name = &kernel.name;
-    vec![
+    let mut texts = vec![
         (
             "clif",
             clif_text(kernel).unwrap_or_else(|e| panic!("{name}: {e}")),
@@ -80,7 +81,13 @@ fn backend_texts(kernel: &Kernel) -> Vec<(&'static str, String)> {
             "llvm",
             qforge::codegen::llvm::lower(kernel, &LLVM).unwrap_or_else(|e| panic!("{name}: {e}")),
         ),
-    ]
+    ];
+    let shapes = qforge::codegen::stablehlo::Shapes::with_dims(kernel, TEXT_DIM);
+    if let Ok(m) = qforge::codegen::mosaic::lower(kernel, &shapes) {
+        texts.push(("mosaic", m.text));
+        texts.push(("mosaic_twin", m.twin));
+    }
+    texts
 }
 
 #[test]

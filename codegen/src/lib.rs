@@ -8,6 +8,7 @@ pub mod cranelift;
 pub mod decompose;
 mod error;
 pub mod llvm;
+pub mod mosaic;
 pub mod ptx;
 mod running;
 pub mod stablehlo;

@@ -10,6 +10,8 @@ mod cpu;
 mod cuda;
 mod device;
 mod error;
+#[cfg(feature = "stablehlo")]
+mod mosaic_twin;
 mod profile;
 #[cfg(feature = "stablehlo")]
 mod python_runner;
@@ -36,6 +38,8 @@ pub use cpu::CpuOptions;
 pub use cuda::CudaDevice;
 pub use device::{launch_typed, Caps, Device, DeviceKind, InterpreterDevice};
 pub use error::{Error, Result};
+#[cfg(feature = "stablehlo")]
+pub use mosaic_twin::MosaicTwinDevice;
 pub use profile::{KernelTime, Profile, ProfiledDevice};
 #[cfg(feature = "stablehlo")]
 pub use stablehlo::StableHloDevice;

@@ -232,6 +232,20 @@ impl Device for StableHloDevice {
                 kernel.name
             ))
         })?;
+        self.run_launch(kernel, module, args)
+    }
+}
+
+impl StableHloDevice {
+    /// Runs `module` (a StableHLO module with the StableHLO backend's signature: each
+    /// parameter of `kernel` as raw bits, results the final contents of the writable
+    /// buffers in parameter order) on the launch arguments `args` of `kernel`, and copies the
+    /// results into the writable arguments. The Mosaic twin device runs its twins with it.
+    ///
+    /// # Errors
+    /// [`Error::Device`] with the runner's message, or when a result's size differs from
+    /// its argument's.
+    pub fn run_launch(&self, kernel: &Kernel, module: &str, args: &mut [Arg<'_>]) -> Result<()> {
         let dir = self.folder()?;
         let result = (|| {
             let io = |e: std::io::Error| device_error(format!("{}: {e}", dir.display()));

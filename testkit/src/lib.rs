@@ -32,6 +32,8 @@ pub use each::on_each;
 /// `xla` is the XLA SPMD engine (jax from `scripts/install-stablehlo.sh`, `tests/xla_spmd.rs`);
 /// `mpi` is the `mpi` feature with OpenMPI's `mpirun` (`tests/distributed.rs`); `nccl` the
 /// `nccl` feature with a GPU and `libnccl.so` (never required by CI, which has no GPU);
+/// `libtpu` is the Python of `scripts/install-mosaic.sh` (jax with libtpu), which compiles the
+/// Mosaic backend's modules for TPU generations without a TPU (`tests/mosaic.rs`);
 /// `avx512_bf16` and `amx_bf16` are the CPU instructions `tests/probe_bf16.rs` probes (never
 /// required by CI, whose machines differ).
 pub const KNOWN: &[&str] = &[
@@ -42,6 +44,7 @@ pub const KNOWN: &[&str] = &[
     "cuda",
     "stablehlo",
     "xla",
+    "libtpu",
     "ptxas",
     "golden",
     "models",
@@ -55,7 +58,7 @@ pub const KNOWN: &[&str] = &[
 /// What `.ci/run` installs and so what must be present whenever [`ci`] is true and
 /// `QFORGE_REQUIRE` is not set: the Cranelift and LLVM CPU devices, the ahead-of-time CPU
 /// device (feature `aot`), the wgpu device (Mesa's
-/// lavapipe), the StableHLO runner and XLA through jax, NVIDIA's `ptxas`, the shared golden vectors and models,
+/// lavapipe), the StableHLO runner and XLA through jax, libtpu's Mosaic compiler, NVIDIA's `ptxas`, the shared golden vectors and models,
 /// the Python with transformers, and OpenMPI for the MPI engine. Not `cuda`: CI has no GPU.
 pub const CI_REQUIRES: &[&str] = &[
     "cpu",
@@ -64,6 +67,7 @@ pub const CI_REQUIRES: &[&str] = &[
     "wgpu",
     "stablehlo",
     "xla",
+    "libtpu",
     "ptxas",
     "golden",
     "models",

@@ -1,0 +1,184 @@
+//! The Mosaic backend (TPU): lowers a kernel to a tile program and prints it twice, as a
+//! Mosaic module in the Pallas convention (`text.rs`), which libtpu's Mosaic compiler compiles
+//! for a TPU, and as its StableHLO twin (`twin.rs`), which the `stablehlo` device's reference
+//! interpreter runs, so the lowering is checked bit for bit on a machine without a TPU
+//! (`docs/backends/mosaic.md`).
+//!
+//! # The row-chunk class
+//!
+//! This first lowering takes the kernels whose work item `w` runs one loop over its chunk of
+//! a flat element space, `for i in C*w .. min(C*w + C, n)`, with `n` a dimension parameter,
+//! and whose loop body reads and writes buffers only at `i` (and reads per-work-item buffers
+//! at `w` before it): blockwise dequantization, for example. The program's arrays put work
+//! item `w` in row `w` and its chunk element `i` in column `i - C*w`: a buffer read or written
+//! at `i` is an array `[rows, C]` (its flat elements padded with zeros), a buffer read at `w`
+//! an array `[rows, 1]`; `rows` is the grid rounded up to [`STEP_ROWS`], and each grid step
+//! takes [`STEP_ROWS`] rows of every array as its window (`R x L` and `R x 1` tiles, `L` the
+//! chunk or 512 lanes of it). Each IR
+//! value becomes a vector of the tile shape it varies over, computed by the lane-wise ops the
+//! IR defines (integer ops wrap, shifts take their amount modulo 32, a `lookup` is a tree of
+//! selects on the index bits, a `bf16` store rounds to nearest even with integer ops).
+//! Because the chunk buffers are sized by `n` (checked), the lanes past `n` are exactly the
+//! padding, which the caller drops: no lane is masked.
+//!
+//! Anything else is refused with [`Error::Unsupported`] naming the construct: other loops,
+//! control flow, variables, `accumulate`, and for now `fma`, `div`, `sqrt`, conversions and
+//! `f16` buffers, whose exact TPU forms are not written yet (the TPU has no `f64`, which the
+//! StableHLO backend's exact `fma` uses).
+//!
+//! # The module and its caller
+//!
+//! The Mosaic function takes the two grid indices (`i32`: rows step, lane block) and one VMEM
+//! window per input array, then one per output array, in parameter order. The grid is
+//! `rows / STEP_ROWS` steps over the rows times `C / lanes` lane blocks (a chunk wider than 512
+//! lanes is taken 512 at a time), all `parallel`; a chunk window's index map is `(r, c) -> (r,
+//! c)` (`@transform_chunk`), a per-work-item window's `(r, c) -> (r, 0)` (`@transform_row`). [`Manifest`] says
+//! which parameter each array holds, its shape and dtype: the caller pads and reshapes each
+//! buffer into its array, passes the inputs, and keeps the first `elements` of each output
+//! (`scripts/mosaic_check.py` does this for `jax`).
+
+mod text;
+mod tile;
+mod twin;
+
+use qforge_ir::{DType, Kernel};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+pub use crate::stablehlo::Shapes;
+pub use tile::Window;
+
+/// The backend name used in errors and in `qforge check`.
+pub const BACKEND: &str = "mosaic";
+
+/// Rows of every window: a multiple of the TPU's native tiling of 8-bit arrays (32 sublanes;
+/// 16 for 16-bit and 8 for 32-bit ones), so every window of any dtype is aligned.
+pub const STEP_ROWS: u32 = 32;
+
+/// The largest table a `lookup` selects from (a tree of `MAX_TABLE - 1` selects).
+pub const MAX_TABLE: usize = 256;
+
+/// A lowered kernel: the Mosaic module, its twin and the arrays' layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MosaicModule {
+    /// The Mosaic module (MLIR text: `func`, `arith`, `vector`, `memref` and `tpu` dialects,
+    /// `stable_mosaic.version` 11).
+    pub text: String,
+    /// The StableHLO twin: the same tile program with the signature of the StableHLO
+    /// backend's modules (each parameter as raw bits, results the final contents of the
+    /// written buffers), run by the `stablehlo` device's runner.
+    pub twin: String,
+    /// How the caller passes the buffers.
+    pub manifest: Manifest,
+}
+
+/// How the Mosaic function's arrays hold the kernel's buffers (JSON for callers).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Manifest {
+    /// The kernel name; also the Mosaic function's name.
+    pub kernel: String,
+    /// Grid steps over the rows (the first of `iteration_bounds`).
+    pub steps: u32,
+    /// Rows per step.
+    pub step_rows: u32,
+    /// Grid steps over the chunk (the second of `iteration_bounds`).
+    pub lane_blocks: u32,
+    /// Columns of a chunk window per step.
+    pub lanes: u32,
+    /// The input arrays, in the function's order.
+    pub inputs: Vec<ArrayLayout>,
+    /// The output arrays, in the function's order.
+    pub outputs: Vec<ArrayLayout>,
+}
+
+/// One array of the Mosaic function.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ArrayLayout {
+    /// The kernel parameter it holds.
+    pub param: String,
+    /// Its index among the kernel's parameters.
+    pub index: usize,
+    /// `[rows, columns]`: the buffer's flat elements in row-major order, zero-padded.
+    pub shape: [u32; 2],
+    /// The element dtype as `numpy` spells it (`uint8`, `int8`, `bfloat16`, `float32`,
+    /// `uint32`, `int32`).
+    pub dtype: &'static str,
+    /// The buffer's element count (an output's first `elements` are the kernel's result).
+    pub elements: usize,
+}
+
+/// Lowers `kernel` for a launch of `shapes`: the Mosaic module, its twin and the manifest.
+///
+/// # Errors
+/// [`Error::Unsupported`] naming the first construct outside the row-chunk class (module
+/// docs), shapes for another number of parameters, or a grid that does not cover the chunk
+/// buffers; [`Error::Ir`] for a kernel that
+/// does not verify.
+pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
+    qforge_ir::verify(kernel)?;
+    if shapes.elements.len() != kernel.params.len() {
+        return Err(refuse(
+            kernel,
+            &format!(
+                "launch shapes for {} parameters (the kernel has {})",
+                shapes.elements.len(),
+                kernel.params.len()
+            ),
+        ));
+    }
+    let program = tile::tile_program(kernel, shapes)?;
+    let layout = |w: &Window| ArrayLayout {
+        param: w.name.clone(),
+        index: w.param,
+        shape: [program.rows, w.width],
+        dtype: numpy_dtype(w.dtype),
+        elements: w.elements,
+    };
+    let manifest = Manifest {
+        kernel: kernel.name.clone(),
+        steps: program.steps(),
+        step_rows: STEP_ROWS,
+        lane_blocks: program.lane_blocks(),
+        lanes: program.lanes(),
+        inputs: program
+            .windows
+            .iter()
+            .filter(|w| w.read)
+            .map(layout)
+            .collect(),
+        outputs: program
+            .windows
+            .iter()
+            .filter(|w| w.written)
+            .map(layout)
+            .collect(),
+    };
+    Ok(MosaicModule {
+        text: text::print(&program),
+        twin: twin::print(kernel, shapes, &program),
+        manifest,
+    })
+}
+
+/// `Unsupported` naming the kernel and what this backend does not lower in it.
+fn refuse(k: &Kernel, what: &str) -> Error {
+    Error::Unsupported {
+        backend: BACKEND,
+        op: format!("{} in {}", what, k.name),
+    }
+}
+
+fn numpy_dtype(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float32",
+        DType::F16 => "float16",
+        DType::BF16 => "bfloat16",
+        DType::U8 => "uint8",
+        DType::I8 => "int8",
+        DType::U32 => "uint32",
+        DType::I32 => "int32",
+    }
+}
+
+#[cfg(test)]
+mod tests;

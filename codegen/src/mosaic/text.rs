@@ -1,0 +1,281 @@
+//! Prints a tile program as a Mosaic module in the Pallas convention: one `func.func` with
+//! the grid index and one VMEM memref per window (inputs, then outputs), the attributes
+//! `dimension_semantics`, `iteration_bounds`, `scalar_prefetch`, `scratch_operands`,
+//! `tpu.core_type` and `window_params`, and one index map `@transform_0`.
+
+use std::fmt::Write;
+
+use qforge_ir::DType;
+
+use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp};
+use super::STEP_ROWS;
+
+/// The memref element type of a window of `dtype`.
+fn mem_elt(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::U8 | DType::I8 => "i8",
+        DType::U32 | DType::I32 => "i32",
+    }
+}
+
+fn elt(e: Elt) -> &'static str {
+    match e {
+        Elt::I32 => "i32",
+        Elt::F32 => "f32",
+        Elt::I1 => "i1",
+    }
+}
+
+struct Printer<'p> {
+    p: &'p TileProgram,
+    out: String,
+    /// The function argument of each window: (input, output).
+    args: Vec<(Option<String>, Option<String>)>,
+}
+
+impl Printer<'_> {
+    fn vty(&self, shape: Shape, e: &str) -> String {
+        let w = if shape == Shape::Chunk {
+            self.p.lanes()
+        } else {
+            1
+        };
+        format!("vector<{STEP_ROWS}x{w}x{e}>")
+    }
+
+    fn mem(&self, window: usize) -> String {
+        let w = &self.p.windows[window];
+        format!(
+            "memref<{STEP_ROWS}x{}x{}, #tpu.memory_space<vmem>>",
+            self.p.block_width(w),
+            mem_elt(w.dtype)
+        )
+    }
+
+    fn line(&mut self, s: String) {
+        self.out.push_str("    ");
+        self.out.push_str(&s);
+        self.out.push('\n');
+    }
+
+    fn node(&mut self, i: usize, n: &Node) {
+        let ty = self.vty(n.shape, elt(n.elt));
+        let v = |j: usize| format!("%v{j}");
+        match &n.op {
+            VOp::Load { window } => {
+                let dtype = self.p.windows[*window].dtype;
+                let arg = self.args[*window].0.clone().unwrap_or_default();
+                let raw = self.vty(n.shape, mem_elt(dtype));
+                let mem = self.mem(*window);
+                let load = format!("vector.load {arg}[%c0, %c0] : {mem}, {raw}");
+                match dtype {
+                    DType::F32 | DType::U32 | DType::I32 => self.line(format!("%v{i} = {load}")),
+                    DType::U8 | DType::I8 => {
+                        let ext = if dtype == DType::U8 { "extui" } else { "extsi" };
+                        self.line(format!("%v{i}_raw = {load}"));
+                        self.line(format!("%v{i} = arith.{ext} %v{i}_raw : {raw} to {ty}"));
+                    }
+                    DType::BF16 | DType::F16 => {
+                        let half = self.vty(n.shape, "i16");
+                        self.line(format!("%v{i}_raw = {load}"));
+                        self.line(format!(
+                            "%v{i}_half = arith.bitcast %v{i}_raw : {raw} to {half}"
+                        ));
+                        self.line(format!("%v{i} = arith.extui %v{i}_half : {half} to {ty}"));
+                    }
+                }
+            }
+            VOp::Const { bits, elt: e } => match e {
+                Elt::I32 => self.line(format!(
+                    "%v{i} = arith.constant dense<{}> : {ty}",
+                    *bits as i32
+                )),
+                Elt::I1 => self.line(format!(
+                    "%v{i} = arith.constant dense<{}> : {ty}",
+                    *bits != 0
+                )),
+                Elt::F32 => {
+                    let ity = self.vty(n.shape, "i32");
+                    self.line(format!(
+                        "%v{i}_bits = arith.constant dense<{}> : {ity}",
+                        *bits as i32
+                    ));
+                    self.line(format!("%v{i} = arith.bitcast %v{i}_bits : {ity} to {ty}"));
+                }
+            },
+            VOp::Broadcast(a) => {
+                let from = self.vty(Shape::Row, elt(n.elt));
+                self.line(format!(
+                    "%v{i} = vector.broadcast {} : {from} to {ty}",
+                    v(*a)
+                ));
+            }
+            VOp::Bin(op, a, b) => {
+                let name = match op {
+                    Bin::AddI => "addi",
+                    Bin::SubI => "subi",
+                    Bin::MulI => "muli",
+                    Bin::AndI => "andi",
+                    Bin::OrI => "ori",
+                    Bin::XorI => "xori",
+                    Bin::Shl => "shli",
+                    Bin::ShrU => "shrui",
+                    Bin::ShrS => "shrsi",
+                    Bin::AddF => "addf",
+                    Bin::SubF => "subf",
+                    Bin::MulF => "mulf",
+                };
+                self.line(format!("%v{i} = arith.{name} {}, {} : {ty}", v(*a), v(*b)));
+            }
+            VOp::Cmp(pred, a, b) => {
+                let (op, p) = match pred {
+                    Pred::Eq => ("cmpi", "eq"),
+                    Pred::Ne => ("cmpi", "ne"),
+                    Pred::Ult => ("cmpi", "ult"),
+                    Pred::Ule => ("cmpi", "ule"),
+                    Pred::Ugt => ("cmpi", "ugt"),
+                    Pred::Uge => ("cmpi", "uge"),
+                    Pred::Slt => ("cmpi", "slt"),
+                    Pred::Sle => ("cmpi", "sle"),
+                    Pred::Sgt => ("cmpi", "sgt"),
+                    Pred::Sge => ("cmpi", "sge"),
+                    Pred::Oeq => ("cmpf", "oeq"),
+                    Pred::Olt => ("cmpf", "olt"),
+                    Pred::Ole => ("cmpf", "ole"),
+                    Pred::Ogt => ("cmpf", "ogt"),
+                    Pred::Oge => ("cmpf", "oge"),
+                };
+                let operand = self.vty(n.shape, elt(self.p.nodes[*a].elt));
+                self.line(format!(
+                    "%v{i} = arith.{op} {p}, {}, {} : {operand}",
+                    v(*a),
+                    v(*b)
+                ));
+            }
+            VOp::Select(c, t, f) => {
+                let cty = self.vty(n.shape, "i1");
+                self.line(format!(
+                    "%v{i} = arith.select {}, {}, {} : {cty}, {ty}",
+                    v(*c),
+                    v(*t),
+                    v(*f)
+                ));
+            }
+            VOp::Bitcast(a, _) => {
+                let from = self.vty(n.shape, elt(self.p.nodes[*a].elt));
+                self.line(format!("%v{i} = arith.bitcast {} : {from} to {ty}", v(*a)));
+            }
+        }
+    }
+
+    fn store(&mut self, k: usize, window: usize, node: usize) {
+        let dtype = self.p.windows[window].dtype;
+        let arg = self.args[window].1.clone().unwrap_or_default();
+        let mem = self.mem(window);
+        let shape = self.p.nodes[node].shape;
+        let value_ty = self.vty(shape, elt(self.p.nodes[node].elt));
+        let raw = self.vty(shape, mem_elt(dtype));
+        let value = match dtype {
+            DType::F32 | DType::U32 | DType::I32 => format!("%v{node}"),
+            DType::U8 | DType::I8 => {
+                self.line(format!(
+                    "%s{k} = arith.trunci %v{node} : {value_ty} to {raw}"
+                ));
+                format!("%s{k}")
+            }
+            DType::BF16 | DType::F16 => {
+                let half = self.vty(shape, "i16");
+                self.line(format!(
+                    "%s{k}_half = arith.trunci %v{node} : {value_ty} to {half}"
+                ));
+                self.line(format!(
+                    "%s{k} = arith.bitcast %s{k}_half : {half} to {raw}"
+                ));
+                format!("%s{k}")
+            }
+        };
+        self.line(format!(
+            "tpu.vector_store {arg}[%c0, %c0], {value} {{strides = array<i32>}} : {mem}, {raw},"
+        ));
+    }
+}
+
+/// The Mosaic module of `p` (see the module docs).
+pub(super) fn print(p: &TileProgram) -> String {
+    let mut args = vec![(None, None); p.windows.len()];
+    let mut params = vec!["%arg0: i32".to_string(), "%arg1: i32".to_string()];
+    let mut bounds = Vec::new();
+    let mut printer = Printer {
+        p,
+        out: String::new(),
+        args: Vec::new(),
+    };
+    let ins = p.windows.iter().enumerate().filter(|(_, w)| w.read);
+    let outs = p.windows.iter().enumerate().filter(|(_, w)| w.written);
+    for (i, w) in ins {
+        let name = format!("%in_{}", w.name);
+        params.push(format!("{name}: {}", printer.mem(i)));
+        bounds.push(p.block_width(w));
+        args[i].0 = Some(name);
+    }
+    for (i, w) in outs {
+        let name = format!("%out_{}", w.name);
+        params.push(format!("{name}: {}", printer.mem(i)));
+        bounds.push(p.block_width(w));
+        args[i].1 = Some(name);
+    }
+    printer.args = args;
+    printer.line("%c0 = arith.constant 0 : index".into());
+    for (i, n) in p.nodes.iter().enumerate() {
+        printer.node(i, n);
+    }
+    for (k, (w, n)) in p.stores.iter().enumerate() {
+        printer.store(k, *w, *n);
+    }
+    printer.line("return".into());
+    let windows: Vec<String> = bounds
+        .iter()
+        .map(|&w| {
+            let map = if w == p.lanes() { "chunk" } else { "row" };
+            format!(
+                "{{transform_indices = @transform_{map}, window_bounds = array<i64: {STEP_ROWS}, {w}>}}"
+            )
+        })
+        .collect();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "// qforge kernel {} (Mosaic, {} x {} steps of {STEP_ROWS} rows x {} lanes)",
+        p.name,
+        p.steps(),
+        p.lane_blocks(),
+        p.lanes()
+    );
+    let _ = writeln!(
+        out,
+        "module attributes {{stable_mosaic.version = 11 : i64}} {{"
+    );
+    let _ = writeln!(
+        out,
+        "  func.func @{}({}) attributes {{dimension_semantics = [#tpu.dimension_semantics<parallel>, \
+         #tpu.dimension_semantics<parallel>], iteration_bounds = array<i64: {}, {}>, scalar_prefetch = 0 : i64, scratch_operands = 0 : i64, \
+         tpu.core_type = #tpu.core_type<tc>, window_params = [{}]}} {{",
+        p.name,
+        params.join(", "),
+        p.steps(),
+        p.lane_blocks(),
+        windows.join(", ")
+    );
+    out.push_str(&printer.out);
+    out.push_str("  }\n");
+    out.push_str(
+        "  func.func @transform_chunk(%arg0: i32, %arg1: i32) -> (i32, i32) {\n    \
+         return %arg0, %arg1 : i32, i32\n  }\n  \
+         func.func @transform_row(%arg0: i32, %arg1: i32) -> (i32, i32) {\n    \
+         %c0_i32 = arith.constant 0 : i32\n    return %arg0, %c0_i32 : i32, i32\n  }\n}\n",
+    );
+    out
+}

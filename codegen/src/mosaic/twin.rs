@@ -1,0 +1,419 @@
+//! Prints a tile program as its StableHLO twin: the grid as a `stablehlo.while` over steps,
+//! each window a `dynamic_slice` of its array at row `step * STEP_ROWS`, each vector op the
+//! StableHLO op of the same lane-wise meaning, each store a `dynamic_update_slice`. The
+//! signature is the StableHLO backend's (each parameter as raw bits: `tensor<n x ui8|ui16|ui32>`,
+//! a scalar `tensor<ui32>`; results the final raw contents of the writable buffers in parameter
+//! order), so the `stablehlo` device's runner evaluates it with the reference interpreter.
+//! Lanes hold `i32` values as `ui32` (signed ops reinterpret them as `i32`).
+
+use std::fmt::Write;
+
+use qforge_ir::{Access, DType, Kernel, ParamKind};
+
+use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp};
+use super::{Shapes, STEP_ROWS};
+
+/// The raw element type of a buffer of `dtype` in the signature.
+fn raw(dtype: DType) -> &'static str {
+    match dtype.size_bytes() {
+        1 => "ui8",
+        2 => "ui16",
+        _ => "ui32",
+    }
+}
+
+fn elt(e: Elt) -> &'static str {
+    match e {
+        Elt::I32 => "ui32",
+        Elt::F32 => "f32",
+        Elt::I1 => "i1",
+    }
+}
+
+struct Printer<'p> {
+    p: &'p TileProgram,
+    out: String,
+    indent: &'static str,
+    /// The array of each window (its old contents).
+    arrays: Vec<String>,
+}
+
+impl Printer<'_> {
+    fn tty(&self, shape: Shape, e: &str) -> String {
+        let w = if shape == Shape::Chunk {
+            self.p.lanes()
+        } else {
+            1
+        };
+        format!("tensor<{STEP_ROWS}x{w}x{e}>")
+    }
+
+    fn line(&mut self, s: String) {
+        self.out.push_str(self.indent);
+        self.out.push_str(&s);
+        self.out.push('\n');
+    }
+
+    /// `%v{i}_s` = node `a` (of `shape`) reinterpreted as `i32`.
+    fn signed(&mut self, name: &str, a: usize, shape: Shape) -> String {
+        let (u, s) = (self.tty(shape, "ui32"), self.tty(shape, "i32"));
+        self.line(format!(
+            "{name} = stablehlo.bitcast_convert %v{a} : ({u}) -> {s}"
+        ));
+        name.to_string()
+    }
+
+    fn node(&mut self, i: usize, n: &Node) {
+        let ty = self.tty(n.shape, elt(n.elt));
+        match &n.op {
+            VOp::Load { window } => {
+                let w = &self.p.windows[*window];
+                let (dtype, width, block) = (w.dtype, w.width, self.p.block_width(w));
+                let col = if block == 1 { "%zero" } else { "%col" };
+                let rt = self.tty(n.shape, raw(dtype));
+                let array = self.arrays[*window].clone();
+                // A 4-byte integer tile is already the node; others are converted from `_raw`.
+                let plain = matches!(dtype, DType::U32 | DType::I32);
+                let name = if plain {
+                    format!("%v{i}")
+                } else {
+                    format!("%v{i}_raw")
+                };
+                self.line(format!(
+                    "{name} = stablehlo.dynamic_slice {array}, %start, {col}, sizes = [{STEP_ROWS}, {block}] : (tensor<{}x{width}x{}>, tensor<i32>, tensor<i32>) -> {rt}",
+                    self.p.rows,
+                    raw(dtype)
+                ));
+                match dtype {
+                    DType::U32 | DType::I32 => {}
+                    DType::F32 => self.line(format!(
+                        "%v{i} = stablehlo.bitcast_convert %v{i}_raw : ({rt}) -> {ty}"
+                    )),
+                    DType::I8 => {
+                        let s8 = self.tty(n.shape, "i8");
+                        let s32 = self.tty(n.shape, "i32");
+                        self.line(format!(
+                            "%v{i}_s8 = stablehlo.bitcast_convert %v{i}_raw : ({rt}) -> {s8}"
+                        ));
+                        self.line(format!(
+                            "%v{i}_s32 = stablehlo.convert %v{i}_s8 : ({s8}) -> {s32}"
+                        ));
+                        self.line(format!(
+                            "%v{i} = stablehlo.bitcast_convert %v{i}_s32 : ({s32}) -> {ty}"
+                        ));
+                    }
+                    _ => self.line(format!(
+                        "%v{i} = stablehlo.convert %v{i}_raw : ({rt}) -> {ty}"
+                    )),
+                }
+            }
+            VOp::Const { bits, elt: e } => match e {
+                Elt::I32 => self.line(format!("%v{i} = stablehlo.constant dense<{bits}> : {ty}")),
+                Elt::I1 => self.line(format!(
+                    "%v{i} = stablehlo.constant dense<{}> : {ty}",
+                    *bits != 0
+                )),
+                Elt::F32 => {
+                    let u = self.tty(n.shape, "ui32");
+                    self.line(format!(
+                        "%v{i}_bits = stablehlo.constant dense<{bits}> : {u}"
+                    ));
+                    self.line(format!(
+                        "%v{i} = stablehlo.bitcast_convert %v{i}_bits : ({u}) -> {ty}"
+                    ));
+                }
+            },
+            VOp::Broadcast(a) => {
+                let from = self.tty(Shape::Row, elt(n.elt));
+                self.line(format!(
+                    "%v{i} = stablehlo.broadcast_in_dim %v{a}, dims = [0, 1] : ({from}) -> {ty}"
+                ));
+            }
+            VOp::Bin(Bin::ShrS, a, b) => {
+                let x = self.signed(&format!("%v{i}_a"), *a, n.shape);
+                let y = self.signed(&format!("%v{i}_b"), *b, n.shape);
+                let s = self.tty(n.shape, "i32");
+                self.line(format!(
+                    "%v{i}_s = stablehlo.shift_right_arithmetic {x}, {y} : {s}"
+                ));
+                self.line(format!(
+                    "%v{i} = stablehlo.bitcast_convert %v{i}_s : ({s}) -> {ty}"
+                ));
+            }
+            VOp::Bin(op, a, b) => {
+                let name = match op {
+                    Bin::AddI | Bin::AddF => "add",
+                    Bin::SubI | Bin::SubF => "subtract",
+                    Bin::MulI | Bin::MulF => "multiply",
+                    Bin::AndI => "and",
+                    Bin::OrI => "or",
+                    Bin::XorI => "xor",
+                    Bin::Shl => "shift_left",
+                    Bin::ShrU | Bin::ShrS => "shift_right_logical",
+                };
+                self.line(format!("%v{i} = stablehlo.{name} %v{a}, %v{b} : {ty}"));
+            }
+            VOp::Cmp(pred, a, b) => {
+                let (dir, kind) = match pred {
+                    Pred::Eq => ("EQ", "UNSIGNED"),
+                    Pred::Ne => ("NE", "UNSIGNED"),
+                    Pred::Ult => ("LT", "UNSIGNED"),
+                    Pred::Ule => ("LE", "UNSIGNED"),
+                    Pred::Ugt => ("GT", "UNSIGNED"),
+                    Pred::Uge => ("GE", "UNSIGNED"),
+                    Pred::Slt => ("LT", "SIGNED"),
+                    Pred::Sle => ("LE", "SIGNED"),
+                    Pred::Sgt => ("GT", "SIGNED"),
+                    Pred::Sge => ("GE", "SIGNED"),
+                    Pred::Oeq => ("EQ", "FLOAT"),
+                    Pred::Olt => ("LT", "FLOAT"),
+                    Pred::Ole => ("LE", "FLOAT"),
+                    Pred::Ogt => ("GT", "FLOAT"),
+                    Pred::Oge => ("GE", "FLOAT"),
+                };
+                let operand_elt = self.p.nodes[*a].elt;
+                let (x, y, t) = if kind == "SIGNED" {
+                    let x = self.signed(&format!("%v{i}_a"), *a, n.shape);
+                    let y = self.signed(&format!("%v{i}_b"), *b, n.shape);
+                    (x, y, self.tty(n.shape, "i32"))
+                } else {
+                    (
+                        format!("%v{a}"),
+                        format!("%v{b}"),
+                        self.tty(n.shape, elt(operand_elt)),
+                    )
+                };
+                self.line(format!(
+                    "%v{i} = stablehlo.compare {dir}, {x}, {y}, {kind} : ({t}, {t}) -> {ty}"
+                ));
+            }
+            VOp::Select(c, t, f) => {
+                let cty = self.tty(n.shape, "i1");
+                self.line(format!(
+                    "%v{i} = stablehlo.select %v{c}, %v{t}, %v{f} : ({cty}, {ty}, {ty}) -> {ty}"
+                ));
+            }
+            VOp::Bitcast(a, _) => {
+                let from = self.tty(n.shape, elt(self.p.nodes[*a].elt));
+                self.line(format!(
+                    "%v{i} = stablehlo.bitcast_convert %v{a} : ({from}) -> {ty}"
+                ));
+            }
+        }
+    }
+
+    /// The raw tile a store writes (`%t{k}`).
+    fn store_tile(&mut self, k: usize, window: usize, node: usize) -> String {
+        let dtype = self.p.windows[window].dtype;
+        let n = &self.p.nodes[node];
+        let from = self.tty(n.shape, elt(n.elt));
+        let rt = self.tty(n.shape, raw(dtype));
+        match dtype {
+            DType::F32 => self.line(format!(
+                "%t{k} = stablehlo.bitcast_convert %v{node} : ({from}) -> {rt}"
+            )),
+            DType::U32 | DType::I32 => return format!("%v{node}"),
+            _ => {
+                // The low 8 or 16 bits (`convert` to a narrower unsigned type wraps).
+                let mask = if dtype.size_bytes() == 1 {
+                    0xff
+                } else {
+                    0xffff
+                };
+                self.line(format!(
+                    "%t{k}_mask = stablehlo.constant dense<{mask}> : {from}"
+                ));
+                self.line(format!(
+                    "%t{k}_low = stablehlo.and %v{node}, %t{k}_mask : {from}"
+                ));
+                self.line(format!(
+                    "%t{k} = stablehlo.convert %t{k}_low : ({from}) -> {rt}"
+                ));
+            }
+        }
+        format!("%t{k}")
+    }
+}
+
+/// The twin of `p`, the tile program of `kernel` at `shapes` (see the module docs).
+pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String {
+    let mut sig = Vec::new();
+    let mut results = Vec::new();
+    for (i, (_, param)) in kernel.params.iter().enumerate() {
+        match &param.kind {
+            ParamKind::Buffer { dtype, access, .. } => {
+                let n = shapes.elements.get(i).copied().unwrap_or(0);
+                sig.push(format!("%arg{i}: tensor<{n}x{}>", raw(*dtype)));
+                if *access != Access::Read {
+                    results.push((i, n, *dtype));
+                }
+            }
+            ParamKind::Scalar(_) => sig.push(format!("%arg{i}: tensor<ui32>")),
+        }
+    }
+    let rows = p.rows;
+    let mut head = Printer {
+        p,
+        out: String::new(),
+        indent: "    ",
+        arrays: Vec::new(),
+    };
+    // Each window's array: the raw buffer padded with zeros and reshaped to `rows x width`.
+    for w in &p.windows {
+        let (i, width, n) = (w.param, w.width, w.elements);
+        let r = raw(w.dtype);
+        let total = rows as usize * width as usize;
+        head.line(format!(
+            "%zero{i} = stablehlo.constant dense<0> : tensor<{r}>"
+        ));
+        head.line(format!(
+            "%pad{i} = stablehlo.pad %arg{i}, %zero{i}, low = [0], high = [{}], interior = [0] : (tensor<{n}x{r}>, tensor<{r}>) -> tensor<{total}x{r}>",
+            total - n
+        ));
+        head.line(format!(
+            "%array{i} = stablehlo.reshape %pad{i} : (tensor<{total}x{r}>) -> tensor<{rows}x{width}x{r}>"
+        ));
+    }
+    let arrays: Vec<String> = p
+        .windows
+        .iter()
+        .map(|w| format!("%array{}", w.param))
+        .collect();
+    let outs: Vec<usize> = (0..p.windows.len())
+        .filter(|&w| p.windows[w].written)
+        .collect();
+    let array_ty = |w: usize| {
+        let win = &p.windows[w];
+        format!("tensor<{rows}x{}x{}>", win.width, raw(win.dtype))
+    };
+    head.line("%c0 = stablehlo.constant dense<0> : tensor<i32>".into());
+    head.line(format!(
+        "%steps = stablehlo.constant dense<{}> : tensor<i32>",
+        p.steps() * p.lane_blocks()
+    ));
+    let mut carried = vec!["%it = %c0".to_string()];
+    let mut carried_ty = vec!["tensor<i32>".to_string()];
+    for &w in &outs {
+        carried.push(format!("%o{w} = {}", arrays[w]));
+        carried_ty.push(array_ty(w));
+    }
+    head.line(format!(
+        "%loop:{} = stablehlo.while({}) : {}",
+        carried.len(),
+        carried.join(", "),
+        carried_ty.join(", ")
+    ));
+    head.line("cond {".into());
+    head.line(
+        "  %more = stablehlo.compare LT, %it, %steps, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>"
+            .into(),
+    );
+    head.line("  stablehlo.return %more : tensor<i1>".into());
+    head.line("} do {".into());
+    let mut body = Printer {
+        p,
+        out: String::new(),
+        indent: "      ",
+        arrays,
+    };
+    body.line(format!(
+        "%rows = stablehlo.constant dense<{STEP_ROWS}> : tensor<i32>"
+    ));
+    // Step `it` is rows step `it / lane_blocks`, lane block `it % lane_blocks`.
+    body.line(format!(
+        "%blocks = stablehlo.constant dense<{}> : tensor<i32>",
+        p.lane_blocks()
+    ));
+    body.line(format!(
+        "%lanes = stablehlo.constant dense<{}> : tensor<i32>",
+        p.lanes()
+    ));
+    body.line("%r = stablehlo.divide %it, %blocks : tensor<i32>".into());
+    body.line("%c = stablehlo.remainder %it, %blocks : tensor<i32>".into());
+    body.line("%start = stablehlo.multiply %r, %rows : tensor<i32>".into());
+    body.line("%col = stablehlo.multiply %c, %lanes : tensor<i32>".into());
+    body.line("%zero = stablehlo.constant dense<0> : tensor<i32>".into());
+    for (i, n) in p.nodes.iter().enumerate() {
+        body.node(i, n);
+    }
+    // Each written window takes its last store's tile.
+    let mut next: Vec<String> = outs.iter().map(|w| format!("%o{w}")).collect();
+    for (k, (w, node)) in p.stores.iter().enumerate() {
+        let tile = body.store_tile(k, *w, *node);
+        let slot = outs.iter().position(|o| o == w).unwrap_or(0);
+        let old = next[slot].clone();
+        let shape = p.nodes[*node].shape;
+        let tty = body.tty(shape, raw(p.windows[*w].dtype));
+        body.line(format!(
+            "%u{k} = stablehlo.dynamic_update_slice {old}, {tile}, %start, %col : ({}, {tty}, tensor<i32>, tensor<i32>) -> {}",
+            array_ty(*w),
+            array_ty(*w)
+        ));
+        next[slot] = format!("%u{k}");
+    }
+    body.line("%one = stablehlo.constant dense<1> : tensor<i32>".into());
+    body.line("%it_next = stablehlo.add %it, %one : tensor<i32>".into());
+    let mut ret = vec!["%it_next".to_string()];
+    ret.extend(next);
+    body.line(format!(
+        "stablehlo.return {} : {}",
+        ret.join(", "),
+        carried_ty.join(", ")
+    ));
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "// qforge kernel {} (Mosaic twin, grid {}, {} x {} steps of {STEP_ROWS} rows x {} lanes)",
+        p.name,
+        shapes.grid,
+        p.steps(),
+        p.lane_blocks(),
+        p.lanes()
+    );
+    let _ = writeln!(out, "module @qforge_mosaic_twin {{");
+    let result_tys: Vec<String> = results
+        .iter()
+        .map(|(_, n, d)| format!("tensor<{n}x{}>", raw(*d)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  func.func public @main({}) -> ({}) {{",
+        sig.join(", "),
+        result_tys.join(", ")
+    );
+    out.push_str(&head.out);
+    out.push_str(&body.out);
+    out.push_str("    }\n");
+    // The results: a written window's array flattened and cut to the buffer; any other
+    // writable buffer unchanged.
+    let mut values = Vec::new();
+    for (i, n, dtype) in &results {
+        match outs.iter().position(|&w| p.windows[w].param == *i) {
+            Some(slot) => {
+                let w = outs[slot];
+                let r = raw(*dtype);
+                let total = rows as usize * p.windows[w].width as usize;
+                let _ = writeln!(
+                    out,
+                    "    %flat{i} = stablehlo.reshape %loop#{} : ({}) -> tensor<{total}x{r}>",
+                    slot + 1,
+                    array_ty(w)
+                );
+                let _ = writeln!(
+                    out,
+                    "    %res{i} = stablehlo.slice %flat{i} [0:{n}] : (tensor<{total}x{r}>) -> tensor<{n}x{r}>"
+                );
+                values.push(format!("%res{i}"));
+            }
+            None => values.push(format!("%arg{i}")),
+        }
+    }
+    let _ = writeln!(
+        out,
+        "    return {} : {}",
+        values.join(", "),
+        result_tys.join(", ")
+    );
+    out.push_str("  }\n}\n");
+    out
+}

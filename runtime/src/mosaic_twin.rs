@@ -1,0 +1,67 @@
+//! The `mosaic-twin` device: runs each kernel's Mosaic lowering through its StableHLO twin
+//! (`qforge_codegen::mosaic`) on the `stablehlo` device's reference-interpreter runners. It
+//! is how the Mosaic backend is checked bit for bit without a TPU: the twin computes the
+//! Mosaic module's tile program op for op. A kernel outside the lowering's class fails its
+//! launch with the backend's `Unsupported` error naming the construct.
+
+use qforge_codegen::mosaic::{self, Shapes};
+use qforge_ir::{Arg, Kernel};
+
+use crate::device::{Caps, Device, DeviceKind};
+use crate::error::Result;
+use crate::stablehlo::StableHloDevice;
+
+const NAME: &str = "mosaic-twin";
+
+/// The device (see the module docs); shares the process's StableHLO runners.
+pub struct MosaicTwinDevice {
+    runner: StableHloDevice,
+}
+
+impl MosaicTwinDevice {
+    /// A device on the process's StableHLO runners.
+    ///
+    /// # Errors
+    /// As [`StableHloDevice::new`]: the Python interpreter is missing or cannot import jax's
+    /// MLIR bindings (run `scripts/install-stablehlo.sh`).
+    pub fn new() -> Result<MosaicTwinDevice> {
+        Ok(MosaicTwinDevice {
+            runner: StableHloDevice::new()?,
+        })
+    }
+}
+
+impl Device for MosaicTwinDevice {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn backend(&self) -> &'static str {
+        mosaic::BACKEND
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            kind: DeviceKind::Xla,
+            ..Caps::SEQUENTIAL
+        }
+    }
+
+    fn compile(&self, kernel: &Kernel) -> Result<()> {
+        Ok(qforge_ir::verify(kernel)?)
+    }
+
+    fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
+        qforge_ir::verify(kernel)?;
+        let binding = qforge_ir::bind(kernel, args)?;
+        if binding.grid == 0 {
+            return Ok(());
+        }
+        let shapes = Shapes {
+            grid: binding.grid,
+            elements: binding.elements.clone(),
+        };
+        let module = mosaic::lower(kernel, &shapes)?;
+        self.runner.run_launch(kernel, &module.twin, args)
+    }
+}

@@ -1,0 +1,105 @@
+"""Compiles qforge's Mosaic modules with libtpu's Mosaic compiler for TPU generations, on a
+machine without a TPU, and shows how a JAX program calls one (`qforge_kernel`).
+
+Usage: python scripts/mosaic_check.py DIR [GENERATION ...]
+  DIR holds KERNEL.mlir (the Mosaic module, `qforge_codegen::mosaic::MosaicModule::text`) and
+  KERNEL.json (its manifest) per kernel. GENERATION is a deviceless topology name, by default
+  v5e:1x1 and v6e:1x1. Prints one JSON line per kernel and generation:
+  {"kernel", "generation", "ok", "seconds", "error"}; exits 0 once every module was tried.
+
+Needs the venv of scripts/install-mosaic.sh (jax with libtpu); libtpu runs its whole Mosaic
+pipeline here, so a module it accepts compiles for that TPU (docs/backends/mosaic.md).
+"""
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+jax.config.update("jax_platforms", "cpu")
+
+from jax._src.interpreters import mlir  # noqa: E402
+from jax._src.lib import tpu  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
+from jax.experimental.mosaic import as_tpu_kernel  # noqa: E402
+from jax.sharding import SingleDeviceSharding  # noqa: E402
+from jaxlib.mlir import ir  # noqa: E402
+
+
+def qforge_kernel(text, manifest):
+    """A function of the kernel's flat buffers (the manifest's inputs, in order) returning its
+    written buffers (the manifest's outputs): pads and reshapes each buffer into its array,
+    runs the Mosaic kernel and keeps each output's first `elements`."""
+    ctx = mlir.make_ir_context()
+    tpu.register_dialect(ctx)
+    with ctx, ir.Location.unknown():
+        module = ir.Module.parse(text)
+        outs = tuple(
+            jax.ShapeDtypeStruct(tuple(a["shape"]), jnp.dtype(a["dtype"]))
+            for a in manifest["outputs"]
+        )
+        kernel = as_tpu_kernel(module, outs, kernel_name=manifest["kernel"])
+
+    def call(*buffers):
+        arrays = []
+        for buf, a in zip(buffers, manifest["inputs"]):
+            rows, cols = a["shape"]
+            flat = jnp.pad(buf.reshape(-1), (0, rows * cols - a["elements"]))
+            arrays.append(flat.reshape(rows, cols))
+        results = kernel(*arrays)
+        return tuple(
+            r.reshape(-1)[: a["elements"]] for r, a in zip(results, manifest["outputs"])
+        )
+
+    return call
+
+
+def check(directory, generations):
+    names = sorted(f[: -len(".mlir")] for f in os.listdir(directory) if f.endswith(".mlir"))
+    for gen in generations:
+        topo = topologies.get_topology_desc(
+            platform="tpu",
+            topology_name=gen,
+            chip_config_name="default",
+            chips_per_host_bounds=(1, 1, 1),
+            num_slices=1,
+        )
+        sharding = SingleDeviceSharding(topo.devices[0])
+        for name in names:
+            start = time.time()
+            error = None
+            try:
+                with open(os.path.join(directory, name + ".mlir")) as f:
+                    text = f.read()
+                with open(os.path.join(directory, name + ".json")) as f:
+                    manifest = json.load(f)
+                ins = [
+                    jax.ShapeDtypeStruct((a["elements"],), jnp.dtype(a["dtype"]), sharding=sharding)
+                    for a in manifest["inputs"]
+                ]
+                jax.jit(qforge_kernel(text, manifest)).lower(*ins).compile()
+            except Exception as e:  # noqa: BLE001 - every rejection is reported
+                error = " ".join(str(e).split())[:2000]
+            print(
+                json.dumps(
+                    {
+                        "kernel": name,
+                        "generation": gen,
+                        "ok": error is None,
+                        "seconds": round(time.time() - start, 3),
+                        "error": error,
+                    }
+                ),
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    check(sys.argv[1], sys.argv[2:] or ["v5e:1x1", "v6e:1x1"])

@@ -1,0 +1,435 @@
+//! The Mosaic backend (`qforge_codegen::mosaic`, docs/backends/mosaic.md): which library
+//! kernels it lowers (the others are refused naming the construct), and for those, with the
+//! `stablehlo` feature, the twin bit-exact against the interpreter on the conformance suite's
+//! fixed cases, and every Mosaic module compiled by libtpu's Mosaic compiler for TPU v5e and
+//! v6e without a TPU (`scripts/mosaic_check.py`, the venv of `scripts/install-mosaic.sh`).
+
+use qforge::codegen::mosaic::{self, Shapes};
+use qforge::codegen::Error;
+use qforge::ir::OwnedArg;
+use qforge::kernels::{self, CatalogEntry};
+
+/// Library kernels with their catalog entries.
+type Built = Vec<(kernels::KernelSpec, qforge::ir::Kernel)>;
+
+/// The library kernels the backend lowers, built, with the reasons the others are refused
+/// (reason without the kernel name, and how many kernels give it).
+fn lowered() -> (Built, Vec<(String, usize)>) {
+    let mut ok = Vec::new();
+    let mut refused: Vec<(String, usize)> = Vec::new();
+    for entry in kernels::catalog() {
+        let kernel = entry.build().expect("library kernels build");
+        match mosaic::lower(&kernel, &Shapes::with_dims(&kernel, 256)) {
+            Ok(_) => ok.push((entry, kernel)),
+            Err(Error::Unsupported { backend, op }) => {
+                assert_eq!(backend, "mosaic");
+                let why = op
+                    .strip_suffix(&format!(" in {}", kernel.name))
+                    .unwrap_or_else(|| {
+                        panic!("{}: the refusal does not name it: {op}", kernel.name)
+                    })
+                    .to_string();
+                match refused.iter_mut().find(|(w, _)| *w == why) {
+                    Some((_, n)) => *n += 1,
+                    None => refused.push((why, 1)),
+                }
+            }
+            Err(e) => panic!("{}: {e}", kernel.name),
+        }
+    }
+    (ok, refused)
+}
+
+/// The launch shapes of `kernel` on `entry`'s example arguments for `values`.
+fn shapes_of(entry: &dyn CatalogEntry, kernel: &qforge::ir::Kernel, values: &[f32]) -> Shapes {
+    let mut args = entry.example_args(values).expect("example arguments");
+    let binding = qforge::ir::bind(kernel, &OwnedArg::borrow_all(&mut args)).expect("binds");
+    Shapes {
+        grid: binding.grid,
+        elements: binding.elements.clone(),
+    }
+}
+
+#[test]
+fn every_library_kernel_lowers_or_is_refused_by_name() {
+    let (ok, mut refused) = lowered();
+    refused.sort_by_key(|r| std::cmp::Reverse(r.1));
+    println!("{} library kernels lower to Mosaic; refused:", ok.len());
+    for (why, n) in &refused {
+        println!("  {n:4}  {why}");
+    }
+    // The 8-bit blockwise dequantizations (dynamic, unsigned dynamic, linear) with f32 and
+    // bf16 outputs, at every blocksize.
+    let names: Vec<String> = ok.iter().map(|(_, k)| k.name.clone()).collect();
+    for kind in ["dynamic", "dynamic_unsigned", "linear"] {
+        for dtype in ["f32", "bf16"] {
+            for bs in [64, 128, 256, 512, 1024, 2048, 4096] {
+                let name = format!("dequantize_blockwise_{kind}_bs{bs}_{dtype}");
+                assert!(names.contains(&name), "{name} does not lower");
+            }
+        }
+    }
+    // Lowering is deterministic.
+    let (entry, kernel) = &ok[0];
+    let shapes = shapes_of(entry.entry(), kernel, &[0.5; 300]);
+    let a = mosaic::lower(kernel, &shapes).unwrap();
+    assert_eq!(a, mosaic::lower(kernel, &shapes).unwrap());
+}
+
+#[test]
+fn shapes_for_another_kernel_are_an_error() {
+    let (ok, _) = lowered();
+    let kernel = &ok[0].1;
+    let mut shapes = Shapes::with_dims(kernel, 256);
+    shapes.elements.pop();
+    let e = mosaic::lower(kernel, &shapes).unwrap_err().to_string();
+    assert!(e.contains("launch shapes for"), "{e}");
+}
+
+/// A row-chunk kernel of chunk 16 over `x: f32[n]` and `y: u32[n]` that uses every op the
+/// backend lowers, with its results in `f: f32[n]`, `b: bf16[n]`, `u: u32[n]`, `s: i32[n]` and
+/// `q: u8[n]` (shift amounts from the data, so past 31 too; a clamped 5-entry lookup; signed
+/// and unsigned orders; float min/max with NaN and signed zeros; `bf16` rounding ties).
+fn every_op_kernel() -> qforge::ir::Kernel {
+    use qforge::ir::{
+        Access, BinaryOp, CmpOp, DType, Dim, KernelBuilder, Rounding, ScalarType, UnaryOp,
+    };
+    let mut b = KernelBuilder::new("mosaic_every_op");
+    let n = b.scalar_param("n", ScalarType::U32);
+    let blocks = b.scalar_param("n_blocks", ScalarType::U32);
+    let flat = [Dim::Param(n)];
+    let x = b.buffer_param("x", DType::F32, &flat, Access::Read);
+    let y = b.buffer_param("y", DType::U32, &flat, Access::Read);
+    let bits = b.buffer_param("bits", DType::U8, &flat, Access::Read);
+    let scale = b.buffer_param("scale", DType::BF16, &[Dim::Param(blocks)], Access::Read);
+    let outs: Vec<_> = [
+        ("f", DType::F32),
+        ("b", DType::BF16),
+        ("u", DType::U32),
+        ("s", DType::I32),
+        ("q", DType::U8),
+    ]
+    .iter()
+    .map(|(name, d)| b.buffer_param(name, *d, &flat, Access::Write))
+    .collect();
+    b.set_grid(Dim::Param(blocks));
+    let table = b.table_u32("t", &[7, 0xffff_fff0, 3, 0x8000_0000, 11]);
+    let w = b.work_item();
+    let sc = b.load(scale, w);
+    let chunk = b.const_u32(16);
+    let start = b.mul(w, chunk);
+    let nv = b.param(n);
+    let sum = b.add(start, chunk);
+    let lim = b.min(sum, nv);
+    let inside = b.cmp(CmpOp::Lt, start, nv);
+    let end = b.select(inside, lim, start);
+    b.for_range(start, end, 1, |b, i| {
+        let xv = b.load(x, i);
+        let yv = b.load(y, i);
+        let q8 = b.load(bits, i);
+        // f32: min/max (NaN, signed zeros), neg, abs, mul, add, sub, compares, select.
+        let prod = b.mul(xv, sc);
+        let mn = b.min(xv, prod);
+        let mx = b.max(prod, xv);
+        let diff = b.sub(mx, mn);
+        let neg = b.neg(diff);
+        let ab = b.abs(xv);
+        let s1 = b.add(neg, ab);
+        let ne = b.cmp(CmpOp::Ne, xv, xv);
+        let le = b.cmp(CmpOp::Le, xv, sc);
+        let pick = b.select(le, s1, prod);
+        let fv = b.select(ne, ab, pick);
+        b.store(outs[0], i, fv);
+        b.store_rounded(outs[1], i, xv, Rounding::NearestEven);
+        // u32: shifts by the data (mod 32), xor, or, and, not, wrapping arithmetic, lookup.
+        let sh = b.shl(yv, q8);
+        let sr = b.shr(yv, yv);
+        let x1 = b.binary(BinaryOp::Xor, sh, sr);
+        let o1 = b.or(x1, q8);
+        let nt = b.not(o1);
+        let t = b.lookup(table, q8);
+        let m1 = b.mul(nt, t);
+        let mn = b.min(m1, yv);
+        let mx = b.max(mn, q8);
+        let ng = b.neg(mx);
+        let gt = b.cmp(CmpOp::Gt, yv, q8);
+        let uv = b.select(gt, ng, mx);
+        b.store(outs[2], i, uv);
+        // i32: arithmetic shift, signed min/max/compare, abs, neg.
+        let si = b.bitcast(yv, ScalarType::I32);
+        let sq = b.bitcast(q8, ScalarType::I32);
+        let sra = b.shr(si, sq);
+        let smin = b.min(sra, sq);
+        let smax = b.max(smin, si);
+        let sabs = b.abs(smax);
+        let sneg = b.unary(UnaryOp::Neg, sabs);
+        let lt = b.cmp(CmpOp::Lt, si, sq);
+        let sv = b.select(lt, sneg, sabs);
+        b.store(outs[3], i, sv);
+        // u8: the low 8 bits of a u32.
+        let q = b.add(yv, q8);
+        b.store(outs[4], i, q);
+    });
+    b.finish()
+}
+
+#[cfg(feature = "stablehlo")]
+mod twin {
+    use qforge::conformance::{check_values, fixed_cases};
+    use qforge::ir::{OwnedArg, Scalar};
+    use qforge::runtime::{Device, InterpreterDevice, MosaicTwinDevice};
+
+    /// Every op the backend lowers, on edge values and random bits, against the interpreter:
+    /// 1000 elements (63 work items: two grid steps of rows) and 37 (one partial chunk).
+    #[test]
+    fn every_op_is_bit_exact_on_the_twin() {
+        let dev = match MosaicTwinDevice::new() {
+            Ok(d) => d,
+            Err(e) => {
+                qforge_testkit::unavailable("stablehlo", e);
+                return;
+            }
+        };
+        let kernel = super::every_op_kernel();
+        let edges: Vec<u32> = vec![
+            0,
+            0x8000_0000,
+            0x7f80_0000,
+            0xff80_0000,
+            0x7fc0_0000,
+            0xffc0_1234,
+            1,
+            0x8000_0001,
+            0x007f_ffff,
+            0x0080_0000,
+            0x3f80_8000,
+            0x3f81_8000,
+            0xbf80_8000,
+            0x4000_8001,
+            0x3f80_7fff,
+            0x7f7f_ffff,
+            0x7f7f_8000,
+            0x0000_8000,
+            0x0001_8000,
+            31,
+            32,
+            33,
+            63,
+            u32::MAX,
+            0x7fff_ffff,
+        ];
+        for n in [1000usize, 37] {
+            let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ n as u64;
+            let mut next = || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u32
+            };
+            let word = |i: usize, r: u32| {
+                if i.is_multiple_of(3) {
+                    edges[(i / 3) % edges.len()]
+                } else {
+                    r
+                }
+            };
+            let x: Vec<u32> = (0..n).map(|i| word(i, next())).collect();
+            let y: Vec<u32> = (0..n).map(|i| word(i + 1, next())).collect();
+            let bits: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+            let blocks = n.div_ceil(16);
+            let scale: Vec<u16> = (0..blocks)
+                .map(|b| (edges[b % edges.len()] >> 16) as u16)
+                .collect();
+            let bytes = |v: &[u32]| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+            let mut args = vec![
+                OwnedArg::Scalar(Scalar::U32(n as u32)),
+                OwnedArg::Scalar(Scalar::U32(blocks as u32)),
+                OwnedArg::Read(bytes(&x)),
+                OwnedArg::Read(bytes(&y)),
+                OwnedArg::Read(bits),
+                OwnedArg::Read(scale.iter().flat_map(|h| h.to_le_bytes()).collect()),
+            ];
+            for size in [4, 2, 4, 4, 1] {
+                args.push(OwnedArg::Write(vec![0; n * size]));
+            }
+            let mut twin = args.clone();
+            InterpreterDevice
+                .launch(&kernel, &mut OwnedArg::borrow_all(&mut args))
+                .unwrap();
+            dev.launch(&kernel, &mut OwnedArg::borrow_all(&mut twin))
+                .unwrap();
+            let (bad, total) = qforge::ir::count_mismatches(&kernel, &args, &twin);
+            assert_eq!(bad, 0, "n = {n}: {bad} of {total} elements differ");
+        }
+    }
+
+    /// Whether the twin test runs case `label` of a kernel of blocksize `bs`. The reference
+    /// interpreter takes about 1 s per case at blocksize 64 and 4.4 s at 256 (a whole
+    /// `32 x blocksize` step of 550 vector ops, most of them the 8-bit code's select tree), so
+    /// blocksize 64 runs every fixed case, 256 its several-blocks case with edge values, and
+    /// the larger blocksizes, whose tile programs differ only in the window width, are
+    /// checked by libtpu's compile test alone. `QFORGE_MOSAIC_FILTER` runs every case of the
+    /// kernels it names.
+    fn runs(label: &str, bs: usize, filtered: bool) -> bool {
+        filtered
+            || bs == 64
+            || (bs == 256 && label.contains("several blocks") && label.contains("edge"))
+    }
+
+    #[test]
+    fn every_lowered_kernel_twin_is_bit_exact() {
+        let dev = match MosaicTwinDevice::new() {
+            Ok(d) => d,
+            Err(e) => {
+                qforge_testkit::unavailable("stablehlo", e);
+                return;
+            }
+        };
+        let devices: [(&str, &dyn Device); 1] = [("mosaic-twin", &dev)];
+        let (ok, _) = super::lowered();
+        let filter = std::env::var("QFORGE_MOSAIC_FILTER").unwrap_or_default();
+        let mut work = Vec::new();
+        for (entry, kernel) in ok.iter().filter(|(_, k)| k.name.contains(&filter)) {
+            for (label, values) in fixed_cases(&kernel.name, entry.blocksize()) {
+                if runs(&label, entry.blocksize(), !filter.is_empty()) {
+                    work.push((entry, kernel, label, values));
+                }
+            }
+        }
+        let cases = work.len();
+        let start = std::time::Instant::now();
+        // One worker per core: the StableHLO runners are one per core.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failures = std::sync::Mutex::new(Vec::new());
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| {
+                    while let Some((entry, kernel, label, values)) =
+                        work.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                    {
+                        let t = std::time::Instant::now();
+                        let r =
+                            check_values(entry.entry(), kernel, &devices, values, &mut |_, _| {});
+                        if let Err(e) = r {
+                            failures.lock().unwrap().push(format!("{label}: {e}"));
+                        }
+                        if !filter.is_empty() {
+                            println!("{label}: {:.2} s", t.elapsed().as_secs_f64());
+                        }
+                    }
+                });
+            }
+        });
+        let failures = failures.into_inner().unwrap();
+        println!(
+            "{cases} cases of {} kernels on the Mosaic twin in {:.1} s",
+            ok.len(),
+            start.elapsed().as_secs_f64()
+        );
+        assert!(!filter.is_empty() || cases >= 6 * 11, "only {cases} cases");
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+}
+
+/// The Python with libtpu: `QFORGE_MOSAIC_PYTHON`, else `target/mosaic-venv/bin/python`.
+fn mosaic_python() -> std::path::PathBuf {
+    match std::env::var_os("QFORGE_MOSAIC_PYTHON") {
+        Some(p) => p.into(),
+        None => {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mosaic-venv/bin/python")
+        }
+    }
+}
+
+/// Every lowered kernel's module, at a launch of three blocks and five more elements, and the
+/// module of [`every_op_kernel`], compiled by libtpu for v5e and v6e; and a module with a window misaligned with the TPU's tiling,
+/// which libtpu must reject (E2002), so the check is shown to fail.
+#[test]
+fn every_lowered_kernel_compiles_with_libtpu() {
+    let python = mosaic_python();
+    if !python.exists() {
+        qforge_testkit::unavailable(
+            "libtpu",
+            format!("no {} (run scripts/install-mosaic.sh)", python.display()),
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("qforge-mosaic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ok, _) = lowered();
+    let write = |name: &str, text: &str, manifest: &mosaic::Manifest| {
+        std::fs::write(dir.join(format!("{name}.mlir")), text).unwrap();
+        let json = serde_json::to_string(manifest).unwrap();
+        std::fs::write(dir.join(format!("{name}.json")), json).unwrap();
+    };
+    let mut first = None;
+    for (entry, kernel) in &ok {
+        let values = vec![0.25f32; 3 * entry.blocksize() + 5];
+        let m = mosaic::lower(kernel, &shapes_of(entry.entry(), kernel, &values)).unwrap();
+        write(&kernel.name, &m.text, &m.manifest);
+        first.get_or_insert(m);
+    }
+    let every_op = every_op_kernel();
+    let shapes = Shapes {
+        grid: 63,
+        elements: vec![0, 0, 1000, 1000, 1000, 63, 1000, 1000, 1000, 1000, 1000],
+    };
+    let m = mosaic::lower(&every_op, &shapes).unwrap();
+    write(&every_op.name, &m.text, &m.manifest);
+    let m = first.expect("a lowered kernel");
+    let misaligned = m.text.replacen(
+        &format!("window_bounds = array<i64: {}, ", mosaic::STEP_ROWS),
+        "window_bounds = array<i64: 8, ",
+        1,
+    );
+    assert_ne!(misaligned, m.text);
+    write("zz_negative_misaligned_window", &misaligned, &m.manifest);
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mosaic_check.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(&dir)
+        .output()
+        .expect("runs the check");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut compiled: std::collections::BTreeMap<String, (usize, f64, f64)> = Default::default();
+    let mut failures = Vec::new();
+    let mut rejected = 0;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let r: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        let (name, gen) = (
+            r["kernel"].as_str().unwrap(),
+            r["generation"].as_str().unwrap(),
+        );
+        let error = r["error"].as_str().unwrap_or("");
+        if name.starts_with("zz_negative") {
+            assert!(
+                error.contains("E2002"),
+                "{gen}: the misaligned window: {error:?}"
+            );
+            rejected += 1;
+        } else if r["ok"] == true {
+            let s = r["seconds"].as_f64().unwrap();
+            let e = compiled.entry(gen.to_string()).or_default();
+            *e = (e.0 + 1, e.1 + s, e.2.max(s));
+        } else {
+            failures.push(format!("{name} on {gen}: {error}"));
+        }
+    }
+    for (gen, (n, total, max)) in &compiled {
+        println!("libtpu {gen}: {n} kernels compiled, {total:.1} s in all, at most {max:.2} s");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(
+        rejected, 2,
+        "the negative module was not tried on both generations"
+    );
+    for gen in ["v5e:1x1", "v6e:1x1"] {
+        assert_eq!(compiled.get(gen).map(|c| c.0), Some(ok.len() + 1), "{gen}");
+    }
+}
