@@ -4,12 +4,12 @@
 //! Mosaic module's tile program op for op. A kernel outside the lowering's class fails its
 //! launch with the backend's `Unsupported` error naming the construct.
 
-use qforge_codegen::mosaic::{self, Shapes};
+use qforge_codegen::mosaic;
 use qforge_ir::{Arg, Kernel};
 
 use crate::device::{Caps, Device, DeviceKind};
 use crate::error::Result;
-use crate::stablehlo::StableHloDevice;
+use crate::stablehlo::{launch_shapes, StableHloDevice};
 
 const NAME: &str = "mosaic-twin";
 
@@ -52,14 +52,8 @@ impl Device for MosaicTwinDevice {
     }
 
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
-        qforge_ir::verify(kernel)?;
-        let binding = qforge_ir::bind(kernel, args)?;
-        if binding.grid == 0 {
+        let Some(shapes) = launch_shapes(kernel, args)? else {
             return Ok(());
-        }
-        let shapes = Shapes {
-            grid: binding.grid,
-            elements: binding.elements.clone(),
         };
         let module = mosaic::lower(kernel, &shapes)?;
         self.runner.run_launch(kernel, &module.twin, args)

@@ -201,14 +201,8 @@ impl Device for StableHloDevice {
     }
 
     fn launch(&self, kernel: &Kernel, args: &mut [Arg<'_>]) -> Result<()> {
-        qforge_ir::verify(kernel)?;
-        let binding = qforge_ir::bind(kernel, args)?;
-        if binding.grid == 0 {
+        let Some(shapes) = launch_shapes(kernel, args)? else {
             return Ok(());
-        }
-        let shapes = Shapes {
-            grid: binding.grid,
-            elements: binding.elements.clone(),
         };
         let artifact = qforge_codegen::compile(
             kernel,
@@ -287,6 +281,20 @@ impl StableHloDevice {
         let _ = std::fs::remove_dir_all(&dir);
         result
     }
+}
+
+/// The shapes a module for this launch is specialized to, after verifying `kernel` and binding
+/// `args`; `None` for an empty grid (nothing to run).
+///
+/// # Errors
+/// A kernel that does not verify, or arguments that do not bind.
+pub(crate) fn launch_shapes(kernel: &Kernel, args: &[Arg<'_>]) -> Result<Option<Shapes>> {
+    qforge_ir::verify(kernel)?;
+    let binding = qforge_ir::bind(kernel, args)?;
+    Ok((binding.grid != 0).then(|| Shapes {
+        grid: binding.grid,
+        elements: binding.elements.clone(),
+    }))
 }
 
 /// A buffer argument of the runner's request: its file and numpy dtype (raw bits).
