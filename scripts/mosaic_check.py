@@ -60,7 +60,11 @@ def qforge_kernel(text, manifest):
 
 
 def check(directory, generations):
+    if not os.path.isdir(directory):
+        sys.exit(f"mosaic_check: {directory} is not a folder of KERNEL.mlir and KERNEL.json files")
     names = sorted(f[: -len(".mlir")] for f in os.listdir(directory) if f.endswith(".mlir"))
+    if not names:
+        sys.exit(f"mosaic_check: no .mlir module in {directory}")
     for gen in generations:
         topo = topologies.get_topology_desc(
             platform="tpu",
@@ -78,6 +82,9 @@ def check(directory, generations):
                     text = f.read()
                 with open(os.path.join(directory, name + ".json")) as f:
                     manifest = json.load(f)
+                missing = [k for k in ("kernel", "inputs", "outputs") if k not in manifest]
+                if missing:
+                    raise ValueError(f"{name}.json: the manifest lacks {', '.join(missing)}")
                 ins = [
                     jax.ShapeDtypeStruct((a["elements"],), jnp.dtype(a["dtype"]), sharding=sharding)
                     for a in manifest["inputs"]
