@@ -37,6 +37,8 @@
 //! buffer into its array, passes the inputs, and keeps the first `elements` of each output
 //! (`scripts/mosaic_check.py` does this for `jax`).
 
+mod lowering;
+mod ops;
 mod text;
 mod tile;
 mod twin;
@@ -126,7 +128,7 @@ pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
             ),
         ));
     }
-    let program = tile::tile_program(kernel, shapes)?;
+    let program = lowering::tile_program(kernel, shapes)?;
     let layout = |w: &Window| ArrayLayout {
         param: w.name.clone(),
         index: w.param,

@@ -1,0 +1,522 @@
+//! From a kernel of the row-chunk class to its tile program: the loop's structure, the windows
+//! and each value's shape (`ops.rs` lowers the ops themselves).
+
+use std::collections::HashMap;
+
+use qforge_ir::{
+    Access, BinaryOp, CmpOp, DType, Dim, Kernel, Op, ParamId, ParamKind, Scalar, ScalarType, Stmt,
+    UnaryOp, Value,
+};
+
+use super::ops::{elt_of, pred};
+use super::tile::{Bin, Elt, Node, Shape, TileProgram, VOp, Window};
+use super::{refuse, Shapes, STEP_ROWS};
+use crate::error::{Error, Result};
+
+/// The chunk loop's bounds: `start = C * work_item`, `end = select(start < P, min(start + C,
+/// P), start)`.
+struct ChunkLoop {
+    chunk: u32,
+    limit: ParamId,
+}
+
+pub(super) struct Lowering<'k> {
+    pub(super) k: &'k Kernel,
+    shapes: &'k Shapes,
+    work_item: Option<Value>,
+    loop_index: Option<Value>,
+    chunk: Option<ChunkLoop>,
+    /// Window of each parameter.
+    windows: HashMap<usize, usize>,
+    pub(super) program: TileProgram,
+    /// Lowered values: `(value, shape)` to node.
+    memo: HashMap<(usize, Shape), usize>,
+    /// The current tile of each written window (a load after a store reads it).
+    stored: HashMap<usize, usize>,
+}
+
+/// Lowers `k` at `shapes` to its tile program, or refuses it naming the first construct
+/// outside the row-chunk class.
+pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
+    let rows = shapes.grid.div_ceil(STEP_ROWS).max(1) * STEP_ROWS;
+    let mut l = Lowering {
+        k,
+        shapes,
+        work_item: None,
+        loop_index: None,
+        chunk: None,
+        windows: HashMap::new(),
+        program: TileProgram {
+            name: k.name.clone(),
+            rows,
+            width: 0,
+            windows: Vec::new(),
+            nodes: Vec::new(),
+            stores: Vec::new(),
+        },
+        memo: HashMap::new(),
+        stored: HashMap::new(),
+    };
+    l.top(&k.body)?;
+    if l.chunk.is_none() {
+        return Err(refuse(k, "a kernel without a chunk loop"));
+    }
+    l.program.windows.sort_by_key(|w| w.param);
+    let order: HashMap<usize, usize> = l
+        .program
+        .windows
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.param, i))
+        .collect();
+    // Renumber the windows to parameter order.
+    let old: HashMap<usize, usize> = l.windows.iter().map(|(p, w)| (*w, order[p])).collect();
+    for n in &mut l.program.nodes {
+        if let VOp::Load { window } = &mut n.op {
+            *window = old[window];
+        }
+    }
+    for (w, _) in &mut l.program.stores {
+        *w = old[w];
+    }
+    Ok(l.program)
+}
+
+impl Lowering<'_> {
+    fn def(&self, v: Value) -> Result<&Op> {
+        self.k
+            .values
+            .try_get(v)
+            .map(|d| &d.op)
+            .ok_or_else(|| Error::Backend {
+                backend: super::BACKEND,
+                message: format!("{}: a value without a definition", self.k.name),
+            })
+    }
+
+    fn ty(&self, v: Value) -> ScalarType {
+        self.k.values.try_get(v).map_or(ScalarType::U32, |d| d.ty)
+    }
+
+    fn param_name(&self, p: ParamId) -> &str {
+        self.k.params.try_get(p).map_or("?", |p| p.name.as_str())
+    }
+
+    fn const_u32(&self, v: Value) -> Option<u32> {
+        match self.def(v).ok()? {
+            Op::Const(Scalar::U32(c)) => Some(*c),
+            _ => None,
+        }
+    }
+
+    fn param_of(&self, v: Value) -> Option<ParamId> {
+        match self.def(v).ok()? {
+            Op::Param(p) => Some(*p),
+            _ => None,
+        }
+    }
+
+    fn is_work_item(&self, v: Value) -> bool {
+        matches!(self.def(v), Ok(Op::WorkItem))
+    }
+
+    /// `start = C * work_item` and `end = select(start < P, min(start + C, P), start)`.
+    fn chunk_bounds(&self, start: Value, end: Value) -> Option<ChunkLoop> {
+        let chunk = match self.def(start).ok()? {
+            Op::Binary(BinaryOp::Mul, a, b) if self.is_work_item(*a) => self.const_u32(*b)?,
+            Op::Binary(BinaryOp::Mul, a, b) if self.is_work_item(*b) => self.const_u32(*a)?,
+            _ => return None,
+        };
+        let Op::Select {
+            cond,
+            if_true,
+            if_false,
+        } = self.def(end).ok()?
+        else {
+            return None;
+        };
+        let Op::Cmp(CmpOp::Lt, s, p) = self.def(*cond).ok()? else {
+            return None;
+        };
+        let limit = self.param_of(*p)?;
+        let Op::Binary(BinaryOp::Min, a, b) = self.def(*if_true).ok()? else {
+            return None;
+        };
+        let (sum, lim) = if self.param_of(*b) == Some(limit) {
+            (*a, *b)
+        } else {
+            (*b, *a)
+        };
+        let sum_ok = match self.def(sum).ok()? {
+            Op::Binary(BinaryOp::Add, x, y) => {
+                (*x == start && self.const_u32(*y) == Some(chunk))
+                    || (*y == start && self.const_u32(*x) == Some(chunk))
+            }
+            _ => false,
+        };
+        (*s == start && *if_false == start && sum_ok && self.param_of(lim) == Some(limit))
+            .then_some(ChunkLoop { chunk, limit })
+    }
+
+    fn top(&mut self, body: &[Stmt]) -> Result<()> {
+        for stmt in body {
+            match stmt {
+                Stmt::Let(v) => {
+                    if matches!(self.def(*v)?, Op::WorkItem) {
+                        self.work_item = Some(*v);
+                    }
+                    self.eager_load(*v)?;
+                }
+                Stmt::For {
+                    index,
+                    start,
+                    end,
+                    step,
+                    body,
+                } => {
+                    if self.chunk.is_some() {
+                        return Err(refuse(self.k, "a second loop"));
+                    }
+                    let bounds = self.chunk_bounds(*start, *end).filter(|_| *step == 1);
+                    let Some(bounds) = bounds else {
+                        return Err(refuse(
+                            self.k,
+                            "a loop other than `for i in C*w..min(C*w + C, n)` over the work \
+                             item's chunk",
+                        ));
+                    };
+                    self.program.width = bounds.chunk;
+                    self.chunk = Some(bounds);
+                    self.loop_index = Some(*index);
+                    self.loop_body(body)?;
+                }
+                Stmt::Store { .. } => {
+                    return Err(refuse(self.k, "a store outside the chunk loop"));
+                }
+                other => return Err(refuse(self.k, stmt_name(other))),
+            }
+        }
+        Ok(())
+    }
+
+    fn loop_body(&mut self, body: &[Stmt]) -> Result<()> {
+        for stmt in body {
+            match stmt {
+                Stmt::Let(v) => self.eager_load(*v)?,
+                Stmt::Store {
+                    buf,
+                    index,
+                    value,
+                    rounding,
+                } => {
+                    if Some(*index) != self.loop_index {
+                        return Err(refuse(
+                            self.k,
+                            &format!(
+                                "a store to {} at an index other than the loop index",
+                                self.param_name(*buf)
+                            ),
+                        ));
+                    }
+                    let w = self.window(*buf, Shape::Chunk)?;
+                    self.program.windows[w].written = true;
+                    let v = self.get(*value, Shape::Chunk)?;
+                    let dtype = self.program.windows[w].dtype;
+                    let bits = self.narrow(v, dtype, *rounding)?;
+                    self.program.stores.push((w, bits));
+                    self.stored.insert(w, bits);
+                }
+                other => return Err(refuse(self.k, stmt_name(other))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads are lowered where they stand (a later store may change the buffer); a load at
+    /// an index of another form is refused only if a store uses it.
+    fn eager_load(&mut self, v: Value) -> Result<()> {
+        if let Op::Load { index, .. } = self.def(v)? {
+            let index = *index;
+            let shape = if Some(index) == self.loop_index {
+                Shape::Chunk
+            } else if Some(index) == self.work_item {
+                Shape::Row
+            } else {
+                return Ok(());
+            };
+            self.get(v, shape)?;
+        }
+        Ok(())
+    }
+
+    /// The window of buffer `p` seen at `shape` (`Row` or `Chunk`).
+    fn window(&mut self, p: ParamId, shape: Shape) -> Result<usize> {
+        let width = match shape {
+            Shape::Chunk => self.program.width,
+            _ => 1,
+        };
+        if let Some(&w) = self.windows.get(&p.index()) {
+            if self.program.windows[w].width != width {
+                return Err(refuse(
+                    self.k,
+                    &format!(
+                        "{} read both per work item and per chunk element",
+                        self.param_name(p)
+                    ),
+                ));
+            }
+            return Ok(w);
+        }
+        let param = self.k.params.try_get(p).ok_or_else(|| Error::Backend {
+            backend: super::BACKEND,
+            message: format!("{}: a missing parameter", self.k.name),
+        })?;
+        let ParamKind::Buffer {
+            dtype,
+            shape: dims,
+            access,
+        } = &param.kind
+        else {
+            return Err(refuse(self.k, "a scalar used as a buffer"));
+        };
+        let elements = self.shapes.elements.get(p.index()).copied().unwrap_or(0);
+        if shape == Shape::Chunk {
+            // The chunk buffers are sized by the loop's limit, so the lanes past it are the
+            // arrays' padding: no lane needs a mask.
+            let limit = self.chunk.as_ref().map(|c| c.limit);
+            if dims.as_slice() != [Dim::Param(limit.unwrap_or(p))] {
+                return Err(refuse(
+                    self.k,
+                    &format!(
+                        "{} is not sized by the loop's limit {}",
+                        param.name,
+                        limit.map_or("?", |l| self.param_name(l))
+                    ),
+                ));
+            }
+        }
+        if elements as u64 > u64::from(self.shapes.grid) * u64::from(width) {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "a grid of {} work items that does not cover the {elements} elements of {}",
+                    self.shapes.grid, param.name
+                ),
+            ));
+        }
+        if matches!(dtype, DType::F16) {
+            return Err(refuse(self.k, &format!("the f16 buffer {}", param.name)));
+        }
+        let w = self.program.windows.len();
+        self.program.windows.push(Window {
+            param: p.index(),
+            name: param.name.clone(),
+            dtype: *dtype,
+            width,
+            elements,
+            read: false,
+            written: false,
+        });
+        if *access == Access::ReadWrite {
+            // Its old contents are an input even where the program only stores.
+            self.program.windows[w].read = true;
+        }
+        self.windows.insert(p.index(), w);
+        Ok(w)
+    }
+
+    pub(super) fn push(&mut self, op: VOp, shape: Shape, elt: Elt) -> usize {
+        self.program.nodes.push(Node { op, shape, elt });
+        self.program.nodes.len() - 1
+    }
+
+    pub(super) fn konst(&mut self, bits: u32, elt: Elt, shape: Shape) -> usize {
+        self.push(VOp::Const { bits, elt }, shape, elt)
+    }
+
+    pub(super) fn node_shape(&self, n: usize) -> Shape {
+        self.program.nodes[n].shape
+    }
+
+    pub(super) fn node_elt(&self, n: usize) -> Elt {
+        self.program.nodes[n].elt
+    }
+
+    /// Node `n` at `shape` (a `Row` broadcast across the chunk).
+    fn widen(&mut self, n: usize, shape: Shape) -> usize {
+        if self.node_shape(n) == Shape::Row && shape == Shape::Chunk {
+            let elt = self.node_elt(n);
+            self.push(VOp::Broadcast(n), Shape::Chunk, elt)
+        } else {
+            n
+        }
+    }
+
+    /// The natural shape of `v`: where its loads are.
+    fn natural(&self, v: Value) -> Result<Shape> {
+        Ok(match self.def(v)? {
+            Op::Const(_) => Shape::Uniform,
+            Op::Load { index, .. } => {
+                if Some(*index) == self.loop_index {
+                    Shape::Chunk
+                } else {
+                    Shape::Row
+                }
+            }
+            op => {
+                let mut s = Shape::Uniform;
+                for o in op.operands() {
+                    s = s.max(self.natural(o)?);
+                }
+                s
+            }
+        })
+    }
+
+    /// Value `v` as a node of at least `shape` (constants at exactly `shape`).
+    fn get(&mut self, v: Value, shape: Shape) -> Result<usize> {
+        let at = self.natural(v)?.max(shape);
+        if let Some(&n) = self.memo.get(&(v.index(), at)) {
+            return Ok(n);
+        }
+        let own = self.natural(v)?;
+        let n = if own < at && own != Shape::Uniform {
+            let n = self.get(v, own)?;
+            self.widen(n, at)
+        } else {
+            self.lower(v, at)?
+        };
+        self.memo.insert((v.index(), at), n);
+        Ok(n)
+    }
+
+    fn lower(&mut self, v: Value, at: Shape) -> Result<usize> {
+        let op = self.def(v)?.clone();
+        let ty = self.ty(v);
+        Ok(match op {
+            Op::Const(s) => {
+                let (bits, elt) = match s {
+                    Scalar::F32(b) => (b, Elt::F32),
+                    Scalar::U32(u) => (u, Elt::I32),
+                    Scalar::I32(i) => (i as u32, Elt::I32),
+                    Scalar::Bool(b) => (u32::from(b), Elt::I1),
+                };
+                self.konst(bits, elt, at)
+            }
+            Op::Load { buf, index } => {
+                let shape = if Some(index) == self.loop_index {
+                    Shape::Chunk
+                } else if Some(index) == self.work_item {
+                    Shape::Row
+                } else {
+                    return Err(refuse(
+                        self.k,
+                        &format!(
+                            "a load of {} at an index other than the work item or the loop index",
+                            self.param_name(buf)
+                        ),
+                    ));
+                };
+                let w = self.window(buf, shape)?;
+                if let Some(&s) = self.stored.get(&w) {
+                    return Ok(self.widen_stored(s, w));
+                }
+                self.program.windows[w].read = true;
+                let dtype = self.program.windows[w].dtype;
+                let raw_elt = if dtype == DType::F32 {
+                    Elt::F32
+                } else {
+                    Elt::I32
+                };
+                let raw = self.push(VOp::Load { window: w }, shape, raw_elt);
+                match dtype {
+                    DType::BF16 => {
+                        let sixteen = self.konst(16, Elt::I32, shape);
+                        let bits = self.push(VOp::Bin(Bin::Shl, raw, sixteen), shape, Elt::I32);
+                        self.push(VOp::Bitcast(bits, Elt::F32), shape, Elt::F32)
+                    }
+                    _ => raw,
+                }
+            }
+            Op::Lookup { table, index } => {
+                let i = self.get(index, at)?;
+                self.lookup(table, i, at)?
+            }
+            Op::Unary(u, a) => {
+                let a = self.get(a, at)?;
+                self.unary(u, a, ty, at)?
+            }
+            Op::Binary(b, x, y) => {
+                let (x, y) = (self.get(x, at)?, self.get(y, at)?);
+                self.binary(b, x, y, ty, at)?
+            }
+            Op::Cmp(c, x, y) => {
+                let operand_ty = self.ty(x);
+                let (x, y) = (self.get(x, at)?, self.get(y, at)?);
+                if operand_ty == ScalarType::F32 && c == CmpOp::Ne {
+                    self.float_ne(x, y, at)
+                } else {
+                    self.push(VOp::Cmp(pred(c, operand_ty), x, y), at, Elt::I1)
+                }
+            }
+            Op::Select {
+                cond,
+                if_true,
+                if_false,
+            } => {
+                let c = self.get(cond, at)?;
+                let (t, f) = (self.get(if_true, at)?, self.get(if_false, at)?);
+                self.push(VOp::Select(c, t, f), at, elt_of(ty))
+            }
+            Op::Bitcast { value, to } => {
+                let a = self.get(value, at)?;
+                if elt_of(to) == self.node_elt(a) {
+                    a
+                } else {
+                    self.push(VOp::Bitcast(a, elt_of(to)), at, elt_of(to))
+                }
+            }
+            Op::WorkItem => return Err(refuse(self.k, "the work item index used as a value")),
+            Op::LoopIndex => return Err(refuse(self.k, "the loop index used as a value")),
+            Op::Param(p) => {
+                return Err(refuse(
+                    self.k,
+                    &format!(
+                        "the scalar parameter {} used as a value",
+                        self.param_name(p)
+                    ),
+                ))
+            }
+            other => return Err(refuse(self.k, op_name(&other))),
+        })
+    }
+}
+
+fn stmt_name(s: &Stmt) -> &'static str {
+    match s {
+        Stmt::Let(_) => "let",
+        Stmt::Store { .. } => "store",
+        Stmt::Assign { .. } => "a variable (`assign`)",
+        Stmt::If { .. } => "`if` (control flow other than the chunk loop)",
+        Stmt::For { .. } => "a nested loop",
+        Stmt::Accumulate { .. } => "`accumulate` (a pinned-order sum)",
+        #[allow(unreachable_patterns)]
+        _ => "a statement",
+    }
+}
+
+fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::Fma(..) => "fma (no exact f32-only form on TPU yet)",
+        Op::Unary(UnaryOp::Sqrt, _) => "sqrt",
+        Op::Binary(BinaryOp::Div, ..) => "div",
+        Op::Binary(BinaryOp::Rem, ..) => "rem",
+        Op::Binary(BinaryOp::MulHi, ..) => "mul_hi",
+        Op::SearchSorted { .. } => "search_sorted",
+        Op::Reduce { .. } => "reduce",
+        Op::FloatToInt { .. } => "float_to_int",
+        Op::IntToFloat { .. } => "int_to_float",
+        Op::ReadVar(_) => "read_var",
+        _ => "an op",
+    }
+}
