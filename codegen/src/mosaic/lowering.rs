@@ -9,7 +9,7 @@ use qforge_ir::{
 };
 
 use super::ops::{elt_of, pred};
-use super::tile::{Bin, Elt, Node, Shape, TileProgram, VOp, Window};
+use super::tile::{Elt, Node, Shape, TileProgram, VOp, Window};
 use super::{refuse, Shapes, STEP_ROWS};
 use crate::error::{Error, Result};
 
@@ -31,6 +31,8 @@ pub(super) struct Lowering<'k> {
     pub(super) program: TileProgram,
     /// Lowered values: `(value, shape)` to node.
     memo: HashMap<(usize, Shape), usize>,
+    /// [`Lowering::natural`]'s results.
+    natural_shapes: HashMap<usize, Shape>,
     /// The current tile of each written window (a load after a store reads it).
     stored: HashMap<usize, usize>,
 }
@@ -55,6 +57,7 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
             stores: Vec::new(),
         },
         memo: HashMap::new(),
+        natural_shapes: HashMap::new(),
         stored: HashMap::new(),
     };
     l.top(&k.body)?;
@@ -280,17 +283,16 @@ impl Lowering<'_> {
             return Err(refuse(self.k, "a scalar used as a buffer"));
         };
         let elements = self.shapes.elements.get(p.index()).copied().unwrap_or(0);
-        if shape == Shape::Chunk {
-            // The chunk buffers are sized by the loop's limit, so the lanes past it are the
-            // arrays' padding: no lane needs a mask.
-            let limit = self.chunk.as_ref().map(|c| c.limit);
-            if dims.as_slice() != [Dim::Param(limit.unwrap_or(p))] {
+        // The chunk buffers (only seen inside the loop) are sized by the loop's limit, so the
+        // lanes past it are the arrays' padding: no lane needs a mask.
+        if let (Shape::Chunk, Some(chunk)) = (shape, &self.chunk) {
+            if dims.as_slice() != [Dim::Param(chunk.limit)] {
                 return Err(refuse(
                     self.k,
                     &format!(
                         "{} is not sized by the loop's limit {}",
                         param.name,
-                        limit.map_or("?", |l| self.param_name(l))
+                        self.param_name(chunk.limit)
                     ),
                 ));
             }
@@ -352,9 +354,12 @@ impl Lowering<'_> {
         }
     }
 
-    /// The natural shape of `v`: where its loads are.
-    fn natural(&self, v: Value) -> Result<Shape> {
-        Ok(match self.def(v)? {
+    /// The natural shape of `v`: where its loads are (memoized: values form a DAG).
+    fn natural(&mut self, v: Value) -> Result<Shape> {
+        if let Some(&s) = self.natural_shapes.get(&v.index()) {
+            return Ok(s);
+        }
+        let s = match self.def(v)? {
             Op::Const(_) => Shape::Uniform,
             Op::Load { index, .. } => {
                 if Some(*index) == self.loop_index {
@@ -370,16 +375,18 @@ impl Lowering<'_> {
                 }
                 s
             }
-        })
+        };
+        self.natural_shapes.insert(v.index(), s);
+        Ok(s)
     }
 
     /// Value `v` as a node of at least `shape` (constants at exactly `shape`).
     fn get(&mut self, v: Value, shape: Shape) -> Result<usize> {
-        let at = self.natural(v)?.max(shape);
+        let own = self.natural(v)?;
+        let at = own.max(shape);
         if let Some(&n) = self.memo.get(&(v.index(), at)) {
             return Ok(n);
         }
-        let own = self.natural(v)?;
         let n = if own < at && own != Shape::Uniform {
             let n = self.get(v, own)?;
             self.widen(n, at)
@@ -430,11 +437,7 @@ impl Lowering<'_> {
                 };
                 let raw = self.push(VOp::Load { window: w }, shape, raw_elt);
                 match dtype {
-                    DType::BF16 => {
-                        let sixteen = self.konst(16, Elt::I32, shape);
-                        let bits = self.push(VOp::Bin(Bin::Shl, raw, sixteen), shape, Elt::I32);
-                        self.push(VOp::Bitcast(bits, Elt::F32), shape, Elt::F32)
-                    }
+                    DType::BF16 => self.bf16_to_f32(raw),
                     _ => raw,
                 }
             }

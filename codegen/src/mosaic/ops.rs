@@ -11,15 +11,19 @@ use super::tile::{Bin, Elt, Pred, Shape, VOp};
 use crate::error::Result;
 
 impl Lowering<'_> {
+    /// The `f32` whose high half are the `bf16` bits in the low half of `bits` (exact).
+    pub(super) fn bf16_to_f32(&mut self, bits: usize) -> usize {
+        let shape = self.node_shape(bits);
+        let sixteen = self.konst(16, Elt::I32, shape);
+        let high = self.push(VOp::Bin(Bin::Shl, bits, sixteen), shape, Elt::I32);
+        self.push(VOp::Bitcast(high, Elt::F32), shape, Elt::F32)
+    }
+
     /// A stored tile read back by a later load (the store's bits widened as a load would).
     pub(super) fn widen_stored(&mut self, bits: usize, w: usize) -> usize {
         let shape = self.node_shape(bits);
         match self.program.windows[w].dtype {
-            DType::BF16 => {
-                let sixteen = self.konst(16, Elt::I32, shape);
-                let b = self.push(VOp::Bin(Bin::Shl, bits, sixteen), shape, Elt::I32);
-                self.push(VOp::Bitcast(b, Elt::F32), shape, Elt::F32)
-            }
+            DType::BF16 => self.bf16_to_f32(bits),
             DType::U8 => {
                 let ff = self.konst(0xff, Elt::I32, shape);
                 self.push(VOp::Bin(Bin::AndI, bits, ff), shape, Elt::I32)
