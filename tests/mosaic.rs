@@ -58,13 +58,19 @@ fn every_library_kernel_lowers_or_is_refused_by_name() {
     for (why, n) in &refused {
         println!("  {n:4}  {why}");
     }
-    // The 8-bit blockwise dequantizations (dynamic, unsigned dynamic, linear) with f32 and
-    // bf16 outputs, at every blocksize.
+    // The 8-bit blockwise dequantizations (dynamic, unsigned dynamic, linear) and the 4-bit
+    // ones (NF4, FP4) with f32 and bf16 outputs, at every blocksize.
     let names: Vec<String> = ok.iter().map(|(_, k)| k.name.clone()).collect();
-    for kind in ["dynamic", "dynamic_unsigned", "linear"] {
-        for dtype in ["f32", "bf16"] {
+    for dtype in ["f32", "bf16"] {
+        for kind in ["dynamic", "dynamic_unsigned", "linear"] {
             for bs in [64, 128, 256, 512, 1024, 2048, 4096] {
                 let name = format!("dequantize_blockwise_{kind}_bs{bs}_{dtype}");
+                assert!(names.contains(&name), "{name} does not lower");
+            }
+        }
+        for quant_type in ["nf4", "fp4"] {
+            for bs in [32, 64, 128, 256, 512, 1024, 2048, 4096] {
+                let name = format!("dequantize_4bit_{quant_type}_bs{bs}_{dtype}");
                 assert!(names.contains(&name), "{name} does not lower");
             }
         }
@@ -327,7 +333,7 @@ mod twin {
             ok.len(),
             start.elapsed().as_secs_f64()
         );
-        assert!(!filter.is_empty() || cases >= 6 * 11, "only {cases} cases");
+        assert!(!filter.is_empty() || cases >= 10 * 11, "only {cases} cases");
         assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }

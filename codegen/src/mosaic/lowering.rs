@@ -35,6 +35,8 @@ pub(super) struct Lowering<'k> {
     natural_shapes: HashMap<usize, Shape>,
     /// The current tile of each written window (a load after a store reads it).
     stored: HashMap<usize, usize>,
+    /// The stores of the loop body so far at `2i` and `2i + 1` of each pairs buffer.
+    pairs: HashMap<usize, [Option<usize>; 2]>,
 }
 
 /// Lowers `k` at `shapes` to its tile program, or refuses it naming the first construct
@@ -59,6 +61,7 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
         memo: HashMap::new(),
         natural_shapes: HashMap::new(),
         stored: HashMap::new(),
+        pairs: HashMap::new(),
     };
     l.top(&k.body)?;
     if l.chunk.is_none() {
@@ -203,6 +206,22 @@ impl Lowering<'_> {
     }
 
     fn loop_body(&mut self, body: &[Stmt]) -> Result<()> {
+        self.loop_stmts(body, false)?;
+        if let Some((&p, _)) = self.pairs.iter().next() {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "a store to {} at only one of `2i` and `2i + 1`",
+                    self.param_name(ParamId::from_index(p as u32))
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The loop body's statements; `guarded` inside an `if` that only skips stores past the
+    /// end of their buffers.
+    fn loop_stmts(&mut self, body: &[Stmt], guarded: bool) -> Result<()> {
         for stmt in body {
             match stmt {
                 Stmt::Let(v) => self.eager_load(*v)?,
@@ -212,27 +231,128 @@ impl Lowering<'_> {
                     value,
                     rounding,
                 } => {
-                    if Some(*index) != self.loop_index {
+                    let Some(slot) = self.store_slot(*index) else {
                         return Err(refuse(
                             self.k,
                             &format!(
-                                "a store to {} at an index other than the loop index",
+                                "a store to {} at an index other than the loop index `i`, `2i` \
+                                 or `2i + 1`",
                                 self.param_name(*buf)
                             ),
                         ));
+                    };
+                    let shape = if slot.is_some() {
+                        Shape::Pairs
+                    } else {
+                        Shape::Chunk
+                    };
+                    let w = self.window(*buf, shape)?;
+                    if shape == Shape::Pairs && !guarded {
+                        self.pairs_fill(w)?;
                     }
-                    let w = self.window(*buf, Shape::Chunk)?;
                     self.program.windows[w].written = true;
                     let v = self.get(*value, Shape::Chunk)?;
                     let dtype = self.program.windows[w].dtype;
                     let bits = self.narrow(v, dtype, *rounding)?;
-                    self.program.stores.push((w, bits));
-                    self.stored.insert(w, bits);
+                    match slot {
+                        None => {
+                            self.program.stores.push((w, bits));
+                            self.stored.insert(w, bits);
+                        }
+                        Some(half) => self.store_half(*buf, w, half, bits)?,
+                    }
+                }
+                Stmt::If {
+                    cond,
+                    then_body,
+                    else_body,
+                } if else_body.is_empty() && self.stores_past_the_end(*cond, then_body) => {
+                    self.loop_stmts(then_body, true)?;
                 }
                 other => return Err(refuse(self.k, stmt_name(other))),
             }
         }
         Ok(())
+    }
+
+    /// Where a store at `index` goes: `None` for the loop index `i`, `Some(0)` for `2i`
+    /// (`i << 1` or `2 * i`), `Some(1)` for `2i + 1`; `Err` for any other index.
+    fn store_slot(&self, index: Value) -> Option<Option<u32>> {
+        let i = self.loop_index?;
+        if index == i {
+            return Some(None);
+        }
+        let doubled = |v: Value| match self.def(v) {
+            Ok(Op::Binary(BinaryOp::Shl, a, b)) => *a == i && self.const_u32(*b) == Some(1),
+            Ok(Op::Binary(BinaryOp::Mul, a, b)) => {
+                (*a == i && self.const_u32(*b) == Some(2))
+                    || (*b == i && self.const_u32(*a) == Some(2))
+            }
+            _ => false,
+        };
+        if doubled(index) {
+            return Some(Some(0));
+        }
+        match self.def(index).ok()? {
+            Op::Binary(BinaryOp::Add, a, b)
+                if (doubled(*a) && self.const_u32(*b) == Some(1))
+                    || (doubled(*b) && self.const_u32(*a) == Some(1)) =>
+            {
+                Some(Some(1))
+            }
+            _ => None,
+        }
+    }
+
+    /// Records the store of `bits` at `2i + half` of `buf` (window `w`); once both halves are
+    /// there, stores their interleave.
+    fn store_half(&mut self, buf: ParamId, w: usize, half: u32, bits: usize) -> Result<()> {
+        let halves = self.pairs.entry(buf.index()).or_insert([None, None]);
+        if halves[half as usize].replace(bits).is_some() {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "a second store to {} at `2i + {half}`",
+                    self.param_name(buf)
+                ),
+            ));
+        }
+        if let [Some(even), Some(odd)] = *halves {
+            self.pairs.remove(&buf.index());
+            let elt = self.node_elt(even);
+            if elt != self.node_elt(odd) {
+                return Err(refuse(
+                    self.k,
+                    &format!("stores of two types to {}", self.param_name(buf)),
+                ));
+            }
+            let both = self.push(VOp::Interleave(even, odd), Shape::Pairs, elt);
+            self.program.stores.push((w, both));
+        }
+        Ok(())
+    }
+
+    /// Whether `if cond { then_body }` only stores past the end of buffers: `cond` is
+    /// `index < P` and every statement of the body is a `let` or a store at `index` into a
+    /// buffer sized by `P`. Then a false condition means a lane whose store lands in the
+    /// arrays' padding, so the body runs unmasked (its values are lane-wise ops, which
+    /// neither trap nor read outside the windows).
+    fn stores_past_the_end(&self, cond: Value, then_body: &[Stmt]) -> bool {
+        let Ok(Op::Cmp(CmpOp::Lt, index, p)) = self.def(cond) else {
+            return false;
+        };
+        let Some(limit) = self.param_of(*p) else {
+            return false;
+        };
+        then_body.iter().all(|s| match s {
+            Stmt::Let(_) => true,
+            Stmt::Store { buf, index: at, .. } => {
+                *at == *index
+                    && matches!(self.k.params.try_get(*buf).map(|p| &p.kind),
+                        Some(ParamKind::Buffer { shape, .. }) if shape.as_slice() == [Dim::Param(limit)])
+            }
+            _ => false,
+        })
     }
 
     /// Loads are lowered where they stand (a later store may change the buffer); a load at
@@ -256,6 +376,7 @@ impl Lowering<'_> {
     fn window(&mut self, p: ParamId, shape: Shape) -> Result<usize> {
         let width = match shape {
             Shape::Chunk => self.program.width,
+            Shape::Pairs => 2 * self.program.width,
             _ => 1,
         };
         if let Some(&w) = self.windows.get(&p.index()) {
@@ -263,7 +384,8 @@ impl Lowering<'_> {
                 return Err(refuse(
                     self.k,
                     &format!(
-                        "{} read both per work item and per chunk element",
+                        "{} used at two index forms (per work item, per chunk element `i`, or \
+                         at `2i` and `2i + 1`)",
                         self.param_name(p)
                     ),
                 ));
@@ -297,6 +419,20 @@ impl Lowering<'_> {
                 ));
             }
         }
+        // A pairs buffer's elements must all be written: the stores at `2i` and `2i + 1`
+        // cover `0 .. 2n` for the loop's limit `n`.
+        if shape == Shape::Pairs && elements as u64 > 2 * self.limit_value()? {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "{} elements of {}, stored at `2i` and `2i + 1` for `i` below {} = {}",
+                    elements,
+                    param.name,
+                    self.limit_name(),
+                    self.limit_value()?
+                ),
+            ));
+        }
         if elements as u64 > u64::from(self.shapes.grid) * u64::from(width) {
             return Err(refuse(
                 self.k,
@@ -325,6 +461,50 @@ impl Lowering<'_> {
         }
         self.windows.insert(p.index(), w);
         Ok(w)
+    }
+
+    fn limit_name(&self) -> &str {
+        self.chunk
+            .as_ref()
+            .map_or("?", |c| self.param_name(c.limit))
+    }
+
+    /// The value of the chunk loop's limit at these shapes: the element count of a buffer
+    /// sized by it.
+    fn limit_value(&self) -> Result<u64> {
+        let limit = self.chunk.as_ref().map(|c| c.limit);
+        self.k
+            .params
+            .iter()
+            .enumerate()
+            .find(|(_, (_, p))| {
+                matches!(&p.kind, ParamKind::Buffer { shape, .. }
+                    if limit.is_some_and(|l| shape.as_slice() == [Dim::Param(l)]))
+            })
+            .map(|(i, _)| self.shapes.elements.get(i).copied().unwrap_or(0) as u64)
+            .ok_or_else(|| {
+                refuse(
+                    self.k,
+                    &format!("no buffer sized by the loop's limit {}", self.limit_name()),
+                )
+            })
+    }
+
+    /// Refuses an unguarded store at `2i` or `2i + 1` into pairs window `w` unless the buffer
+    /// holds exactly `2n` elements (else the IR's store would be out of bounds where the
+    /// Mosaic one lands in padding).
+    fn pairs_fill(&self, w: usize) -> Result<()> {
+        let win = &self.program.windows[w];
+        if win.elements as u64 == 2 * self.limit_value()? {
+            return Ok(());
+        }
+        Err(refuse(
+            self.k,
+            &format!(
+                "a store to {} at `2i` or `2i + 1` past its end without an `if` on its length",
+                win.name
+            ),
+        ))
     }
 
     pub(super) fn push(&mut self, op: VOp, shape: Shape, elt: Elt) -> usize {

@@ -8,21 +8,25 @@
 //!
 //! This first lowering takes the kernels whose work item `w` runs one loop over its chunk of
 //! a flat element space, `for i in C*w .. min(C*w + C, n)`, with `n` a dimension parameter,
-//! and whose loop body reads and writes buffers only at `i` (and reads per-work-item buffers
-//! at `w` before it): blockwise dequantization, for example. The program's arrays put work
-//! item `w` in row `w` and its chunk element `i` in column `i - C*w`: a buffer read or written
-//! at `i` is an array `[rows, C]` (its flat elements padded with zeros), a buffer read at `w`
-//! an array `[rows, 1]`; `rows` is the grid rounded up to [`STEP_ROWS`], and each grid step
+//! and whose loop body reads and writes buffers only at `i`, or writes them at `2i` and
+//! `2i + 1` (and reads per-work-item buffers at `w` before it): blockwise dequantization, 8-bit
+//! and 4-bit, for example. The program's arrays put work item `w` in row `w` and its chunk
+//! element `i` in column `i - C*w`: a buffer read or written at `i` is an array `[rows, C]`
+//! (its flat elements padded with zeros), a buffer written at `2i` and `2i + 1` an array
+//! `[rows, 2C]` whose two stored tiles are interleaved, a buffer read at `w` an array
+//! `[rows, 1]`; `rows` is the grid rounded up to [`STEP_ROWS`], and each grid step
 //! takes [`STEP_ROWS`] rows of every array as its window (`R x L` and `R x 1` tiles, `L` the
 //! chunk or 512 lanes of it). Each IR
 //! value becomes a vector of the tile shape it varies over, computed by the lane-wise ops the
 //! IR defines (integer ops wrap, shifts take their amount modulo 32, a `lookup` is a tree of
 //! selects on the index bits, a `bf16` store rounds to nearest even with integer ops).
 //! Because the chunk buffers are sized by `n` (checked), the lanes past `n` are exactly the
-//! padding, which the caller drops: no lane is masked.
+//! padding, which the caller drops: no lane is masked. For the same reason an `if index < P`
+//! around stores at `index` into buffers sized by `P` runs unmasked (its false lanes store into
+//! the padding).
 //!
 //! Anything else is refused with [`Error::Unsupported`] naming the construct: other loops,
-//! control flow, variables, `accumulate`, and for now `fma`, `div`, `sqrt`, conversions and
+//! other control flow, variables, `accumulate`, and for now `fma`, `div`, `sqrt`, conversions and
 //! `f16` buffers, whose exact TPU forms are not written yet (the TPU has no `f64`, which the
 //! StableHLO backend's exact `fma` uses).
 //!

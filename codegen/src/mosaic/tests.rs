@@ -81,7 +81,7 @@ fn kernels_outside_the_class_are_refused_by_name() {
             "quantize_blockwise_dynamic_bs256_f32",
             "a store outside the chunk loop",
         ),
-        ("dequantize_4bit_nf4_bs64_f32", "`if`"),
+        ("dequantize_4bit_nf4_bs64_f16", "f16"),
         ("dequantize_4bit_nf4_nested_bs64_f32", "`if`"),
         ("dequantize_blockwise_dynamic_bs256_f16", "f16"),
     ] {
@@ -106,4 +106,128 @@ fn a_grid_short_of_the_buffer_is_refused() {
     s.elements[absmax] = 9;
     let e = lower(&k, &s).unwrap_err().to_string();
     assert!(e.contains("does not cover the 640 elements of"), "{e}");
+}
+
+#[test]
+fn a_4bit_dequantize_interleaves_its_two_codes() {
+    let k = library("dequantize_4bit_fp4_bs64_bf16");
+    // 1001 outputs: the last byte's second code is past the end (the IR's `if`).
+    let mut s = launch(&k, 1001, 64);
+    let packed = k.param_by_name("packed").unwrap().index();
+    s.elements[packed] = 501;
+    let m = lower(&k, &s).unwrap();
+    let shapes: Vec<(&str, [u32; 2])> = m
+        .manifest
+        .inputs
+        .iter()
+        .chain(&m.manifest.outputs)
+        .map(|a| (a.param.as_str(), a.shape))
+        .collect();
+    assert_eq!(
+        shapes,
+        [("packed", [32, 32]), ("absmax", [32, 1]), ("out", [32, 64])]
+    );
+    for piece in [
+        "vector.shape_cast %v",
+        "tpu.concatenate",
+        "in 2 : vector<32x32x1xi32>, vector<32x32x1xi32> -> vector<32x32x2xi32>",
+        "to vector<32x64xi32>",
+        "window_bounds = array<i64: 32, 64>",
+    ] {
+        assert!(m.text.contains(piece), "missing {piece:?} in\n{}", m.text);
+    }
+    assert!(m.twin.contains("stablehlo.concatenate"), "{}", m.twin);
+    assert!(m.twin.contains("%pair_col"), "{}", m.twin);
+}
+
+/// A kernel shaped like the 4-bit dequantization (a byte in, two outputs at `2i` and `2i + 1`,
+/// the one at `2i` under its length check) with `odd` as the statement for `2i + 1`.
+fn pairs_kernel(odd: &str) -> qforge_ir::Kernel {
+    let text = format!(
+        "kernel pairs(n: u32, n_packed: u32, n_blocks: u32, packed: u8[n_packed] read, \
+         absmax: f32[n_blocks] read, out: f32[n] write)
+grid n_blocks
+{{
+  %0: u32 = work_item
+  %1: f32 = load absmax[%0]
+  %2: u32 = param n
+  %3: u32 = param n_packed
+  %4: u32 = const 32
+  %5: u32 = mul %0, %4
+  %6: u32 = add %5, %4
+  %7: u32 = min %6, %3
+  %8: bool = cmp lt %5, %3
+  %9: u32 = select %8, %7, %5
+  for %10 in %5..%9 step 1 {{
+    %11: u32 = load packed[%10]
+    %12: f32 = bitcast f32 %11
+    %13: f32 = mul %12, %1
+    %14: u32 = const 1
+    %15: u32 = shl %10, %14
+    %16: u32 = add %15, %14
+    %17: bool = cmp lt %15, %2
+    %18: bool = cmp lt %16, %2
+    if %17 {{
+      store out[%15] = %13
+    }}
+    {odd}
+  }}
+}}
+"
+    );
+    qforge_ir::text::parse(&text).unwrap()
+}
+
+/// The launch of [`pairs_kernel`] over `bytes` packed bytes and `outputs` outputs.
+fn pairs_launch(k: &qforge_ir::Kernel, bytes: usize, outputs: usize) -> Shapes {
+    let mut s = Shapes::with_dims(k, 0);
+    s.grid = bytes.div_ceil(32) as u32;
+    for (name, elements) in [
+        ("packed", bytes),
+        ("absmax", bytes.div_ceil(32)),
+        ("out", outputs),
+    ] {
+        s.elements[k.param_by_name(name).unwrap().index()] = elements;
+    }
+    s
+}
+
+#[test]
+fn stores_at_2i_and_2i_plus_1_follow_the_pairs_rules() {
+    let guarded = "if %18 {\n      store out[%16] = %13\n    }";
+    let k = pairs_kernel(guarded);
+    assert!(lower(&k, &pairs_launch(&k, 100, 199)).is_ok());
+    for (odd, outputs, why) in [
+        // Only `2i` is stored.
+        ("", 200, "at only one of `2i` and `2i + 1`"),
+        // More outputs than the loop's stores reach.
+        (
+            guarded,
+            201,
+            "stored at `2i` and `2i + 1` for `i` below n_packed = 100",
+        ),
+        // An unguarded store past the end of `out` (an out-of-bounds store in the IR).
+        ("store out[%16] = %13", 199, "past its end without an `if`"),
+        // A guard on another length.
+        (
+            "if %8 {\n      store out[%16] = %13\n    }",
+            199,
+            "`if` (control flow",
+        ),
+        // The same half twice.
+        (
+            "store out[%15] = %13",
+            200,
+            "a second store to out at `2i + 0`",
+        ),
+    ] {
+        let k = pairs_kernel(odd);
+        let e = lower(&k, &pairs_launch(&k, 100, outputs))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why), "{odd:?}, {outputs} outputs: {e}");
+    }
+    // Unguarded stores are fine when `out` holds exactly `2 n_packed` elements.
+    let k = pairs_kernel("store out[%16] = %13");
+    assert!(lower(&k, &pairs_launch(&k, 100, 200)).is_ok());
 }

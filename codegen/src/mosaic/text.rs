@@ -38,12 +38,7 @@ struct Printer<'p> {
 
 impl Printer<'_> {
     fn vty(&self, shape: Shape, e: &str) -> String {
-        let w = if shape == Shape::Chunk {
-            self.p.lanes()
-        } else {
-            1
-        };
-        format!("vector<{STEP_ROWS}x{w}x{e}>")
+        format!("vector<{STEP_ROWS}x{}x{e}>", self.p.columns(shape))
     }
 
     fn mem(&self, window: usize) -> String {
@@ -168,6 +163,25 @@ impl Printer<'_> {
                 let from = self.vty(n.shape, elt(self.p.nodes[*a].elt));
                 self.line(format!("%v{i} = arith.bitcast {} : {from} to {ty}", v(*a)));
             }
+            VOp::Interleave(a, b) => {
+                // As Pallas lowers `jnp.stack([a, b], -1).reshape(R, 2 * L)`.
+                let (l, e) = (self.p.lanes(), elt(n.elt));
+                let from = self.vty(Shape::Chunk, e);
+                let one = format!("vector<{STEP_ROWS}x{l}x1x{e}>");
+                let two = format!("vector<{STEP_ROWS}x{l}x2x{e}>");
+                for (x, part) in [(a, "even"), (b, "odd")] {
+                    self.line(format!(
+                        "%v{i}_{part} = vector.shape_cast {} : {from} to {one}",
+                        v(*x)
+                    ));
+                }
+                self.line(format!(
+                    "%v{i}_both = tpu.concatenate %v{i}_even, %v{i}_odd in 2 : {one}, {one} -> {two}"
+                ));
+                self.line(format!(
+                    "%v{i} = vector.shape_cast %v{i}_both : {two} to {ty}"
+                ));
+            }
         }
     }
 
@@ -239,7 +253,7 @@ pub(super) fn print(p: &TileProgram) -> String {
     let windows: Vec<String> = bounds
         .iter()
         .map(|&w| {
-            let map = if w == p.lanes() { "chunk" } else { "row" };
+            let map = if w == 1 { "row" } else { "chunk" };
             format!(
                 "{{transform_indices = @transform_{map}, window_bounds = array<i64: {STEP_ROWS}, {w}>}}"
             )

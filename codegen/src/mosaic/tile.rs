@@ -17,6 +17,9 @@ pub(super) enum Shape {
     Row,
     /// One element per chunk position of each work item: `R x W`.
     Chunk,
+    /// Two elements per chunk position, `2i` and `2i + 1` side by side: `R x 2W` (only an
+    /// [`VOp::Interleave`] and the stores of a pairs window have it).
+    Pairs,
 }
 
 /// The element type of a vector value: `u32`/`i32` values are signless `i32` lanes (the op
@@ -86,6 +89,10 @@ pub(super) enum VOp {
     Select(usize, usize, usize),
     /// Reinterprets `i32` as `f32` or back.
     Bitcast(usize, Elt),
+    /// Two `Chunk` values side by side in a `Pairs` value: lane `2l` is lane `l` of the
+    /// first, lane `2l + 1` lane `l` of the second (a `[R, W, 2]` concatenation read as
+    /// `[R, 2W]`, row-major: data movement only).
+    Interleave(usize, usize),
 }
 
 /// A buffer as a 2-D array of the tile program.
@@ -97,7 +104,8 @@ pub struct Window {
     pub name: String,
     /// Element dtype.
     pub dtype: DType,
-    /// Columns of the array: 1 (one element per work item) or the chunk width `W`.
+    /// Columns of the array: 1 (one element per work item), the chunk width `W`, or `2W` for
+    /// a pairs window (written at `2i` and `2i + 1`, as unpacked 4-bit codes are).
     pub width: u32,
     /// The buffer's element count: the array holds it flat, padded with zeros to
     /// `rows x width`.
@@ -152,12 +160,24 @@ impl TileProgram {
         self.width / self.lanes().max(1)
     }
 
-    /// Columns of `w`'s window: 1 for a per-work-item array, else [`Self::lanes`].
+    /// Columns of `w`'s window: 1 for a per-work-item array, [`Self::lanes`] for a chunk
+    /// array, twice that for a pairs array.
     pub fn block_width(&self, w: &Window) -> u32 {
-        if w.width == self.width {
-            self.lanes()
+        self.columns(if w.width == 1 {
+            Shape::Row
+        } else if w.width == self.width {
+            Shape::Chunk
         } else {
-            1
+            Shape::Pairs
+        })
+    }
+
+    /// Columns of a value of `shape` in one grid step.
+    pub fn columns(&self, shape: Shape) -> u32 {
+        match shape {
+            Shape::Uniform | Shape::Row => 1,
+            Shape::Chunk => self.lanes(),
+            Shape::Pairs => 2 * self.lanes(),
         }
     }
 }

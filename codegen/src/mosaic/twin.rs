@@ -40,12 +40,7 @@ struct Printer<'p> {
 
 impl Printer<'_> {
     fn tty(&self, shape: Shape, e: &str) -> String {
-        let w = if shape == Shape::Chunk {
-            self.p.lanes()
-        } else {
-            1
-        };
-        format!("tensor<{STEP_ROWS}x{w}x{e}>")
+        format!("tensor<{STEP_ROWS}x{}x{e}>", self.p.columns(shape))
     }
 
     fn line(&mut self, s: String) {
@@ -199,6 +194,23 @@ impl Printer<'_> {
                     "%v{i} = stablehlo.bitcast_convert %v{a} : ({from}) -> {ty}"
                 ));
             }
+            VOp::Interleave(a, b) => {
+                let (l, e) = (self.p.lanes(), elt(n.elt));
+                let from = self.tty(Shape::Chunk, e);
+                let one = format!("tensor<{STEP_ROWS}x{l}x1x{e}>");
+                let two = format!("tensor<{STEP_ROWS}x{l}x2x{e}>");
+                for (x, part) in [(a, "even"), (b, "odd")] {
+                    self.line(format!(
+                        "%v{i}_{part} = stablehlo.reshape %v{x} : ({from}) -> {one}"
+                    ));
+                }
+                self.line(format!(
+                    "%v{i}_both = stablehlo.concatenate %v{i}_even, %v{i}_odd, dim = 2 : ({one}, {one}) -> {two}"
+                ));
+                self.line(format!(
+                    "%v{i} = stablehlo.reshape %v{i}_both : ({two}) -> {ty}"
+                ));
+            }
         }
     }
 
@@ -332,6 +344,13 @@ pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String
     body.line("%c = stablehlo.remainder %it, %blocks : tensor<i32>".into());
     body.line("%start = stablehlo.multiply %r, %rows : tensor<i32>".into());
     body.line("%col = stablehlo.multiply %c, %lanes : tensor<i32>".into());
+    if p.windows.iter().any(|w| w.width == 2 * p.width) {
+        body.line(format!(
+            "%pair_lanes = stablehlo.constant dense<{}> : tensor<i32>",
+            2 * p.lanes()
+        ));
+        body.line("%pair_col = stablehlo.multiply %c, %pair_lanes : tensor<i32>".into());
+    }
     body.line("%zero = stablehlo.constant dense<0> : tensor<i32>".into());
     for (i, n) in p.nodes.iter().enumerate() {
         body.node(i, n);
@@ -344,8 +363,13 @@ pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String
         let old = next[slot].clone();
         let shape = p.nodes[*node].shape;
         let tty = body.tty(shape, raw(p.windows[*w].dtype));
+        let col = if shape == Shape::Pairs {
+            "%pair_col"
+        } else {
+            "%col"
+        };
         body.line(format!(
-            "%u{k} = stablehlo.dynamic_update_slice {old}, {tile}, %start, %col : ({}, {tty}, tensor<i32>, tensor<i32>) -> {}",
+            "%u{k} = stablehlo.dynamic_update_slice {old}, {tile}, %start, {col} : ({}, {tty}, tensor<i32>, tensor<i32>) -> {}",
             array_ty(*w),
             array_ty(*w)
         ));
