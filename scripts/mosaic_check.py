@@ -3,7 +3,8 @@ machine without a TPU, and shows how a JAX program calls one (`qforge_kernel`).
 
 Usage: python scripts/mosaic_check.py DIR [GENERATION ...]
   DIR holds KERNEL.mlir (the Mosaic module, `qforge_codegen::mosaic::MosaicModule::text`) and
-  KERNEL.json (its manifest) per kernel. GENERATION is a deviceless topology name, by default
+  its manifest per kernel: KERNEL.json (`MosaicModule::manifest`), or KERNEL.mlir.json as
+  `qforge compile --target mosaic -o DIR/KERNEL.mlir` writes it (the manifest is its `launch`). GENERATION is a deviceless topology name, by default
   v5e:1x1 and v6e:1x1. Prints one JSON line per kernel and generation:
   {"kernel", "generation", "ok", "seconds", "error"}; exits 0 once every module was tried.
 
@@ -17,6 +18,8 @@ import sys
 import time
 
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+# No TPU is opened: several checks (one per generation) may run side by side.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -59,6 +62,22 @@ def qforge_kernel(text, manifest):
     return call
 
 
+def load_manifest(directory, name):
+    """The Mosaic manifest of NAME.mlir: NAME.json, or the `launch` of NAME.mlir.json."""
+    plain = os.path.join(directory, name + ".json")
+    if os.path.exists(plain):
+        with open(plain) as f:
+            return json.load(f)
+    artifact = os.path.join(directory, name + ".mlir.json")
+    if not os.path.exists(artifact):
+        raise ValueError(f"{name}.mlir has no manifest ({name}.json or {name}.mlir.json)")
+    with open(artifact) as f:
+        launch = json.load(f).get("launch", {})
+    if launch.get("abi") != "mosaic":
+        raise ValueError(f"{name}.mlir.json is not a Mosaic artifact (launch abi {launch.get('abi')!r})")
+    return launch
+
+
 def check(directory, generations):
     if not os.path.isdir(directory):
         sys.exit(f"mosaic_check: {directory} is not a folder of KERNEL.mlir and KERNEL.json files")
@@ -80,8 +99,7 @@ def check(directory, generations):
             try:
                 with open(os.path.join(directory, name + ".mlir")) as f:
                     text = f.read()
-                with open(os.path.join(directory, name + ".json")) as f:
-                    manifest = json.load(f)
+                manifest = load_manifest(directory, name)
                 missing = [k for k in ("kernel", "inputs", "outputs") if k not in manifest]
                 if missing:
                     raise ValueError(f"{name}.json: the manifest lacks {', '.join(missing)}")

@@ -200,7 +200,8 @@ enum Command {
         #[arg(long)]
         kernel: Option<String>,
         /// cpu-obj (a native relocatable object), clif (Cranelift IR), llvm-ir, ptx, wgsl,
-        /// spirv or stablehlo.
+        /// spirv, stablehlo or mosaic (a TPU kernel; OUT.json's `launch` gives its arrays, and
+        /// `scripts/mosaic_check.py` compiles it with libtpu).
         #[arg(long)]
         target: String,
         /// CPU feature level of cpu-obj, clif and llvm-ir: x86-64, x86-64-v2, x86-64-v3,
@@ -210,8 +211,8 @@ enum Command {
         /// NVIDIA architecture of ptx: 80 (A100) or 90 (H100/H200); default 80.
         #[arg(long)]
         sm: Option<String>,
-        /// stablehlo: the value of every dimension parameter (StableHLO shapes are static;
-        /// default 4).
+        /// stablehlo and mosaic: the value of every dimension parameter (their shapes are
+        /// static; default 4).
         #[arg(long)]
         dim: Option<u32>,
         /// wgsl and spirv: exact software fma, division and square root (for drivers that

@@ -13,7 +13,7 @@ use qforge::ir::{Kernel, ParamKind};
 const KERNEL: &str = "dequantize_4bit_nf4_bs64_f32";
 
 /// Every `--target` kind and whether its code is binary.
-const TARGETS: [(&str, bool); 7] = [
+const TARGETS: [(&str, bool); 8] = [
     ("cpu-obj", true),
     ("clif", false),
     ("llvm-ir", false),
@@ -21,6 +21,7 @@ const TARGETS: [(&str, bool); 7] = [
     ("wgsl", false),
     ("spirv", true),
     ("stablehlo", false),
+    ("mosaic", false),
 ];
 
 fn qforge(args: &[&str]) -> (i32, String, String) {
@@ -182,6 +183,42 @@ fn target_options_reach_the_manifest() {
     assert_eq!(manifest().settings["soft_fma"], "true");
     run(&["--target", "stablehlo", "--dim", "7"]);
     assert_eq!(manifest().settings["dim"], "7");
+    // A Mosaic module's manifest says how its arrays hold the buffers: 7 packed bytes of 32
+    // per work item, 14 outputs interleaved two per byte.
+    run(&["--target", "mosaic", "--dim", "7"]);
+    let m = manifest();
+    assert_eq!(m.settings["dim"], "7");
+    let qforge::codegen::compile::Launch::Mosaic(layout) = &m.launch else {
+        panic!("not a Mosaic launch: {:?}", m.launch);
+    };
+    let arrays: Vec<(&str, [u32; 2], usize)> = layout
+        .inputs
+        .iter()
+        .chain(&layout.outputs)
+        .map(|a| (a.param.as_str(), a.shape, a.elements))
+        .collect();
+    assert_eq!(
+        arrays,
+        [
+            ("packed", [32, 32], 7),
+            ("absmax", [32, 1], 7),
+            ("out", [32, 64], 7)
+        ]
+    );
+}
+
+#[test]
+fn a_kernel_the_mosaic_backend_does_not_lower_is_a_named_error() {
+    fails(
+        &["compile", "--kernel", "adam32_f32", "--target", "mosaic"],
+        &["adam32_f32", "mosaic", "fma"],
+    );
+    fails(
+        &[
+            "compile", "--kernel", KERNEL, "--target", "ptx", "--dim", "3",
+        ],
+        &["--dim", "stablehlo or mosaic"],
+    );
 }
 
 #[test]

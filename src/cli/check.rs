@@ -142,6 +142,85 @@ fn codegen_only(
     rows
 }
 
+/// The `mosaic` row of `kernel` on the arguments `fresh`: `(status, mismatches, elements,
+/// lowering ms, reason)`. A kernel the backend does not lower is skipped with its reason
+/// (`not lowered: ...`); a lowered one runs its StableHLO twin against the interpreter on
+/// `twin` (`twin ...`, exact or mismatching), and without one is `code generated` only. Nothing runs the module itself here: that needs a TPU (libtpu
+/// compiles it: `scripts/mosaic_check.py`).
+fn mosaic_row(
+    kernel: &qforge_ir::Kernel,
+    fresh: &[OwnedArg],
+    twin: Option<&dyn Device>,
+) -> (&'static str, usize, usize, f64, String) {
+    let mut args = fresh.to_vec();
+    let shapes = match qforge_ir::bind(kernel, &OwnedArg::borrow_all(&mut args)) {
+        Ok(b) => qforge_codegen::mosaic::Shapes {
+            grid: b.grid,
+            elements: b.elements.clone(),
+        },
+        Err(e) => return ("mismatch", 0, 0, 0.0, format!("launch shapes: {e}")),
+    };
+    let t = Instant::now();
+    match qforge_codegen::mosaic::lower(kernel, &shapes) {
+        Err(qforge_codegen::Error::Unsupported { op, .. }) => {
+            ("skipped", 0, 0, 0.0, format!("not lowered: {op}"))
+        }
+        Err(e) => (
+            "mismatch",
+            0,
+            0,
+            0.0,
+            format!("code generation failed: {e}"),
+        ),
+        Ok(_) => {
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let Some(twin) = twin else {
+                return (
+                    "skipped",
+                    0,
+                    0,
+                    ms,
+                    "code generated; not runnable here: no TPU (the twin needs a stablehlo \
+                     device)"
+                        .into(),
+                );
+            };
+            let mut reference = fresh.to_vec();
+            if let Err(e) =
+                InterpreterDevice.launch(kernel, &mut OwnedArg::borrow_all(&mut reference))
+            {
+                return ("mismatch", 0, 0, ms, format!("interpreter failed: {e}"));
+            }
+            match twin.launch(kernel, &mut OwnedArg::borrow_all(&mut args)) {
+                Ok(()) => {
+                    let (bad, total) = count_mismatches(kernel, &reference, &args);
+                    let status = if bad == 0 { "exact" } else { "mismatch" };
+                    (status, bad, total, ms, TWIN.into())
+                }
+                Err(e) => ("mismatch", 0, 0, ms, format!("twin launch failed: {e}")),
+            }
+        }
+    }
+}
+
+/// The reason of a `mosaic` row whose twin ran (the table shows `twin exact`).
+const TWIN: &str = "twin: the module's tile program on the StableHLO interpreter (no TPU here)";
+
+/// The Mosaic twin device, on the `stablehlo` device's runners (`None` without the feature or
+/// when they cannot start).
+fn twin_device() -> Option<Box<dyn Device>> {
+    #[cfg(feature = "stablehlo")]
+    {
+        qforge_runtime::MosaicTwinDevice::new()
+            .ok()
+            .map(|d| Box::new(d) as Box<dyn Device>)
+    }
+    #[cfg(not(feature = "stablehlo"))]
+    {
+        None
+    }
+}
+
 /// Whether this build has a device for `backend` (its `--device` name is compiled in).
 fn built_in(backend: &str) -> bool {
     let device = match backend {
@@ -190,6 +269,12 @@ pub fn run_check_entries(
     on_row: &mut dyn FnMut(&CheckRow),
 ) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
+    // The Mosaic twin runs where the StableHLO interpreter does.
+    let twin = devices
+        .iter()
+        .any(|d| d.backend() == qforge_codegen::stablehlo::BACKEND)
+        .then(twin_device)
+        .flatten();
     for &entry in entries {
         let kernel = entry.build()?;
         let name = kernel.name.clone();
@@ -254,6 +339,16 @@ pub fn run_check_entries(
                 ),
             }
         }
+        let (status, mismatches, elements, ms, reason) =
+            mosaic_row(&kernel, &fresh, twin.as_deref());
+        row(
+            qforge_codegen::mosaic::BACKEND,
+            status,
+            mismatches,
+            elements,
+            ms,
+            Some(reason),
+        );
         let generated = codegen_only(&kernel, devices);
         // A backend whose device could not start but whose code generates here gets one row:
         // the code-generation row below, carrying the reason.
@@ -307,6 +402,14 @@ pub fn passed(rows: &[CheckRow]) -> bool {
     !rows.iter().any(|r| r.status == "mismatch")
 }
 
+/// A `mosaic` row of a kernel outside the Mosaic backend's class.
+fn not_lowered(r: &CheckRow) -> bool {
+    r.status == "skipped"
+        && r.reason
+            .as_deref()
+            .is_some_and(|m| m.starts_with("not lowered"))
+}
+
 /// A row whose code generated (and, for WGSL, validated) but had no device here to run on.
 fn generated_only(r: &CheckRow) -> bool {
     r.status == "skipped"
@@ -338,10 +441,16 @@ pub fn table(rows: &[CheckRow], unavailable: &[Unavailable]) -> Vec<String> {
         let mut line = format!("{k:width$}");
         for b in &backends {
             let cell = match rows.iter().find(|r| r.kernel == k && r.backend == *b) {
+                Some(r) if r.status == "exact" && r.reason.as_deref() == Some(TWIN) => {
+                    "twin exact".to_string()
+                }
                 Some(r) if r.status == "exact" => "bit-exact".to_string(),
+                Some(r) if not_lowered(r) => "not lowered".to_string(),
                 Some(r) if generated_only(r) => "generated".to_string(),
                 Some(r) if r.status == "skipped" => "not runnable".to_string(),
-                Some(r) if r.reason.is_some() => "error".to_string(),
+                Some(r) if r.reason.is_some() && r.reason.as_deref() != Some(TWIN) => {
+                    "error".to_string()
+                }
                 Some(r) => format!("{} mismatches", r.mismatches),
                 None => "not built".to_string(),
             };
@@ -349,10 +458,9 @@ pub fn table(rows: &[CheckRow], unavailable: &[Unavailable]) -> Vec<String> {
         }
         lines.push(line);
     }
-    for r in rows
-        .iter()
-        .filter(|r| r.status == "mismatch" && r.reason.is_some())
-    {
+    for r in rows.iter().filter(|r| {
+        r.status == "mismatch" && r.reason.is_some() && r.reason.as_deref() != Some(TWIN)
+    }) {
         lines.push(format!(
             "{} on {}: {}",
             r.kernel,
@@ -368,15 +476,26 @@ pub fn table(rows: &[CheckRow], unavailable: &[Unavailable]) -> Vec<String> {
     let exact = compared.iter().filter(|r| r.status == "exact").count();
     let failed = compared.iter().filter(|r| r.status == "mismatch").count();
     let generated = compared.iter().filter(|r| generated_only(r)).count();
-    let skipped = compared.iter().filter(|r| r.status == "skipped").count() - generated;
+    let not_lowered = compared.iter().filter(|r| not_lowered(r)).count();
+    let skipped =
+        compared.iter().filter(|r| r.status == "skipped").count() - generated - not_lowered;
+    let twins = compared
+        .iter()
+        .filter(|r| r.status == "exact" && r.reason.as_deref() == Some(TWIN))
+        .count();
     let reference_failed = rows
         .iter()
         .filter(|r| r.backend == "interpreter" && r.status == "mismatch")
         .count();
+    let twins = if twins > 0 {
+        format!(" ({twins} of them Mosaic twins)")
+    } else {
+        String::new()
+    };
     let mut summary = format!(
-        "{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact, {failed} \
-         mismatching, {generated} code generated only (no device here to run it), {skipped} not \
-         runnable",
+        "{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact{twins}, \
+         {failed} mismatching, {generated} code generated only (no device here to run it), \
+         {skipped} not runnable, {not_lowered} not lowered (Mosaic)",
         backends.len().saturating_sub(1)
     );
     if reference_failed > 0 {

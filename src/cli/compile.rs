@@ -15,7 +15,7 @@ use qforge_ir::Kernel;
 use crate::error::{Error, Result};
 
 /// The target kinds `--target` accepts, as [`Target::kind`] spells them.
-pub const TARGET_KINDS: [&str; 8] = [
+pub const TARGET_KINDS: [&str; 9] = [
     "cpu-obj",
     "cpu-obj-llvm",
     "clif",
@@ -24,6 +24,7 @@ pub const TARGET_KINDS: [&str; 8] = [
     "wgsl",
     "spirv",
     "stablehlo",
+    "mosaic",
 ];
 
 /// Where the kernel comes from.
@@ -46,7 +47,7 @@ pub struct Request {
     pub feature_level: Option<String>,
     /// `--sm` (ptx): `80` or `90` (`sm_80`, `sm_90` also accepted); default 80.
     pub sm: Option<String>,
-    /// `--dim` (stablehlo): the value of every dimension parameter; default
+    /// `--dim` (stablehlo, mosaic): the value of every dimension parameter; default
     /// [`qforge_codegen::stablehlo::TEXT_DIM`].
     pub dim: Option<u32>,
     /// `--soft-math` (wgsl, spirv): exact software fma, division and sqrt.
@@ -136,14 +137,14 @@ pub fn target(req: &Request) -> Result<(Target, Options)> {
     )?;
     only(req.sm.is_some() && kind != "ptx", "--sm", "ptx")?;
     only(
-        req.dim.is_some() && kind != "stablehlo",
+        req.dim.is_some() && !matches!(kind, "stablehlo" | "mosaic"),
         "--dim",
-        "stablehlo",
+        "stablehlo or mosaic",
     )?;
     if req.dim == Some(0) {
-        return Err(Error::Usage(
-            "--dim 0: a StableHLO module's dimensions must be at least 1".into(),
-        ));
+        return Err(Error::Usage(format!(
+            "--dim 0: a {kind} module's dimensions must be at least 1"
+        )));
     }
     only(
         req.soft_math && !matches!(kind, "wgsl" | "spirv"),
@@ -164,6 +165,9 @@ pub fn target(req: &Request) -> Result<(Target, Options)> {
         "ptx" => Target::Ptx(sm(req.sm.as_deref())?),
         "wgsl" => Target::Wgsl(wgsl),
         "spirv" => Target::Spirv(wgsl),
+        "mosaic" => Target::Mosaic {
+            dim: req.dim.unwrap_or(qforge_codegen::stablehlo::TEXT_DIM),
+        },
         _ => Target::StableHlo {
             dim: req.dim.unwrap_or(qforge_codegen::stablehlo::TEXT_DIM),
         },

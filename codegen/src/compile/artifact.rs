@@ -109,6 +109,10 @@ pub enum Launch {
         /// Element count of each parameter, in parameter order (0 for a scalar).
         elements: Vec<usize>,
     },
+    /// A Mosaic function taking the grid indices and one VMEM window per array: the grid and
+    /// each array's parameter, shape and dtype (how a caller pads and reshapes the buffers;
+    /// `scripts/mosaic_check.py` reads it).
+    Mosaic(crate::mosaic::Manifest),
 }
 
 /// Everything about an artifact except its code, serialized next to it as JSON.

@@ -215,6 +215,10 @@ fn emit(
             let text = crate::stablehlo::lower_prepared(k, &shapes)?;
             (Code::Text(text), Launch::StableHlo { dim: *dim })
         }
+        Target::Mosaic { dim } => {
+            let module = crate::mosaic::lower(k, &crate::stablehlo::Shapes::with_dims(k, *dim))?;
+            (Code::Text(module.text), Launch::Mosaic(module.manifest))
+        }
         Target::StableHloShapes(shapes) => {
             let text = crate::stablehlo::lower_prepared(k, shapes)?;
             (

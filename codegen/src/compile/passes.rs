@@ -62,7 +62,8 @@ pub fn passes(target: &Target, simd: bool) -> Vec<Pass> {
         | Target::Wgsl(_)
         | Target::Spirv(_)
         | Target::StableHlo { .. }
-        | Target::StableHloShapes(_) => SearchStrategy::Buckets,
+        | Target::StableHloShapes(_)
+        | Target::Mosaic { .. } => SearchStrategy::Buckets,
     };
     vec![Pass::DecomposeSearch(strategy)]
 }

@@ -147,7 +147,8 @@ fn names(levels: &[CpuLevel]) -> String {
 }
 
 /// The code file's extension for a target kind ([`Target::kind`], as a manifest records it):
-/// `o`, `clif`, `ll`, `ptx`, `wgsl`, `spv`, `mlir` (`bin` for an unknown kind).
+/// `o`, `clif`, `ll`, `ptx`, `wgsl`, `spv`, `mlir` (StableHLO and Mosaic; `bin` for an unknown
+/// kind).
 pub fn extension_of_kind(kind: &str) -> &'static str {
     match kind {
         "cpu-obj" | "cpu-obj-llvm" => "o",
@@ -156,7 +157,7 @@ pub fn extension_of_kind(kind: &str) -> &'static str {
         "ptx" => "ptx",
         "wgsl" => "wgsl",
         "spirv" => "spv",
-        "stablehlo" => "mlir",
+        "stablehlo" | "mosaic" => "mlir",
         _ => "bin",
     }
 }
@@ -229,11 +230,18 @@ pub enum Target {
     /// and each parameter's element count (what a device that evaluates StableHLO compiles
     /// for each launch, whose dimension parameters may differ).
     StableHloShapes(Shapes),
+    /// A Mosaic (TPU) module in the Pallas convention (`crate::mosaic`), specialized to a
+    /// launch in which every `u32` dimension parameter has the value `dim`; the manifest's
+    /// launch record holds the arrays' layout (`crate::mosaic::Manifest`).
+    Mosaic {
+        /// Value of every dimension parameter.
+        dim: u32,
+    },
 }
 
 impl Target {
     /// The target's kind as `qforge compile --target` spells it (`cpu-obj`, `cpu-obj-llvm`,
-    /// `clif`, `llvm-ir`, `ptx`, `wgsl`, `spirv`, `stablehlo`).
+    /// `clif`, `llvm-ir`, `ptx`, `wgsl`, `spirv`, `stablehlo`, `mosaic`).
     pub fn kind(&self) -> &'static str {
         match self {
             Target::CpuObject { .. } => "cpu-obj",
@@ -244,6 +252,7 @@ impl Target {
             Target::Wgsl(_) => "wgsl",
             Target::Spirv(_) => "spirv",
             Target::StableHlo { .. } | Target::StableHloShapes(_) => "stablehlo",
+            Target::Mosaic { .. } => "mosaic",
         }
     }
 
@@ -277,7 +286,7 @@ impl Target {
             ],
             Target::Ptx(sm) => vec![("sm", sm.name().to_string())],
             Target::Wgsl(o) | Target::Spirv(o) => soft(o),
-            Target::StableHlo { dim } => vec![("dim", dim.to_string())],
+            Target::StableHlo { dim } | Target::Mosaic { dim } => vec![("dim", dim.to_string())],
             Target::StableHloShapes(shapes) => vec![
                 ("grid", shapes.grid.to_string()),
                 (

@@ -48,7 +48,7 @@ mod tile;
 mod twin;
 
 use qforge_ir::{DType, Kernel};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 pub use crate::stablehlo::Shapes;
@@ -79,7 +79,7 @@ pub struct MosaicModule {
 }
 
 /// How the Mosaic function's arrays hold the kernel's buffers (JSON for callers).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Manifest {
     /// The kernel name; also the Mosaic function's name.
     pub kernel: String,
@@ -98,7 +98,7 @@ pub struct Manifest {
 }
 
 /// One array of the Mosaic function.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ArrayLayout {
     /// The kernel parameter it holds.
     pub param: String,
@@ -108,7 +108,7 @@ pub struct ArrayLayout {
     pub shape: [u32; 2],
     /// The element dtype as `numpy` spells it (`uint8`, `int8`, `bfloat16`, `float32`,
     /// `uint32`, `int32`).
-    pub dtype: &'static str,
+    pub dtype: String,
     /// The buffer's element count (an output's first `elements` are the kernel's result).
     pub elements: usize,
 }
@@ -137,7 +137,7 @@ pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
         param: w.name.clone(),
         index: w.param,
         shape: [program.rows, w.width],
-        dtype: numpy_dtype(w.dtype),
+        dtype: numpy_dtype(w.dtype).to_string(),
         elements: w.elements,
     };
     let manifest = Manifest {

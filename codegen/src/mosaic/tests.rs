@@ -42,7 +42,7 @@ fn a_blockwise_dequantize_lowers_to_row_chunk_windows() {
         .manifest
         .inputs
         .iter()
-        .map(|a| (a.param.as_str(), a.shape, a.dtype, a.elements))
+        .map(|a| (a.param.as_str(), a.shape, a.dtype.as_str(), a.elements))
         .collect();
     assert_eq!(
         ins,
