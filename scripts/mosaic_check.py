@@ -34,16 +34,22 @@ from jax.sharding import SingleDeviceSharding  # noqa: E402
 from jaxlib.mlir import ir  # noqa: E402
 
 
+def array_dtype(a):
+    """The dtype of array `a` in the module (`float16` buffers are held as `uint16` bits)."""
+    return a.get("array_dtype", a["dtype"])
+
+
 def qforge_kernel(text, manifest):
     """A function of the kernel's flat buffers (the manifest's inputs, in order) returning its
-    written buffers (the manifest's outputs): pads and reshapes each buffer into its array,
-    runs the Mosaic kernel and keeps each output's first `elements`."""
+    written buffers (the manifest's outputs): pads and reshapes each buffer into its array
+    (bitcast to its `array_dtype`), runs the Mosaic kernel and keeps each output's first
+    `elements` (bitcast back to its `dtype`)."""
     ctx = mlir.make_ir_context()
     tpu.register_dialect(ctx)
     with ctx, ir.Location.unknown():
         module = ir.Module.parse(text)
         outs = tuple(
-            jax.ShapeDtypeStruct(tuple(a["shape"]), jnp.dtype(a["dtype"]))
+            jax.ShapeDtypeStruct(tuple(a["shape"]), jnp.dtype(array_dtype(a)))
             for a in manifest["outputs"]
         )
         kernel = as_tpu_kernel(module, outs, kernel_name=manifest["kernel"])
@@ -53,10 +59,12 @@ def qforge_kernel(text, manifest):
         for buf, a in zip(buffers, manifest["inputs"]):
             rows, cols = a["shape"]
             flat = jnp.pad(buf.reshape(-1), (0, rows * cols - a["elements"]))
+            flat = jax.lax.bitcast_convert_type(flat, jnp.dtype(array_dtype(a)))
             arrays.append(flat.reshape(rows, cols))
         results = kernel(*arrays)
         return tuple(
-            r.reshape(-1)[: a["elements"]] for r, a in zip(results, manifest["outputs"])
+            jax.lax.bitcast_convert_type(r.reshape(-1)[: a["elements"]], jnp.dtype(a["dtype"]))
+            for r, a in zip(results, manifest["outputs"])
         )
 
     return call

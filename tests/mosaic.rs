@@ -59,9 +59,9 @@ fn every_library_kernel_lowers_or_is_refused_by_name() {
         println!("  {n:4}  {why}");
     }
     // The 8-bit blockwise dequantizations (dynamic, unsigned dynamic, linear) and the 4-bit
-    // ones (NF4, FP4) with f32 and bf16 outputs, at every blocksize.
+    // ones (NF4, FP4) with f32, bf16 and f16 outputs, at every blocksize.
     let names: Vec<String> = ok.iter().map(|(_, k)| k.name.clone()).collect();
-    for dtype in ["f32", "bf16"] {
+    for dtype in ["f32", "bf16", "f16"] {
         for kind in ["dynamic", "dynamic_unsigned", "linear"] {
             for bs in [64, 128, 256, 512, 1024, 2048, 4096] {
                 let name = format!("dequantize_blockwise_{kind}_bs{bs}_{dtype}");
@@ -93,9 +93,11 @@ fn shapes_for_another_kernel_are_an_error() {
 }
 
 /// A row-chunk kernel of chunk 16 over `x: f32[n]` and `y: u32[n]` that uses every op the
-/// backend lowers, with its results in `f: f32[n]`, `b: bf16[n]`, `u: u32[n]`, `s: i32[n]` and
-/// `q: u8[n]` (shift amounts from the data, so past 31 too; a clamped 5-entry lookup; signed
-/// and unsigned orders; float min/max with NaN and signed zeros; `bf16` rounding ties).
+/// backend lowers, with its results in `f: f32[n]`, `b: bf16[n]`, `u: u32[n]`, `s: i32[n]`,
+/// `q: u8[n]`, `h: f16[n]` and `g: f32[n]` (shift amounts from the data, so past 31 too; a
+/// clamped 5-entry lookup; signed and unsigned orders; float min/max with NaN and signed zeros;
+/// `bf16` and `f16` rounding ties, `f16` overflow and subnormal results; `g` is the `f16` input
+/// `hin` read as `f32`: subnormals, infinities and NaN payloads).
 fn every_op_kernel() -> qforge::ir::Kernel {
     use qforge::ir::{
         Access, BinaryOp, CmpOp, DType, Dim, KernelBuilder, Rounding, ScalarType, UnaryOp,
@@ -118,6 +120,9 @@ fn every_op_kernel() -> qforge::ir::Kernel {
     .iter()
     .map(|(name, d)| b.buffer_param(name, *d, &flat, Access::Write))
     .collect();
+    let hin = b.buffer_param("hin", DType::F16, &flat, Access::Read);
+    let h = b.buffer_param("h", DType::F16, &flat, Access::Write);
+    let g = b.buffer_param("g", DType::F32, &flat, Access::Write);
     b.set_grid(Dim::Param(blocks));
     let table = b.table_u32("t", &[7, 0xffff_fff0, 3, 0x8000_0000, 11]);
     let w = b.work_item();
@@ -175,6 +180,10 @@ fn every_op_kernel() -> qforge::ir::Kernel {
         // u8: the low 8 bits of a u32.
         let q = b.add(yv, q8);
         b.store(outs[4], i, q);
+        // f16 both ways.
+        b.store_rounded(h, i, xv, Rounding::NearestEven);
+        let hv = b.load(hin, i);
+        b.store(g, i, hv);
     });
     b.finish()
 }
@@ -223,6 +232,18 @@ mod twin {
             63,
             u32::MAX,
             0x7fff_ffff,
+            // f16 rounding: ties at 1 (to even, down and up), the largest finite and the first
+            // overflow, subnormal results and their ties, the smallest that rounds to zero.
+            0x3f80_1000,
+            0x3f80_3000,
+            0x477f_efff,
+            0x477f_f000,
+            0x3380_0000,
+            0x33c0_0000,
+            0x3420_0000,
+            0x3300_0000,
+            0x3300_0001,
+            0x387f_f000,
         ];
         for n in [1000usize, 37] {
             let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ n as u64;
@@ -258,6 +279,23 @@ mod twin {
             for size in [4, 2, 4, 4, 1] {
                 args.push(OwnedArg::Write(vec![0; n * size]));
             }
+            let half_edges = [
+                0x0001u16, 0x03ff, 0x0200, 0x8001, 0x7c00, 0xfc00, 0x7e00, 0x7c01, 0xfd55, 0x7bff,
+                0x0400, 0x8000, 0,
+            ];
+            let hin: Vec<u8> = (0..n)
+                .map(|i| {
+                    if i % 2 == 0 {
+                        half_edges[(i / 2) % half_edges.len()]
+                    } else {
+                        next() as u16
+                    }
+                })
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            args.push(OwnedArg::Read(hin));
+            args.push(OwnedArg::Write(vec![0; n * 2]));
+            args.push(OwnedArg::Write(vec![0; n * 4]));
             let mut twin = args.clone();
             InterpreterDevice
                 .launch(&kernel, &mut OwnedArg::borrow_all(&mut args))
@@ -274,12 +312,13 @@ mod twin {
     /// `32 x blocksize` step of 550 vector ops, most of them the 8-bit code's select tree), so
     /// blocksize 64 runs every fixed case, 256 its several-blocks case with edge values, and
     /// the larger blocksizes, whose tile programs differ only in the window width, are
-    /// checked by libtpu's compile test alone. `QFORGE_MOSAIC_FILTER` runs every case of the
-    /// kernels it names.
-    fn runs(label: &str, bs: usize, filtered: bool) -> bool {
-        filtered
-            || bs == 64
-            || (bs == 256 && label.contains("several blocks") && label.contains("edge"))
+    /// checked by libtpu's compile test alone. The `f16` outputs differ from the `f32` ones only
+    /// in the store's rounding, which [`super::every_op_kernel`] checks on edge values and ties:
+    /// they run the several-blocks case at blocksize 64. `QFORGE_MOSAIC_FILTER` runs every
+    /// case of the kernels it names.
+    fn runs(label: &str, bs: usize, f16: bool, filtered: bool) -> bool {
+        let several = label.contains("several blocks") && label.contains("edge");
+        filtered || (bs == 64 && (!f16 || several)) || (bs == 256 && several && !f16)
     }
 
     #[test]
@@ -297,7 +336,8 @@ mod twin {
         let mut work = Vec::new();
         for (entry, kernel) in ok.iter().filter(|(_, k)| k.name.contains(&filter)) {
             for (label, values) in fixed_cases(&kernel.name, entry.blocksize()) {
-                if runs(&label, entry.blocksize(), !filter.is_empty()) {
+                let f16 = kernel.name.ends_with("_f16");
+                if runs(&label, entry.blocksize(), f16, !filter.is_empty()) {
                     work.push((entry, kernel, label, values));
                 }
             }
@@ -333,7 +373,10 @@ mod twin {
             ok.len(),
             start.elapsed().as_secs_f64()
         );
-        assert!(!filter.is_empty() || cases >= 10 * 11, "only {cases} cases");
+        assert!(
+            !filter.is_empty() || cases >= 10 * 11 + 5,
+            "only {cases} cases"
+        );
         assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 }
@@ -390,7 +433,9 @@ fn every_lowered_kernel_compiles_with_libtpu() {
     let every_op = every_op_kernel();
     let shapes = Shapes {
         grid: 63,
-        elements: vec![0, 0, 1000, 1000, 1000, 63, 1000, 1000, 1000, 1000, 1000],
+        elements: vec![
+            0, 0, 1000, 1000, 1000, 63, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000,
+        ],
     };
     let m = mosaic::lower(&every_op, &shapes).unwrap();
     write(&every_op.name, &m.text, &m.manifest);

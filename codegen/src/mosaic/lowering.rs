@@ -442,9 +442,6 @@ impl Lowering<'_> {
                 ),
             ));
         }
-        if matches!(dtype, DType::F16) {
-            return Err(refuse(self.k, &format!("the f16 buffer {}", param.name)));
-        }
         let w = self.program.windows.len();
         self.program.windows.push(Window {
             param: p.index(),
@@ -618,6 +615,7 @@ impl Lowering<'_> {
                 let raw = self.push(VOp::Load { window: w }, shape, raw_elt);
                 match dtype {
                     DType::BF16 => self.bf16_to_f32(raw),
+                    DType::F16 => self.f16_to_f32(raw),
                     _ => raw,
                 }
             }

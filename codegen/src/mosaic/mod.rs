@@ -19,15 +19,15 @@
 //! chunk or 512 lanes of it). Each IR
 //! value becomes a vector of the tile shape it varies over, computed by the lane-wise ops the
 //! IR defines (integer ops wrap, shifts take their amount modulo 32, a `lookup` is a tree of
-//! selects on the index bits, a `bf16` store rounds to nearest even with integer ops).
+//! selects on the index bits, `bf16` and `f16` stores round to nearest even with integer ops).
 //! Because the chunk buffers are sized by `n` (checked), the lanes past `n` are exactly the
 //! padding, which the caller drops: no lane is masked. For the same reason an `if index < P`
 //! around stores at `index` into buffers sized by `P` runs unmasked (its false lanes store into
 //! the padding).
 //!
 //! Anything else is refused with [`Error::Unsupported`] naming the construct: other loops,
-//! other control flow, variables, `accumulate`, and for now `fma`, `div`, `sqrt`, conversions and
-//! `f16` buffers, whose exact TPU forms are not written yet (the TPU has no `f64`, which the
+//! other control flow, variables, `accumulate`, and for now `fma`, `div`, `sqrt` and
+//! conversions, whose exact TPU forms are not written yet (the TPU has no `f64`, which the
 //! StableHLO backend's exact `fma` uses).
 //!
 //! # The module and its caller
@@ -106,9 +106,12 @@ pub struct ArrayLayout {
     pub index: usize,
     /// `[rows, columns]`: the buffer's flat elements in row-major order, zero-padded.
     pub shape: [u32; 2],
-    /// The element dtype as `numpy` spells it (`uint8`, `int8`, `bfloat16`, `float32`,
-    /// `uint32`, `int32`).
+    /// The buffer's element dtype as `numpy` spells it (`uint8`, `int8`, `bfloat16`,
+    /// `float16`, `float32`, `uint32`, `int32`).
     pub dtype: String,
+    /// The array's element dtype: `dtype`, except `uint16` for `float16` (the module holds
+    /// `f16` as its bits; a caller bitcasts the buffer to it and the result back).
+    pub array_dtype: String,
     /// The buffer's element count (an output's first `elements` are the kernel's result).
     pub elements: usize,
 }
@@ -138,6 +141,11 @@ pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
         index: w.param,
         shape: [program.rows, w.width],
         dtype: numpy_dtype(w.dtype).to_string(),
+        array_dtype: match w.dtype {
+            DType::F16 => "uint16",
+            d => numpy_dtype(d),
+        }
+        .to_string(),
         elements: w.elements,
     };
     let manifest = Manifest {

@@ -1,7 +1,7 @@
 //! The IR's ops as tile-program ops (`docs/backends/mosaic.md`, "The numeric contract on a
 //! TPU"): integer ops with shift amounts modulo 32, `min`/`max` as compare and select, float
-//! `ne` as `not oeq`, `neg`/`abs` on the bits, `bf16` rounding with integer ops, lookups as a
-//! tree of selects.
+//! `ne` as `not oeq`, `neg`/`abs` on the bits, `bf16` and `f16` conversions with integer ops,
+//! lookups as a tree of selects.
 
 use qforge_ir::{BinaryOp, CmpOp, DType, Rounding, ScalarType, TableId, UnaryOp};
 
@@ -19,11 +19,149 @@ impl Lowering<'_> {
         self.push(VOp::Bitcast(high, Elt::F32), shape, Elt::F32)
     }
 
+    /// `i32` lanes `op(a, b)`.
+    fn int(&mut self, op: Bin, a: usize, b: usize) -> usize {
+        let shape = self.node_shape(a).max(self.node_shape(b));
+        self.push(VOp::Bin(op, a, b), shape, Elt::I32)
+    }
+
+    /// `i32` lanes `op(a, c)` for a constant `c`.
+    fn int_c(&mut self, op: Bin, a: usize, c: u32) -> usize {
+        let shape = self.node_shape(a);
+        let k = self.konst(c, Elt::I32, shape);
+        self.push(VOp::Bin(op, a, k), shape, Elt::I32)
+    }
+
+    /// The `i1` lanes `a pred c` for a constant `c`.
+    fn cmp_c(&mut self, p: Pred, a: usize, c: u32) -> usize {
+        let shape = self.node_shape(a);
+        let k = self.konst(c, Elt::I32, shape);
+        self.push(VOp::Cmp(p, a, k), shape, Elt::I1)
+    }
+
+    fn select_i(&mut self, c: usize, t: usize, f: usize) -> usize {
+        let shape = self.node_shape(c);
+        self.push(VOp::Select(c, t, f), shape, Elt::I32)
+    }
+
+    /// The `f32` of the `f16` bits in the low half of `h`, exactly as the interpreter's load
+    /// (`half::f16::to_f32`): normal values rebiased, subnormals normalized (their highest set
+    /// bit `p` found in four halving steps), a NaN made quiet with its payload kept.
+    pub(super) fn f16_to_f32(&mut self, h: usize) -> usize {
+        let shape = self.node_shape(h);
+        let sign = self.int_c(Bin::AndI, h, 0x8000);
+        let sign = self.int_c(Bin::Shl, sign, 16);
+        let e = self.int_c(Bin::ShrU, h, 10);
+        let e = self.int_c(Bin::AndI, e, 0x1f);
+        let m = self.int_c(Bin::AndI, h, 0x3ff);
+        let m13 = self.int_c(Bin::Shl, m, 13);
+        let with_sign = |l: &mut Self, x: usize| l.int(Bin::OrI, sign, x);
+        // Infinity (m = 0) or a quiet NaN.
+        let m_zero = self.cmp_c(Pred::Eq, m, 0);
+        let quiet = self.konst(0x7fc0_0000, Elt::I32, shape);
+        let inf = self.konst(0x7f80_0000, Elt::I32, shape);
+        let top = self.select_i(m_zero, inf, quiet);
+        let top = self.int(Bin::OrI, top, m13);
+        let top = with_sign(self, top);
+        // Normal: exponent + 112, mantissa << 13.
+        let ne = self.int_c(Bin::AddI, e, 112);
+        let ne = self.int_c(Bin::Shl, ne, 23);
+        let normal = self.int(Bin::OrI, ne, m13);
+        let normal = with_sign(self, normal);
+        // Subnormal: m = 2^p + rest with p in 0..=9; the value is 2^(p - 24) (1 + rest / 2^p).
+        let mut p = self.konst(0, Elt::I32, shape);
+        let mut t = m;
+        for step in [8u32, 4, 2, 1] {
+            let big = self.cmp_c(Pred::Uge, t, 1 << step);
+            let p_up = self.int_c(Bin::AddI, p, step);
+            p = self.select_i(big, p_up, p);
+            let t_down = self.int_c(Bin::ShrU, t, step);
+            t = self.select_i(big, t_down, t);
+        }
+        let twenty_three = self.konst(23, Elt::I32, shape);
+        let up = self.int(Bin::SubI, twenty_three, p);
+        let frac = self.int(Bin::Shl, m, up);
+        let frac = self.int_c(Bin::AndI, frac, 0x7f_ffff);
+        let se = self.int_c(Bin::AddI, p, 103);
+        let se = self.int_c(Bin::Shl, se, 23);
+        let sub = self.int(Bin::OrI, se, frac);
+        let sub = with_sign(self, sub);
+        let tiny = self.select_i(m_zero, sign, sub);
+        let e_zero = self.cmp_c(Pred::Eq, e, 0);
+        let e_max = self.cmp_c(Pred::Eq, e, 31);
+        let finite = self.select_i(e_zero, tiny, normal);
+        let bits = self.select_i(e_max, top, finite);
+        self.push(VOp::Bitcast(bits, Elt::F32), shape, Elt::F32)
+    }
+
+    /// The `f16` bits (low half of an `i32`) of `v` rounded to nearest even, exactly as the
+    /// interpreter's store (`half::f16::from_f32`): overflow to infinity, subnormal results
+    /// rounded at their own precision, a NaN quiet with its top payload bits. Every branch is
+    /// computed and selected; the subnormal shift is clamped into `1..=31` where unused.
+    fn f32_to_f16(&mut self, v: usize) -> usize {
+        let shape = self.node_shape(v);
+        let b = self.push(VOp::Bitcast(v, Elt::I32), shape, Elt::I32);
+        let sign = self.int_c(Bin::ShrU, b, 16);
+        let sign = self.int_c(Bin::AndI, sign, 0x8000);
+        let a = self.int_c(Bin::AndI, b, 0x7fff_ffff);
+        let with_sign = |l: &mut Self, x: usize| l.int(Bin::OrI, sign, x);
+        let payload = self.int_c(Bin::ShrU, a, 13);
+        let payload = self.int_c(Bin::AndI, payload, 0x3ff);
+        let nan = self.int_c(Bin::OrI, payload, 0x7e00);
+        let nan = with_sign(self, nan);
+        let inf = self.int_c(Bin::OrI, sign, 0x7c00);
+        // Normal: rebias by 112 << 23, round the 13 dropped bits to nearest even.
+        let m = self.int_c(Bin::SubI, a, 0x3800_0000);
+        let lsb = self.int_c(Bin::ShrU, m, 13);
+        let lsb = self.int_c(Bin::AndI, lsb, 1);
+        let biased = self.int_c(Bin::AddI, m, 0xfff);
+        let biased = self.int(Bin::AddI, biased, lsb);
+        let normal = self.int_c(Bin::ShrU, biased, 13);
+        let normal = with_sign(self, normal);
+        // Subnormal: the 24-bit significand shifted right by 126 - exponent (14..=24 in range).
+        let exp = self.int_c(Bin::ShrU, a, 23);
+        let c126 = self.konst(126, Elt::I32, shape);
+        let shift = self.int(Bin::SubI, c126, exp);
+        let lo = self.cmp_c(Pred::Uge, shift, 1);
+        let hi = self.cmp_c(Pred::Ule, shift, 31);
+        let ok = self.push(VOp::Bin(Bin::AndI, lo, hi), shape, Elt::I1);
+        let safe = self.konst(14, Elt::I32, shape);
+        let shift = self.select_i(ok, shift, safe);
+        let mant = self.int_c(Bin::AndI, a, 0x7f_ffff);
+        let mant = self.int_c(Bin::OrI, mant, 0x80_0000);
+        let q = self.int(Bin::ShrU, mant, shift);
+        let one = self.konst(1, Elt::I32, shape);
+        let unit = self.int(Bin::Shl, one, shift);
+        let low_mask = self.int_c(Bin::SubI, unit, 1);
+        let rest = self.int(Bin::AndI, mant, low_mask);
+        let shift_1 = self.int_c(Bin::SubI, shift, 1);
+        let half = self.int(Bin::Shl, one, shift_1);
+        let above = self.push(VOp::Cmp(Pred::Ugt, rest, half), shape, Elt::I1);
+        let tie = self.push(VOp::Cmp(Pred::Eq, rest, half), shape, Elt::I1);
+        let q_odd = self.int_c(Bin::AndI, q, 1);
+        let odd = self.cmp_c(Pred::Ne, q_odd, 0);
+        let tie_up = self.push(VOp::Bin(Bin::AndI, tie, odd), shape, Elt::I1);
+        let up = self.push(VOp::Bin(Bin::OrI, above, tie_up), shape, Elt::I1);
+        let zero = self.konst(0, Elt::I32, shape);
+        let inc = self.select_i(up, one, zero);
+        let sub = self.int(Bin::AddI, q, inc);
+        let sub = with_sign(self, sub);
+        let is_nan = self.cmp_c(Pred::Ugt, a, 0x7f80_0000);
+        let is_inf = self.cmp_c(Pred::Uge, a, 0x477f_f000);
+        let is_normal = self.cmp_c(Pred::Uge, a, 0x3880_0000);
+        let is_zero = self.cmp_c(Pred::Ule, a, 0x3300_0000);
+        let small = self.select_i(is_zero, sign, sub);
+        let r = self.select_i(is_normal, normal, small);
+        let r = self.select_i(is_inf, inf, r);
+        self.select_i(is_nan, nan, r)
+    }
+
     /// A stored tile read back by a later load (the store's bits widened as a load would).
     pub(super) fn widen_stored(&mut self, bits: usize, w: usize) -> usize {
         let shape = self.node_shape(bits);
         match self.program.windows[w].dtype {
             DType::BF16 => self.bf16_to_f32(bits),
+            DType::F16 => self.f16_to_f32(bits),
             DType::U8 => {
                 let ff = self.konst(0xff, Elt::I32, shape);
                 self.push(VOp::Bin(Bin::AndI, bits, ff), shape, Elt::I32)
@@ -67,8 +205,13 @@ impl Lowering<'_> {
                 let nan = self.float_ne(v, v, shape);
                 Ok(self.push(VOp::Select(nan, nan_bits, rounded), shape, Elt::I32))
             }
+            DType::F16 => {
+                if rounding != Some(Rounding::NearestEven) {
+                    return Err(refuse(self.k, "an f16 store without `rne`"));
+                }
+                Ok(self.f32_to_f16(v))
+            }
             DType::F32 | DType::U32 | DType::I32 | DType::U8 | DType::I8 => Ok(v),
-            DType::F16 => Err(refuse(self.k, "a store to an f16 buffer")),
         }
     }
 

@@ -81,9 +81,7 @@ fn kernels_outside_the_class_are_refused_by_name() {
             "quantize_blockwise_dynamic_bs256_f32",
             "a store outside the chunk loop",
         ),
-        ("dequantize_4bit_nf4_bs64_f16", "f16"),
         ("dequantize_4bit_nf4_nested_bs64_f32", "`if`"),
-        ("dequantize_blockwise_dynamic_bs256_f16", "f16"),
     ] {
         let k = library(name);
         match lower(&k, &Shapes::with_dims(&k, 256)) {

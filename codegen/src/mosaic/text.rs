@@ -10,11 +10,12 @@ use qforge_ir::DType;
 use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp};
 use super::STEP_ROWS;
 
-/// The memref element type of a window of `dtype`.
+/// The memref element type of a window of `dtype`: `f16` as its bits (`i16`), since libtpu
+/// neither stores `f16` vectors (v5e) nor casts them to `i16` (v6e).
 fn mem_elt(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "f32",
-        DType::F16 => "f16",
+        DType::F16 => "i16",
         DType::BF16 => "bf16",
         DType::U8 | DType::I8 => "i8",
         DType::U32 | DType::I32 => "i32",
@@ -73,7 +74,11 @@ impl Printer<'_> {
                         self.line(format!("%v{i}_raw = {load}"));
                         self.line(format!("%v{i} = arith.{ext} %v{i}_raw : {raw} to {ty}"));
                     }
-                    DType::BF16 | DType::F16 => {
+                    DType::F16 => {
+                        self.line(format!("%v{i}_raw = {load}"));
+                        self.line(format!("%v{i} = arith.extui %v{i}_raw : {raw} to {ty}"));
+                    }
+                    DType::BF16 => {
                         let half = self.vty(n.shape, "i16");
                         self.line(format!("%v{i}_raw = {load}"));
                         self.line(format!(
@@ -194,13 +199,13 @@ impl Printer<'_> {
         let raw = self.vty(shape, mem_elt(dtype));
         let value = match dtype {
             DType::F32 | DType::U32 | DType::I32 => format!("%v{node}"),
-            DType::U8 | DType::I8 => {
+            DType::U8 | DType::I8 | DType::F16 => {
                 self.line(format!(
                     "%s{k} = arith.trunci %v{node} : {value_ty} to {raw}"
                 ));
                 format!("%s{k}")
             }
-            DType::BF16 | DType::F16 => {
+            DType::BF16 => {
                 let half = self.vty(shape, "i16");
                 self.line(format!(
                     "%s{k}_half = arith.trunci %v{node} : {value_ty} to {half}"
