@@ -276,7 +276,7 @@ impl Lowering<'_> {
     }
 
     /// Where a store at `index` goes: `None` for the loop index `i`, `Some(0)` for `2i`
-    /// (`i << 1` or `2 * i`), `Some(1)` for `2i + 1`; `Err` for any other index.
+    /// (`i << 1` or `2 * i`), `Some(1)` for `2i + 1`; `None` for any other index.
     fn store_slot(&self, index: Value) -> Option<Option<u32>> {
         let i = self.loop_index?;
         if index == i {
