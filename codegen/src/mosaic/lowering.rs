@@ -42,7 +42,20 @@ pub(super) struct Lowering<'k> {
 /// Lowers `k` at `shapes` to its tile program, or refuses it naming the first construct
 /// outside the row-chunk class.
 pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
-    let rows = shapes.grid.div_ceil(STEP_ROWS).max(1) * STEP_ROWS;
+    let rows = shapes
+        .grid
+        .div_ceil(STEP_ROWS)
+        .max(1)
+        .checked_mul(STEP_ROWS)
+        .ok_or_else(|| {
+            refuse(
+                k,
+                &format!(
+                    "a grid of {} work items (its rows rounded up to {STEP_ROWS} pass 2^32)",
+                    shapes.grid
+                ),
+            )
+        })?;
     let mut l = Lowering {
         k,
         shapes,
@@ -376,7 +389,15 @@ impl Lowering<'_> {
     fn window(&mut self, p: ParamId, shape: Shape) -> Result<usize> {
         let width = match shape {
             Shape::Chunk => self.program.width,
-            Shape::Pairs => 2 * self.program.width,
+            Shape::Pairs => self.program.width.checked_mul(2).ok_or_else(|| {
+                refuse(
+                    self.k,
+                    &format!(
+                        "a chunk of {} stored at `2i` and `2i + 1` (2C passes 2^32)",
+                        self.program.width
+                    ),
+                )
+            })?,
             _ => 1,
         };
         if let Some(&w) = self.windows.get(&p.index()) {

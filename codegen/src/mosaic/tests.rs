@@ -95,6 +95,15 @@ fn kernels_outside_the_class_are_refused_by_name() {
 }
 
 #[test]
+fn a_grid_whose_rows_pass_2_to_the_32_is_refused() {
+    let k = library("dequantize_blockwise_linear_bs64_f32");
+    let e = lower(&k, &Shapes::with_dims(&k, u32::MAX))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a grid of 4294967295 work items"), "{e}");
+}
+
+#[test]
 fn a_grid_short_of_the_buffer_is_refused() {
     let k = library("dequantize_blockwise_linear_bs64_f32");
     let mut s = launch(&k, 640, 64);
