@@ -442,17 +442,19 @@ impl Lowering<'_> {
         }
         // A pairs buffer's elements must all be written: the stores at `2i` and `2i + 1`
         // cover `0 .. 2n` for the loop's limit `n`.
-        if shape == Shape::Pairs && elements as u64 > 2 * self.limit_value()? {
-            return Err(refuse(
-                self.k,
-                &format!(
-                    "{} elements of {}, stored at `2i` and `2i + 1` for `i` below {} = {}",
-                    elements,
-                    param.name,
-                    self.limit_name(),
-                    self.limit_value()?
-                ),
-            ));
+        if shape == Shape::Pairs {
+            let n = self.limit_value()?;
+            if elements as u64 > 2 * n {
+                return Err(refuse(
+                    self.k,
+                    &format!(
+                        "{elements} elements of {}, stored at `2i` and `2i + 1` for `i` below \
+                         {} = {n}",
+                        param.name,
+                        self.limit_name(),
+                    ),
+                ));
+            }
         }
         if elements as u64 > u64::from(self.shapes.grid) * u64::from(width) {
             return Err(refuse(
