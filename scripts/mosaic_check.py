@@ -39,11 +39,20 @@ def array_dtype(a):
     return a.get("array_dtype", a["dtype"])
 
 
+def input_params(manifest):
+    """The manifest's input arrays, one per kernel parameter, in parameter order (a buffer
+    that is both read per chunk element and reduced over its chunk has two arrays)."""
+    seen = {}
+    for a in manifest["inputs"]:
+        seen.setdefault(a["index"], a)
+    return [seen[i] for i in sorted(seen)]
+
+
 def qforge_kernel(text, manifest):
-    """A function of the kernel's flat buffers (the manifest's inputs, in order) returning its
-    written buffers (the manifest's outputs): pads and reshapes each buffer into its array
-    (bitcast to its `array_dtype`), runs the Mosaic kernel and keeps each output's first
-    `elements` (bitcast back to its `dtype`)."""
+    """A function of the kernel's flat input buffers (one per parameter, as `input_params`
+    lists them) returning its written buffers (the manifest's outputs): pads and reshapes each
+    buffer into its array or arrays (bitcast to its `array_dtype`), runs the Mosaic kernel and
+    keeps each output's first `elements` (bitcast back to its `dtype`)."""
     ctx = mlir.make_ir_context()
     tpu.register_dialect(ctx)
     with ctx, ir.Location.unknown():
@@ -54,9 +63,13 @@ def qforge_kernel(text, manifest):
         )
         kernel = as_tpu_kernel(module, outs, kernel_name=manifest["kernel"])
 
+    params = [a["index"] for a in input_params(manifest)]
+
     def call(*buffers):
+        by_param = dict(zip(params, buffers))
         arrays = []
-        for buf, a in zip(buffers, manifest["inputs"]):
+        for a in manifest["inputs"]:
+            buf = by_param[a["index"]]
             rows, cols = a["shape"]
             flat = jnp.pad(buf.reshape(-1), (0, rows * cols - a["elements"]))
             flat = jax.lax.bitcast_convert_type(flat, jnp.dtype(array_dtype(a)))
@@ -113,7 +126,7 @@ def check(directory, generations):
                     raise ValueError(f"{name}.json: the manifest lacks {', '.join(missing)}")
                 ins = [
                     jax.ShapeDtypeStruct((a["elements"],), jnp.dtype(a["dtype"]), sharding=sharding)
-                    for a in manifest["inputs"]
+                    for a in input_params(manifest)
                 ]
                 jax.jit(qforge_kernel(text, manifest)).lower(*ins).compile()
             except Exception as e:  # noqa: BLE001 - every rejection is reported

@@ -97,7 +97,8 @@ fn shapes_for_another_kernel_are_an_error() {
 /// `q: u8[n]`, `h: f16[n]` and `g: f32[n]` (shift amounts from the data, so past 31 too; a
 /// clamped 5-entry lookup; signed and unsigned orders; float min/max with NaN and signed zeros;
 /// `bf16` and `f16` rounding ties, `f16` overflow and subnormal results; `g` is the `f16` input
-/// `hin` read as `f32`: subnormals, infinities and NaN payloads).
+/// `hin` read as `f32`: subnormals, infinities and NaN payloads; `d` is `x / y`, `y`'s bits read
+/// as `f32`: specials, subnormal operands and results, overflow and ties).
 fn every_op_kernel() -> qforge::ir::Kernel {
     use qforge::ir::{
         Access, BinaryOp, CmpOp, DType, Dim, KernelBuilder, Rounding, ScalarType, UnaryOp,
@@ -123,6 +124,7 @@ fn every_op_kernel() -> qforge::ir::Kernel {
     let hin = b.buffer_param("hin", DType::F16, &flat, Access::Read);
     let h = b.buffer_param("h", DType::F16, &flat, Access::Write);
     let g = b.buffer_param("g", DType::F32, &flat, Access::Write);
+    let d = b.buffer_param("d", DType::F32, &flat, Access::Write);
     b.set_grid(Dim::Param(blocks));
     let table = b.table_u32("t", &[7, 0xffff_fff0, 3, 0x8000_0000, 11]);
     let w = b.work_item();
@@ -184,6 +186,10 @@ fn every_op_kernel() -> qforge::ir::Kernel {
         b.store_rounded(h, i, xv, Rounding::NearestEven);
         let hv = b.load(hin, i);
         b.store(g, i, hv);
+        // f32 division, correctly rounded.
+        let yf = b.bitcast(yv, ScalarType::F32);
+        let quotient = b.div(xv, yf);
+        b.store(d, i, quotient);
     });
     b.finish()
 }
@@ -260,8 +266,34 @@ mod twin {
                     r
                 }
             };
-            let x: Vec<u32> = (0..n).map(|i| word(i, next())).collect();
-            let y: Vec<u32> = (0..n).map(|i| word(i + 1, next())).collect();
+            let mut x: Vec<u32> = (0..n).map(|i| word(i, next())).collect();
+            let mut y: Vec<u32> = (0..n).map(|i| word(i + 1, next())).collect();
+            // Divisions at the edges: subnormal ties (to even, up, and into the smallest
+            // normal), results at half the smallest subnormal and below, overflow, specials.
+            let quotients = [
+                (0x0000_0001, 0x4000_0000),
+                (0x0000_0003, 0x4000_0000),
+                (0x0000_0001, 0x3fc0_0000),
+                (0x0000_0001, 0x4040_0000),
+                (0x0000_0001, 0x3f80_0001),
+                (0x00ff_ffff, 0x4000_0000),
+                (0x0080_0001, 0x4000_0000),
+                (0x0080_0000, 0x4040_0000),
+                (0x0040_0000, 0x0020_0000),
+                (0x0000_0001, 0x7f7f_ffff),
+                (0x7f7f_ffff, 0x0000_0001),
+                (0x7f7f_ffff, 0x3f00_0000),
+                (0x7f7f_ffff, 0x3f7f_ffff),
+                (0x8000_0000, 0x0000_0000),
+                (0x7f80_0000, 0xff80_0000),
+                (0x3f80_0000, 0x8000_0000),
+                (0x4040_0000, 0x40e0_0000),
+                (0xff80_0000, 0x0000_0003),
+                (0x0000_0000, 0x7fc0_0001),
+            ];
+            for (i, (a, b)) in quotients.iter().enumerate() {
+                (x[i], y[i]) = (*a, *b);
+            }
             let bits: Vec<u8> = (0..n).map(|_| next() as u8).collect();
             let blocks = n.div_ceil(16);
             let scale: Vec<u16> = (0..blocks)
@@ -295,6 +327,7 @@ mod twin {
                 .collect();
             args.push(OwnedArg::Read(hin));
             args.push(OwnedArg::Write(vec![0; n * 2]));
+            args.push(OwnedArg::Write(vec![0; n * 4]));
             args.push(OwnedArg::Write(vec![0; n * 4]));
             let mut twin = args.clone();
             InterpreterDevice
@@ -409,6 +442,16 @@ fn every_lowered_kernel_compiles_with_libtpu() {
     let dir = std::env::temp_dir().join(format!("qforge-mosaic-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (mut ok, _) = lowered();
+    // The negative module: an 8-bit dequantization's, its first window (`q`, 8-bit) cut to 8
+    // rows, which 8-bit tiling (32 rows) rejects.
+    let negative = ok
+        .iter()
+        .find(|(_, k)| k.name == "dequantize_blockwise_dynamic_bs64_f32")
+        .map(|(e, k)| {
+            let values = vec![0.25f32; 3 * e.blocksize() + 5];
+            mosaic::lower(k, &shapes_of(e.entry(), k, &values)).unwrap()
+        })
+        .expect("the 8-bit dequantization lowers");
     // Representatives: the blocksizes whose windows differ in kind (32 and 64: narrower than a
     // vreg's 128 lanes; 1024: one or two lane blocks of 512; 4096: 4 or 8 of them) of every
     // family and dtype. The others differ from these only in the window width; all 74 compiled
@@ -423,18 +466,16 @@ fn every_lowered_kernel_compiles_with_libtpu() {
         let json = serde_json::to_string(manifest).unwrap();
         std::fs::write(dir.join(format!("{name}.json")), json).unwrap();
     };
-    let mut first = None;
     for (entry, kernel) in &ok {
         let values = vec![0.25f32; 3 * entry.blocksize() + 5];
         let m = mosaic::lower(kernel, &shapes_of(entry.entry(), kernel, &values)).unwrap();
         write(&kernel.name, &m.text, &m.manifest);
-        first.get_or_insert(m);
     }
     let every_op = every_op_kernel();
     let shapes = Shapes {
         grid: 63,
         elements: vec![
-            0, 0, 1000, 1000, 1000, 63, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000,
+            0, 0, 1000, 1000, 1000, 63, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000,
         ],
     };
     let m = mosaic::lower(&every_op, &shapes).unwrap();
@@ -450,7 +491,7 @@ fn every_lowered_kernel_compiles_with_libtpu() {
     .unwrap();
     std::fs::write(dir.join("compiled.mlir"), artifact.code.bytes()).unwrap();
     std::fs::write(dir.join("compiled.mlir.json"), artifact.manifest.to_json()).unwrap();
-    let m = first.expect("a lowered kernel");
+    let m = negative;
     let misaligned = m.text.replacen(
         &format!("window_bounds = array<i64: {}, ", mosaic::STEP_ROWS),
         "window_bounds = array<i64: 8, ",

@@ -62,8 +62,9 @@ pub fn passes(target: &Target, simd: bool) -> Vec<Pass> {
         | Target::Wgsl(_)
         | Target::Spirv(_)
         | Target::StableHlo { .. }
-        | Target::StableHloShapes(_)
-        | Target::Mosaic { .. } => SearchStrategy::Buckets,
+        | Target::StableHloShapes(_) => SearchStrategy::Buckets,
+        // Lookups are select trees on a TPU: the levels' small tables (`mosaic::lower`).
+        Target::Mosaic { .. } => SearchStrategy::Levels,
     };
     vec![Pass::DecomposeSearch(strategy)]
 }

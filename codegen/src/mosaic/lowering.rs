@@ -4,12 +4,12 @@
 use std::collections::HashMap;
 
 use qforge_ir::{
-    Access, BinaryOp, CmpOp, DType, Dim, Kernel, Op, ParamId, ParamKind, Scalar, ScalarType, Stmt,
-    UnaryOp, Value,
+    Access, BinaryOp, CmpOp, DType, Dim, Kernel, NanMode, Op, ParamId, ParamKind, ReduceKind,
+    Scalar, ScalarType, Stmt, UnaryOp, Value,
 };
 
 use super::ops::{elt_of, pred};
-use super::tile::{Elt, Node, Shape, TileProgram, VOp, Window};
+use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp, Window};
 use super::{refuse, Shapes, STEP_ROWS};
 use crate::error::{Error, Result};
 
@@ -18,6 +18,8 @@ use crate::error::{Error, Result};
 struct ChunkLoop {
     chunk: u32,
     limit: ParamId,
+    start: Value,
+    end: Value,
 }
 
 pub(super) struct Lowering<'k> {
@@ -26,8 +28,8 @@ pub(super) struct Lowering<'k> {
     work_item: Option<Value>,
     loop_index: Option<Value>,
     chunk: Option<ChunkLoop>,
-    /// Window of each parameter.
-    windows: HashMap<usize, usize>,
+    /// Window of each parameter, and whether it is its whole-chunk window.
+    windows: HashMap<(usize, bool), usize>,
     pub(super) program: TileProgram,
     /// Lowered values: `(value, shape)` to node.
     memo: HashMap<(usize, Shape), usize>,
@@ -37,6 +39,8 @@ pub(super) struct Lowering<'k> {
     stored: HashMap<usize, usize>,
     /// The stores of the loop body so far at `2i` and `2i + 1` of each pairs buffer.
     pairs: HashMap<usize, [Option<usize>; 2]>,
+    /// Whether the chunk loop has been lowered.
+    loop_done: bool,
 }
 
 /// Lowers `k` at `shapes` to its tile program, or refuses it naming the first construct
@@ -75,28 +79,31 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
         natural_shapes: HashMap::new(),
         stored: HashMap::new(),
         pairs: HashMap::new(),
+        loop_done: false,
     };
+    l.find_chunk_loop(&k.body);
     l.top(&k.body)?;
-    if l.chunk.is_none() {
+    if !l.loop_done {
         return Err(refuse(k, "a kernel without a chunk loop"));
     }
-    l.program.windows.sort_by_key(|w| w.param);
-    let order: HashMap<usize, usize> = l
-        .program
-        .windows
+    // Renumber the windows to parameter order (a whole-chunk window after the chunk one).
+    let mut by_param: Vec<usize> = (0..l.program.windows.len()).collect();
+    by_param.sort_by_key(|&w| (l.program.windows[w].param, l.program.windows[w].whole));
+    let mut new = vec![0; by_param.len()];
+    for (i, &w) in by_param.iter().enumerate() {
+        new[w] = i;
+    }
+    l.program.windows = by_param
         .iter()
-        .enumerate()
-        .map(|(i, w)| (w.param, i))
+        .map(|&w| l.program.windows[w].clone())
         .collect();
-    // Renumber the windows to parameter order.
-    let old: HashMap<usize, usize> = l.windows.iter().map(|(p, w)| (*w, order[p])).collect();
     for n in &mut l.program.nodes {
         if let VOp::Load { window } = &mut n.op {
-            *window = old[window];
+            *window = new[*window];
         }
     }
     for (w, _) in &mut l.program.stores {
-        *w = old[w];
+        *w = new[*w];
     }
     Ok(l.program)
 }
@@ -174,7 +181,36 @@ impl Lowering<'_> {
             _ => false,
         };
         (*s == start && *if_false == start && sum_ok && self.param_of(lim) == Some(limit))
-            .then_some(ChunkLoop { chunk, limit })
+            .then_some(ChunkLoop {
+                chunk,
+                limit,
+                start,
+                end,
+            })
+    }
+
+    /// Takes the kernel's first loop as the chunk loop before its statements are lowered (a
+    /// reduction over the chunk may come first) if it has the chunk loop's bounds; [`Self::top`]
+    /// refuses any other loop where it stands.
+    fn find_chunk_loop(&mut self, body: &[Stmt]) {
+        let first = body.iter().find_map(|s| match s {
+            Stmt::For {
+                index,
+                start,
+                end,
+                step,
+                ..
+            } => Some((*index, *start, *end, *step)),
+            _ => None,
+        });
+        let Some((index, start, end, step)) = first else {
+            return;
+        };
+        if let Some(bounds) = self.chunk_bounds(start, end).filter(|_| step == 1) {
+            self.program.width = bounds.chunk;
+            self.chunk = Some(bounds);
+            self.loop_index = Some(index);
+        }
     }
 
     fn top(&mut self, body: &[Stmt]) -> Result<()> {
@@ -186,31 +222,44 @@ impl Lowering<'_> {
                     }
                     self.eager_load(*v)?;
                 }
-                Stmt::For {
-                    index,
-                    start,
-                    end,
-                    step,
-                    body,
-                } => {
-                    if self.chunk.is_some() {
-                        return Err(refuse(self.k, "a second loop"));
-                    }
-                    let bounds = self.chunk_bounds(*start, *end).filter(|_| *step == 1);
-                    let Some(bounds) = bounds else {
+                Stmt::For { index, body, .. } => {
+                    if self.loop_done || self.loop_index != Some(*index) {
                         return Err(refuse(
                             self.k,
-                            "a loop other than `for i in C*w..min(C*w + C, n)` over the work \
-                             item's chunk",
+                            if self.loop_done {
+                                "a second loop"
+                            } else {
+                                "a loop other than `for i in C*w..min(C*w + C, n)` over the \
+                                 work item's chunk"
+                            },
                         ));
-                    };
-                    self.program.width = bounds.chunk;
-                    self.chunk = Some(bounds);
-                    self.loop_index = Some(*index);
+                    }
                     self.loop_body(body)?;
+                    self.loop_done = true;
                 }
-                Stmt::Store { .. } => {
-                    return Err(refuse(self.k, "a store outside the chunk loop"));
+                Stmt::Store {
+                    buf,
+                    index,
+                    value,
+                    rounding,
+                } => {
+                    if Some(*index) != self.work_item || self.natural(*value)? > Shape::Row {
+                        return Err(refuse(
+                            self.k,
+                            &format!(
+                                "a store to {} outside the chunk loop at an index other than \
+                                 the work item, or of a value of the chunk",
+                                self.param_name(*buf)
+                            ),
+                        ));
+                    }
+                    let w = self.window(*buf, Shape::Row)?;
+                    self.program.windows[w].written = true;
+                    let v = self.get(*value, Shape::Row)?;
+                    let dtype = self.program.windows[w].dtype;
+                    let bits = self.narrow(v, dtype, *rounding)?;
+                    self.program.stores.push((w, bits));
+                    self.stored.insert(w, bits);
                 }
                 other => return Err(refuse(self.k, stmt_name(other))),
             }
@@ -385,10 +434,11 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    /// The window of buffer `p` seen at `shape` (`Row` or `Chunk`).
+    /// The window of buffer `p` seen at `shape` (`Row`, `Chunk`, `Pairs` or `Whole`).
     fn window(&mut self, p: ParamId, shape: Shape) -> Result<usize> {
+        let whole = shape == Shape::Whole;
         let width = match shape {
-            Shape::Chunk => self.program.width,
+            Shape::Chunk | Shape::Whole => self.program.width,
             Shape::Pairs => self.program.width.checked_mul(2).ok_or_else(|| {
                 refuse(
                     self.k,
@@ -400,7 +450,7 @@ impl Lowering<'_> {
             })?,
             _ => 1,
         };
-        if let Some(&w) = self.windows.get(&p.index()) {
+        if let Some(&w) = self.windows.get(&(p.index(), whole)) {
             if self.program.windows[w].width != width {
                 return Err(refuse(
                     self.k,
@@ -428,7 +478,7 @@ impl Lowering<'_> {
         let elements = self.shapes.elements.get(p.index()).copied().unwrap_or(0);
         // The chunk buffers (only seen inside the loop) are sized by the loop's limit, so the
         // lanes past it are the arrays' padding: no lane needs a mask.
-        if let (Shape::Chunk, Some(chunk)) = (shape, &self.chunk) {
+        if let (Shape::Chunk | Shape::Whole, Some(chunk)) = (shape, &self.chunk) {
             if dims.as_slice() != [Dim::Param(chunk.limit)] {
                 return Err(refuse(
                     self.k,
@@ -474,13 +524,94 @@ impl Lowering<'_> {
             elements,
             read: false,
             written: false,
+            whole,
         });
         if *access == Access::ReadWrite {
             // Its old contents are an input even where the program only stores.
             self.program.windows[w].read = true;
         }
-        self.windows.insert(p.index(), w);
+        self.windows.insert((p.index(), whole), w);
         Ok(w)
+    }
+
+    /// `reduce absmax` over the work item's chunk (`start` and `len` the chunk loop's start and
+    /// `end - start`) as a `Row` value: the buffer's whole-chunk window widened to `f32`, its
+    /// magnitudes' bits (a NaN's above `+inf`'s; with `ignore` a NaN's are `0`) reduced by an
+    /// integer max. The lanes past the chunk are the array's zero padding: `+0.0`, the
+    /// reduction's start. A sum (whose order matters) is refused.
+    fn reduce(
+        &mut self,
+        kind: ReduceKind,
+        buf: ParamId,
+        start: Value,
+        len: Value,
+    ) -> Result<usize> {
+        let ReduceKind::AbsMax(nan) = kind else {
+            return Err(refuse(self.k, "`reduce sum` (a pinned-order sum)"));
+        };
+        let chunk = self.chunk.as_ref().map(|c| (c.start, c.end));
+        let over_chunk = chunk.is_some_and(|(s, e)| {
+            start == s && matches!(self.def(len), Ok(Op::Binary(BinaryOp::Sub, a, b)) if *a == e && *b == s)
+        });
+        if chunk.is_none() {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "a reduction of {} outside a kernel whose top level has the chunk loop",
+                    self.param_name(buf)
+                ),
+            ));
+        }
+        if !over_chunk {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "a reduction of {} over a range other than the work item's chunk",
+                    self.param_name(buf)
+                ),
+            ));
+        }
+        let w = self.window(buf, Shape::Whole)?;
+        let chunk_window = self.windows.get(&(buf.index(), false));
+        if chunk_window.is_some_and(|c| self.stored.contains_key(c)) {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "a reduction of {} after a store to it",
+                    self.param_name(buf)
+                ),
+            ));
+        }
+        self.program.windows[w].read = true;
+        let dtype = self.program.windows[w].dtype;
+        let raw_elt = if dtype == DType::F32 {
+            Elt::F32
+        } else {
+            Elt::I32
+        };
+        let raw = self.push(VOp::Load { window: w }, Shape::Whole, raw_elt);
+        let value = match dtype {
+            DType::BF16 => self.bf16_to_f32(raw),
+            DType::F16 => self.f16_to_f32(raw),
+            DType::F32 => raw,
+            _ => {
+                return Err(refuse(
+                    self.k,
+                    &format!("a reduction of the integer buffer {}", self.param_name(buf)),
+                ))
+            }
+        };
+        let bits = self.push(VOp::Bitcast(value, Elt::I32), Shape::Whole, Elt::I32);
+        let mask = self.konst(0x7fff_ffff, Elt::I32, Shape::Whole);
+        let mut mag = self.push(VOp::Bin(Bin::AndI, bits, mask), Shape::Whole, Elt::I32);
+        if nan == NanMode::Ignore {
+            let inf = self.konst(0x7f80_0000, Elt::I32, Shape::Whole);
+            let is_nan = self.push(VOp::Cmp(Pred::Ugt, mag, inf), Shape::Whole, Elt::I1);
+            let zero = self.konst(0, Elt::I32, Shape::Whole);
+            mag = self.push(VOp::Select(is_nan, zero, mag), Shape::Whole, Elt::I32);
+        }
+        let max = self.push(VOp::MaxLanes(mag), Shape::Row, Elt::I32);
+        Ok(self.push(VOp::Bitcast(max, Elt::F32), Shape::Row, Elt::F32))
     }
 
     fn limit_name(&self) -> &str {
@@ -561,6 +692,7 @@ impl Lowering<'_> {
         }
         let s = match self.def(v)? {
             Op::Const(_) => Shape::Uniform,
+            Op::Reduce { .. } => Shape::Row,
             Op::Load { index, .. } => {
                 if Some(*index) == self.loop_index {
                     Shape::Chunk
@@ -650,7 +782,7 @@ impl Lowering<'_> {
                 let a = self.get(a, at)?;
                 self.unary(u, a, ty, at)?
             }
-            Op::Binary(b, x, y) => {
+            Op::Binary(b, x, y) if !(b == BinaryOp::Div && ty == ScalarType::F32) => {
                 let (x, y) = (self.get(x, at)?, self.get(y, at)?);
                 self.binary(b, x, y, ty, at)?
             }
@@ -671,6 +803,17 @@ impl Lowering<'_> {
                 let c = self.get(cond, at)?;
                 let (t, f) = (self.get(if_true, at)?, self.get(if_false, at)?);
                 self.push(VOp::Select(c, t, f), at, elt_of(ty))
+            }
+            Op::Reduce {
+                kind,
+                buf,
+                start,
+                len,
+                ..
+            } => self.reduce(kind, buf, start, len)?,
+            Op::Binary(BinaryOp::Div, x, y) if ty == ScalarType::F32 => {
+                let (x, y) = (self.get(x, at)?, self.get(y, at)?);
+                self.div_f32(x, y)
             }
             Op::Bitcast { value, to } => {
                 let a = self.get(value, at)?;

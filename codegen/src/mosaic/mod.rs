@@ -9,12 +9,14 @@
 //! This first lowering takes the kernels whose work item `w` runs one loop over its chunk of
 //! a flat element space, `for i in C*w .. min(C*w + C, n)`, with `n` a dimension parameter,
 //! and whose loop body reads and writes buffers only at `i`, or writes them at `2i` and
-//! `2i + 1` (and reads per-work-item buffers at `w` before it): blockwise dequantization, 8-bit
-//! and 4-bit, for example. The program's arrays put work item `w` in row `w` and its chunk
+//! `2i + 1` (and reads or writes per-work-item buffers at `w` and reduces its chunk with `reduce
+//! absmax` before it): blockwise dequantization, 8-bit and 4-bit, and 8-bit blockwise
+//! quantization, for example. The program's arrays put work item `w` in row `w` and its chunk
 //! element `i` in column `i - C*w`: a buffer read or written at `i` is an array `[rows, C]`
 //! (its flat elements padded with zeros), a buffer written at `2i` and `2i + 1` an array
-//! `[rows, 2C]` whose two stored tiles are interleaved, a buffer read at `w` an array
-//! `[rows, 1]`; `rows` is the grid rounded up to [`STEP_ROWS`], and each grid step
+//! `[rows, 2C]` whose two stored tiles are interleaved, a buffer read or written at `w` an
+//! array `[rows, 1]`, a reduced buffer a second `[rows, C]` array whose window is the rows'
+//! whole chunk (reduced by an integer max of the magnitudes' bits); `rows` is the grid rounded up to [`STEP_ROWS`], and each grid step
 //! takes [`STEP_ROWS`] rows of every array as its window (`R x L` and `R x 1` tiles, `L` the
 //! chunk or 512 lanes of it). Each IR
 //! value becomes a vector of the tile shape it varies over, computed by the lane-wise ops the
@@ -25,8 +27,10 @@
 //! around stores at `index` into buffers sized by `P` runs unmasked (its false lanes store into
 //! the padding).
 //!
-//! Anything else is refused with [`Error::Unsupported`] naming the construct: other loops,
-//! other control flow, variables, `accumulate`, and for now `fma`, `div`, `sqrt` and
+//! `f32` division is computed from `i32` ops, correctly rounded (`soft.rs`), and
+//! `search_sorted` is the level search (`crate::decompose`), whose small tables are select
+//! trees. Anything else is refused with [`Error::Unsupported`] naming the construct: other
+//! loops, other control flow, variables, `accumulate`, `reduce sum`, and for now `fma`, `sqrt` and
 //! conversions, whose exact TPU forms are not written yet (the TPU has no `f64`, which the
 //! StableHLO backend's exact `fma` uses).
 //!
@@ -43,6 +47,7 @@
 
 mod lowering;
 mod ops;
+mod soft;
 mod text;
 mod tile;
 mod twin;
@@ -124,7 +129,10 @@ pub struct ArrayLayout {
 /// buffers; [`Error::Ir`] for a kernel that
 /// does not verify.
 pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
-    qforge_ir::verify(kernel)?;
+    // `search_sorted` as the level search: its tables (1, 2, 4, ... entries) are select
+    // trees, where the bucket search's would be hundreds of entries.
+    let searched = crate::decompose::search(kernel, crate::decompose::SearchStrategy::Levels)?;
+    let kernel = searched.as_ref();
     if shapes.elements.len() != kernel.params.len() {
         return Err(refuse(
             kernel,

@@ -20,26 +20,26 @@ impl Lowering<'_> {
     }
 
     /// `i32` lanes `op(a, b)`.
-    fn int(&mut self, op: Bin, a: usize, b: usize) -> usize {
+    pub(super) fn int(&mut self, op: Bin, a: usize, b: usize) -> usize {
         let shape = self.node_shape(a).max(self.node_shape(b));
         self.push(VOp::Bin(op, a, b), shape, Elt::I32)
     }
 
     /// `i32` lanes `op(a, c)` for a constant `c`.
-    fn int_c(&mut self, op: Bin, a: usize, c: u32) -> usize {
+    pub(super) fn int_c(&mut self, op: Bin, a: usize, c: u32) -> usize {
         let shape = self.node_shape(a);
         let k = self.konst(c, Elt::I32, shape);
         self.push(VOp::Bin(op, a, k), shape, Elt::I32)
     }
 
     /// The `i1` lanes `a pred c` for a constant `c`.
-    fn cmp_c(&mut self, p: Pred, a: usize, c: u32) -> usize {
+    pub(super) fn cmp_c(&mut self, p: Pred, a: usize, c: u32) -> usize {
         let shape = self.node_shape(a);
         let k = self.konst(c, Elt::I32, shape);
         self.push(VOp::Cmp(p, a, k), shape, Elt::I1)
     }
 
-    fn select_i(&mut self, c: usize, t: usize, f: usize) -> usize {
+    pub(super) fn select_i(&mut self, c: usize, t: usize, f: usize) -> usize {
         let shape = self.node_shape(c);
         self.push(VOp::Select(c, t, f), shape, Elt::I32)
     }

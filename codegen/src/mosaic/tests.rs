@@ -78,8 +78,8 @@ fn kernels_outside_the_class_are_refused_by_name() {
     for (name, what) in [
         ("adam32_f32", "fma"),
         (
-            "quantize_blockwise_dynamic_bs256_f32",
-            "a store outside the chunk loop",
+            "quantize_4bit_nf4_bs64_f32",
+            "a reduction of x outside a kernel whose top level has the chunk loop",
         ),
         ("dequantize_4bit_nf4_nested_bs64_f32", "`if`"),
     ] {
@@ -237,4 +237,116 @@ fn stores_at_2i_and_2i_plus_1_follow_the_pairs_rules() {
     // Unguarded stores are fine when `out` holds exactly `2 n_packed` elements.
     let k = pairs_kernel("store out[%16] = %13");
     assert!(lower(&k, &pairs_launch(&k, 100, 200)).is_ok());
+}
+
+#[test]
+fn an_8bit_quantize_reduces_its_whole_chunk_and_stores_per_work_item() {
+    let k = library("quantize_blockwise_dynamic_bs4096_bf16");
+    let m = lower(&k, &launch(&k, 10000, 4096)).unwrap();
+    let arrays = |a: &[super::ArrayLayout]| -> Vec<(String, [u32; 2])> {
+        a.iter().map(|a| (a.param.clone(), a.shape)).collect()
+    };
+    // `x` twice: per chunk element (512 lanes a step) and whole (the reduction's).
+    assert_eq!(
+        arrays(&m.manifest.inputs),
+        [("x".to_string(), [32, 4096]), ("x".to_string(), [32, 4096])]
+    );
+    assert_eq!(
+        arrays(&m.manifest.outputs),
+        [
+            ("q".to_string(), [32, 4096]),
+            ("absmax".to_string(), [32, 1])
+        ]
+    );
+    assert_eq!((m.manifest.lanes, m.manifest.lane_blocks), (512, 8));
+    for piece in [
+        "%in_x: memref<32x512xbf16",
+        "%in_x_whole: memref<32x4096xbf16",
+        "{transform_indices = @transform_row, window_bounds = array<i64: 32, 4096>}",
+        "vector.multi_reduction <maxsi>",
+        "dense<-2147483648> : vector<32xi32>",
+        // The lane blocks of a row write its absmax in turn.
+        "#tpu.dimension_semantics<parallel>, #tpu.dimension_semantics<arbitrary>]",
+        "tpu.vector_store %out_absmax",
+    ] {
+        assert!(m.text.contains(piece), "missing {piece:?} in\n{}", m.text);
+    }
+    assert!(m
+        .twin
+        .contains("applies stablehlo.maximum across dimensions = [1]"));
+    // The 257 thresholds as the level search: 9 levels of 1 to 256 entries.
+    assert!(!m.text.contains("search_sorted"));
+    // A dequantization's per-work-item windows are only read: its lane blocks stay parallel.
+    let d = library("dequantize_blockwise_dynamic_bs4096_f32");
+    let m = lower(&d, &launch(&d, 10000, 4096)).unwrap();
+    assert!(m
+        .text
+        .contains("#tpu.dimension_semantics<parallel>, #tpu.dimension_semantics<parallel>]"));
+}
+
+/// A kernel shaped like the 8-bit quantization: `reduce` the reduction over `x`, `store` the
+/// statement that writes `absmax` before the chunk loop.
+fn reduce_kernel(reduce: &str, store: &str) -> qforge_ir::Kernel {
+    let text = format!(
+        "kernel reducing(n: u32, n_blocks: u32, x: f32[n] read, q: f32[n] write, \
+         absmax: f32[n_blocks] write)
+grid n_blocks
+{{
+  %0: u32 = work_item
+  %1: u32 = param n
+  %2: u32 = const 64
+  %3: u32 = mul %0, %2
+  %4: u32 = add %3, %2
+  %5: u32 = min %4, %1
+  %6: bool = cmp lt %3, %1
+  %7: u32 = select %6, %5, %3
+  %8: u32 = sub %7, %3
+  {reduce}
+  {store}
+  for %10 in %3..%7 step 1 {{
+    %11: f32 = load x[%10]
+    %12: f32 = mul %11, %9
+    store q[%10] = %12
+  }}
+}}
+"
+    );
+    qforge_ir::text::parse(&text).unwrap()
+}
+
+#[test]
+fn reductions_and_per_work_item_stores_follow_their_rules() {
+    let good = "%9: f32 = reduce absmax ignore sequential x[%3, len %8]";
+    let store = "store absmax[%0] = %9";
+    let k = reduce_kernel(good, store);
+    assert!(lower(&k, &launch(&k, 1000, 64)).is_ok());
+    for (reduce, store, why) in [
+        // The order of a sum matters: refused.
+        (
+            "%9: f32 = reduce sum sequential x[%3, len %8]",
+            store,
+            "`reduce sum`",
+        ),
+        // A range other than the chunk.
+        (
+            "%9: f32 = reduce absmax ignore sequential x[%3, len %2]",
+            store,
+            "a reduction of x over a range other than the work item's chunk",
+        ),
+        (
+            "%9: f32 = reduce absmax ignore sequential x[%0, len %8]",
+            store,
+            "a reduction of x over a range other than the work item's chunk",
+        ),
+        // A per-work-item store at another index.
+        (
+            good,
+            "store absmax[%3] = %9",
+            "a store to absmax outside the chunk loop",
+        ),
+    ] {
+        let k = reduce_kernel(reduce, store);
+        let e = lower(&k, &launch(&k, 1000, 64)).unwrap_err().to_string();
+        assert!(e.contains(why), "{reduce:?}, {store:?}: {e}");
+    }
 }

@@ -168,6 +168,20 @@ impl Printer<'_> {
                 let from = self.vty(n.shape, elt(self.p.nodes[*a].elt));
                 self.line(format!("%v{i} = arith.bitcast {} : {from} to {ty}", v(*a)));
             }
+            VOp::MaxLanes(a) => {
+                // libtpu takes only the neutral start (`i32::MIN`) as a splat accumulator.
+                let from = self.vty(Shape::Whole, "i32");
+                self.line(format!(
+                    "%v{i}_init = arith.constant dense<-2147483648> : vector<{STEP_ROWS}xi32>"
+                ));
+                self.line(format!(
+                    "%v{i}_max = vector.multi_reduction <maxsi>, {}, %v{i}_init [1] : {from} to vector<{STEP_ROWS}xi32>",
+                    v(*a)
+                ));
+                self.line(format!(
+                    "%v{i} = vector.shape_cast %v{i}_max : vector<{STEP_ROWS}xi32> to {ty}"
+                ));
+            }
             VOp::Interleave(a, b) => {
                 // As Pallas lowers `jnp.stack([a, b], -1).reshape(R, 2 * L)`.
                 let (l, e) = (self.p.lanes(), elt(n.elt));
@@ -226,7 +240,7 @@ impl Printer<'_> {
 pub(super) fn print(p: &TileProgram) -> String {
     let mut args = vec![(None, None); p.windows.len()];
     let mut params = vec!["%arg0: i32".to_string(), "%arg1: i32".to_string()];
-    let mut bounds = Vec::new();
+    let mut bounds: Vec<(u32, bool)> = Vec::new();
     let mut printer = Printer {
         p,
         out: String::new(),
@@ -235,15 +249,16 @@ pub(super) fn print(p: &TileProgram) -> String {
     let ins = p.windows.iter().enumerate().filter(|(_, w)| w.read);
     let outs = p.windows.iter().enumerate().filter(|(_, w)| w.written);
     for (i, w) in ins {
-        let name = format!("%in_{}", w.name);
+        let whole = if w.whole { "_whole" } else { "" };
+        let name = format!("%in_{}{whole}", w.name);
         params.push(format!("{name}: {}", printer.mem(i)));
-        bounds.push(p.block_width(w));
+        bounds.push((p.block_width(w), w.by_row()));
         args[i].0 = Some(name);
     }
     for (i, w) in outs {
         let name = format!("%out_{}", w.name);
         params.push(format!("{name}: {}", printer.mem(i)));
-        bounds.push(p.block_width(w));
+        bounds.push((p.block_width(w), w.by_row()));
         args[i].1 = Some(name);
     }
     printer.args = args;
@@ -257,13 +272,20 @@ pub(super) fn print(p: &TileProgram) -> String {
     printer.line("return".into());
     let windows: Vec<String> = bounds
         .iter()
-        .map(|&w| {
-            let map = if w == 1 { "row" } else { "chunk" };
+        .map(|&(w, by_row)| {
+            let map = if by_row { "row" } else { "chunk" };
             format!(
                 "{{transform_indices = @transform_{map}, window_bounds = array<i64: {STEP_ROWS}, {w}>}}"
             )
         })
         .collect();
+    // A per-work-item output is written by every lane block of its rows: those steps must
+    // run in order on one core, not be split across cores.
+    let lanes_semantics = if p.windows.iter().any(|w| w.written && w.by_row()) {
+        "arbitrary"
+    } else {
+        "parallel"
+    };
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -280,10 +302,11 @@ pub(super) fn print(p: &TileProgram) -> String {
     let _ = writeln!(
         out,
         "  func.func @{}({}) attributes {{dimension_semantics = [#tpu.dimension_semantics<parallel>, \
-         #tpu.dimension_semantics<parallel>], iteration_bounds = array<i64: {}, {}>, scalar_prefetch = 0 : i64, scratch_operands = 0 : i64, \
+         #tpu.dimension_semantics<{}>], iteration_bounds = array<i64: {}, {}>, scalar_prefetch = 0 : i64, scratch_operands = 0 : i64, \
          tpu.core_type = #tpu.core_type<tc>, window_params = [{}]}} {{",
         p.name,
         params.join(", "),
+        lanes_semantics,
         p.steps(),
         p.lane_blocks(),
         windows.join(", ")

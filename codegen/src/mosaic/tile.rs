@@ -20,6 +20,10 @@ pub(super) enum Shape {
     /// Two elements per chunk position, `2i` and `2i + 1` side by side: `R x 2W` (only an
     /// [`VOp::Interleave`] and the stores of a pairs window have it).
     Pairs,
+    /// A work item's whole chunk, `R x C` even where a step takes `L < C` lanes of it: only
+    /// a whole-chunk window's load, the ops before its [`VOp::MaxLanes`] and that reduction's
+    /// operand have it.
+    Whole,
 }
 
 /// The element type of a vector value: `u32`/`i32` values are signless `i32` lanes (the op
@@ -93,6 +97,10 @@ pub(super) enum VOp {
     /// first, lane `2l + 1` lane `l` of the second (a `[R, W, 2]` concatenation read as
     /// `[R, 2W]`, row-major: data movement only).
     Interleave(usize, usize),
+    /// The largest lane of each row of a `Whole` `i32` value read as signed, as a `Row` value
+    /// (`vector.multi_reduction <maxsi>`; only over values that are not negative, so the
+    /// unsigned and signed orders agree).
+    MaxLanes(usize),
 }
 
 /// A buffer as a 2-D array of the tile program.
@@ -114,6 +122,10 @@ pub struct Window {
     pub read: bool,
     /// Whether the program writes it (an output).
     pub written: bool,
+    /// Whether each step sees its rows' whole chunk (`R x width`, the index map of a
+    /// per-work-item window): the window of a reduction over the chunk, beside the buffer's
+    /// chunk window when a step takes fewer lanes.
+    pub whole: bool,
 }
 
 /// A value with its shape and element type.
@@ -136,6 +148,13 @@ pub(super) struct TileProgram {
     pub nodes: Vec<Node>,
     /// `(window, node)` in program order; a later store to a window replaces the tile.
     pub stores: Vec<(usize, usize)>,
+}
+
+impl Window {
+    /// Whether its index map is `(r, c) -> (r, 0)`: a per-work-item or whole-chunk window.
+    pub fn by_row(&self) -> bool {
+        self.whole || self.width == 1
+    }
 }
 
 impl TileProgram {
@@ -163,7 +182,9 @@ impl TileProgram {
     /// Columns of `w`'s window: 1 for a per-work-item array, [`Self::lanes`] for a chunk
     /// array, twice that for a pairs array.
     pub fn block_width(&self, w: &Window) -> u32 {
-        self.columns(if w.width == 1 {
+        self.columns(if w.whole {
+            Shape::Whole
+        } else if w.width == 1 {
             Shape::Row
         } else if w.width == self.width {
             Shape::Chunk
@@ -178,6 +199,7 @@ impl TileProgram {
             Shape::Uniform | Shape::Row => 1,
             Shape::Chunk => self.lanes(),
             Shape::Pairs => 2 * self.lanes(),
+            Shape::Whole => self.width,
         }
     }
 }

@@ -64,7 +64,7 @@ impl Printer<'_> {
             VOp::Load { window } => {
                 let w = &self.p.windows[*window];
                 let (dtype, width, block) = (w.dtype, w.width, self.p.block_width(w));
-                let col = if block == 1 { "%zero" } else { "%col" };
+                let col = if w.by_row() { "%zero" } else { "%col" };
                 let rt = self.tty(n.shape, raw(dtype));
                 let array = self.arrays[*window].clone();
                 // A 4-byte integer tile is already the node; others are converted from `_raw`.
@@ -122,6 +122,19 @@ impl Printer<'_> {
                 let from = self.tty(Shape::Row, elt(n.elt));
                 self.line(format!(
                     "%v{i} = stablehlo.broadcast_in_dim %v{a}, dims = [0, 1] : ({from}) -> {ty}"
+                ));
+            }
+            VOp::MaxLanes(a) => {
+                // The lanes are not negative: the unsigned max from 0 is the signed one.
+                let from = self.tty(Shape::Whole, "ui32");
+                self.line(format!(
+                    "%v{i}_zero = stablehlo.constant dense<0> : tensor<ui32>"
+                ));
+                self.line(format!(
+                    "%v{i}_max = stablehlo.reduce(%v{a} init: %v{i}_zero) applies stablehlo.maximum across dimensions = [1] : ({from}, tensor<ui32>) -> tensor<{STEP_ROWS}xui32>"
+                ));
+                self.line(format!(
+                    "%v{i} = stablehlo.reshape %v{i}_max : (tensor<{STEP_ROWS}xui32>) -> {ty}"
                 ));
             }
             VOp::Bin(Bin::ShrS, a, b) => {
@@ -270,27 +283,24 @@ pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String
         indent: "    ",
         arrays: Vec::new(),
     };
-    // Each window's array: the raw buffer padded with zeros and reshaped to `rows x width`.
-    for w in &p.windows {
-        let (i, width, n) = (w.param, w.width, w.elements);
+    // Each window's array: the raw buffer padded with zeros and reshaped to `rows x width`
+    // (named by window: a buffer may have a chunk and a whole-chunk window).
+    for (i, w) in p.windows.iter().enumerate() {
+        let (param, width, n) = (w.param, w.width, w.elements);
         let r = raw(w.dtype);
         let total = rows as usize * width as usize;
         head.line(format!(
             "%zero{i} = stablehlo.constant dense<0> : tensor<{r}>"
         ));
         head.line(format!(
-            "%pad{i} = stablehlo.pad %arg{i}, %zero{i}, low = [0], high = [{}], interior = [0] : (tensor<{n}x{r}>, tensor<{r}>) -> tensor<{total}x{r}>",
+            "%pad{i} = stablehlo.pad %arg{param}, %zero{i}, low = [0], high = [{}], interior = [0] : (tensor<{n}x{r}>, tensor<{r}>) -> tensor<{total}x{r}>",
             total - n
         ));
         head.line(format!(
             "%array{i} = stablehlo.reshape %pad{i} : (tensor<{total}x{r}>) -> tensor<{rows}x{width}x{r}>"
         ));
     }
-    let arrays: Vec<String> = p
-        .windows
-        .iter()
-        .map(|w| format!("%array{}", w.param))
-        .collect();
+    let arrays: Vec<String> = (0..p.windows.len()).map(|i| format!("%array{i}")).collect();
     let outs: Vec<usize> = (0..p.windows.len())
         .filter(|&w| p.windows[w].written)
         .collect();
@@ -363,10 +373,10 @@ pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String
         let old = next[slot].clone();
         let shape = p.nodes[*node].shape;
         let tty = body.tty(shape, raw(p.windows[*w].dtype));
-        let col = if shape == Shape::Pairs {
-            "%pair_col"
-        } else {
-            "%col"
+        let col = match shape {
+            Shape::Pairs => "%pair_col",
+            Shape::Row => "%zero",
+            _ => "%col",
         };
         body.line(format!(
             "%u{k} = stablehlo.dynamic_update_slice {old}, {tile}, %start, {col} : ({}, {tty}, tensor<i32>, tensor<i32>) -> {}",
