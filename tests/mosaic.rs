@@ -98,7 +98,11 @@ fn shapes_for_another_kernel_are_an_error() {
 /// clamped 5-entry lookup; signed and unsigned orders; float min/max with NaN and signed zeros;
 /// `bf16` and `f16` rounding ties, `f16` overflow and subnormal results; `g` is the `f16` input
 /// `hin` read as `f32`: subnormals, infinities and NaN payloads; `d` is `x / y`, `y`'s bits read
-/// as `f32`: specials, subnormal operands and results, overflow and ties).
+/// as `f32`: specials, subnormal operands and results, overflow and ties; `e` is `x` times a
+/// per-work-item value: a variable read before its first `assign` (zero), assigned under a
+/// top-level `if`/`else` with a nested `if` on the work item's bits, from the scale and from
+/// `tab[w & 3]` (a load at an index computed per work item), times the scalar `bias`, plus a
+/// value of the work item index).
 fn every_op_kernel() -> qforge::ir::Kernel {
     use qforge::ir::{
         Access, BinaryOp, CmpOp, DType, Dim, KernelBuilder, Rounding, ScalarType, UnaryOp,
@@ -125,10 +129,48 @@ fn every_op_kernel() -> qforge::ir::Kernel {
     let h = b.buffer_param("h", DType::F16, &flat, Access::Write);
     let g = b.buffer_param("g", DType::F32, &flat, Access::Write);
     let d = b.buffer_param("d", DType::F32, &flat, Access::Write);
+    let bias = b.scalar_param("bias", ScalarType::F32);
+    let tab = b.buffer_param("tab", DType::U32, &[Dim::Const(5)], Access::Read);
+    let e = b.buffer_param("e", DType::F32, &flat, Access::Write);
     b.set_grid(Dim::Param(blocks));
     let table = b.table_u32("t", &[7, 0xffff_fff0, 3, 0x8000_0000, 11]);
     let w = b.work_item();
     let sc = b.load(scale, w);
+    // Per work item: a variable under `if`s, a gather, a scalar, the work item's value.
+    let v = b.var("v", ScalarType::F32);
+    let before = b.read_var(v);
+    let zero = b.const_u32(0);
+    let one = b.const_u32(1);
+    let low = b.and(w, one);
+    let even = b.cmp(CmpOp::Eq, low, zero);
+    let three = b.const_u32(3);
+    let at = b.and(w, three);
+    let entry = b.load(tab, at);
+    let entry = b.bitcast(entry, ScalarType::F32);
+    b.if_else(
+        even,
+        |b| b.assign(v, sc),
+        |b| {
+            b.assign(v, entry);
+            let two = b.const_u32(2);
+            let second = b.and(w, two);
+            let set = b.cmp(CmpOp::Ne, second, zero);
+            b.if_then(set, |b| {
+                let flipped = b.neg(entry);
+                b.assign(v, flipped);
+            });
+        },
+    );
+    let after = b.read_var(v);
+    let bias_value = b.param(bias);
+    let scaled = b.mul(after, bias_value);
+    let scaled = b.add(scaled, before);
+    let sixteen = b.const_u32(16);
+    let w_bits = b.shl(w, sixteen);
+    let one_f = b.const_u32(0x3f80_0000);
+    let w_bits = b.or(w_bits, one_f);
+    let w_value = b.bitcast(w_bits, ScalarType::F32);
+    let per_item = b.add(scaled, w_value);
     let chunk = b.const_u32(16);
     let start = b.mul(w, chunk);
     let nv = b.param(n);
@@ -190,6 +232,8 @@ fn every_op_kernel() -> qforge::ir::Kernel {
         let yf = b.bitcast(yv, ScalarType::F32);
         let quotient = b.div(xv, yf);
         b.store(d, i, quotient);
+        let ev = b.mul(xv, per_item);
+        b.store(e, i, ev);
     });
     b.finish()
 }
@@ -328,6 +372,18 @@ mod twin {
             args.push(OwnedArg::Read(hin));
             args.push(OwnedArg::Write(vec![0; n * 2]));
             args.push(OwnedArg::Write(vec![0; n * 4]));
+            args.push(OwnedArg::Write(vec![0; n * 4]));
+            args.push(OwnedArg::Scalar(Scalar::F32((-1.5f32).to_bits())));
+            let tab: [u32; 5] = [
+                0x3f80_0000,
+                0xc000_0000,
+                0x7fc0_0000,
+                0x0000_0001,
+                0x8000_0000,
+            ];
+            args.push(OwnedArg::Read(
+                tab.iter().flat_map(|w| w.to_le_bytes()).collect(),
+            ));
             args.push(OwnedArg::Write(vec![0; n * 4]));
             let mut twin = args.clone();
             InterpreterDevice
@@ -475,7 +531,8 @@ fn every_lowered_kernel_compiles_with_libtpu() {
     let shapes = Shapes {
         grid: 63,
         elements: vec![
-            0, 0, 1000, 1000, 1000, 63, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000,
+            0, 0, 1000, 1000, 1000, 63, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 0, 5,
+            1000,
         ],
     };
     let m = mosaic::lower(&every_op, &shapes).unwrap();

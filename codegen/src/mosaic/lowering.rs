@@ -9,7 +9,7 @@ use qforge_ir::{
 };
 
 use super::ops::{elt_of, pred};
-use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp, Window};
+use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp, Window, WindowKind};
 use super::{refuse, Shapes, STEP_ROWS};
 use crate::error::{Error, Result};
 
@@ -28,8 +28,10 @@ pub(super) struct Lowering<'k> {
     work_item: Option<Value>,
     loop_index: Option<Value>,
     chunk: Option<ChunkLoop>,
-    /// Window of each parameter, and whether it is its whole-chunk window.
-    windows: HashMap<(usize, bool), usize>,
+    /// The windows of each parameter, by kind.
+    windows: HashMap<(usize, WindowKind), usize>,
+    /// The current value (a `Row` node) of each variable assigned at the top level.
+    vars: HashMap<usize, usize>,
     pub(super) program: TileProgram,
     /// Lowered values: `(value, shape)` to node.
     memo: HashMap<(usize, Shape), usize>,
@@ -80,6 +82,7 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
         stored: HashMap::new(),
         pairs: HashMap::new(),
         loop_done: false,
+        vars: HashMap::new(),
     };
     l.find_chunk_loop(&k.body);
     l.top(&k.body)?;
@@ -88,7 +91,7 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
     }
     // Renumber the windows to parameter order (a whole-chunk window after the chunk one).
     let mut by_param: Vec<usize> = (0..l.program.windows.len()).collect();
-    by_param.sort_by_key(|&w| (l.program.windows[w].param, l.program.windows[w].whole));
+    by_param.sort_by_key(|&w| (l.program.windows[w].param, l.program.windows[w].kind));
     let mut new = vec![0; by_param.len()];
     for (i, &w) in by_param.iter().enumerate() {
         new[w] = i;
@@ -98,8 +101,11 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
         .map(|&w| l.program.windows[w].clone())
         .collect();
     for n in &mut l.program.nodes {
-        if let VOp::Load { window } = &mut n.op {
-            *window = new[*window];
+        match &mut n.op {
+            VOp::Load { window } | VOp::Gather { window, .. } | VOp::Scalar { window } => {
+                *window = new[*window];
+            }
+            _ => {}
         }
     }
     for (w, _) in &mut l.program.stores {
@@ -221,6 +227,7 @@ impl Lowering<'_> {
                         self.work_item = Some(*v);
                     }
                     self.eager_load(*v)?;
+                    self.eager_read_var(*v)?;
                 }
                 Stmt::For { index, body, .. } => {
                     if self.loop_done || self.loop_index != Some(*index) {
@@ -261,10 +268,74 @@ impl Lowering<'_> {
                     self.program.stores.push((w, bits));
                     self.stored.insert(w, bits);
                 }
+                Stmt::Assign { .. } | Stmt::If { .. } => {
+                    let always = self.konst(1, Elt::I1, Shape::Row);
+                    self.per_work_item(std::slice::from_ref(stmt), always)?;
+                }
                 other => return Err(refuse(self.k, stmt_name(other))),
             }
         }
         Ok(())
+    }
+
+    /// Top-level statements run by the rows where `when` (an `i1` `Row` node) holds, converted
+    /// to selects: an `assign` gives its variable the new value in those rows and keeps the
+    /// old one in the others, an `if` narrows `when` by its condition (`else` by its negation).
+    /// Their values are lane-wise ops and gathers, which neither trap nor read outside their
+    /// windows, so they run in every row. Stores and loops inside are refused.
+    fn per_work_item(&mut self, body: &[Stmt], when: usize) -> Result<()> {
+        for stmt in body {
+            match stmt {
+                Stmt::Let(v) => self.eager_read_var(*v)?,
+                Stmt::Assign { var, value } => {
+                    if self.natural(*value)? > Shape::Row {
+                        return Err(refuse(self.k, "a variable assigned a value of the chunk"));
+                    }
+                    let new = self.get(*value, Shape::Row)?;
+                    let old = self.var_value(*var);
+                    let elt = self.node_elt(new);
+                    let v = self.push(VOp::Select(when, new, old), Shape::Row, elt);
+                    self.vars.insert(var.index(), v);
+                }
+                Stmt::If {
+                    cond,
+                    then_body,
+                    else_body,
+                } => {
+                    if self.natural(*cond)? > Shape::Row {
+                        return Err(refuse(self.k, "an `if` on a value of the chunk"));
+                    }
+                    let c = self.get(*cond, Shape::Row)?;
+                    let then_when = self.push(VOp::Bin(Bin::AndI, when, c), Shape::Row, Elt::I1);
+                    self.per_work_item(then_body, then_when)?;
+                    if !else_body.is_empty() {
+                        let t = self.konst(1, Elt::I1, Shape::Row);
+                        let not_c = self.push(VOp::Bin(Bin::XorI, c, t), Shape::Row, Elt::I1);
+                        let else_when =
+                            self.push(VOp::Bin(Bin::AndI, when, not_c), Shape::Row, Elt::I1);
+                        self.per_work_item(else_body, else_when)?;
+                    }
+                }
+                Stmt::Store { .. } => {
+                    return Err(refuse(
+                        self.k,
+                        "a store under an `if` outside the chunk loop",
+                    ))
+                }
+                other => return Err(refuse(self.k, stmt_name(other))),
+            }
+        }
+        Ok(())
+    }
+
+    /// The current value of variable `var` (a `Row` node): all-zero bits before its first
+    /// `assign`, as every work item's variables start.
+    fn var_value(&mut self, var: qforge_ir::VarId) -> usize {
+        if let Some(&v) = self.vars.get(&var.index()) {
+            return v;
+        }
+        let ty = self.k.vars.try_get(var).map_or(ScalarType::U32, |v| v.ty);
+        self.konst(0, elt_of(ty), Shape::Row)
     }
 
     fn loop_body(&mut self, body: &[Stmt]) -> Result<()> {
@@ -417,6 +488,88 @@ impl Lowering<'_> {
         })
     }
 
+    /// A `read_var` is lowered where it stands: a later `assign` changes the variable.
+    fn eager_read_var(&mut self, v: Value) -> Result<()> {
+        if matches!(self.def(v)?, Op::ReadVar(_)) {
+            self.get(v, Shape::Row)?;
+        }
+        Ok(())
+    }
+
+    /// The `Table` window of buffer `p` (the whole buffer, read at indices computed per work
+    /// item: read-only, 32-bit, at most [`super::MAX_GATHER`] elements) or the `Scalar` window
+    /// of scalar `p`.
+    fn fixed_window(&mut self, p: ParamId, kind: WindowKind) -> Result<usize> {
+        if let Some(&w) = self.windows.get(&(p.index(), kind)) {
+            return Ok(w);
+        }
+        let param = self.k.params.try_get(p).ok_or_else(|| Error::Backend {
+            backend: super::BACKEND,
+            message: format!("{}: a missing parameter", self.k.name),
+        })?;
+        let name = param.name.clone();
+        let (dtype, elements) = match (&param.kind, kind) {
+            (ParamKind::Buffer { dtype, access, .. }, WindowKind::Table) => {
+                let elements = self.shapes.elements.get(p.index()).copied().unwrap_or(0);
+                if *access != Access::Read {
+                    return Err(refuse(
+                        self.k,
+                        &format!("a load of {name}, which the kernel writes, at an index computed per work item"),
+                    ));
+                }
+                if dtype.size_bytes() != 4 {
+                    return Err(refuse(
+                        self.k,
+                        &format!("a load of the {dtype:?} buffer {name} at an index computed per work item (32-bit buffers only)").to_lowercase(),
+                    ));
+                }
+                if elements == 0 || elements > super::MAX_GATHER {
+                    return Err(refuse(
+                        self.k,
+                        &format!(
+                            "a load at an index computed per work item from {name} of {elements} elements (1 to {} are selected by compares)",
+                            super::MAX_GATHER
+                        ),
+                    ));
+                }
+                (*dtype, elements)
+            }
+            (ParamKind::Scalar(ty), WindowKind::Scalar) => {
+                let dtype = match ty {
+                    ScalarType::F32 => DType::F32,
+                    ScalarType::U32 => DType::U32,
+                    ScalarType::I32 => DType::I32,
+                    ScalarType::Bool => {
+                        return Err(refuse(
+                            self.k,
+                            &format!("the bool scalar {name} used as a value"),
+                        ))
+                    }
+                };
+                (dtype, 1)
+            }
+            _ => {
+                return Err(refuse(
+                    self.k,
+                    &format!("{name} used as a scalar and a buffer"),
+                ))
+            }
+        };
+        let w = self.program.windows.len();
+        self.program.windows.push(Window {
+            param: p.index(),
+            name,
+            dtype,
+            width: elements as u32,
+            elements,
+            read: true,
+            written: false,
+            kind,
+        });
+        self.windows.insert((p.index(), kind), w);
+        Ok(w)
+    }
+
     /// Loads are lowered where they stand (a later store may change the buffer); a load at
     /// an index of another form is refused only if a store uses it.
     fn eager_load(&mut self, v: Value) -> Result<()> {
@@ -436,7 +589,12 @@ impl Lowering<'_> {
 
     /// The window of buffer `p` seen at `shape` (`Row`, `Chunk`, `Pairs` or `Whole`).
     fn window(&mut self, p: ParamId, shape: Shape) -> Result<usize> {
-        let whole = shape == Shape::Whole;
+        let kind = match shape {
+            Shape::Chunk => WindowKind::Chunk,
+            Shape::Pairs => WindowKind::Pairs,
+            Shape::Whole => WindowKind::Whole,
+            _ => WindowKind::Row,
+        };
         let width = match shape {
             Shape::Chunk | Shape::Whole => self.program.width,
             Shape::Pairs => self.program.width.checked_mul(2).ok_or_else(|| {
@@ -450,7 +608,7 @@ impl Lowering<'_> {
             })?,
             _ => 1,
         };
-        if let Some(&w) = self.windows.get(&(p.index(), whole)) {
+        if let Some(&w) = self.windows.get(&(p.index(), kind)) {
             if self.program.windows[w].width != width {
                 return Err(refuse(
                     self.k,
@@ -524,13 +682,13 @@ impl Lowering<'_> {
             elements,
             read: false,
             written: false,
-            whole,
+            kind,
         });
         if *access == Access::ReadWrite {
             // Its old contents are an input even where the program only stores.
             self.program.windows[w].read = true;
         }
-        self.windows.insert((p.index(), whole), w);
+        self.windows.insert((p.index(), kind), w);
         Ok(w)
     }
 
@@ -572,7 +730,7 @@ impl Lowering<'_> {
             ));
         }
         let w = self.window(buf, Shape::Whole)?;
-        let chunk_window = self.windows.get(&(buf.index(), false));
+        let chunk_window = self.windows.get(&(buf.index(), WindowKind::Chunk));
         if chunk_window.is_some_and(|c| self.stored.contains_key(c)) {
             return Err(refuse(
                 self.k,
@@ -692,12 +850,13 @@ impl Lowering<'_> {
         }
         let s = match self.def(v)? {
             Op::Const(_) => Shape::Uniform,
-            Op::Reduce { .. } => Shape::Row,
+            Op::Reduce { .. } | Op::WorkItem | Op::Param(_) | Op::ReadVar(_) => Shape::Row,
+            Op::LoopIndex => Shape::Chunk,
             Op::Load { index, .. } => {
                 if Some(*index) == self.loop_index {
                     Shape::Chunk
                 } else {
-                    Shape::Row
+                    self.natural(*index)?.max(Shape::Row)
                 }
             }
             op => {
@@ -747,11 +906,27 @@ impl Lowering<'_> {
                     Shape::Chunk
                 } else if Some(index) == self.work_item {
                     Shape::Row
+                } else if self.natural(index)? <= Shape::Row {
+                    let i = self.get(index, Shape::Row)?;
+                    let w = self.fixed_window(buf, WindowKind::Table)?;
+                    let elt = if self.program.windows[w].dtype == DType::F32 {
+                        Elt::F32
+                    } else {
+                        Elt::I32
+                    };
+                    return Ok(self.push(
+                        VOp::Gather {
+                            window: w,
+                            index: i,
+                        },
+                        Shape::Row,
+                        elt,
+                    ));
                 } else {
                     return Err(refuse(
                         self.k,
                         &format!(
-                            "a load of {} at an index other than the work item or the loop index",
+                            "a load of {} at an index of the chunk other than the loop index",
                             self.param_name(buf)
                         ),
                     ));
@@ -823,17 +998,13 @@ impl Lowering<'_> {
                     self.push(VOp::Bitcast(a, elt_of(to)), at, elt_of(to))
                 }
             }
-            Op::WorkItem => return Err(refuse(self.k, "the work item index used as a value")),
+            Op::WorkItem => self.push(VOp::WorkItem, Shape::Row, Elt::I32),
             Op::LoopIndex => return Err(refuse(self.k, "the loop index used as a value")),
             Op::Param(p) => {
-                return Err(refuse(
-                    self.k,
-                    &format!(
-                        "the scalar parameter {} used as a value",
-                        self.param_name(p)
-                    ),
-                ))
+                let w = self.fixed_window(p, WindowKind::Scalar)?;
+                self.push(VOp::Scalar { window: w }, Shape::Row, elt_of(ty))
             }
+            Op::ReadVar(var) => self.var_value(var),
             other => return Err(refuse(self.k, op_name(&other))),
         })
     }

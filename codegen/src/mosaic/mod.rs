@@ -16,7 +16,10 @@
 //! (its flat elements padded with zeros), a buffer written at `2i` and `2i + 1` an array
 //! `[rows, 2C]` whose two stored tiles are interleaved, a buffer read or written at `w` an
 //! array `[rows, 1]`, a reduced buffer a second `[rows, C]` array whose window is the rows'
-//! whole chunk (reduced by an integer max of the magnitudes' bits); `rows` is the grid rounded up to [`STEP_ROWS`], and each grid step
+//! whole chunk (reduced by an integer max of the magnitudes' bits), a buffer read at an index
+//! computed per work item a `[1, n]` array seen whole by every step (each row's entry picked
+//! by a one-hot compare), a scalar parameter a `[1, 1]` array. Top-level variables, also under
+//! per-work-item `if`s, become selects; `rows` is the grid rounded up to [`STEP_ROWS`], and each grid step
 //! takes [`STEP_ROWS`] rows of every array as its window (`R x L` and `R x 1` tiles, `L` the
 //! chunk or 512 lanes of it). Each IR
 //! value becomes a vector of the tile shape it varies over, computed by the lane-wise ops the
@@ -30,7 +33,8 @@
 //! `f32` division is computed from `i32` ops, correctly rounded (`soft.rs`), and
 //! `search_sorted` is the level search (`crate::decompose`), whose small tables are select
 //! trees. Anything else is refused with [`Error::Unsupported`] naming the construct: other
-//! loops, other control flow, variables, `accumulate`, `reduce sum`, and for now `fma`, `sqrt` and
+//! loops, other control flow, variables assigned in the loop, `accumulate`, `reduce sum`, and
+//! for now `fma`, `sqrt` and
 //! conversions, whose exact TPU forms are not written yet (the TPU has no `f64`, which the
 //! StableHLO backend's exact `fma` uses).
 //!
@@ -39,11 +43,13 @@
 //! The Mosaic function takes the two grid indices (`i32`: rows step, lane block) and one VMEM
 //! window per input array, then one per output array, in parameter order. The grid is
 //! `rows / STEP_ROWS` steps over the rows times `C / lanes` lane blocks (a chunk wider than 512
-//! lanes is taken 512 at a time), all `parallel`; a chunk window's index map is `(r, c) -> (r,
-//! c)` (`@transform_chunk`), a per-work-item window's `(r, c) -> (r, 0)` (`@transform_row`). [`Manifest`] says
-//! which parameter each array holds, its shape and dtype: the caller pads and reshapes each
-//! buffer into its array, passes the inputs, and keeps the first `elements` of each output
-//! (`scripts/mosaic_check.py` does this for `jax`).
+//! lanes is taken 512 at a time), `parallel` (the lane blocks `arbitrary` when a per-work-item
+//! array is written); a chunk window's index map is `(r, c) -> (r, c)` (`@transform_chunk`), a
+//! per-work-item or whole-chunk window's `(r, c) -> (r, 0)` (`@transform_row`), a whole-buffer
+//! or scalar window's `(r, c) -> (0, 0)` (`@transform_fixed`). [`Manifest`] says which
+//! parameter each array holds, its shape and dtype: the caller pads and reshapes each buffer
+//! (a scalar as a one-element buffer) into its array or arrays, passes the inputs, and keeps
+//! the first `elements` of each output (`scripts/mosaic_check.py` does this for `jax`).
 
 mod lowering;
 mod ops;
@@ -68,6 +74,11 @@ pub const STEP_ROWS: u32 = 32;
 
 /// The largest table a `lookup` selects from (a tree of `MAX_TABLE - 1` selects).
 pub const MAX_TABLE: usize = 256;
+
+/// The most elements of a buffer read at an index computed per work item (a `Table` window:
+/// the whole buffer in VMEM, each row's entry picked by a one-hot compare over `32 x n` lanes).
+/// A nested absmax of 4096 entries serves 4096 * 256 blocks: 67 M weights at blocksize 64.
+pub const MAX_GATHER: usize = 4096;
 
 /// A lowered kernel: the Mosaic module, its twin and the arrays' layout.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,7 +120,8 @@ pub struct ArrayLayout {
     pub param: String,
     /// Its index among the kernel's parameters.
     pub index: usize,
-    /// `[rows, columns]`: the buffer's flat elements in row-major order, zero-padded.
+    /// `[rows, columns]`: the buffer's flat elements in row-major order, zero-padded (`[1, n]`
+    /// for a buffer read whole, `[1, 1]` for a scalar parameter's value).
     pub shape: [u32; 2],
     /// The buffer's element dtype as `numpy` spells it (`uint8`, `int8`, `bfloat16`,
     /// `float16`, `float32`, `uint32`, `int32`).
@@ -147,7 +159,7 @@ pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
     let layout = |w: &Window| ArrayLayout {
         param: w.name.clone(),
         index: w.param,
-        shape: [program.rows, w.width],
+        shape: [program.array_rows(w), w.width],
         dtype: numpy_dtype(w.dtype).to_string(),
         array_dtype: match w.dtype {
             DType::F16 => "uint16",

@@ -81,7 +81,15 @@ fn kernels_outside_the_class_are_refused_by_name() {
             "quantize_4bit_nf4_bs64_f32",
             "a reduction of x outside a kernel whose top level has the chunk loop",
         ),
-        ("dequantize_4bit_nf4_nested_bs64_f32", "`if`"),
+        (
+            "quantize_blockwise_dynamic_offset_bs256_f32",
+            "a variable (`assign`)",
+        ),
+        ("int8_vectorwise_dequant_f32", "div on u32"),
+        (
+            "qadamw_nf4_dyn4_sr_f32",
+            "a load of m1_absmax, which the kernel writes, at an index computed per work item",
+        ),
     ] {
         let k = library(name);
         match lower(&k, &Shapes::with_dims(&k, 256)) {
@@ -349,4 +357,68 @@ fn reductions_and_per_work_item_stores_follow_their_rules() {
         let e = lower(&k, &launch(&k, 1000, 64)).unwrap_err().to_string();
         assert!(e.contains(why), "{reduce:?}, {store:?}: {e}");
     }
+}
+
+#[test]
+fn a_nested_4bit_dequantize_gathers_its_scales_per_work_item() {
+    let k = library("dequantize_4bit_nf4_nested_bs64_bf16");
+    // 600 blocks: 3 nested absmax entries (one per 256 blocks).
+    let n = 600 * 64;
+    let mut s = launch(&k, n, 64);
+    for (name, elements) in [
+        ("n_packed", 0),
+        ("packed", n / 2),
+        ("qabsmax", 600),
+        ("nested_absmax", 3),
+        ("nested_code", 256),
+    ] {
+        if let Some(p) = k.param_by_name(name) {
+            if elements > 0 {
+                s.elements[p.index()] = elements;
+            }
+        }
+    }
+    let m = lower(&k, &s).unwrap();
+    let ins: Vec<(&str, [u32; 2], usize)> = m
+        .manifest
+        .inputs
+        .iter()
+        .map(|a| (a.param.as_str(), a.shape, a.elements))
+        .collect();
+    assert_eq!(
+        ins,
+        [
+            // The guard `w / 256 < n_nested` reads the dimension as a scalar.
+            ("n_nested", [1, 1], 1),
+            ("offset", [1, 1], 1),
+            ("packed", [608, 32], n / 2),
+            ("qabsmax", [608, 1], 600),
+            ("nested_absmax", [1, 3], 3),
+            ("nested_code", [1, 256], 256),
+        ]
+    );
+    for piece in [
+        // The work item's index: the step's first row plus the sublane.
+        "tpu.iota {dimensions = array<i32: 0>} : vector<32x1xi32>",
+        "arith.muli %arg0,",
+        // The gathers: one-hot over the table's lanes.
+        "tpu.iota {dimensions = array<i32: 1>} : vector<32x256xi32>",
+        "tpu.iota {dimensions = array<i32: 1>} : vector<32x3xi32>",
+        "{transform_indices = @transform_fixed, window_bounds = array<i64: 1, 256>}",
+        "{transform_indices = @transform_fixed, window_bounds = array<i64: 1, 1>}",
+        "func.func @transform_fixed",
+    ] {
+        assert!(m.text.contains(piece), "missing {piece:?} in\n{}", m.text);
+    }
+    assert!(m
+        .twin
+        .contains("stablehlo.broadcast_in_dim %arg4, dims = []"));
+    // More nested absmax entries than a gather selects from.
+    let absmax = k.param_by_name("nested_absmax").unwrap().index();
+    s.elements[absmax] = super::MAX_GATHER + 1;
+    let e = lower(&k, &s).unwrap_err().to_string();
+    assert!(
+        e.contains("from nested_absmax of 4097 elements (1 to 4096"),
+        "{e}"
+    );
 }

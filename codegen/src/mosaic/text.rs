@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use qforge_ir::DType;
 
-use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp};
+use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp, WindowKind};
 use super::STEP_ROWS;
 
 /// The memref element type of a window of `dtype`: `f16` as its bits (`i16`), since libtpu
@@ -45,10 +45,29 @@ impl Printer<'_> {
     fn mem(&self, window: usize) -> String {
         let w = &self.p.windows[window];
         format!(
-            "memref<{STEP_ROWS}x{}x{}, #tpu.memory_space<vmem>>",
+            "memref<{}x{}x{}, #tpu.memory_space<vmem>>",
+            self.p.block_rows(w),
             self.p.block_width(w),
             mem_elt(w.dtype)
         )
+    }
+
+    /// `%v{i}_bits`, the 32-bit window `window` (`1 x n`) as `i32` lanes, loaded.
+    fn fixed_bits(&mut self, i: usize, window: usize) -> String {
+        let w = &self.p.windows[window];
+        let (n, e) = (self.p.block_width(w), mem_elt(w.dtype));
+        let arg = self.args[window].0.clone().unwrap_or_default();
+        let mem = self.mem(window);
+        self.line(format!(
+            "%v{i}_raw = vector.load {arg}[%c0, %c0] : {mem}, vector<1x{n}x{e}>"
+        ));
+        if e == "i32" {
+            return format!("%v{i}_raw");
+        }
+        self.line(format!(
+            "%v{i}_bits = arith.bitcast %v{i}_raw : vector<1x{n}x{e}> to vector<1x{n}xi32>"
+        ));
+        format!("%v{i}_bits")
     }
 
     fn line(&mut self, s: String) {
@@ -182,6 +201,73 @@ impl Printer<'_> {
                     "%v{i} = vector.shape_cast %v{i}_max : vector<{STEP_ROWS}xi32> to {ty}"
                 ));
             }
+            VOp::WorkItem => {
+                self.line(format!(
+                    "%v{i}_sub = tpu.iota {{dimensions = array<i32: 0>}} : {ty}"
+                ));
+                self.line(format!("%v{i}_rows = arith.constant {STEP_ROWS} : i32"));
+                self.line(format!("%v{i}_first = arith.muli %arg0, %v{i}_rows : i32"));
+                self.line(format!(
+                    "%v{i}_base = vector.broadcast %v{i}_first : i32 to {ty}"
+                ));
+                self.line(format!("%v{i} = arith.addi %v{i}_sub, %v{i}_base : {ty}"));
+            }
+            VOp::Gather { window, index } => {
+                // One-hot: the entry's bits where the lane is the index, `i32::MIN` elsewhere
+                // (libtpu's only start for the max), then the max over the lanes.
+                let bits = self.fixed_bits(i, *window);
+                let len = self.p.block_width(&self.p.windows[*window]);
+                let wide = format!("vector<{STEP_ROWS}x{len}xi32>");
+                let row = self.vty(Shape::Row, "i32");
+                self.line(format!(
+                    "%v{i}_all = vector.broadcast {bits} : vector<1x{len}xi32> to {wide}"
+                ));
+                self.line(format!(
+                    "%v{i}_lane = tpu.iota {{dimensions = array<i32: 1>}} : {wide}"
+                ));
+                self.line(format!(
+                    "%v{i}_at = vector.broadcast {} : {row} to {wide}",
+                    v(*index)
+                ));
+                self.line(format!(
+                    "%v{i}_hit = arith.cmpi eq, %v{i}_lane, %v{i}_at : {wide}"
+                ));
+                self.line(format!(
+                    "%v{i}_none = arith.constant dense<-2147483648> : {wide}"
+                ));
+                self.line(format!(
+                    "%v{i}_one = arith.select %v{i}_hit, %v{i}_all, %v{i}_none : vector<{STEP_ROWS}x{len}xi1>, {wide}"
+                ));
+                self.line(format!(
+                    "%v{i}_init = arith.constant dense<-2147483648> : vector<{STEP_ROWS}xi32>"
+                ));
+                self.line(format!(
+                    "%v{i}_max = vector.multi_reduction <maxsi>, %v{i}_one, %v{i}_init [1] : {wide} to vector<{STEP_ROWS}xi32>"
+                ));
+                let out = if n.elt == Elt::F32 {
+                    format!("%v{i}_int")
+                } else {
+                    format!("%v{i}")
+                };
+                self.line(format!(
+                    "{out} = vector.shape_cast %v{i}_max : vector<{STEP_ROWS}xi32> to {row}"
+                ));
+                if out != format!("%v{i}") {
+                    self.line(format!("%v{i} = arith.bitcast {out} : {row} to {ty}"));
+                }
+            }
+            VOp::Scalar { window } => {
+                let w = &self.p.windows[*window];
+                let e = mem_elt(w.dtype);
+                let arg = self.args[*window].0.clone().unwrap_or_default();
+                let mem = self.mem(*window);
+                self.line(format!(
+                    "%v{i}_raw = vector.load {arg}[%c0, %c0] : {mem}, vector<1x1x{e}>"
+                ));
+                self.line(format!(
+                    "%v{i} = vector.broadcast %v{i}_raw : vector<1x1x{e}> to {ty}"
+                ));
+            }
             VOp::Interleave(a, b) => {
                 // As Pallas lowers `jnp.stack([a, b], -1).reshape(R, 2 * L)`.
                 let (l, e) = (self.p.lanes(), elt(n.elt));
@@ -240,7 +326,17 @@ impl Printer<'_> {
 pub(super) fn print(p: &TileProgram) -> String {
     let mut args = vec![(None, None); p.windows.len()];
     let mut params = vec!["%arg0: i32".to_string(), "%arg1: i32".to_string()];
-    let mut bounds: Vec<(u32, bool)> = Vec::new();
+    // Each window's block (rows, columns) and index map.
+    let mut bounds: Vec<(u32, u32, &str)> = Vec::new();
+    let map = |w: &super::tile::Window| {
+        if w.fixed() {
+            "fixed"
+        } else if w.by_row() {
+            "row"
+        } else {
+            "chunk"
+        }
+    };
     let mut printer = Printer {
         p,
         out: String::new(),
@@ -249,16 +345,20 @@ pub(super) fn print(p: &TileProgram) -> String {
     let ins = p.windows.iter().enumerate().filter(|(_, w)| w.read);
     let outs = p.windows.iter().enumerate().filter(|(_, w)| w.written);
     for (i, w) in ins {
-        let whole = if w.whole { "_whole" } else { "" };
+        let whole = if w.kind == WindowKind::Whole {
+            "_whole"
+        } else {
+            ""
+        };
         let name = format!("%in_{}{whole}", w.name);
         params.push(format!("{name}: {}", printer.mem(i)));
-        bounds.push((p.block_width(w), w.by_row()));
+        bounds.push((p.block_rows(w), p.block_width(w), map(w)));
         args[i].0 = Some(name);
     }
     for (i, w) in outs {
         let name = format!("%out_{}", w.name);
         params.push(format!("{name}: {}", printer.mem(i)));
-        bounds.push((p.block_width(w), w.by_row()));
+        bounds.push((p.block_rows(w), p.block_width(w), map(w)));
         args[i].1 = Some(name);
     }
     printer.args = args;
@@ -272,10 +372,9 @@ pub(super) fn print(p: &TileProgram) -> String {
     printer.line("return".into());
     let windows: Vec<String> = bounds
         .iter()
-        .map(|&(w, by_row)| {
-            let map = if by_row { "row" } else { "chunk" };
+        .map(|&(rows, columns, map)| {
             format!(
-                "{{transform_indices = @transform_{map}, window_bounds = array<i64: {STEP_ROWS}, {w}>}}"
+                "{{transform_indices = @transform_{map}, window_bounds = array<i64: {rows}, {columns}>}}"
             )
         })
         .collect();
@@ -317,7 +416,14 @@ pub(super) fn print(p: &TileProgram) -> String {
         "  func.func @transform_chunk(%arg0: i32, %arg1: i32) -> (i32, i32) {\n    \
          return %arg0, %arg1 : i32, i32\n  }\n  \
          func.func @transform_row(%arg0: i32, %arg1: i32) -> (i32, i32) {\n    \
-         %c0_i32 = arith.constant 0 : i32\n    return %arg0, %c0_i32 : i32, i32\n  }\n}\n",
+         %c0_i32 = arith.constant 0 : i32\n    return %arg0, %c0_i32 : i32, i32\n  }\n",
     );
+    if p.windows.iter().any(|w| w.fixed()) {
+        out.push_str(
+            "  func.func @transform_fixed(%arg0: i32, %arg1: i32) -> (i32, i32) {\n    \
+             %c0_i32 = arith.constant 0 : i32\n    return %c0_i32, %c0_i32 : i32, i32\n  }\n",
+        );
+    }
+    out.push_str("}\n");
     out
 }

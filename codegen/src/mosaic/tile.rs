@@ -101,6 +101,20 @@ pub(super) enum VOp {
     /// (`vector.multi_reduction <maxsi>`; only over values that are not negative, so the
     /// unsigned and signed orders agree).
     MaxLanes(usize),
+    /// The index of each work item (`Row`, `i32`): the step's first row plus the sublane.
+    WorkItem,
+    /// Entry `index` (a `Row` `i32` value below the table's length) of a `Table` window of
+    /// 32-bit elements, per row, as `elt`: a one-hot compare of the index with the lanes, the
+    /// entry's bits selected and the other lanes' set to the reduction's start, reduced by a
+    /// max (no gather from memory).
+    Gather {
+        window: usize,
+        index: usize,
+    },
+    /// A `Scalar` window's value broadcast to a `Row` value.
+    Scalar {
+        window: usize,
+    },
 }
 
 /// A buffer as a 2-D array of the tile program.
@@ -122,10 +136,27 @@ pub struct Window {
     pub read: bool,
     /// Whether the program writes it (an output).
     pub written: bool,
-    /// Whether each step sees its rows' whole chunk (`R x width`, the index map of a
-    /// per-work-item window): the window of a reduction over the chunk, beside the buffer's
-    /// chunk window when a step takes fewer lanes.
-    pub whole: bool,
+    /// How each step sees the array.
+    pub kind: WindowKind,
+}
+
+/// How a grid step sees an array (its block and index map).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WindowKind {
+    /// `[rows, 1]`, one element per work item: the step's `R x 1` rows.
+    Row,
+    /// `[rows, C]`: the step's rows, `L` lanes of them per lane block.
+    Chunk,
+    /// `[rows, 2C]`, written at `2i` and `2i + 1`: the step's rows, `2L` lanes.
+    Pairs,
+    /// `[rows, C]`: the step's rows' whole chunk (`R x C`, a reduction's window, beside the
+    /// buffer's chunk window when a step takes fewer lanes).
+    Whole,
+    /// `[1, n]`: the whole buffer in every step, read at indices computed per work item
+    /// (`VOp::Gather`).
+    Table,
+    /// `[1, 1]`: a scalar parameter's value (`f32`, `u32` or `i32`), the same in every step.
+    Scalar,
 }
 
 /// A value with its shape and element type.
@@ -153,7 +184,12 @@ pub(super) struct TileProgram {
 impl Window {
     /// Whether its index map is `(r, c) -> (r, 0)`: a per-work-item or whole-chunk window.
     pub fn by_row(&self) -> bool {
-        self.whole || self.width == 1
+        matches!(self.kind, WindowKind::Row | WindowKind::Whole)
+    }
+
+    /// Whether every step sees the same block, the whole array (`(r, c) -> (0, 0)`).
+    pub fn fixed(&self) -> bool {
+        matches!(self.kind, WindowKind::Table | WindowKind::Scalar)
     }
 }
 
@@ -182,15 +218,31 @@ impl TileProgram {
     /// Columns of `w`'s window: 1 for a per-work-item array, [`Self::lanes`] for a chunk
     /// array, twice that for a pairs array.
     pub fn block_width(&self, w: &Window) -> u32 {
-        self.columns(if w.whole {
-            Shape::Whole
-        } else if w.width == 1 {
-            Shape::Row
-        } else if w.width == self.width {
-            Shape::Chunk
+        match w.kind {
+            WindowKind::Row => self.columns(Shape::Row),
+            WindowKind::Chunk => self.columns(Shape::Chunk),
+            WindowKind::Pairs => self.columns(Shape::Pairs),
+            WindowKind::Whole => self.columns(Shape::Whole),
+            WindowKind::Table | WindowKind::Scalar => w.width,
+        }
+    }
+
+    /// Rows of `w`'s block: [`STEP_ROWS`], or 1 for a table or scalar.
+    pub fn block_rows(&self, w: &Window) -> u32 {
+        if w.fixed() {
+            1
         } else {
-            Shape::Pairs
-        })
+            STEP_ROWS
+        }
+    }
+
+    /// Rows of `w`'s array: [`Self::rows`], or 1 for a table or scalar.
+    pub fn array_rows(&self, w: &Window) -> u32 {
+        if w.fixed() {
+            1
+        } else {
+            self.rows
+        }
     }
 
     /// Columns of a value of `shape` in one grid step.

@@ -10,7 +10,7 @@ use std::fmt::Write;
 
 use qforge_ir::{Access, DType, Kernel, ParamKind};
 
-use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp};
+use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp, WindowKind};
 use super::{Shapes, STEP_ROWS};
 
 /// The raw element type of a buffer of `dtype` in the signature.
@@ -47,6 +47,26 @@ impl Printer<'_> {
         self.out.push_str(self.indent);
         self.out.push_str(&s);
         self.out.push('\n');
+    }
+
+    /// `%v{i}`, a `Row` value of type `elt`, from the `ui32` bits `%v{i}_{from}` of type
+    /// `from_ty` (reshaped to `R x 1`, then reinterpreted as `f32` where `elt` is).
+    fn bits_as(&mut self, i: usize, elt: Elt, from: &str, from_ty: &str) {
+        let row = self.tty(Shape::Row, "ui32");
+        let bits = if elt == Elt::F32 {
+            format!("%v{i}_row")
+        } else {
+            format!("%v{i}")
+        };
+        self.line(format!(
+            "{bits} = stablehlo.reshape %v{i}_{from} : ({from_ty}) -> {row}"
+        ));
+        if elt == Elt::F32 {
+            let f = self.tty(Shape::Row, "f32");
+            self.line(format!(
+                "%v{i} = stablehlo.bitcast_convert {bits} : ({row}) -> {f}"
+            ));
+        }
     }
 
     /// `%v{i}_s` = node `a` (of `shape`) reinterpreted as `i32`.
@@ -123,6 +143,56 @@ impl Printer<'_> {
                 self.line(format!(
                     "%v{i} = stablehlo.broadcast_in_dim %v{a}, dims = [0, 1] : ({from}) -> {ty}"
                 ));
+            }
+            VOp::WorkItem => {
+                self.line(format!("%v{i}_sub = stablehlo.iota dim = 0 : {ty}"));
+                self.line(format!(
+                    "%v{i}_first = stablehlo.convert %start : (tensor<i32>) -> tensor<ui32>"
+                ));
+                self.line(format!(
+                    "%v{i}_base = stablehlo.broadcast_in_dim %v{i}_first, dims = [] : (tensor<ui32>) -> {ty}"
+                ));
+                self.line(format!(
+                    "%v{i} = stablehlo.add %v{i}_sub, %v{i}_base : {ty}"
+                ));
+            }
+            VOp::Gather { window, index } => {
+                // One-hot: the entry's bits where the lane is the index, 0 elsewhere, then the
+                // unsigned max over the lanes (the same bits as the module's signed max from
+                // `i32::MIN`).
+                let len = self.p.block_width(&self.p.windows[*window]);
+                let table = self.arrays[*window].clone();
+                let wide = format!("tensor<{STEP_ROWS}x{len}xui32>");
+                let row = self.tty(Shape::Row, "ui32");
+                self.line(format!(
+                    "%v{i}_all = stablehlo.broadcast_in_dim {table}, dims = [0, 1] : (tensor<1x{len}xui32>) -> {wide}"
+                ));
+                self.line(format!("%v{i}_lane = stablehlo.iota dim = 1 : {wide}"));
+                self.line(format!(
+                    "%v{i}_at = stablehlo.broadcast_in_dim %v{index}, dims = [0, 1] : ({row}) -> {wide}"
+                ));
+                self.line(format!(
+                    "%v{i}_hit = stablehlo.compare EQ, %v{i}_lane, %v{i}_at, UNSIGNED : ({wide}, {wide}) -> tensor<{STEP_ROWS}x{len}xi1>"
+                ));
+                self.line(format!("%v{i}_none = stablehlo.constant dense<0> : {wide}"));
+                self.line(format!(
+                    "%v{i}_one = stablehlo.select %v{i}_hit, %v{i}_all, %v{i}_none : tensor<{STEP_ROWS}x{len}xi1>, {wide}"
+                ));
+                self.line(format!(
+                    "%v{i}_zero = stablehlo.constant dense<0> : tensor<ui32>"
+                ));
+                self.line(format!(
+                    "%v{i}_max = stablehlo.reduce(%v{i}_one init: %v{i}_zero) applies stablehlo.maximum across dimensions = [1] : ({wide}, tensor<ui32>) -> tensor<{STEP_ROWS}xui32>"
+                ));
+                self.bits_as(i, n.elt, "max", &format!("tensor<{STEP_ROWS}xui32>"));
+            }
+            VOp::Scalar { window } => {
+                let param = self.p.windows[*window].param;
+                let row = self.tty(Shape::Row, "ui32");
+                self.line(format!(
+                    "%v{i}_all = stablehlo.broadcast_in_dim %arg{param}, dims = [] : (tensor<ui32>) -> {row}"
+                ));
+                self.bits_as(i, n.elt, "all", &row);
             }
             VOp::MaxLanes(a) => {
                 // The lanes are not negative: the unsigned max from 0 is the signed one.
@@ -286,9 +356,14 @@ pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String
     // Each window's array: the raw buffer padded with zeros and reshaped to `rows x width`
     // (named by window: a buffer may have a chunk and a whole-chunk window).
     for (i, w) in p.windows.iter().enumerate() {
+        if w.kind == WindowKind::Scalar {
+            // Read from its `tensor<ui32>` argument directly.
+            continue;
+        }
         let (param, width, n) = (w.param, w.width, w.elements);
         let r = raw(w.dtype);
-        let total = rows as usize * width as usize;
+        let array_rows = p.array_rows(w);
+        let total = array_rows as usize * width as usize;
         head.line(format!(
             "%zero{i} = stablehlo.constant dense<0> : tensor<{r}>"
         ));
@@ -297,7 +372,7 @@ pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String
             total - n
         ));
         head.line(format!(
-            "%array{i} = stablehlo.reshape %pad{i} : (tensor<{total}x{r}>) -> tensor<{rows}x{width}x{r}>"
+            "%array{i} = stablehlo.reshape %pad{i} : (tensor<{total}x{r}>) -> tensor<{array_rows}x{width}x{r}>"
         ));
     }
     let arrays: Vec<String> = (0..p.windows.len()).map(|i| format!("%array{i}")).collect();
