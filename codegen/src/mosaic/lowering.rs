@@ -953,7 +953,7 @@ impl Lowering<'_> {
                 let i = self.get(index, at)?;
                 self.lookup(table, i, at)?
             }
-            Op::Unary(u, a) => {
+            Op::Unary(u, a) if u != UnaryOp::Sqrt => {
                 let a = self.get(a, at)?;
                 self.unary(u, a, ty, at)?
             }
@@ -990,6 +990,27 @@ impl Lowering<'_> {
                 let (x, y) = (self.get(x, at)?, self.get(y, at)?);
                 self.div_f32(x, y)
             }
+            Op::Fma(x, y, z) => {
+                let (x, y, z) = (self.get(x, at)?, self.get(y, at)?, self.get(z, at)?);
+                self.fma_f32(x, y, z)
+            }
+            Op::Unary(UnaryOp::Sqrt, x) if ty == ScalarType::F32 => {
+                let x = self.get(x, at)?;
+                self.sqrt_f32(x)
+            }
+            Op::FloatToInt {
+                value,
+                to,
+                rounding,
+            } => {
+                let v = self.get(value, at)?;
+                self.f32_to_int(v, to == ScalarType::I32, rounding)
+            }
+            Op::IntToFloat { value, rounding } => {
+                let signed = self.ty(value) == ScalarType::I32;
+                let v = self.get(value, at)?;
+                self.int_to_f32(v, signed, rounding)
+            }
             Op::Bitcast { value, to } => {
                 let a = self.get(value, at)?;
                 if elt_of(to) == self.node_elt(a) {
@@ -1025,16 +1046,8 @@ fn stmt_name(s: &Stmt) -> &'static str {
 
 fn op_name(op: &Op) -> &'static str {
     match op {
-        Op::Fma(..) => "fma (no exact f32-only form on TPU yet)",
-        Op::Unary(UnaryOp::Sqrt, _) => "sqrt",
-        Op::Binary(BinaryOp::Div, ..) => "div",
-        Op::Binary(BinaryOp::Rem, ..) => "rem",
-        Op::Binary(BinaryOp::MulHi, ..) => "mul_hi",
+        // `lower` rewrites it into lookups and compares first.
         Op::SearchSorted { .. } => "search_sorted",
-        Op::Reduce { .. } => "reduce",
-        Op::FloatToInt { .. } => "float_to_int",
-        Op::IntToFloat { .. } => "int_to_float",
-        Op::ReadVar(_) => "read_var",
         _ => "an op",
     }
 }

@@ -30,13 +30,12 @@
 //! around stores at `index` into buffers sized by `P` runs unmasked (its false lanes store into
 //! the padding).
 //!
-//! `f32` division is computed from `i32` ops, correctly rounded (`soft.rs`), and
-//! `search_sorted` is the level search (`crate::decompose`), whose small tables are select
-//! trees. Anything else is refused with [`Error::Unsupported`] naming the construct: other
-//! loops, other control flow, variables assigned in the loop, `accumulate`, `reduce sum`, and
-//! for now `fma`, `sqrt` and
-//! conversions, whose exact TPU forms are not written yet (the TPU has no `f64`, which the
-//! StableHLO backend's exact `fma` uses).
+//! `f32` division, square root, `fma` and the conversions between integers and floats are
+//! computed from `i32` ops, correctly rounded (`soft.rs`: the TPU has no `f64`, which the
+//! StableHLO backend's exact `fma` uses), and `search_sorted` is the level search
+//! (`crate::decompose`), whose small tables are select trees. Anything else is refused with
+//! [`Error::Unsupported`] naming the construct: other loops, other control flow, variables
+//! assigned in the loop, `accumulate` and `reduce sum`.
 //!
 //! # The module and its caller
 //!

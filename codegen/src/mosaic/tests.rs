@@ -76,7 +76,7 @@ fn a_blockwise_dequantize_lowers_to_row_chunk_windows() {
 #[test]
 fn kernels_outside_the_class_are_refused_by_name() {
     for (name, what) in [
-        ("adam32_f32", "fma"),
+        ("grad_sqnorm_f32", "`accumulate`"),
         (
             "quantize_4bit_nf4_bs64_f32",
             "a reduction of x outside a kernel whose top level has the chunk loop",

@@ -174,6 +174,16 @@ impl Printer<'_> {
                     v(*b)
                 ));
             }
+            VOp::Select(c, t, f) if n.elt == Elt::I1 => {
+                // libtpu does not lay out a select of `i1` vectors (it widens them to `i8`
+                // with an invalid layout): `(c and t) or (not c and f)`.
+                let (c, t, f) = (v(*c), v(*t), v(*f));
+                self.line(format!("%v{i}_true = arith.constant dense<true> : {ty}"));
+                self.line(format!("%v{i}_not = arith.xori {c}, %v{i}_true : {ty}"));
+                self.line(format!("%v{i}_then = arith.andi {c}, {t} : {ty}"));
+                self.line(format!("%v{i}_else = arith.andi %v{i}_not, {f} : {ty}"));
+                self.line(format!("%v{i} = arith.ori %v{i}_then, %v{i}_else : {ty}"));
+            }
             VOp::Select(c, t, f) => {
                 let cty = self.vty(n.shape, "i1");
                 self.line(format!(
