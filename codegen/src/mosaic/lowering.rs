@@ -740,25 +740,16 @@ impl Lowering<'_> {
                 ),
             ));
         }
-        self.program.windows[w].read = true;
-        let dtype = self.program.windows[w].dtype;
-        let raw_elt = if dtype == DType::F32 {
-            Elt::F32
-        } else {
-            Elt::I32
-        };
-        let raw = self.push(VOp::Load { window: w }, Shape::Whole, raw_elt);
-        let value = match dtype {
-            DType::BF16 => self.bf16_to_f32(raw),
-            DType::F16 => self.f16_to_f32(raw),
-            DType::F32 => raw,
-            _ => {
-                return Err(refuse(
-                    self.k,
-                    &format!("a reduction of the integer buffer {}", self.param_name(buf)),
-                ))
-            }
-        };
+        if !matches!(
+            self.program.windows[w].dtype,
+            DType::F32 | DType::BF16 | DType::F16
+        ) {
+            return Err(refuse(
+                self.k,
+                &format!("a reduction of the integer buffer {}", self.param_name(buf)),
+            ));
+        }
+        let value = self.load_window(w, Shape::Whole);
         let bits = self.push(VOp::Bitcast(value, Elt::I32), Shape::Whole, Elt::I32);
         let mask = self.konst(0x7fff_ffff, Elt::I32, Shape::Whole);
         let mut mag = self.push(VOp::Bin(Bin::AndI, bits, mask), Shape::Whole, Elt::I32);
@@ -770,6 +761,24 @@ impl Lowering<'_> {
         }
         let max = self.push(VOp::MaxLanes(mag), Shape::Row, Elt::I32);
         Ok(self.push(VOp::Bitcast(max, Elt::F32), Shape::Row, Elt::F32))
+    }
+
+    /// Window `w`'s tile at `shape`, read: `f32` for an `f32` buffer, `bf16` and `f16` widened
+    /// to `f32`, integers as `i32` lanes.
+    fn load_window(&mut self, w: usize, shape: Shape) -> usize {
+        self.program.windows[w].read = true;
+        let dtype = self.program.windows[w].dtype;
+        let raw_elt = if dtype == DType::F32 {
+            Elt::F32
+        } else {
+            Elt::I32
+        };
+        let raw = self.push(VOp::Load { window: w }, shape, raw_elt);
+        match dtype {
+            DType::BF16 => self.bf16_to_f32(raw),
+            DType::F16 => self.f16_to_f32(raw),
+            _ => raw,
+        }
     }
 
     fn limit_name(&self) -> &str {
@@ -935,19 +944,7 @@ impl Lowering<'_> {
                 if let Some(&s) = self.stored.get(&w) {
                     return Ok(self.widen_stored(s, w));
                 }
-                self.program.windows[w].read = true;
-                let dtype = self.program.windows[w].dtype;
-                let raw_elt = if dtype == DType::F32 {
-                    Elt::F32
-                } else {
-                    Elt::I32
-                };
-                let raw = self.push(VOp::Load { window: w }, shape, raw_elt);
-                match dtype {
-                    DType::BF16 => self.bf16_to_f32(raw),
-                    DType::F16 => self.f16_to_f32(raw),
-                    _ => raw,
-                }
+                self.load_window(w, shape)
             }
             Op::Lookup { table, index } => {
                 let i = self.get(index, at)?;

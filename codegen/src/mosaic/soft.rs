@@ -52,6 +52,35 @@ impl Lowering<'_> {
         )
     }
 
+    /// `m >> shift` (`shift` in `1..=31`) rounded to nearest even by the bits shifted out and
+    /// `sticky` (an `i1` node: nonzero bits lie below them; none where `None`).
+    pub(super) fn shift_round_even(
+        &mut self,
+        m: usize,
+        shift: usize,
+        sticky: Option<usize>,
+    ) -> usize {
+        let shape = self.node_shape(m).max(self.node_shape(shift));
+        let q = self.int(Bin::ShrU, m, shift);
+        let one = self.konst(1, Elt::I32, shape);
+        let unit = self.int(Bin::Shl, one, shift);
+        let low = self.int_c(Bin::SubI, unit, 1);
+        let rest = self.int(Bin::AndI, m, low);
+        let shift_1 = self.int_c(Bin::SubI, shift, 1);
+        let half = self.int(Bin::Shl, one, shift_1);
+        let above = self.push(VOp::Cmp(Pred::Ugt, rest, half), shape, Elt::I1);
+        let tie = self.push(VOp::Cmp(Pred::Eq, rest, half), shape, Elt::I1);
+        let q_odd = self.int_c(Bin::AndI, q, 1);
+        let mut tie_breaks = self.cmp_c(Pred::Ne, q_odd, 0);
+        if let Some(sticky) = sticky {
+            tie_breaks = self.push(VOp::Bin(Bin::OrI, sticky, tie_breaks), shape, Elt::I1);
+        }
+        let tie_up = self.push(VOp::Bin(Bin::AndI, tie, tie_breaks), shape, Elt::I1);
+        let up = self.push(VOp::Bin(Bin::OrI, above, tie_up), shape, Elt::I1);
+        let inc = self.bool_to_int(up);
+        self.int(Bin::AddI, q, inc)
+    }
+
     /// The `f32` bits nearest to `(-1)^s * (m + f) * 2^(e - 31)`, `s` the sign bit in place,
     /// `m >= 2^31` and `f` in `[0, 1)` nonzero exactly where `sticky` (`i1`): ties to even,
     /// overflow to infinity, gradual underflow to subnormals and signed zero (`qf_round`).
@@ -69,23 +98,8 @@ impl Lowering<'_> {
         let base = self.int_c(Bin::Shl, base, 23);
         let zero = self.konst(0, Elt::I32, shape);
         let base = self.select_i(normal, base, zero);
-        let q = self.int(Bin::ShrU, m, shift);
-        let one = self.konst(1, Elt::I32, shape);
-        let unit = self.int(Bin::Shl, one, shift);
-        let low = self.int_c(Bin::SubI, unit, 1);
-        let rest = self.int(Bin::AndI, m, low);
-        let shift_1 = self.int_c(Bin::SubI, shift, 1);
-        let half = self.int(Bin::Shl, one, shift_1);
-        let above = self.push(VOp::Cmp(Pred::Ugt, rest, half), shape, Elt::I1);
-        let tie = self.push(VOp::Cmp(Pred::Eq, rest, half), shape, Elt::I1);
-        let q_odd = self.int_c(Bin::AndI, q, 1);
-        let odd = self.cmp_c(Pred::Ne, q_odd, 0);
-        let tie_breaks = self.push(VOp::Bin(Bin::OrI, sticky, odd), shape, Elt::I1);
-        let tie_up = self.push(VOp::Bin(Bin::AndI, tie, tie_breaks), shape, Elt::I1);
-        let up = self.push(VOp::Bin(Bin::OrI, above, tie_up), shape, Elt::I1);
-        let inc = self.select_i(up, one, zero);
-        let bits = self.int(Bin::AddI, base, q);
-        let bits = self.int(Bin::AddI, bits, inc);
+        let rounded = self.shift_round_even(m, shift, Some(sticky));
+        let bits = self.int(Bin::AddI, base, rounded);
         let finite = self.int(Bin::OrI, sign, bits);
         // e = -150: half the smallest subnormal, up only above the tie; below: a signed zero.
         let c31 = self.konst(0x8000_0000, Elt::I32, shape);
@@ -93,7 +107,7 @@ impl Lowering<'_> {
         let at_half = self.push(VOp::Cmp(Pred::Eq, m, c31), shape, Elt::I1);
         let at_half = self.push(VOp::Bin(Bin::AndI, at_half, sticky), shape, Elt::I1);
         let half_up = self.push(VOp::Bin(Bin::OrI, past_half, at_half), shape, Elt::I1);
-        let least = self.select_i(half_up, one, zero);
+        let least = self.bool_to_int(half_up);
         let least = self.int(Bin::OrI, sign, least);
         let at_150 = self.cmp_c(Pred::Eq, e, s(-150));
         let tiny = self.select_i(at_150, least, sign);
