@@ -609,17 +609,29 @@ impl Lowering<'_> {
             _ => 1,
         };
         if let Some(&w) = self.windows.get(&(p.index(), kind)) {
-            if self.program.windows[w].width != width {
-                return Err(refuse(
-                    self.k,
-                    &format!(
-                        "{} used at two index forms (per work item, per chunk element `i`, or \
-                         at `2i` and `2i + 1`)",
-                        self.param_name(p)
-                    ),
-                ));
-            }
             return Ok(w);
+        }
+        // One array per buffer and index form: a buffer read or written at two of `w`, `i`
+        // and `2i`/`2i + 1` would be two arrays that do not see each other's stores. Only a
+        // reduction's whole-chunk window may sit beside the chunk window (it reads the
+        // buffer before any store: `Self::reduce`).
+        let clash = self.windows.keys().any(|&(q, k)| {
+            q == p.index()
+                && k != WindowKind::Table
+                && !matches!(
+                    (k, kind),
+                    (WindowKind::Chunk, WindowKind::Whole) | (WindowKind::Whole, WindowKind::Chunk)
+                )
+        });
+        if clash {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "{} used at two index forms (per work item, per chunk element `i`, or at \
+                     `2i` and `2i + 1`)",
+                    self.param_name(p)
+                ),
+            ));
         }
         let param = self.k.params.try_get(p).ok_or_else(|| Error::Backend {
             backend: super::BACKEND,
@@ -730,8 +742,11 @@ impl Lowering<'_> {
             ));
         }
         let w = self.window(buf, Shape::Whole)?;
-        let chunk_window = self.windows.get(&(buf.index(), WindowKind::Chunk));
-        if chunk_window.is_some_and(|c| self.stored.contains_key(c)) {
+        let stored = self
+            .windows
+            .iter()
+            .any(|(&(q, _), w)| q == buf.index() && self.stored.contains_key(w));
+        if stored {
             return Err(refuse(
                 self.k,
                 &format!(

@@ -422,3 +422,30 @@ fn a_nested_4bit_dequantize_gathers_its_scales_per_work_item() {
         "{e}"
     );
 }
+
+#[test]
+fn a_buffer_at_two_index_forms_is_refused() {
+    let text = "kernel two_forms(n: u32, n_blocks: u32, a: f32[n] readwrite, out: f32[n] write)
+grid n_blocks
+{
+  %0: u32 = work_item
+  %1: u32 = param n
+  %2: u32 = const 64
+  %3: u32 = mul %0, %2
+  %4: u32 = add %3, %2
+  %5: u32 = min %4, %1
+  %6: bool = cmp lt %3, %1
+  %7: u32 = select %6, %5, %3
+  %8: f32 = load a[%0]
+  store a[%0] = %8
+  for %9 in %3..%7 step 1 {
+    %10: f32 = load a[%9]
+    store out[%9] = %10
+  }
+}
+";
+    let k = qforge_ir::text::parse(text).unwrap();
+    // 10 elements, 10 work items: the grid covers `a` both per work item and per chunk.
+    let e = lower(&k, &launch(&k, 10, 1)).unwrap_err().to_string();
+    assert!(e.contains("a used at two index forms"), "{e}");
+}
