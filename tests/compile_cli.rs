@@ -210,7 +210,13 @@ fn target_options_reach_the_manifest() {
 #[test]
 fn a_kernel_the_mosaic_backend_does_not_lower_is_a_named_error() {
     fails(
-        &["compile", "--kernel", "grad_sqnorm_f32", "--target", "mosaic"],
+        &[
+            "compile",
+            "--kernel",
+            "grad_sqnorm_f32",
+            "--target",
+            "mosaic",
+        ],
         &["grad_sqnorm_f32", "mosaic", "`accumulate`"],
     );
     fails(

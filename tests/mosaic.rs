@@ -306,16 +306,50 @@ mod twin {
     use qforge::ir::{OwnedArg, Scalar};
     use qforge::runtime::{Device, InterpreterDevice, MosaicTwinDevice};
 
+    /// The twin device, or `None` after printing why it is unavailable.
+    fn twin_device() -> Option<MosaicTwinDevice> {
+        MosaicTwinDevice::new()
+            .map_err(|e| qforge_testkit::unavailable("stablehlo", e))
+            .ok()
+    }
+
+    /// xorshift64 words from `seed`.
+    fn words(mut state: u64) -> impl FnMut() -> u32 {
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u32
+        }
+    }
+
+    fn le_bytes(v: &[u32]) -> Vec<u8> {
+        v.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    /// Runs `kernel` on `args` on the interpreter and on the twin; asserts the same bits.
+    fn assert_twin_exact(
+        dev: &MosaicTwinDevice,
+        kernel: &qforge::ir::Kernel,
+        mut args: Vec<OwnedArg>,
+        what: &str,
+    ) {
+        let mut twin = args.clone();
+        InterpreterDevice
+            .launch(kernel, &mut OwnedArg::borrow_all(&mut args))
+            .unwrap();
+        dev.launch(kernel, &mut OwnedArg::borrow_all(&mut twin))
+            .unwrap();
+        let (bad, total) = qforge::ir::count_mismatches(kernel, &args, &twin);
+        assert_eq!(bad, 0, "{what}: {bad} of {total} elements differ");
+    }
+
     /// Every op the backend lowers, on edge values and random bits, against the interpreter:
     /// 1000 elements (63 work items: two grid steps of rows) and 37 (one partial chunk).
     #[test]
     fn every_op_is_bit_exact_on_the_twin() {
-        let dev = match MosaicTwinDevice::new() {
-            Ok(d) => d,
-            Err(e) => {
-                qforge_testkit::unavailable("stablehlo", e);
-                return;
-            }
+        let Some(dev) = twin_device() else {
+            return;
         };
         let kernel = super::every_op_kernel();
         let edges: Vec<u32> = vec![
@@ -358,13 +392,7 @@ mod twin {
             0x387f_f000,
         ];
         for n in [1000usize, 37] {
-            let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ n as u64;
-            let mut next = || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u32
-            };
+            let mut next = words(0x9e37_79b9_7f4a_7c15u64 ^ n as u64);
             let word = |i: usize, r: u32| {
                 if i.is_multiple_of(3) {
                     edges[(i / 3) % edges.len()]
@@ -405,7 +433,7 @@ mod twin {
             let scale: Vec<u16> = (0..blocks)
                 .map(|b| (edges[b % edges.len()] >> 16) as u16)
                 .collect();
-            let bytes = |v: &[u32]| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+            let bytes = le_bytes;
             let mut args = vec![
                 OwnedArg::Scalar(Scalar::U32(n as u32)),
                 OwnedArg::Scalar(Scalar::U32(blocks as u32)),
@@ -443,32 +471,19 @@ mod twin {
                 0x0000_0001,
                 0x8000_0000,
             ];
-            args.push(OwnedArg::Read(
-                tab.iter().flat_map(|w| w.to_le_bytes()).collect(),
-            ));
+            args.push(OwnedArg::Read(le_bytes(&tab)));
             args.push(OwnedArg::Write(vec![0; n * 4]));
-            let mut twin = args.clone();
-            InterpreterDevice
-                .launch(&kernel, &mut OwnedArg::borrow_all(&mut args))
-                .unwrap();
-            dev.launch(&kernel, &mut OwnedArg::borrow_all(&mut twin))
-                .unwrap();
-            let (bad, total) = qforge::ir::count_mismatches(&kernel, &args, &twin);
-            assert_eq!(bad, 0, "n = {n}: {bad} of {total} elements differ");
+            assert_twin_exact(&dev, &kernel, args, &format!("n = {n}"));
         }
     }
 
-    /// The integer routines (`fma`, `sqrt`, integer to `f32`) on chosen and random operands
+    /// The integer routines (`fma`, `sqrt`, the conversions) on chosen and random operands
     /// against the interpreter: cancellation, ties, subnormal and overflowing results, every
     /// special, gaps past 32 and 64 bits between product and addend.
     #[test]
     fn soft_math_is_bit_exact_on_the_twin() {
-        let dev = match MosaicTwinDevice::new() {
-            Ok(d) => d,
-            Err(e) => {
-                qforge_testkit::unavailable("stablehlo", e);
-                return;
-            }
+        let Some(dev) = twin_device() else {
+            return;
         };
         let kernel = super::soft_math_kernel();
         let f = |v: f32| v.to_bits();
@@ -533,13 +548,7 @@ mod twin {
         ] {
             triples.push((f(1.0), f(1.0), zv.to_bits()));
         }
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u32
-        };
+        let mut next = words(0x2545_f491_4f6c_dd1d);
         // Random bits, then products cancelled by a nearby addend.
         for _ in 0..600 {
             triples.push((next(), next(), next()));
@@ -578,7 +587,7 @@ mod twin {
                 _ => next() >> (next() % 32),
             })
             .collect();
-        let bytes = |v: &[u32]| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+        let bytes = le_bytes;
         let column =
             |pick: fn(&(u32, u32, u32)) -> u32| triples.iter().map(pick).collect::<Vec<u32>>();
         let mut args = vec![
@@ -592,14 +601,7 @@ mod twin {
         for _ in 0..11 {
             args.push(OwnedArg::Write(vec![0; n * 4]));
         }
-        let mut twin = args.clone();
-        InterpreterDevice
-            .launch(&kernel, &mut OwnedArg::borrow_all(&mut args))
-            .unwrap();
-        dev.launch(&kernel, &mut OwnedArg::borrow_all(&mut twin))
-            .unwrap();
-        let (bad, total) = qforge::ir::count_mismatches(&kernel, &args, &twin);
-        assert_eq!(bad, 0, "{bad} of {total} elements differ");
+        assert_twin_exact(&dev, &kernel, args, "soft math");
     }
 
     /// Whether the twin test runs case `label` of a kernel of blocksize `bs`. The reference
@@ -618,12 +620,8 @@ mod twin {
 
     #[test]
     fn every_lowered_kernel_twin_is_bit_exact() {
-        let dev = match MosaicTwinDevice::new() {
-            Ok(d) => d,
-            Err(e) => {
-                qforge_testkit::unavailable("stablehlo", e);
-                return;
-            }
+        let Some(dev) = twin_device() else {
+            return;
         };
         let devices: [(&str, &dyn Device); 1] = [("mosaic-twin", &dev)];
         let (ok, _) = super::lowered();
