@@ -92,6 +92,23 @@ fn shapes_for_another_kernel_are_an_error() {
     assert!(e.contains("launch shapes for"), "{e}");
 }
 
+/// `for i in 16*w .. min(16*w + 16, n) { body(i) }`: the test kernels' chunk loop.
+fn chunk_loop(
+    b: &mut qforge::ir::KernelBuilder,
+    w: qforge::ir::Value,
+    n: qforge::ir::ParamId,
+    body: impl FnOnce(&mut qforge::ir::KernelBuilder, qforge::ir::Value),
+) {
+    let chunk = b.const_u32(16);
+    let start = b.mul(w, chunk);
+    let nv = b.param(n);
+    let sum = b.add(start, chunk);
+    let lim = b.min(sum, nv);
+    let inside = b.cmp(qforge::ir::CmpOp::Lt, start, nv);
+    let end = b.select(inside, lim, start);
+    b.for_range(start, end, 1, body);
+}
+
 /// A row-chunk kernel of chunk 16 over `x: f32[n]` and `y: u32[n]` that uses every op the
 /// backend lowers, with its results in `f: f32[n]`, `b: bf16[n]`, `u: u32[n]`, `s: i32[n]`,
 /// `q: u8[n]`, `h: f16[n]` and `g: f32[n]` (shift amounts from the data, so past 31 too; a
@@ -171,14 +188,7 @@ fn every_op_kernel() -> qforge::ir::Kernel {
     let w_bits = b.or(w_bits, one_f);
     let w_value = b.bitcast(w_bits, ScalarType::F32);
     let per_item = b.add(scaled, w_value);
-    let chunk = b.const_u32(16);
-    let start = b.mul(w, chunk);
-    let nv = b.param(n);
-    let sum = b.add(start, chunk);
-    let lim = b.min(sum, nv);
-    let inside = b.cmp(CmpOp::Lt, start, nv);
-    let end = b.select(inside, lim, start);
-    b.for_range(start, end, 1, |b, i| {
+    chunk_loop(&mut b, w, n, |b, i| {
         let xv = b.load(x, i);
         let yv = b.load(y, i);
         let q8 = b.load(bits, i);
@@ -243,7 +253,7 @@ fn every_op_kernel() -> qforge::ir::Kernel {
 /// as `u32` (`rne`) and as `i32` (`rdn`, `rup`, `rtz`), and `z` converted to `u32` (`rne`, `rup`)
 /// and `i32` (`rdn`, `rtz`, `rne`).
 fn soft_math_kernel() -> qforge::ir::Kernel {
-    use qforge::ir::{Access, CmpOp, DType, Dim, KernelBuilder, Rounding, ScalarType, UnaryOp};
+    use qforge::ir::{Access, DType, Dim, KernelBuilder, Rounding, ScalarType, UnaryOp};
     let mut b = KernelBuilder::new("mosaic_soft_math");
     let n = b.scalar_param("n", ScalarType::U32);
     let blocks = b.scalar_param("n_blocks", ScalarType::U32);
@@ -262,14 +272,7 @@ fn soft_math_kernel() -> qforge::ir::Kernel {
         .collect();
     b.set_grid(Dim::Param(blocks));
     let w = b.work_item();
-    let chunk = b.const_u32(16);
-    let start = b.mul(w, chunk);
-    let nv = b.param(n);
-    let sum = b.add(start, chunk);
-    let lim = b.min(sum, nv);
-    let inside = b.cmp(CmpOp::Lt, start, nv);
-    let end = b.select(inside, lim, start);
-    b.for_range(start, end, 1, |b, i| {
+    chunk_loop(&mut b, w, n, |b, i| {
         let (xv, yv, zv, kv) = (b.load(x, i), b.load(y, i), b.load(z, i), b.load(k, i));
         for (out, to, rounding) in [
             (ints[0], ScalarType::U32, Rounding::NearestEven),

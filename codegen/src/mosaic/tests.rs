@@ -31,6 +31,13 @@ fn launch(k: &qforge_ir::Kernel, n: usize, bs: usize) -> Shapes {
     s
 }
 
+/// Asserts that `text` contains every one of `pieces`.
+fn assert_has(text: &str, pieces: &[&str]) {
+    for piece in pieces {
+        assert!(text.contains(piece), "missing {piece:?} in\n{text}");
+    }
+}
+
 #[test]
 fn a_blockwise_dequantize_lowers_to_row_chunk_windows() {
     let k = library("dequantize_blockwise_dynamic_bs256_bf16");
@@ -54,16 +61,14 @@ fn a_blockwise_dequantize_lowers_to_row_chunk_windows() {
     assert_eq!(m.manifest.outputs.len(), 1);
     assert_eq!(m.manifest.outputs[0].param, "out");
     assert_eq!(m.manifest.outputs[0].dtype, "bfloat16");
-    for piece in [
+    assert_has(&m.text, &[
         "func.func @dequantize_blockwise_dynamic_bs256_bf16(%arg0: i32, %arg1: i32, %in_q: memref<32x256xi8",
         "window_bounds = array<i64: 32, 1>",
         "iteration_bounds = array<i64: 1, 1>",
         "arith.extui",
         "vector.broadcast",
         "tpu.vector_store %out_out",
-    ] {
-        assert!(m.text.contains(piece), "missing {piece:?} in\n{}", m.text);
-    }
+    ]);
     // 255 selects for the 256-entry code, one for the index clamp and one for the NaN rule
     // of the bf16 rounding.
     assert_eq!(m.text.matches("arith.select").count(), 257);
@@ -142,15 +147,16 @@ fn a_4bit_dequantize_interleaves_its_two_codes() {
         shapes,
         [("packed", [32, 32]), ("absmax", [32, 1]), ("out", [32, 64])]
     );
-    for piece in [
-        "vector.shape_cast %v",
-        "tpu.concatenate",
-        "in 2 : vector<32x32x1xi32>, vector<32x32x1xi32> -> vector<32x32x2xi32>",
-        "to vector<32x64xi32>",
-        "window_bounds = array<i64: 32, 64>",
-    ] {
-        assert!(m.text.contains(piece), "missing {piece:?} in\n{}", m.text);
-    }
+    assert_has(
+        &m.text,
+        &[
+            "vector.shape_cast %v",
+            "tpu.concatenate",
+            "in 2 : vector<32x32x1xi32>, vector<32x32x1xi32> -> vector<32x32x2xi32>",
+            "to vector<32x64xi32>",
+            "window_bounds = array<i64: 32, 64>",
+        ],
+    );
     assert!(m.twin.contains("stablehlo.concatenate"), "{}", m.twin);
     assert!(m.twin.contains("%pair_col"), "{}", m.twin);
 }
@@ -267,18 +273,19 @@ fn an_8bit_quantize_reduces_its_whole_chunk_and_stores_per_work_item() {
         ]
     );
     assert_eq!((m.manifest.lanes, m.manifest.lane_blocks), (512, 8));
-    for piece in [
-        "%in_x: memref<32x512xbf16",
-        "%in_x_whole: memref<32x4096xbf16",
-        "{transform_indices = @transform_row, window_bounds = array<i64: 32, 4096>}",
-        "vector.multi_reduction <maxsi>",
-        "dense<-2147483648> : vector<32xi32>",
-        // The lane blocks of a row write its absmax in turn.
-        "#tpu.dimension_semantics<parallel>, #tpu.dimension_semantics<arbitrary>]",
-        "tpu.vector_store %out_absmax",
-    ] {
-        assert!(m.text.contains(piece), "missing {piece:?} in\n{}", m.text);
-    }
+    assert_has(
+        &m.text,
+        &[
+            "%in_x: memref<32x512xbf16",
+            "%in_x_whole: memref<32x4096xbf16",
+            "{transform_indices = @transform_row, window_bounds = array<i64: 32, 4096>}",
+            "vector.multi_reduction <maxsi>",
+            "dense<-2147483648> : vector<32xi32>",
+            // The lane blocks of a row write its absmax in turn.
+            "#tpu.dimension_semantics<parallel>, #tpu.dimension_semantics<arbitrary>]",
+            "tpu.vector_store %out_absmax",
+        ],
+    );
     assert!(m
         .twin
         .contains("applies stablehlo.maximum across dimensions = [1]"));
@@ -397,19 +404,20 @@ fn a_nested_4bit_dequantize_gathers_its_scales_per_work_item() {
             ("nested_code", [1, 256], 256),
         ]
     );
-    for piece in [
-        // The work item's index: the step's first row plus the sublane.
-        "tpu.iota {dimensions = array<i32: 0>} : vector<32x1xi32>",
-        "arith.muli %arg0,",
-        // The gathers: one-hot over the table's lanes.
-        "tpu.iota {dimensions = array<i32: 1>} : vector<32x256xi32>",
-        "tpu.iota {dimensions = array<i32: 1>} : vector<32x3xi32>",
-        "{transform_indices = @transform_fixed, window_bounds = array<i64: 1, 256>}",
-        "{transform_indices = @transform_fixed, window_bounds = array<i64: 1, 1>}",
-        "func.func @transform_fixed",
-    ] {
-        assert!(m.text.contains(piece), "missing {piece:?} in\n{}", m.text);
-    }
+    assert_has(
+        &m.text,
+        &[
+            // The work item's index: the step's first row plus the sublane.
+            "tpu.iota {dimensions = array<i32: 0>} : vector<32x1xi32>",
+            "arith.muli %arg0,",
+            // The gathers: one-hot over the table's lanes.
+            "tpu.iota {dimensions = array<i32: 1>} : vector<32x256xi32>",
+            "tpu.iota {dimensions = array<i32: 1>} : vector<32x3xi32>",
+            "{transform_indices = @transform_fixed, window_bounds = array<i64: 1, 256>}",
+            "{transform_indices = @transform_fixed, window_bounds = array<i64: 1, 1>}",
+            "func.func @transform_fixed",
+        ],
+    );
     assert!(m
         .twin
         .contains("stablehlo.broadcast_in_dim %arg4, dims = []"));
