@@ -480,6 +480,34 @@ impl Lowering<'_> {
         self.push(VOp::Bitcast(r, Elt::F32), shape, Elt::F32)
     }
 
+    /// Whether a magnitude truncated to `q` (`i32`) rounds up by one under `rounding`, given
+    /// (`i1` nodes) whether the dropped fraction is above one half, exactly one half, or not
+    /// zero, and whether the value is negative.
+    fn rounds_up(
+        &mut self,
+        rounding: Rounding,
+        [above, tie, inexact]: [usize; 3],
+        q: usize,
+        neg: usize,
+    ) -> usize {
+        let shape = self.node_shape(q);
+        match rounding {
+            Rounding::NearestEven => {
+                let q_odd = self.int_c(Bin::AndI, q, 1);
+                let odd = self.is_nonzero(q_odd);
+                let tie_up = self.push(VOp::Bin(Bin::AndI, tie, odd), shape, Elt::I1);
+                self.push(VOp::Bin(Bin::OrI, above, tie_up), shape, Elt::I1)
+            }
+            Rounding::TowardZero => self.konst(0, Elt::I1, shape),
+            Rounding::Up => {
+                let t = self.konst(1, Elt::I1, shape);
+                let pos = self.push(VOp::Bin(Bin::XorI, neg, t), shape, Elt::I1);
+                self.push(VOp::Bin(Bin::AndI, inexact, pos), shape, Elt::I1)
+            }
+            Rounding::Down => self.push(VOp::Bin(Bin::AndI, inexact, neg), shape, Elt::I1),
+        }
+    }
+
     /// `int_to_float rounding v` for a `u32` (or, `signed`, `i32`) node: the magnitude
     /// normalized to bit 31, its 8 low bits rounded by `rounding` (exact below `2^24`).
     pub(super) fn int_to_f32(&mut self, v: usize, signed: bool, rounding: Rounding) -> usize {
@@ -504,23 +532,9 @@ impl Lowering<'_> {
         let q = self.int_c(Bin::ShrU, m, 8);
         let rest = self.int_c(Bin::AndI, m, 0xff);
         let inexact = self.is_nonzero(rest);
-        let up = match rounding {
-            Rounding::NearestEven => {
-                let above = self.cmp_c(Pred::Ugt, rest, 0x80);
-                let tie = self.cmp_c(Pred::Eq, rest, 0x80);
-                let q_odd = self.int_c(Bin::AndI, q, 1);
-                let odd = self.is_nonzero(q_odd);
-                let tie_up = self.push(VOp::Bin(Bin::AndI, tie, odd), shape, Elt::I1);
-                self.push(VOp::Bin(Bin::OrI, above, tie_up), shape, Elt::I1)
-            }
-            Rounding::TowardZero => self.konst(0, Elt::I1, shape),
-            Rounding::Up => {
-                let t = self.konst(1, Elt::I1, shape);
-                let pos = self.push(VOp::Bin(Bin::XorI, neg, t), shape, Elt::I1);
-                self.push(VOp::Bin(Bin::AndI, inexact, pos), shape, Elt::I1)
-            }
-            Rounding::Down => self.push(VOp::Bin(Bin::AndI, inexact, neg), shape, Elt::I1),
-        };
+        let above = self.cmp_c(Pred::Ugt, rest, 0x80);
+        let tie = self.cmp_c(Pred::Eq, rest, 0x80);
+        let up = self.rounds_up(rounding, [above, tie, inexact], q, neg);
         let inc = self.bool_to_int(up);
         let bits = self.int(Bin::AddI, base, q);
         let bits = self.int(Bin::AddI, bits, inc);
@@ -579,21 +593,7 @@ impl Lowering<'_> {
         let above = pick(self, above_small, no, above_mid, Elt::I1);
         let tie = pick(self, no, no, tie_mid, Elt::I1);
         let inexact = pick(self, inexact_small, no, inexact_mid, Elt::I1);
-        let up = match rounding {
-            Rounding::NearestEven => {
-                let t_odd = self.int_c(Bin::AndI, t, 1);
-                let odd = self.is_nonzero(t_odd);
-                let tie_up = self.push(VOp::Bin(Bin::AndI, tie, odd), shape, Elt::I1);
-                self.push(VOp::Bin(Bin::OrI, above, tie_up), shape, Elt::I1)
-            }
-            Rounding::TowardZero => no,
-            Rounding::Up => {
-                let t1 = self.konst(1, Elt::I1, shape);
-                let pos = self.push(VOp::Bin(Bin::XorI, neg, t1), shape, Elt::I1);
-                self.push(VOp::Bin(Bin::AndI, inexact, pos), shape, Elt::I1)
-            }
-            Rounding::Down => self.push(VOp::Bin(Bin::AndI, inexact, neg), shape, Elt::I1),
-        };
+        let up = self.rounds_up(rounding, [above, tie, inexact], t, neg);
         let inc = self.bool_to_int(up);
         let r = self.int(Bin::AddI, t, inc);
         let nan = self.cmp_c(Pred::Ugt, mag, 0x7f80_0000);

@@ -299,6 +299,18 @@ fn an_8bit_quantize_reduces_its_whole_chunk_and_stores_per_work_item() {
         .contains("#tpu.dimension_semantics<parallel>, #tpu.dimension_semantics<parallel>]"));
 }
 
+/// The chunk loop's bounds of the text kernels below: `%3 = 64 w`, `%7 = min(%3 + 64, n)`
+/// (`%3` past `n`), `%0` the work item, `%1` = `n`.
+const CHUNK_BOUNDS: &str = "  %0: u32 = work_item
+  %1: u32 = param n
+  %2: u32 = const 64
+  %3: u32 = mul %0, %2
+  %4: u32 = add %3, %2
+  %5: u32 = min %4, %1
+  %6: bool = cmp lt %3, %1
+  %7: u32 = select %6, %5, %3
+";
+
 /// A kernel shaped like the 8-bit quantization: `reduce` the reduction over `x`, `store` the
 /// statement that writes `absmax` before the chunk loop.
 fn reduce_kernel(reduce: &str, store: &str) -> qforge_ir::Kernel {
@@ -307,15 +319,7 @@ fn reduce_kernel(reduce: &str, store: &str) -> qforge_ir::Kernel {
          absmax: f32[n_blocks] write)
 grid n_blocks
 {{
-  %0: u32 = work_item
-  %1: u32 = param n
-  %2: u32 = const 64
-  %3: u32 = mul %0, %2
-  %4: u32 = add %3, %2
-  %5: u32 = min %4, %1
-  %6: bool = cmp lt %3, %1
-  %7: u32 = select %6, %5, %3
-  %8: u32 = sub %7, %3
+{CHUNK_BOUNDS}  %8: u32 = sub %7, %3
   {reduce}
   {store}
   for %10 in %3..%7 step 1 {{
@@ -433,26 +437,20 @@ fn a_nested_4bit_dequantize_gathers_its_scales_per_work_item() {
 
 #[test]
 fn a_buffer_at_two_index_forms_is_refused() {
-    let text = "kernel two_forms(n: u32, n_blocks: u32, a: f32[n] readwrite, out: f32[n] write)
+    let text = format!(
+        "kernel two_forms(n: u32, n_blocks: u32, a: f32[n] readwrite, out: f32[n] write)
 grid n_blocks
-{
-  %0: u32 = work_item
-  %1: u32 = param n
-  %2: u32 = const 64
-  %3: u32 = mul %0, %2
-  %4: u32 = add %3, %2
-  %5: u32 = min %4, %1
-  %6: bool = cmp lt %3, %1
-  %7: u32 = select %6, %5, %3
-  %8: f32 = load a[%0]
+{{
+{CHUNK_BOUNDS}  %8: f32 = load a[%0]
   store a[%0] = %8
-  for %9 in %3..%7 step 1 {
+  for %9 in %3..%7 step 1 {{
     %10: f32 = load a[%9]
     store out[%9] = %10
-  }
-}
-";
-    let k = qforge_ir::text::parse(text).unwrap();
+  }}
+}}
+"
+    );
+    let k = qforge_ir::text::parse(&text).unwrap();
     // 10 elements, 10 work items: the grid covers `a` both per work item and per chunk.
     let e = lower(&k, &launch(&k, 10, 1)).unwrap_err().to_string();
     assert!(e.contains("a used at two index forms"), "{e}");
