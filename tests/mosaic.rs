@@ -248,12 +248,12 @@ fn every_op_kernel() -> qforge::ir::Kernel {
     b.finish()
 }
 
-/// A row-chunk kernel of chunk 16 over `x`, `y`, `z: f32[n]` and `k: u32[n]` exercising the
-/// backend's integer routines: `fm = fma(x, y, z)`, `sq = sqrt(x)`, and `k` converted to `f32`
-/// as `u32` (`rne`) and as `i32` (`rdn`, `rup`, `rtz`), and `z` converted to `u32` (`rne`, `rup`)
-/// and `i32` (`rdn`, `rtz`, `rne`).
+/// A row-chunk kernel of chunk 16 over `x`, `y`, `z: f32[n]` and `k`, `kd: u32[n]` exercising
+/// the backend's integer routines: `fm = fma(x, y, z)`, `sq = sqrt(x)`, `k` converted to `f32`
+/// as `u32` (`rne`) and as `i32` (`rdn`, `rup`, `rtz`), `z` converted to `u32` (`rne`, `rup`)
+/// and `i32` (`rdn`, `rtz`, `rne`), and `k / kd`, `k % kd` as `u32` and as `i32`.
 fn soft_math_kernel() -> qforge::ir::Kernel {
-    use qforge::ir::{Access, DType, Dim, KernelBuilder, Rounding, ScalarType, UnaryOp};
+    use qforge::ir::{Access, BinaryOp, DType, Dim, KernelBuilder, Rounding, ScalarType, UnaryOp};
     let mut b = KernelBuilder::new("mosaic_soft_math");
     let n = b.scalar_param("n", ScalarType::U32);
     let blocks = b.scalar_param("n_blocks", ScalarType::U32);
@@ -262,18 +262,36 @@ fn soft_math_kernel() -> qforge::ir::Kernel {
     let y = b.buffer_param("y", DType::F32, &flat, Access::Read);
     let z = b.buffer_param("z", DType::F32, &flat, Access::Read);
     let k = b.buffer_param("k", DType::U32, &flat, Access::Read);
+    let kd = b.buffer_param("kd", DType::U32, &flat, Access::Read);
     let outs: Vec<_> = ["fm", "sq", "ne_u", "dn_i", "up_i", "tz_i"]
         .iter()
         .map(|name| b.buffer_param(name, DType::F32, &flat, Access::Write))
         .collect();
-    let ints: Vec<_> = ["zu_ne", "zu_up", "zi_dn", "zi_tz", "zi_ne"]
-        .iter()
-        .map(|name| b.buffer_param(name, DType::U32, &flat, Access::Write))
-        .collect();
+    let ints: Vec<_> = [
+        "zu_ne", "zu_up", "zi_dn", "zi_tz", "zi_ne", "div_u", "rem_u", "div_i", "rem_i",
+    ]
+    .iter()
+    .map(|name| b.buffer_param(name, DType::U32, &flat, Access::Write))
+    .collect();
     b.set_grid(Dim::Param(blocks));
     let w = b.work_item();
     chunk_loop(&mut b, w, n, |b, i| {
         let (xv, yv, zv, kv) = (b.load(x, i), b.load(y, i), b.load(z, i), b.load(k, i));
+        let dv = b.load(kd, i);
+        let (ks, ds) = (
+            b.bitcast(kv, ScalarType::I32),
+            b.bitcast(dv, ScalarType::I32),
+        );
+        for (out, (num, den), op) in [
+            (ints[5], (kv, dv), BinaryOp::Div),
+            (ints[6], (kv, dv), BinaryOp::Rem),
+            (ints[7], (ks, ds), BinaryOp::Div),
+            (ints[8], (ks, ds), BinaryOp::Rem),
+        ] {
+            let v = b.binary(op, num, den);
+            let v = b.bitcast(v, ScalarType::U32);
+            b.store(out, i, v);
+        }
         for (out, to, rounding) in [
             (ints[0], ScalarType::U32, Rounding::NearestEven),
             (ints[1], ScalarType::U32, Rounding::Up),
@@ -480,9 +498,10 @@ mod twin {
         }
     }
 
-    /// The integer routines (`fma`, `sqrt`, the conversions) on chosen and random operands
-    /// against the interpreter: cancellation, ties, subnormal and overflowing results, every
-    /// special, gaps past 32 and 64 bits between product and addend.
+    /// The integer routines (`fma`, `sqrt`, the conversions, integer `div` and `rem`) on chosen
+    /// and random operands against the interpreter: cancellation, ties, subnormal and
+    /// overflowing results, every special, gaps past 32 and 64 bits between product and
+    /// addend, division by zero and `i32::MIN / -1`.
     #[test]
     fn soft_math_is_bit_exact_on_the_twin() {
         let Some(dev) = twin_device() else {
@@ -590,6 +609,17 @@ mod twin {
                 _ => next() >> (next() % 32),
             })
             .collect();
+        // Divisors: zero, one, `u32::MAX` (-1 as `i32`, against `i32::MIN` too), the ends of
+        // the `i32` range, small odd ones and random widths.
+        let divisors: Vec<u32> = (0..n)
+            .map(|i| match i % 5 {
+                0 => 0,
+                1 => 1,
+                2 => u32::MAX,
+                3 => [0x8000_0000, 3, 0x7fff_ffff, 7, 0xffff_fff9][(i / 5) % 5],
+                _ => next() >> (next() % 32),
+            })
+            .collect();
         let bytes = le_bytes;
         let column =
             |pick: fn(&(u32, u32, u32)) -> u32| triples.iter().map(pick).collect::<Vec<u32>>();
@@ -600,8 +630,9 @@ mod twin {
             OwnedArg::Read(bytes(&column(|t| t.1))),
             OwnedArg::Read(bytes(&column(|t| t.2))),
             OwnedArg::Read(bytes(&ints)),
+            OwnedArg::Read(bytes(&divisors)),
         ];
-        for _ in 0..11 {
+        for _ in 0..15 {
             args.push(OwnedArg::Write(vec![0; n * 4]));
         }
         assert_twin_exact(&dev, &kernel, args, "soft math");
@@ -764,7 +795,7 @@ fn every_lowered_kernel_compiles_with_libtpu() {
     let soft = soft_math_kernel();
     let shapes = Shapes {
         grid: 63,
-        elements: [vec![0, 0], vec![1000; 15]].concat(),
+        elements: [vec![0, 0], vec![1000; 20]].concat(),
     };
     let m = mosaic::lower(&soft, &shapes).unwrap();
     write(&soft.name, &m.text, &m.manifest);

@@ -345,6 +345,9 @@ impl Lowering<'_> {
             BinaryOp::And => Bin::AndI,
             BinaryOp::Or => Bin::OrI,
             BinaryOp::Xor => Bin::XorI,
+            BinaryOp::Div | BinaryOp::Rem if !float => {
+                return Ok(self.div_rem_int(x, y, signed, b == BinaryOp::Rem));
+            }
             BinaryOp::Shl | BinaryOp::Shr => {
                 // Shift amounts are taken modulo 32 (Mosaic's shifts past the width are
                 // poison).

@@ -1,12 +1,13 @@
-//! Exact `f32` division, square root and fused multiply-add, and the conversions between
-//! integers and `f32`, from `i32` lane ops (`docs/backends/mosaic.md`, rules 8 and 9): how a
+//! Exact `f32` division, square root and fused multiply-add, the conversions between integers
+//! and `f32`, and integer division and remainder, from `i32` lane ops (`docs/backends/mosaic.md`, rules 8 and 9): how a
 //! TPU rounds `arith.divf`, `math.sqrt`, `math.fma`, `arith.fptosi` and `arith.sitofp` is not
 //! documented (and its vector unit may flush subnormals), and it has no `f64`, so each is
 //! computed as the WGSL backend's soft routines (`crate::wgsl`'s `qf_div`, `qf_sqrt`,
 //! `qf_fma`) do, branch-free: the specials on the bits, the significands' integer arithmetic
 //! (long division, digit-by-digit square root, a 64-bit product and sum in two `i32` lanes),
-//! one rounding with gradual underflow. Every lane computes every case and selects; no shift
-//! amount reaches 32.
+//! one rounding with gradual underflow. Integer `div` and `rem` are a restoring long division
+//! of the magnitudes, as `arith.divui` on a TPU is not documented either and divides by zero
+//! into poison. Every lane computes every case and selects; no shift amount reaches 32.
 
 use qforge_ir::Rounding;
 
@@ -478,6 +479,58 @@ impl Lowering<'_> {
         let r = self.select_i(invalid, quiet, general);
         let r = self.select_i(keep, a, r);
         self.push(VOp::Bitcast(r, Elt::F32), shape, Elt::F32)
+    }
+
+    /// `x / y` (or, `rem`, `x % y`) for `u32` (or, `signed`, `i32`) nodes, the IR's integer
+    /// division (`docs/semantics.md`, section 2): truncating toward zero, the remainder with the
+    /// dividend's sign, `x / 0 = x % 0 = 0`, `i32::MIN / -1 = i32::MIN` and `i32::MIN % -1 = 0`.
+    /// The magnitudes go through a restoring long division, one quotient bit per step from the
+    /// top: the partial remainder takes the dividend's next bit, and the divisor is subtracted
+    /// where it fits. Before the step of bit `j` the remainder is at most the dividend's bits
+    /// above `j`, below `2^(31 - j)`, so its shift never leaves 32 bits.
+    pub(super) fn div_rem_int(&mut self, x: usize, y: usize, signed: bool, rem: bool) -> usize {
+        let shape = self.node_shape(x).max(self.node_shape(y));
+        let zero = self.konst(0, Elt::I32, shape);
+        let (a, b, a_neg, b_neg) = if signed {
+            let a_neg = self.push(VOp::Cmp(Pred::Slt, x, zero), shape, Elt::I1);
+            let b_neg = self.push(VOp::Cmp(Pred::Slt, y, zero), shape, Elt::I1);
+            let minus_x = self.int(Bin::SubI, zero, x);
+            let minus_y = self.int(Bin::SubI, zero, y);
+            let a = self.push(VOp::Select(a_neg, minus_x, x), shape, Elt::I32);
+            let b = self.push(VOp::Select(b_neg, minus_y, y), shape, Elt::I32);
+            (a, b, Some(a_neg), Some(b_neg))
+        } else {
+            (x, y, None, None)
+        };
+        let mut q = zero;
+        let mut r = zero;
+        for bit in (0..32u32).rev() {
+            let shifted = self.int_c(Bin::Shl, r, 1);
+            let next = self.int_c(Bin::ShrU, a, bit);
+            let next = self.int_c(Bin::AndI, next, 1);
+            r = self.int(Bin::OrI, shifted, next);
+            let fits = self.push(VOp::Cmp(Pred::Uge, r, b), shape, Elt::I1);
+            let less = self.int(Bin::SubI, r, b);
+            r = self.push(VOp::Select(fits, less, r), shape, Elt::I32);
+            let q2 = self.int_c(Bin::Shl, q, 1);
+            let q1 = self.int_c(Bin::OrI, q2, 1);
+            q = self.push(VOp::Select(fits, q1, q2), shape, Elt::I32);
+        }
+        let out = match (rem, a_neg, b_neg) {
+            (false, Some(a_neg), Some(b_neg)) => {
+                let differ = self.push(VOp::Bin(Bin::XorI, a_neg, b_neg), shape, Elt::I1);
+                let minus_q = self.int(Bin::SubI, zero, q);
+                self.push(VOp::Select(differ, minus_q, q), shape, Elt::I32)
+            }
+            (true, Some(a_neg), _) => {
+                let minus_r = self.int(Bin::SubI, zero, r);
+                self.push(VOp::Select(a_neg, minus_r, r), shape, Elt::I32)
+            }
+            (false, ..) => q,
+            (true, ..) => r,
+        };
+        let by_zero = self.push(VOp::Cmp(Pred::Eq, y, zero), shape, Elt::I1);
+        self.push(VOp::Select(by_zero, zero, out), shape, Elt::I32)
     }
 
     /// Whether a magnitude truncated to `q` (`i32`) rounds up by one under `rounding`, given

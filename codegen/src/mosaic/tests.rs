@@ -90,7 +90,10 @@ fn kernels_outside_the_class_are_refused_by_name() {
             "quantize_blockwise_dynamic_offset_bs256_f32",
             "a variable (`assign`)",
         ),
-        ("int8_vectorwise_dequant_f32", "div on u32"),
+        (
+            "int8_vectorwise_dequant_f32",
+            "a store under an `if` outside the chunk loop",
+        ),
         (
             "qadamw_nf4_dyn4_sr_f32",
             "a load of m1_absmax, which the kernel writes, at an index computed per work item",
