@@ -9,7 +9,7 @@ use qforge_ir::{
 };
 
 use super::ops::{elt_of, pred};
-use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp, Window, WindowKind};
+use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp, Window, WindowKind, MAX_LANES};
 use super::{refuse, Shapes, STEP_ROWS};
 use crate::error::{Error, Result};
 
@@ -229,18 +229,33 @@ impl Lowering<'_> {
                     self.eager_load(*v)?;
                     self.eager_read_var(*v)?;
                 }
-                Stmt::For { index, body, .. } => {
-                    if self.loop_done || self.loop_index != Some(*index) {
+                Stmt::For {
+                    index,
+                    start,
+                    end,
+                    step,
+                    body,
+                } => {
+                    // A later loop over the same chunk (the 8-bit optimizers' second pass)
+                    // runs on the same tile, after the first.
+                    let again = self.loop_done
+                        && *step == 1
+                        && self.chunk.as_ref().is_some_and(|c| {
+                            self.chunk_bounds(*start, *end)
+                                .is_some_and(|b| (b.chunk, b.limit) == (c.chunk, c.limit))
+                        });
+                    if !again && (self.loop_done || self.loop_index != Some(*index)) {
                         return Err(refuse(
                             self.k,
                             if self.loop_done {
-                                "a second loop"
+                                "a second loop over another range"
                             } else {
                                 "a loop other than `for i in C*w..min(C*w + C, n)` over the \
                                  work item's chunk"
                             },
                         ));
                     }
+                    self.loop_index = Some(*index);
                     self.loop_body(body)?;
                     self.loop_done = true;
                 }
@@ -339,7 +354,7 @@ impl Lowering<'_> {
     }
 
     fn loop_body(&mut self, body: &[Stmt]) -> Result<()> {
-        self.loop_stmts(body, false)?;
+        self.loop_stmts(body, body, false)?;
         if let Some((&p, _)) = self.pairs.iter().next() {
             return Err(refuse(
                 self.k,
@@ -352,12 +367,13 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    /// The loop body's statements; `guarded` inside an `if` that only skips stores past the
-    /// end of their buffers.
-    fn loop_stmts(&mut self, body: &[Stmt], guarded: bool) -> Result<()> {
+    /// The statements `body` of the loop body `all`; `guarded` inside an `if` that only skips
+    /// stores past the end of their buffers.
+    fn loop_stmts(&mut self, body: &[Stmt], all: &[Stmt], guarded: bool) -> Result<()> {
         for stmt in body {
             match stmt {
                 Stmt::Let(v) => self.eager_load(*v)?,
+                Stmt::Assign { var, value } if !guarded => self.running_max(*var, *value, all)?,
                 Stmt::Store {
                     buf,
                     index,
@@ -400,11 +416,78 @@ impl Lowering<'_> {
                     then_body,
                     else_body,
                 } if else_body.is_empty() && self.stores_past_the_end(*cond, then_body) => {
-                    self.loop_stmts(then_body, true)?;
+                    self.loop_stmts(then_body, all, true)?;
                 }
                 other => return Err(refuse(self.k, stmt_name(other))),
             }
         }
+        Ok(())
+    }
+
+    /// `assign var = max(read_var var, abs(x))` in the loop body `body`, the running maximum
+    /// of a chunk value's magnitudes (the 8-bit optimizers' new absmax), as its closed form:
+    /// the IR's `max(a, b) = select(b > a, b, a)` folded over the chunk in order takes the
+    /// largest magnitude `M` of the elements that are not NaN (NaN is never greater, and
+    /// every zero magnitude is `+0`) where there is one and `M > v` (so a NaN `v` stays),
+    /// and keeps `v` otherwise. `M` is an integer max of the magnitudes' bits (their order as
+    /// floats), each plus one, over the lanes inside the chunk that are not NaN (`0` for the
+    /// others), less one: with no element it is all ones, a NaN, never greater than `v`. The
+    /// read of `var` and the `max` may have no other use in the loop; the chunk must be one
+    /// step's lanes.
+    fn running_max(&mut self, var: qforge_ir::VarId, value: Value, body: &[Stmt]) -> Result<()> {
+        let running = match self.def(value)? {
+            Op::Binary(BinaryOp::Max, acc, x) => {
+                let read = matches!(self.def(*acc)?, Op::ReadVar(r) if *r == var);
+                let magnitude = matches!(self.def(*x)?, Op::Unary(UnaryOp::Abs, _))
+                    && self.ty(*x) == ScalarType::F32;
+                (read && magnitude).then_some((*acc, *x))
+            }
+            _ => None,
+        };
+        let Some((_, x)) = running.filter(|&(acc, _)| {
+            var_reads(self.k, body, var) == 1
+                && uses(self.k, body, acc) == 1
+                && uses(self.k, body, value) == 1
+        }) else {
+            return Err(refuse(
+                self.k,
+                "a variable assigned in the loop other than a running `max(v, abs(x))` of the \
+                 chunk",
+            ));
+        };
+        if self.program.lanes() < self.program.width {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "a running maximum over a chunk of {} elements, wider than one step's {}",
+                    self.program.width, MAX_LANES
+                ),
+            ));
+        }
+        let (start, end) = self
+            .chunk
+            .as_ref()
+            .map(|c| (c.start, c.end))
+            .ok_or_else(|| refuse(self.k, "a loop without a chunk"))?;
+        let magnitude = self.get(x, Shape::Chunk)?;
+        let bits = self.push(VOp::Bitcast(magnitude, Elt::I32), Shape::Chunk, Elt::I32);
+        let (start, end) = (self.get(start, Shape::Row)?, self.get(end, Shape::Row)?);
+        let len = self.int(Bin::SubI, end, start);
+        let len = self.widen(len, Shape::Chunk);
+        let lane = self.push(VOp::Lane, Shape::Chunk, Elt::I32);
+        let inside = self.push(VOp::Cmp(Pred::Ult, lane, len), Shape::Chunk, Elt::I1);
+        let number = self.cmp_c(Pred::Ule, bits, 0x7f80_0000);
+        let counted = self.push(VOp::Bin(Bin::AndI, inside, number), Shape::Chunk, Elt::I1);
+        let keyed = self.int_c(Bin::AddI, bits, 1);
+        let zero = self.konst(0, Elt::I32, Shape::Chunk);
+        let keyed = self.select_i(counted, keyed, zero);
+        let top = self.push(VOp::MaxLanes(keyed), Shape::Row, Elt::I32);
+        let top = self.int_c(Bin::SubI, top, 1);
+        let top = self.push(VOp::Bitcast(top, Elt::F32), Shape::Row, Elt::F32);
+        let old = self.var_value(var);
+        let above = self.push(VOp::Cmp(Pred::Ogt, top, old), Shape::Row, Elt::I1);
+        let new = self.push(VOp::Select(above, top, old), Shape::Row, Elt::F32);
+        self.vars.insert(var.index(), new);
         Ok(())
     }
 
@@ -1041,6 +1124,58 @@ impl Lowering<'_> {
             other => return Err(refuse(self.k, op_name(&other))),
         })
     }
+}
+
+/// How many times `v` is an operand in `body` (its `let`s, stores, assignments and `if`
+/// conditions, nested blocks included).
+fn uses(k: &Kernel, body: &[Stmt], v: Value) -> usize {
+    body.iter()
+        .map(|s| match s {
+            Stmt::Let(x) => k
+                .values
+                .try_get(*x)
+                .map_or(0, |d| d.op.operands().iter().filter(|&&o| o == v).count()),
+            Stmt::Store { index, value, .. } => usize::from(*index == v) + usize::from(*value == v),
+            Stmt::Assign { value, .. } => usize::from(*value == v),
+            Stmt::If {
+                cond,
+                then_body,
+                else_body,
+            } => usize::from(*cond == v) + uses(k, then_body, v) + uses(k, else_body, v),
+            Stmt::For {
+                start, end, body, ..
+            } => usize::from(*start == v) + usize::from(*end == v) + uses(k, body, v),
+            Stmt::Accumulate {
+                len, body, accs, ..
+            } => {
+                usize::from(*len == v)
+                    + uses(k, body, v)
+                    + accs
+                        .iter()
+                        .map(|a| usize::from(a.a == v) + usize::from(a.b == v))
+                        .sum::<usize>()
+            }
+        })
+        .sum()
+}
+
+/// How many `read_var var` values `body` defines, nested blocks included.
+fn var_reads(k: &Kernel, body: &[Stmt], var: qforge_ir::VarId) -> usize {
+    body.iter()
+        .map(|s| match s {
+            Stmt::Let(x) => usize::from(matches!(
+                k.values.try_get(*x).map(|d| &d.op),
+                Some(Op::ReadVar(r)) if *r == var
+            )),
+            Stmt::If {
+                then_body,
+                else_body,
+                ..
+            } => var_reads(k, then_body, var) + var_reads(k, else_body, var),
+            Stmt::For { body, .. } | Stmt::Accumulate { body, .. } => var_reads(k, body, var),
+            Stmt::Store { .. } | Stmt::Assign { .. } => 0,
+        })
+        .sum()
 }
 
 fn stmt_name(s: &Stmt) -> &'static str {

@@ -87,10 +87,6 @@ fn kernels_outside_the_class_are_refused_by_name() {
             "a reduction of x outside a kernel whose top level has the chunk loop",
         ),
         (
-            "quantize_blockwise_dynamic_offset_bs256_f32",
-            "a variable (`assign`)",
-        ),
-        (
             "int8_vectorwise_dequant_f32",
             "a store under an `if` outside the chunk loop",
         ),
@@ -457,4 +453,127 @@ grid n_blocks
     // 10 elements, 10 work items: the grid covers `a` both per work item and per chunk.
     let e = lower(&k, &launch(&k, 10, 1)).unwrap_err().to_string();
     assert!(e.contains("a used at two index forms"), "{e}");
+}
+
+/// A two-pass kernel shaped like the 8-bit optimizers, of chunk `chunk`: the first loop loads
+/// `%9 = x[i]` and runs `fold` (which defines `%10` to `%12`, variable `v`), the second runs
+/// over `range`.
+fn running_kernel(fold: &str, range: &str, chunk: u32) -> qforge_ir::Kernel {
+    let bounds = CHUNK_BOUNDS.replace("const 64", &format!("const {chunk}"));
+    let text = format!(
+        "kernel running(n: u32, n_blocks: u32, x: f32[n] read, q: f32[n] write, \
+         top: f32[n_blocks] write)
+grid n_blocks
+var v: f32
+{{
+{bounds}  for %8 in %3..%7 step 1 {{
+    %9: f32 = load x[%8]
+    {fold}
+  }}
+  %13: f32 = read_var v
+  store top[%0] = %13
+  for %14 in {range} step 1 {{
+    %15: f32 = load x[%14]
+    %16: f32 = mul %15, %13
+    store q[%14] = %16
+  }}
+}}
+"
+    );
+    qforge_ir::text::parse(&text).unwrap()
+}
+
+#[test]
+fn a_running_maximum_and_a_second_pass_follow_their_rules() {
+    let good = "%10: f32 = abs %9
+    %11: f32 = read_var v
+    %12: f32 = max %11, %10
+    assign v = %12";
+    let k = running_kernel(good, "%3..%7", 64);
+    let m = lower(&k, &launch(&k, 1000, 64)).unwrap();
+    assert_has(
+        &m.text,
+        &[
+            "tpu.iota {dimensions = array<i32: 1>}",
+            "vector.multi_reduction <maxsi>",
+        ],
+    );
+    let not_running = "a variable assigned in the loop other than a running `max(v, abs(x))`";
+    for (fold, range, why) in [
+        // The operands swapped: `select(v > |x|, v, |x|)` lets a NaN `|x|` replace `v`.
+        (
+            "%10: f32 = abs %9
+    %11: f32 = read_var v
+    %12: f32 = max %10, %11
+    assign v = %12",
+            "%3..%7",
+            not_running,
+        ),
+        // Not a magnitude: negative values order differently as bits.
+        (
+            "%10: f32 = abs %9
+    %11: f32 = read_var v
+    %12: f32 = max %11, %9
+    assign v = %12",
+            "%3..%7",
+            not_running,
+        ),
+        // A sum, whose order matters.
+        (
+            "%10: f32 = abs %9
+    %11: f32 = read_var v
+    %12: f32 = add %11, %10
+    assign v = %12",
+            "%3..%7",
+            not_running,
+        ),
+        // The running value used inside the loop.
+        (
+            "%10: f32 = abs %9
+    %11: f32 = read_var v
+    %12: f32 = max %11, %10
+    assign v = %12
+    store q[%8] = %11",
+            "%3..%7",
+            not_running,
+        ),
+        // A second loop over another range.
+        (good, "%0..%7", "a second loop over another range"),
+    ] {
+        let k = running_kernel(fold, range, 64);
+        let e = lower(&k, &launch(&k, 1000, 64)).unwrap_err().to_string();
+        assert!(e.contains(why), "{fold}: {e}");
+    }
+    // The variable read again under the loop's length guard.
+    let text = format!(
+        "kernel guarded(n: u32, n_blocks: u32, x: f32[n] read, q: f32[n] write)
+grid n_blocks
+var v: f32
+{{
+{CHUNK_BOUNDS}  for %8 in %3..%7 step 1 {{
+    %9: f32 = load x[%8]
+    %10: f32 = abs %9
+    %11: f32 = read_var v
+    %12: f32 = max %11, %10
+    assign v = %12
+    %13: bool = cmp lt %8, %1
+    if %13 {{
+      %14: f32 = read_var v
+      store q[%8] = %14
+    }}
+  }}
+}}
+"
+    );
+    let k = qforge_ir::text::parse(&text).unwrap();
+    let e = lower(&k, &launch(&k, 1000, 64)).unwrap_err().to_string();
+    assert!(e.contains(not_running), "{e}");
+    // Past one step's lanes the chunk is taken in lane blocks; a running maximum needs the
+    // whole chunk.
+    let k = running_kernel(good, "%3..%7", 1024);
+    let e = lower(&k, &launch(&k, 4096, 1024)).unwrap_err().to_string();
+    assert!(
+        e.contains("a running maximum over a chunk of 1024 elements"),
+        "{e}"
+    );
 }

@@ -222,6 +222,11 @@ impl Printer<'_> {
                 ));
                 self.line(format!("%v{i} = arith.addi %v{i}_sub, %v{i}_base : {ty}"));
             }
+            VOp::Lane => {
+                self.line(format!(
+                    "%v{i} = tpu.iota {{dimensions = array<i32: 1>}} : {ty}"
+                ));
+            }
             VOp::Gather { window, index } => {
                 // One-hot: the entry's bits where the lane is the index, `i32::MIN` elsewhere
                 // (libtpu's only start for the max), then the max over the lanes.

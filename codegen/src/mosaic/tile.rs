@@ -103,6 +103,9 @@ pub(super) enum VOp {
     MaxLanes(usize),
     /// The index of each work item (`Row`, `i32`): the step's first row plus the sublane.
     WorkItem,
+    /// Each lane's position in its work item's chunk (`Chunk`, `i32`; only in a program whose
+    /// chunk is one step's lanes, so the position is the lane).
+    Lane,
     /// Entry `index` (a `Row` `i32` value below the table's length) of a `Table` window of
     /// 32-bit elements, per row, as `elt`: a one-hot compare of the index with the lanes, the
     /// entry's bits selected and the other lanes' set to the reduction's start, reduced by a

@@ -156,6 +156,7 @@ impl Printer<'_> {
                     "%v{i} = stablehlo.add %v{i}_sub, %v{i}_base : {ty}"
                 ));
             }
+            VOp::Lane => self.line(format!("%v{i} = stablehlo.iota dim = 1 : {ty}")),
             VOp::Gather { window, index } => {
                 // One-hot: the entry's bits where the lane is the index, 0 elsewhere, then the
                 // unsigned max over the lanes (the same bits as the module's signed max from
