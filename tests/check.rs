@@ -61,6 +61,14 @@ fn check_exits_0_and_its_json_lines_carry_the_documented_fields() {
             backends.contains(&("mosaic".to_string(), mosaic.to_string())),
             "{args:?}: no {mosaic} mosaic row in {backends:?}"
         );
+        // libtpu compiled its module where a Python with libtpu is found (CI installs it).
+        let libtpu = qforge::cli::check_libtpu::python().is_some();
+        let compiled = stdout.lines().any(|l| {
+            l.contains("\"backend\":\"libtpu\"")
+                && l.contains("\"status\":\"skipped\"")
+                && l.contains("compiled (libtpu v5e, v6e)")
+        });
+        assert_eq!(compiled, libtpu, "{args:?}: libtpu rows {stdout}");
     }
 }
 

@@ -807,13 +807,38 @@ mod twin {
     }
 }
 
-/// The Python with libtpu: `QFORGE_MOSAIC_PYTHON`, else `target/mosaic-venv/bin/python`.
-fn mosaic_python() -> std::path::PathBuf {
-    match std::env::var_os("QFORGE_MOSAIC_PYTHON") {
-        Some(p) => p.into(),
-        None => {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mosaic-venv/bin/python")
-        }
+/// Why the libtpu tests skip.
+const NO_LIBTPU: &str =
+    "no target/mosaic-venv/bin/python and no QFORGE_MOSAIC_PYTHON (run scripts/install-mosaic.sh)";
+
+/// `qforge check`'s libtpu step on a module libtpu accepts and the same module with a window
+/// misaligned with the tiling: the first compiles on both generations, the second is rejected
+/// on both with libtpu's error code.
+#[test]
+fn check_names_what_libtpu_rejects() {
+    let Some(python) = qforge::cli::check_libtpu::python() else {
+        qforge_testkit::unavailable("libtpu", NO_LIBTPU);
+        return;
+    };
+    let (ok, _) = lowered();
+    let (entry, kernel) = ok
+        .iter()
+        .find(|(_, k)| k.name == "dequantize_blockwise_dynamic_bs64_f32")
+        .expect("the 8-bit dequantization lowers");
+    let values = vec![0.25f32; 3 * entry.blocksize() + 5];
+    let good = mosaic::lower(kernel, &shapes_of(entry.entry(), kernel, &values)).unwrap();
+    let mut bad = good.clone();
+    bad.text = good.text.replacen(
+        &format!("window_bounds = array<i64: {}, ", mosaic::STEP_ROWS),
+        "window_bounds = array<i64: 8, ",
+        1,
+    );
+    let modules = [("good".to_string(), good), ("bad".to_string(), bad)];
+    let outcomes = qforge::cli::check_libtpu::compile(&python, &modules).unwrap();
+    assert!(outcomes["good"].iter().all(|o| o.is_ok()), "{outcomes:?}");
+    assert_eq!(outcomes["bad"].len(), 2, "{outcomes:?}");
+    for o in &outcomes["bad"] {
+        assert!(o.as_ref().is_err_and(|e| e.contains("E2002")), "{o:?}");
     }
 }
 
@@ -824,14 +849,10 @@ fn mosaic_python() -> std::path::PathBuf {
 /// which libtpu must reject (E2002), so the check is shown to fail.
 #[test]
 fn every_lowered_kernel_compiles_with_libtpu() {
-    let python = mosaic_python();
-    if !python.exists() {
-        qforge_testkit::unavailable(
-            "libtpu",
-            format!("no {} (run scripts/install-mosaic.sh)", python.display()),
-        );
+    let Some(python) = qforge::cli::check_libtpu::python() else {
+        qforge_testkit::unavailable("libtpu", NO_LIBTPU);
         return;
-    }
+    };
     let dir = std::env::temp_dir().join(format!("qforge-mosaic-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (mut ok, _) = lowered();

@@ -7,6 +7,9 @@ use qforge_ir::{count_mismatches, OwnedArg};
 use qforge_kernels::CatalogEntry;
 use qforge_runtime::{Device, InterpreterDevice};
 
+use qforge_codegen::mosaic::MosaicModule;
+
+use super::check_libtpu;
 use crate::devices::Unavailable;
 use crate::error::{Error, Result};
 
@@ -143,61 +146,99 @@ fn codegen_only(
 }
 
 /// The `mosaic` row of `kernel` on the arguments `fresh`, whose interpreter results are
-/// `reference`: `(status, mismatches, elements, lowering ms, reason)`. A kernel the backend does
-/// not lower is skipped with its reason (`not lowered: ...`); a lowered one runs its StableHLO
-/// twin on `twin` against `reference` (`twin ...`, exact or mismatching), and without one is
-/// `code generated` only. Nothing runs the module itself here: that needs a TPU (libtpu
-/// compiles it: `scripts/mosaic_check.py`).
+/// `reference`: `(status, mismatches, elements, lowering ms, reason)`, and the module where it
+/// lowered. A kernel the backend does not lower is skipped with its reason (`not lowered:
+/// ...`); a lowered one runs its StableHLO twin on `twin` against `reference` (`twin ...`,
+/// exact or mismatching), and without one is `code generated` only. Nothing runs the module
+/// itself here: that needs a TPU (libtpu compiles it: the `libtpu` rows, `check_libtpu.rs`).
 fn mosaic_row(
     kernel: &qforge_ir::Kernel,
     fresh: &[OwnedArg],
     reference: &[OwnedArg],
     twin: Option<&dyn Device>,
-) -> (&'static str, usize, usize, f64, String) {
+) -> (MosaicRow, Option<MosaicModule>) {
     let mut args = fresh.to_vec();
     let shapes = match qforge_ir::bind(kernel, &OwnedArg::borrow_all(&mut args)) {
         Ok(b) => qforge_codegen::mosaic::Shapes {
             grid: b.grid,
             elements: b.elements.clone(),
         },
-        Err(e) => return ("mismatch", 0, 0, 0.0, format!("launch shapes: {e}")),
+        Err(e) => return (("mismatch", 0, 0, 0.0, format!("launch shapes: {e}")), None),
     };
     let t = Instant::now();
-    match qforge_codegen::mosaic::lower(kernel, &shapes) {
+    let module = match qforge_codegen::mosaic::lower(kernel, &shapes) {
         Err(qforge_codegen::Error::Unsupported { op, .. }) => {
-            ("skipped", 0, 0, 0.0, format!("not lowered: {op}"))
+            return (("skipped", 0, 0, 0.0, format!("not lowered: {op}")), None)
         }
-        Err(e) => (
-            "mismatch",
-            0,
-            0,
-            0.0,
-            format!("code generation failed: {e}"),
-        ),
-        Ok(_) => {
-            let ms = t.elapsed().as_secs_f64() * 1e3;
-            let Some(twin) = twin else {
-                return (
-                    "skipped",
-                    0,
-                    0,
-                    ms,
-                    "code generated; not runnable here: no TPU (the twin needs a stablehlo \
-                     device)"
-                        .into(),
-                );
-            };
-            match twin.launch(kernel, &mut OwnedArg::borrow_all(&mut args)) {
-                Ok(()) => {
-                    let (bad, total) = count_mismatches(kernel, reference, &args);
-                    let status = if bad == 0 { "exact" } else { "mismatch" };
-                    (status, bad, total, ms, TWIN.into())
-                }
-                Err(e) => ("mismatch", 0, 0, ms, format!("twin launch failed: {e}")),
-            }
+        Err(e) => {
+            let why = format!("code generation failed: {e}");
+            return (("mismatch", 0, 0, 0.0, why), None);
         }
-    }
+        Ok(m) => m,
+    };
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let Some(twin) = twin else {
+        let why = "code generated; not runnable here: no TPU (the twin needs a stablehlo device)";
+        return (("skipped", 0, 0, ms, why.into()), Some(module));
+    };
+    let row = match twin.launch(kernel, &mut OwnedArg::borrow_all(&mut args)) {
+        Ok(()) => {
+            let (bad, total) = count_mismatches(kernel, reference, &args);
+            let status = if bad == 0 { "exact" } else { "mismatch" };
+            (status, bad, total, ms, TWIN.into())
+        }
+        Err(e) => ("mismatch", 0, 0, ms, format!("twin launch failed: {e}")),
+    };
+    (row, Some(module))
 }
+
+/// A `mosaic` row: `(status, mismatches, elements, lowering ms, reason)`.
+type MosaicRow = (&'static str, usize, usize, f64, String);
+
+/// The `libtpu` rows of the lowered kernels' `modules` (see `check_libtpu.rs`): skipped as
+/// `compiled (libtpu v5e, v6e)` where every generation accepted the module (no TPU runs it
+/// here), a mismatch naming the generation and libtpu's error where one did not, or where
+/// the check itself failed. None without a Python with libtpu.
+fn libtpu_rows(modules: &[(String, MosaicModule)]) -> Vec<(String, MosaicRow)> {
+    let Some(python) = check_libtpu::python().filter(|_| !modules.is_empty()) else {
+        return Vec::new();
+    };
+    let outcomes = check_libtpu::compile(&python, modules);
+    modules
+        .iter()
+        .map(|(name, _)| {
+            let row = match outcomes.as_ref().map(|o| o.get(name)) {
+                Err(e) => ("mismatch", 0, 0, 0.0, format!("libtpu check failed: {e}")),
+                Ok(Some(per)) if per.len() == check_libtpu::GENERATIONS.len() => {
+                    match per
+                        .iter()
+                        .zip(check_libtpu::GENERATIONS)
+                        .find(|(o, _)| o.is_err())
+                    {
+                        Some((Err(e), generation)) => {
+                            ("mismatch", 0, 0, 0.0, format!("libtpu {generation}: {e}"))
+                        }
+                        _ => {
+                            let secs: f64 = per.iter().flatten().sum();
+                            ("skipped", 0, 0, secs * 1e3, LIBTPU.into())
+                        }
+                    }
+                }
+                Ok(_) => (
+                    "mismatch",
+                    0,
+                    0,
+                    0.0,
+                    "libtpu printed no result for every generation".into(),
+                ),
+            };
+            (name.clone(), row)
+        })
+        .collect()
+}
+
+/// The reason of a `libtpu` row whose module every generation compiled.
+const LIBTPU: &str = "compiled (libtpu v5e, v6e); not runnable here: no TPU";
 
 /// The reason of a `mosaic` row whose twin ran (the table shows `twin exact`).
 const TWIN: &str = "twin: the module's tile program on the StableHLO interpreter (no TPU here)";
@@ -265,6 +306,7 @@ pub fn run_check_entries(
     on_row: &mut dyn FnMut(&CheckRow),
 ) -> Result<Vec<CheckRow>> {
     let mut rows = Vec::new();
+    let mut modules = Vec::new();
     // The Mosaic twin runs where the StableHLO interpreter does.
     let twin = devices
         .iter()
@@ -335,8 +377,9 @@ pub fn run_check_entries(
                 ),
             }
         }
-        let (status, mismatches, elements, ms, reason) =
+        let ((status, mismatches, elements, ms, reason), module) =
             mosaic_row(&kernel, &fresh, &reference, twin.as_deref());
+        modules.extend(module.map(|m| (name.clone(), m)));
         row(
             qforge_codegen::mosaic::BACKEND,
             status,
@@ -389,6 +432,20 @@ pub fn run_check_entries(
             }
         }
     }
+    // libtpu compiles every lowered module in one process per generation.
+    for (kernel, (status, mismatches, elements, compile_ms, reason)) in libtpu_rows(&modules) {
+        let r = CheckRow {
+            kernel,
+            backend: "libtpu".into(),
+            status,
+            mismatches,
+            elements,
+            compile_ms,
+            reason: Some(reason),
+        };
+        on_row(&r);
+        rows.push(r);
+    }
     Ok(rows)
 }
 
@@ -431,8 +488,13 @@ pub fn table(rows: &[CheckRow], unavailable: &[Unavailable]) -> Vec<String> {
         header += &format!("  {b:>14}");
     }
     lines.push(header);
-    let mut kernels: Vec<&str> = rows.iter().map(|r| r.kernel.as_str()).collect();
-    kernels.dedup();
+    // In first-seen order (the `libtpu` rows come after every kernel's others).
+    let mut kernels: Vec<&str> = Vec::new();
+    for r in rows {
+        if !kernels.contains(&r.kernel.as_str()) {
+            kernels.push(&r.kernel);
+        }
+    }
     for k in kernels {
         let mut line = format!("{k:width$}");
         for b in &backends {
@@ -442,6 +504,9 @@ pub fn table(rows: &[CheckRow], unavailable: &[Unavailable]) -> Vec<String> {
                 }
                 Some(r) if r.status == "exact" => "bit-exact".to_string(),
                 Some(r) if not_lowered(r) => "not lowered".to_string(),
+                Some(r) if r.status == "skipped" && r.reason.as_deref() == Some(LIBTPU) => {
+                    "compiled".to_string()
+                }
                 Some(r) if generated_only(r) => "generated".to_string(),
                 Some(r) if r.status == "skipped" => "not runnable".to_string(),
                 Some(r) if r.reason.is_some() && r.reason.as_deref() != Some(TWIN) => {
@@ -473,8 +538,14 @@ pub fn table(rows: &[CheckRow], unavailable: &[Unavailable]) -> Vec<String> {
     let failed = compared.iter().filter(|r| r.status == "mismatch").count();
     let generated = compared.iter().filter(|r| generated_only(r)).count();
     let not_lowered = compared.iter().filter(|r| not_lowered(r)).count();
-    let skipped =
-        compared.iter().filter(|r| r.status == "skipped").count() - generated - not_lowered;
+    let compiled = compared
+        .iter()
+        .filter(|r| r.status == "skipped" && r.reason.as_deref() == Some(LIBTPU))
+        .count();
+    let skipped = compared.iter().filter(|r| r.status == "skipped").count()
+        - generated
+        - not_lowered
+        - compiled;
     let twins = compared
         .iter()
         .filter(|r| r.status == "exact" && r.reason.as_deref() == Some(TWIN))
@@ -491,7 +562,8 @@ pub fn table(rows: &[CheckRow], unavailable: &[Unavailable]) -> Vec<String> {
     let mut summary = format!(
         "{kernels} kernels on {} backend(s) besides the interpreter: {exact} bit-exact{twins}, \
          {failed} mismatching, {generated} code generated only (no device here to run it), \
-         {skipped} not runnable, {not_lowered} not lowered (Mosaic)",
+         {compiled} compiled by libtpu (no TPU here to run them), {skipped} not runnable, \
+         {not_lowered} not lowered (Mosaic)",
         backends.len().saturating_sub(1)
     );
     if reference_failed > 0 {

@@ -2,6 +2,7 @@
 //! arguments and prints).
 
 pub mod check;
+pub mod check_libtpu;
 pub mod compile;
 pub mod list;
 pub mod signals;
