@@ -229,7 +229,11 @@ fn libtpu_rows(modules: &[(String, MosaicModule)]) -> Vec<(String, MosaicRow)> {
                     0,
                     0,
                     0.0,
-                    "libtpu printed no result for every generation".into(),
+                    format!(
+                        "{} printed no result for some of {:?}",
+                        python.display(),
+                        check_libtpu::GENERATIONS
+                    ),
                 ),
             };
             (name.clone(), row)

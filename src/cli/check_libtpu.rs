@@ -87,7 +87,9 @@ fn compile_in(
             let stderr = String::from_utf8_lossy(&out.stderr);
             let last = stderr.lines().last().unwrap_or("");
             return Err(format!(
-                "the {generation} check failed ({}): {last}",
+                "{} {} for {generation} failed ({}): {last}",
+                python.display(),
+                script.display(),
                 out.status
             ));
         }
