@@ -270,8 +270,12 @@ fn scalars_write_buffers_and_empty_grids_follow_the_abi() {
     dev.compile(&kernel).expect("cached compile");
 }
 
+/// The `qforge` binary, without `check`'s libtpu column (these checks run every kernel; the
+/// libtpu compile of every Mosaic module, minutes, is `tests/mosaic.rs`'s and `tests/check.rs`'s).
 fn qforge() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_qforge"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_qforge"));
+    c.env("QFORGE_MOSAIC_PYTHON", "");
+    c
 }
 
 #[test]
