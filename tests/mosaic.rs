@@ -59,7 +59,8 @@ fn every_library_kernel_lowers_or_is_refused_by_name() {
         println!("  {n:4}  {why}");
     }
     // The 8-bit blockwise dequantizations (dynamic, unsigned dynamic, linear) and the 4-bit
-    // ones (NF4, FP4) with f32, bf16 and f16 outputs, at every blocksize.
+    // ones (NF4, FP4) with f32, bf16 and f16 outputs, at every blocksize, and the 4-bit
+    // quantizations.
     let names: Vec<String> = ok.iter().map(|(_, k)| k.name.clone()).collect();
     for dtype in ["f32", "bf16", "f16"] {
         for kind in ["dynamic", "dynamic_unsigned", "linear"] {
@@ -70,8 +71,10 @@ fn every_library_kernel_lowers_or_is_refused_by_name() {
         }
         for quant_type in ["nf4", "fp4"] {
             for bs in [32, 64, 128, 256, 512, 1024, 2048, 4096] {
-                let name = format!("dequantize_4bit_{quant_type}_bs{bs}_{dtype}");
-                assert!(names.contains(&name), "{name} does not lower");
+                for op in ["dequantize", "quantize"] {
+                    let name = format!("{op}_4bit_{quant_type}_bs{bs}_{dtype}");
+                    assert!(names.contains(&name), "{name} does not lower");
+                }
             }
         }
     }
@@ -354,6 +357,101 @@ fn running_max_kernel() -> qforge::ir::Kernel {
         let scaled = b.mul(xv, total);
         b.store(y, i, scaled);
     });
+    b.finish()
+}
+
+/// Work item `w`'s chunk `C*w .. min(C*w + C, limit)` as `(start, end)`.
+fn chunk_range(
+    b: &mut qforge::ir::KernelBuilder,
+    w: qforge::ir::Value,
+    chunk: u32,
+    limit: qforge::ir::ParamId,
+) -> (qforge::ir::Value, qforge::ir::Value) {
+    let c = b.const_u32(chunk);
+    let start = b.mul(w, c);
+    let lv = b.param(limit);
+    let sum = b.add(start, c);
+    let lim = b.min(sum, lv);
+    let inside = b.cmp(qforge::ir::CmpOp::Lt, start, lv);
+    (start, b.select(inside, lim, start))
+}
+
+/// The 4-bit quantization's structure with branches that compute different values: `top[w]`
+/// is the absmax of `x`'s `2C` elements `2Cw ..` (read as the pairs of a chunk of `C`); a full
+/// block stores `y[i] = 2 x[2i] + x[2i + 1]`, the others (the last, partial one) `y[i] =
+/// x[2i] - v * top[w]` with `v = x[2i + 1]` inside `x` and `3.0` past its end (the padding
+/// would read `0`), and `x[2i]`'s bits plus `i` in `z` (the loop index as a value). At `C = 512` a step
+/// takes 128 lanes of the chunk.
+fn branches_kernel(chunk: u32) -> qforge::ir::Kernel {
+    use qforge::ir::{Access, CmpOp, DType, Dim, KernelBuilder, NanMode, ScalarType};
+    let mut b = KernelBuilder::new(&format!("mosaic_branches_c{chunk}"));
+    let n = b.scalar_param("n", ScalarType::U32);
+    let half = b.scalar_param("n_half", ScalarType::U32);
+    let blocks = b.scalar_param("n_blocks", ScalarType::U32);
+    let x = b.buffer_param("x", DType::F32, &[Dim::Param(n)], Access::Read);
+    let y = b.buffer_param("y", DType::F32, &[Dim::Param(half)], Access::Write);
+    let z = b.buffer_param("z", DType::U32, &[Dim::Param(half)], Access::Write);
+    let top = b.buffer_param("top", DType::F32, &[Dim::Param(blocks)], Access::Write);
+    b.set_grid(Dim::Param(blocks));
+    let w = b.work_item();
+    let (start, end) = chunk_range(&mut b, w, 2 * chunk, n);
+    let len = b.sub(end, start);
+    let am = b.reduce_absmax(x, start, len, NanMode::Propagate);
+    b.store(top, w, am);
+    let (first, last) = chunk_range(&mut b, w, chunk, half);
+    let full_len = b.const_u32(2 * chunk);
+    let full = b.cmp(CmpOp::Eq, len, full_len);
+    let v = b.var("v", ScalarType::F32);
+    let pair = |b: &mut KernelBuilder, i| {
+        let one = b.const_u32(1);
+        let e0 = b.shl(i, one);
+        let e1 = b.add(e0, one);
+        (e0, e1)
+    };
+    let index_plus = |b: &mut KernelBuilder, i, e0| {
+        let a = b.load(x, e0);
+        let bits = b.bitcast(a, ScalarType::U32);
+        let s = b.add(bits, i);
+        b.store(z, i, s);
+        a
+    };
+    b.if_else(
+        full,
+        |b| {
+            b.for_range(first, last, 1, |b, i| {
+                let (e0, e1) = pair(b, i);
+                let a = index_plus(b, i, e0);
+                let c = b.load(x, e1);
+                let two = b.const_f32(2.0);
+                let doubled = b.mul(a, two);
+                let t = b.add(doubled, c);
+                b.store(y, i, t);
+            });
+        },
+        |b| {
+            b.for_range(first, last, 1, |b, i| {
+                let (e0, e1) = pair(b, i);
+                let nv = b.param(n);
+                let inside = b.cmp(CmpOp::Lt, e1, nv);
+                b.if_else(
+                    inside,
+                    |b| {
+                        let c = b.load(x, e1);
+                        b.assign(v, c);
+                    },
+                    |b| {
+                        let three = b.const_f32(3.0);
+                        b.assign(v, three);
+                    },
+                );
+                let a = index_plus(b, i, e0);
+                let vv = b.read_var(v);
+                let scaled = b.mul(vv, am);
+                let t = b.sub(a, scaled);
+                b.store(y, i, t);
+            });
+        },
+    );
     b.finish()
 }
 
@@ -733,6 +831,52 @@ mod twin {
         assert_twin_exact(&dev, &kernel, args, "running max");
     }
 
+    #[test]
+    fn branches_and_pairs_reads_are_bit_exact_on_the_twin() {
+        let Some(dev) = twin_device() else {
+            return;
+        };
+        let mut next = words(0x2545_f491_4f6c_dd1d);
+        // Full blocks and a partial last one of odd length (its last pair has one element);
+        // chunks of one step and of two lane blocks.
+        for (chunk, n) in [
+            (16u32, 32usize),
+            (16, 95),
+            (16, 133),
+            (512, 1024),
+            (512, 3001),
+        ] {
+            let kernel = super::branches_kernel(chunk);
+            let (half, blocks) = (n.div_ceil(2), n.div_ceil(2 * chunk as usize));
+            // NaN in every other block; each block's largest magnitude in its first lanes
+            // (a step's own lanes would miss it).
+            let block = 2 * chunk as usize;
+            let x: Vec<u32> = (0..n)
+                .map(|i| match (i % 7, i % block) {
+                    (0, _) if (i / block) % 2 == 1 => f32::NAN.to_bits(),
+                    (1, _) => (-0.0f32).to_bits(),
+                    (_, 5) => (-8.0 * (1 + i / block) as f32).to_bits(),
+                    _ => (next() & 0x807f_ffff) | 0x3f00_0000,
+                })
+                .collect();
+            let args = vec![
+                OwnedArg::Scalar(Scalar::U32(n as u32)),
+                OwnedArg::Scalar(Scalar::U32(half as u32)),
+                OwnedArg::Scalar(Scalar::U32(blocks as u32)),
+                OwnedArg::Read(le_bytes(&x)),
+                OwnedArg::Write(vec![0; half * 4]),
+                OwnedArg::Write(vec![0; half * 4]),
+                OwnedArg::Write(vec![0; blocks * 4]),
+            ];
+            assert_twin_exact(
+                &dev,
+                &kernel,
+                args,
+                &format!("branches, C = {chunk}, n = {n}"),
+            );
+        }
+    }
+
     /// Whether the twin test runs case `label` of a kernel of blocksize `bs`. The reference
     /// interpreter takes about 1 s per case at blocksize 64 and 4.4 s at 256 (a whole
     /// `32 x blocksize` step of 550 vector ops, most of them the 8-bit code's select tree), so
@@ -872,8 +1016,8 @@ fn every_lowered_kernel_compiles_with_libtpu() {
     // differ from these only in the window width. Every element-wise kernel (the optimizers,
     // under a second each), except the activations: their modules of 1.5 to 5 MB (several
     // integer `fma`s per element) take 4 to 20 s each, so two of them, the largest family in
-    // f32 and the smallest in bf16. All 297 compiled on v5e and v6e when the 8-bit optimizers
-    // landed. `QFORGE_MOSAIC_FILTER=NAME` compiles every lowered kernel whose name contains
+    // f32 and the smallest in bf16. All 345 compiled on v5e and v6e when the 4-bit
+    // quantizations landed. `QFORGE_MOSAIC_FILTER=NAME` compiles every lowered kernel whose name contains
     // NAME (set and empty: all of them).
     let representative = |e: &kernels::KernelSpec, name: &str| {
         if name.contains("_bs") {
@@ -919,6 +1063,15 @@ fn every_lowered_kernel_compiles_with_libtpu() {
     };
     let m = mosaic::lower(&soft, &shapes).unwrap();
     write(&soft.name, &m.text, &m.manifest);
+    for (chunk, grid) in [(16, 63), (512, 2)] {
+        let branches = branches_kernel(chunk);
+        let shapes = Shapes {
+            grid,
+            elements: vec![0, 0, 0, 2011, 1006, 1006, grid as usize],
+        };
+        let m = mosaic::lower(&branches, &shapes).unwrap();
+        write(&branches.name, &m.text, &m.manifest);
+    }
     let running = running_max_kernel();
     let shapes = Shapes {
         grid: 63,
@@ -1004,6 +1157,6 @@ fn every_lowered_kernel_compiles_with_libtpu() {
         "the negative module was not tried on both generations"
     );
     for gen in ["v5e:1x1", "v6e:1x1"] {
-        assert_eq!(compiled.get(gen).map(|c| c.0), Some(ok.len() + 4), "{gen}");
+        assert_eq!(compiled.get(gen).map(|c| c.0), Some(ok.len() + 6), "{gen}");
     }
 }

@@ -20,7 +20,9 @@ pub(crate) fn range_len(b: &mut KernelBuilder, start: Value, end: Value) -> Valu
     b.binary(qforge_ir::BinaryOp::Sub, end, start)
 }
 
-/// `buf[index]` when `index < limit`, else `+0.0` (no load happens out of bounds).
+/// `buf[index]` when `index < limit`, else `+0.0` (no load happens out of bounds). Both
+/// branches assign the variable: inside a loop an index past `limit` gives `+0.0`, not an
+/// earlier iteration's value.
 pub(crate) fn load_f32_or_zero(
     b: &mut KernelBuilder,
     buf: ParamId,
@@ -30,10 +32,17 @@ pub(crate) fn load_f32_or_zero(
 ) -> Value {
     let var = b.var(name, ScalarType::F32);
     let inside = b.cmp(CmpOp::Lt, index, limit);
-    b.if_then(inside, |b| {
-        let x = b.load(buf, index);
-        b.assign(var, x);
-    });
+    b.if_else(
+        inside,
+        |b| {
+            let x = b.load(buf, index);
+            b.assign(var, x);
+        },
+        |b| {
+            let zero = b.const_f32(0.0);
+            b.assign(var, zero);
+        },
+    );
     b.read_var(var)
 }
 

@@ -1,7 +1,7 @@
 //! From a kernel of the row-chunk class to its tile program: the loop's structure, the windows
 //! and each value's shape (`ops.rs` lowers the ops themselves).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use qforge_ir::{
     Access, BinaryOp, CmpOp, DType, Dim, Kernel, NanMode, Op, ParamId, ParamKind, ReduceKind,
@@ -12,6 +12,13 @@ use super::ops::{elt_of, pred};
 use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp, Window, WindowKind, MAX_LANES};
 use super::{refuse, Shapes, STEP_ROWS};
 use crate::error::{Error, Result};
+
+/// The most lanes of the chunk a step takes in a program whose loop reads pairs (`2i` and
+/// `2i + 1`). Splitting the `R x 2L` pairs tile views it as `R x L x 2`, whose last dimension
+/// libtpu pads to 128 lanes: 64 times the tile, 4 MiB at `L = 256` in `f32`. At 512 lanes the
+/// 4-bit quantization ran out of v5e's 16 MiB of scoped VMEM, and at 256 a test kernel with
+/// three more tiles live needed 16.2 MiB.
+const MAX_PAIRS_READ: u32 = 128;
 
 /// The chunk loop's bounds: `start = C * work_item`, `end = select(start < P, min(start + C,
 /// P), start)`.
@@ -41,6 +48,13 @@ pub(super) struct Lowering<'k> {
     stored: HashMap<usize, usize>,
     /// The stores of the loop body so far at `2i` and `2i + 1` of each pairs buffer.
     pairs: HashMap<usize, [Option<usize>; 2]>,
+    /// The load of each pairs window read by the loop at `2i` and `2i + 1` (one per window).
+    pairs_loads: HashMap<usize, usize>,
+    /// The variables assigned in both branches of an `if` in the current loop's body: each
+    /// element's own value, never read before that `if` nor after the loop.
+    loop_local: HashSet<usize>,
+    /// The current value (a `Chunk` node) of each loop-local variable in this iteration.
+    loop_vars: HashMap<usize, usize>,
     /// Whether the chunk loop has been lowered.
     loop_done: bool,
 }
@@ -73,6 +87,7 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
             name: k.name.clone(),
             rows,
             width: 0,
+            max_lanes: MAX_LANES,
             windows: Vec::new(),
             nodes: Vec::new(),
             stores: Vec::new(),
@@ -81,6 +96,9 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
         natural_shapes: HashMap::new(),
         stored: HashMap::new(),
         pairs: HashMap::new(),
+        pairs_loads: HashMap::new(),
+        loop_local: HashSet::new(),
+        loop_vars: HashMap::new(),
         loop_done: false,
         vars: HashMap::new(),
     };
@@ -195,27 +213,49 @@ impl Lowering<'_> {
             })
     }
 
+    /// Whether `for i in start..end step step` runs over the chunk loop's range (the same `C`
+    /// and limit).
+    fn over_the_chunk(&self, start: Value, end: Value, step: u32) -> bool {
+        step == 1
+            && self.chunk.as_ref().is_some_and(|c| {
+                self.chunk_bounds(start, end)
+                    .is_some_and(|b| (b.chunk, b.limit) == (c.chunk, c.limit))
+            })
+    }
+
     /// Takes the kernel's first loop as the chunk loop before its statements are lowered (a
     /// reduction over the chunk may come first) if it has the chunk loop's bounds; [`Self::top`]
     /// refuses any other loop where it stands.
     fn find_chunk_loop(&mut self, body: &[Stmt]) {
-        let first = body.iter().find_map(|s| match s {
-            Stmt::For {
-                index,
-                start,
-                end,
-                step,
-                ..
-            } => Some((*index, *start, *end, *step)),
-            _ => None,
-        });
-        let Some((index, start, end, step)) = first else {
+        type Loop<'a> = (Value, Value, Value, u32, &'a [Stmt]);
+        fn first_loop(body: &[Stmt]) -> Option<Loop<'_>> {
+            body.iter().find_map(|s| match s {
+                Stmt::For {
+                    index,
+                    start,
+                    end,
+                    step,
+                    body,
+                } => Some((*index, *start, *end, *step, body.as_slice())),
+                Stmt::If {
+                    then_body,
+                    else_body,
+                    ..
+                } => first_loop(then_body).or_else(|| first_loop(else_body)),
+                _ => None,
+            })
+        }
+        let first = first_loop(body);
+        let Some((index, start, end, step, body)) = first else {
             return;
         };
         if let Some(bounds) = self.chunk_bounds(start, end).filter(|_| step == 1) {
             self.program.width = bounds.chunk;
             self.chunk = Some(bounds);
             self.loop_index = Some(index);
+            if self.reads_pairs(body) {
+                self.program.max_lanes = MAX_PAIRS_READ;
+            }
         }
     }
 
@@ -238,12 +278,7 @@ impl Lowering<'_> {
                 } => {
                     // A later loop over the same chunk (the 8-bit optimizers' second pass)
                     // runs on the same tile, after the first.
-                    let again = self.loop_done
-                        && *step == 1
-                        && self.chunk.as_ref().is_some_and(|c| {
-                            self.chunk_bounds(*start, *end)
-                                .is_some_and(|b| (b.chunk, b.limit) == (c.chunk, c.limit))
-                        });
+                    let again = self.loop_done && self.over_the_chunk(*start, *end, *step);
                     if !again && (self.loop_done || self.loop_index != Some(*index)) {
                         return Err(refuse(
                             self.k,
@@ -282,6 +317,13 @@ impl Lowering<'_> {
                     let bits = self.narrow(v, dtype, *rounding)?;
                     self.program.stores.push((w, bits));
                     self.stored.insert(w, bits);
+                }
+                Stmt::If {
+                    cond,
+                    then_body,
+                    else_body,
+                } if has_loop(then_body) || has_loop(else_body) => {
+                    self.branch_loops(*cond, then_body, else_body)?;
                 }
                 Stmt::Assign { .. } | Stmt::If { .. } => {
                     let always = self.konst(1, Elt::I1, Shape::Row);
@@ -354,6 +396,21 @@ impl Lowering<'_> {
     }
 
     fn loop_body(&mut self, body: &[Stmt]) -> Result<()> {
+        self.loop_vars.clear();
+        self.loop_local = HashSet::new();
+        branch_assigned(body, &mut self.loop_local);
+        for &var in &self.loop_local {
+            let var = qforge_ir::VarId::from_index(var as u32);
+            if var_reads(self.k, &self.k.body, var) != var_reads(self.k, body, var) {
+                return Err(refuse(
+                    self.k,
+                    &format!(
+                        "the variable {} assigned under an `if` in the loop and read outside it",
+                        self.var_name(var)
+                    ),
+                ));
+            }
+        }
         self.loop_stmts(body, body, false)?;
         if let Some((&p, _)) = self.pairs.iter().next() {
             return Err(refuse(
@@ -372,7 +429,22 @@ impl Lowering<'_> {
     fn loop_stmts(&mut self, body: &[Stmt], all: &[Stmt], guarded: bool) -> Result<()> {
         for stmt in body {
             match stmt {
-                Stmt::Let(v) => self.eager_load(*v)?,
+                Stmt::Let(v) => {
+                    self.eager_load(*v)?;
+                    if matches!(self.def(*v)?, Op::ReadVar(var) if self.loop_local.contains(&var.index()))
+                    {
+                        self.get(*v, Shape::Chunk)?;
+                    }
+                }
+                Stmt::Assign { var, .. } if self.loop_local.contains(&var.index()) => {
+                    return Err(refuse(
+                        self.k,
+                        &format!(
+                            "the variable {} assigned in the loop both under an `if` and outside it",
+                            self.var_name(*var)
+                        ),
+                    ))
+                }
                 Stmt::Assign { var, value } if !guarded => self.running_max(*var, *value, all)?,
                 Stmt::Store {
                     buf,
@@ -380,7 +452,7 @@ impl Lowering<'_> {
                     value,
                     rounding,
                 } => {
-                    let Some(slot) = self.store_slot(*index) else {
+                    let Some(slot) = self.slot(*index) else {
                         return Err(refuse(
                             self.k,
                             &format!(
@@ -418,10 +490,152 @@ impl Lowering<'_> {
                 } if else_body.is_empty() && self.stores_past_the_end(*cond, then_body) => {
                     self.loop_stmts(then_body, all, true)?;
                 }
+                Stmt::If {
+                    cond,
+                    then_body,
+                    else_body,
+                } if !guarded && only_assigns(then_body) && only_assigns(else_body) => {
+                    self.loop_select(*cond, then_body, else_body)?;
+                }
                 other => return Err(refuse(self.k, stmt_name(other))),
             }
         }
         Ok(())
+    }
+
+    /// `if c { assign v = a; .. } else { assign v = b; .. }` in the loop body, every variable
+    /// assigned in both branches: each becomes `select(c, a, b)`, its value for this element
+    /// (`load_f32_or_zero`'s guarded load, whose branches run unmasked: a load reads its
+    /// window, past the buffer's end its padding, and neither traps).
+    fn loop_select(&mut self, cond: Value, then_body: &[Stmt], else_body: &[Stmt]) -> Result<()> {
+        let c = self.get(cond, Shape::Chunk)?;
+        let mut sides: [HashMap<usize, usize>; 2] = [HashMap::new(), HashMap::new()];
+        for (side, body) in [then_body, else_body].into_iter().enumerate() {
+            for stmt in body {
+                match stmt {
+                    Stmt::Let(v) => self.eager_load(*v)?,
+                    Stmt::Assign { var, value } => {
+                        let n = self.get(*value, Shape::Chunk)?;
+                        if sides[side].insert(var.index(), n).is_some() {
+                            return Err(refuse(
+                                self.k,
+                                &format!(
+                                    "the variable {} assigned twice in one branch of an `if` in the loop",
+                                    self.var_name(*var)
+                                ),
+                            ));
+                        }
+                    }
+                    other => return Err(refuse(self.k, stmt_name(other))),
+                }
+            }
+        }
+        let [then_vars, else_vars] = sides;
+        let mut vars: Vec<(usize, usize)> = then_vars.iter().map(|(&v, &n)| (v, n)).collect();
+        vars.sort_unstable();
+        if vars.len() != else_vars.len() || vars.iter().any(|(v, _)| !else_vars.contains_key(v)) {
+            return Err(refuse(
+                self.k,
+                "a variable assigned in one branch of an `if` in the loop and not in the other \
+                 (its value would come from an earlier element)",
+            ));
+        }
+        for (var, t) in vars {
+            let f = else_vars[&var];
+            let elt = self.node_elt(t);
+            let sel = self.push(VOp::Select(c, t, f), Shape::Chunk, elt);
+            self.loop_vars.insert(var, sel);
+        }
+        Ok(())
+    }
+
+    /// `if c { for .. } else { for .. }` at the top level, both loops over the chunk (the 4-bit
+    /// quantization's loop for a full block and its guarded loop for the last one): both run
+    /// on every row, in turn, and every buffer stored by one is stored by the other, once at
+    /// the same index form; a row where `c` (a per-work-item value) holds takes the first's
+    /// tile, the others the second's. Each branch is `let`s and one loop.
+    fn branch_loops(&mut self, cond: Value, then_body: &[Stmt], else_body: &[Stmt]) -> Result<()> {
+        if self.natural(cond)? > Shape::Row {
+            return Err(refuse(self.k, "an `if` on a value of the chunk"));
+        }
+        let c = self.get(cond, Shape::Row)?;
+        let before = self.stored.clone();
+        let mut stores = Vec::new();
+        for body in [then_body, else_body] {
+            self.stored = before.clone();
+            let first = self.program.stores.len();
+            self.branch_loop(body)?;
+            let mut own = self.program.stores.split_off(first);
+            own.sort_unstable_by_key(|&(w, _)| w);
+            stores.push(own);
+        }
+        self.stored = before;
+        self.loop_done = true;
+        let (then_stores, else_stores) = (&stores[0], &stores[1]);
+        let same = then_stores.len() == else_stores.len()
+            && then_stores
+                .iter()
+                .zip(else_stores)
+                .all(|(a, b)| a.0 == b.0 && self.node_shape(a.1) == self.node_shape(b.1))
+            && then_stores.windows(2).all(|p| p[0].0 != p[1].0);
+        if !same {
+            return Err(refuse(
+                self.k,
+                "an `if` around the chunk loop whose branches do not store the same buffers, \
+                 once each",
+            ));
+        }
+        for (&(w, t), &(_, f)) in then_stores.iter().zip(else_stores) {
+            let shape = self.node_shape(t);
+            let cw = self.widen(c, shape);
+            let elt = self.node_elt(t);
+            let sel = self.push(VOp::Select(cw, t, f), shape, elt);
+            self.program.stores.push((w, sel));
+            self.stored.insert(w, sel);
+        }
+        Ok(())
+    }
+
+    /// One branch of [`Self::branch_loops`]: `let`s and one loop over the chunk.
+    fn branch_loop(&mut self, body: &[Stmt]) -> Result<()> {
+        let mut loops = 0;
+        for stmt in body {
+            match stmt {
+                Stmt::Let(v) => {
+                    self.eager_load(*v)?;
+                    self.eager_read_var(*v)?;
+                }
+                Stmt::For {
+                    index,
+                    start,
+                    end,
+                    step,
+                    body,
+                } if loops == 0 && self.over_the_chunk(*start, *end, *step) => {
+                    loops += 1;
+                    self.loop_index = Some(*index);
+                    self.loop_body(body)?;
+                }
+                _ => {
+                    return Err(refuse(
+                        self.k,
+                        "an `if` around the chunk loop whose branch holds more than `let`s and \
+                         one loop over the chunk",
+                    ))
+                }
+            }
+        }
+        if loops == 0 {
+            return Err(refuse(
+                self.k,
+                "an `if` around the chunk loop with a branch without the loop",
+            ));
+        }
+        Ok(())
+    }
+
+    fn var_name(&self, var: qforge_ir::VarId) -> &str {
+        self.k.vars.try_get(var).map_or("?", |v| v.name.as_str())
     }
 
     /// `assign var = max(read_var var, abs(x))` in the loop body `body`, the running maximum
@@ -491,9 +705,9 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    /// Where a store at `index` goes: `None` for the loop index `i`, `Some(0)` for `2i`
-    /// (`i << 1` or `2 * i`), `Some(1)` for `2i + 1`; `None` for any other index.
-    fn store_slot(&self, index: Value) -> Option<Option<u32>> {
+    /// Where a load or store at `index` goes: `Some(None)` for the loop index `i`, `Some(Some(0))`
+    /// for `2i` (`i << 1` or `2 * i`), `Some(Some(1))` for `2i + 1`; `None` for any other index.
+    fn slot(&self, index: Value) -> Option<Option<u32>> {
         let i = self.loop_index?;
         if index == i {
             return Some(None);
@@ -658,13 +872,14 @@ impl Lowering<'_> {
     fn eager_load(&mut self, v: Value) -> Result<()> {
         if let Op::Load { index, .. } = self.def(v)? {
             let index = *index;
-            let shape = if Some(index) == self.loop_index {
-                Shape::Chunk
-            } else if Some(index) == self.work_item {
-                Shape::Row
-            } else {
-                return Ok(());
-            };
+            let shape =
+                if Some(index) == self.loop_index || matches!(self.slot(index), Some(Some(_))) {
+                    Shape::Chunk
+                } else if Some(index) == self.work_item {
+                    Shape::Row
+                } else {
+                    return Ok(());
+                };
             self.get(v, shape)?;
         }
         Ok(())
@@ -676,19 +891,22 @@ impl Lowering<'_> {
             Shape::Chunk => WindowKind::Chunk,
             Shape::Pairs => WindowKind::Pairs,
             Shape::Whole => WindowKind::Whole,
+            Shape::WholePairs => WindowKind::WholePairs,
             _ => WindowKind::Row,
         };
         let width = match shape {
             Shape::Chunk | Shape::Whole => self.program.width,
-            Shape::Pairs => self.program.width.checked_mul(2).ok_or_else(|| {
-                refuse(
-                    self.k,
-                    &format!(
-                        "a chunk of {} stored at `2i` and `2i + 1` (2C passes 2^32)",
-                        self.program.width
-                    ),
-                )
-            })?,
+            Shape::Pairs | Shape::WholePairs => {
+                self.program.width.checked_mul(2).ok_or_else(|| {
+                    refuse(
+                        self.k,
+                        &format!(
+                            "a chunk of {} stored at `2i` and `2i + 1` (2C passes 2^32)",
+                            self.program.width
+                        ),
+                    )
+                })?
+            }
             _ => 1,
         };
         if let Some(&w) = self.windows.get(&(p.index(), kind)) {
@@ -703,7 +921,10 @@ impl Lowering<'_> {
                 && k != WindowKind::Table
                 && !matches!(
                     (k, kind),
-                    (WindowKind::Chunk, WindowKind::Whole) | (WindowKind::Whole, WindowKind::Chunk)
+                    (WindowKind::Chunk, WindowKind::Whole)
+                        | (WindowKind::Whole, WindowKind::Chunk)
+                        | (WindowKind::Pairs, WindowKind::WholePairs)
+                        | (WindowKind::WholePairs, WindowKind::Pairs)
                 )
         });
         if clash {
@@ -745,7 +966,7 @@ impl Lowering<'_> {
         }
         // A pairs buffer's elements must all be written: the stores at `2i` and `2i + 1`
         // cover `0 .. 2n` for the loop's limit `n`.
-        if shape == Shape::Pairs {
+        if matches!(shape, Shape::Pairs | Shape::WholePairs) {
             let n = self.limit_value()?;
             if elements as u64 > 2 * n {
                 return Err(refuse(
@@ -815,7 +1036,8 @@ impl Lowering<'_> {
                 ),
             ));
         }
-        if !over_chunk {
+        let over_pairs = !over_chunk && self.over_pairs(buf, start, len);
+        if !over_chunk && !over_pairs {
             return Err(refuse(
                 self.k,
                 &format!(
@@ -824,7 +1046,14 @@ impl Lowering<'_> {
                 ),
             ));
         }
-        let w = self.window(buf, Shape::Whole)?;
+        // Over the pairs, the step's own pairs tile when it holds the whole chunk, else a
+        // second, whole-pairs window.
+        let shape = match (over_pairs, self.program.lane_blocks()) {
+            (true, 1) => Shape::Pairs,
+            (true, _) => Shape::WholePairs,
+            (false, _) => Shape::Whole,
+        };
+        let w = self.window(buf, shape)?;
         let stored = self
             .windows
             .iter()
@@ -847,18 +1076,56 @@ impl Lowering<'_> {
                 &format!("a reduction of the integer buffer {}", self.param_name(buf)),
             ));
         }
-        let value = self.load_window(w, Shape::Whole);
-        let bits = self.push(VOp::Bitcast(value, Elt::I32), Shape::Whole, Elt::I32);
-        let mask = self.konst(0x7fff_ffff, Elt::I32, Shape::Whole);
-        let mut mag = self.push(VOp::Bin(Bin::AndI, bits, mask), Shape::Whole, Elt::I32);
+        let value = if shape == Shape::Pairs {
+            self.pairs_load(buf)?
+        } else {
+            self.load_window(w, shape)
+        };
+        let bits = self.push(VOp::Bitcast(value, Elt::I32), shape, Elt::I32);
+        let mask = self.konst(0x7fff_ffff, Elt::I32, shape);
+        let mut mag = self.push(VOp::Bin(Bin::AndI, bits, mask), shape, Elt::I32);
         if nan == NanMode::Ignore {
-            let inf = self.konst(0x7f80_0000, Elt::I32, Shape::Whole);
-            let is_nan = self.push(VOp::Cmp(Pred::Ugt, mag, inf), Shape::Whole, Elt::I1);
-            let zero = self.konst(0, Elt::I32, Shape::Whole);
-            mag = self.push(VOp::Select(is_nan, zero, mag), Shape::Whole, Elt::I32);
+            let inf = self.konst(0x7f80_0000, Elt::I32, shape);
+            let is_nan = self.push(VOp::Cmp(Pred::Ugt, mag, inf), shape, Elt::I1);
+            let zero = self.konst(0, Elt::I32, shape);
+            mag = self.push(VOp::Select(is_nan, zero, mag), shape, Elt::I32);
         }
         let max = self.push(VOp::MaxLanes(mag), Shape::Row, Elt::I32);
         Ok(self.push(VOp::Bitcast(max, Elt::F32), Shape::Row, Elt::F32))
+    }
+
+    /// Whether the loop body `body` loads at `2i` or `2i + 1`, nested blocks included.
+    fn reads_pairs(&self, body: &[Stmt]) -> bool {
+        body.iter().any(|s| match s {
+            Stmt::Let(v) => {
+                matches!(self.def(*v), Ok(Op::Load { index, .. }) if matches!(self.slot(*index), Some(Some(_))))
+            }
+            Stmt::If {
+                then_body,
+                else_body,
+                ..
+            } => self.reads_pairs(then_body) || self.reads_pairs(else_body),
+            _ => false,
+        })
+    }
+
+    /// Whether `reduce buf[start, len]` covers the chunk's pairs: the range of a work item's
+    /// `2C` elements, `start = 2C * w` and `len = end - start` with `end = select(start < P,
+    /// min(start + 2C, P), start)`, `buf` sized by `P` (its elements past `P` are the pairs
+    /// array's zero padding).
+    fn over_pairs(&self, buf: ParamId, start: Value, len: Value) -> bool {
+        let Some(chunk) = self.chunk.as_ref().map(|c| c.chunk) else {
+            return false;
+        };
+        let Ok(Op::Binary(BinaryOp::Sub, end, s)) = self.def(len) else {
+            return false;
+        };
+        let Some(b) = self.chunk_bounds(start, *end).filter(|_| *s == start) else {
+            return false;
+        };
+        u64::from(b.chunk) == 2 * u64::from(chunk)
+            && matches!(self.k.params.try_get(buf).map(|p| &p.kind),
+                Some(ParamKind::Buffer { shape, .. }) if shape.as_slice() == [Dim::Param(b.limit)])
     }
 
     /// Window `w`'s tile at `shape`, read: `f32` for an `f32` buffer, `bf16` and `f16` widened
@@ -877,6 +1144,40 @@ impl Lowering<'_> {
             DType::F16 => self.f16_to_f32(raw),
             _ => raw,
         }
+    }
+
+    /// The tile of pairs window of `buf`, read by the loop at `2i` and `2i + 1` or reduced
+    /// over the chunk's `2C` elements: loaded once (the 4-bit quantization's input `x`).
+    /// Row `w` of the array holds elements `2C*w .. 2C*w + 2C`, so every element the IR reads
+    /// inside the buffer is its lane, and one past its end is the array's zero padding.
+    fn pairs_load(&mut self, buf: ParamId) -> Result<usize> {
+        let w = self.window(buf, Shape::Pairs)?;
+        if let Some(&n) = self.pairs_loads.get(&w) {
+            return Ok(n);
+        }
+        if self.program.lanes() > MAX_PAIRS_READ {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "a read of {} at `2i` and `2i + 1` in steps of {} lanes, more than \
+                     {MAX_PAIRS_READ} (v5e's scoped VMEM), after the first loop",
+                    self.param_name(buf),
+                    self.program.lanes()
+                ),
+            ));
+        }
+        if self.stored.contains_key(&w) || self.program.stores.iter().any(|&(s, _)| s == w) {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "a load of {} at `2i` or `2i + 1` after a store to it",
+                    self.param_name(buf)
+                ),
+            ));
+        }
+        let n = self.load_window(w, Shape::Pairs);
+        self.pairs_loads.insert(w, n);
+        Ok(n)
     }
 
     fn limit_name(&self) -> &str {
@@ -940,11 +1241,11 @@ impl Lowering<'_> {
         self.program.nodes[n].elt
     }
 
-    /// Node `n` at `shape` (a `Row` broadcast across the chunk).
+    /// Node `n` at `shape` (a `Row` broadcast across the chunk or its pairs).
     fn widen(&mut self, n: usize, shape: Shape) -> usize {
-        if self.node_shape(n) == Shape::Row && shape == Shape::Chunk {
+        if self.node_shape(n) == Shape::Row && matches!(shape, Shape::Chunk | Shape::Pairs) {
             let elt = self.node_elt(n);
-            self.push(VOp::Broadcast(n), Shape::Chunk, elt)
+            self.push(VOp::Broadcast(n), shape, elt)
         } else {
             n
         }
@@ -957,10 +1258,11 @@ impl Lowering<'_> {
         }
         let s = match self.def(v)? {
             Op::Const(_) => Shape::Uniform,
+            Op::ReadVar(var) if self.loop_local.contains(&var.index()) => Shape::Chunk,
             Op::Reduce { .. } | Op::WorkItem | Op::Param(_) | Op::ReadVar(_) => Shape::Row,
             Op::LoopIndex => Shape::Chunk,
             Op::Load { index, .. } => {
-                if Some(*index) == self.loop_index {
+                if Some(*index) == self.loop_index || matches!(self.slot(*index), Some(Some(_))) {
                     Shape::Chunk
                 } else {
                     self.natural(*index)?.max(Shape::Row)
@@ -1013,6 +1315,16 @@ impl Lowering<'_> {
                     Shape::Chunk
                 } else if Some(index) == self.work_item {
                     Shape::Row
+                } else if let Some(Some(half)) = self.slot(index) {
+                    // One node per half of the tile: each `[R, L, 2]` view of it takes
+                    // 64 times its size in VMEM (its last dimension padded to 128 lanes).
+                    let pairs = self.pairs_load(buf)?;
+                    let same = |n: &Node| n.op == VOp::Deinterleave(pairs, half);
+                    if let Some(n) = self.program.nodes.iter().position(same) {
+                        return Ok(n);
+                    }
+                    let elt = self.node_elt(pairs);
+                    return Ok(self.push(VOp::Deinterleave(pairs, half), Shape::Chunk, elt));
                 } else if self.natural(index)? <= Shape::Row {
                     let i = self.get(index, Shape::Row)?;
                     let w = self.fixed_window(buf, WindowKind::Table)?;
@@ -1115,10 +1427,42 @@ impl Lowering<'_> {
                 }
             }
             Op::WorkItem => self.push(VOp::WorkItem, Shape::Row, Elt::I32),
-            Op::LoopIndex => return Err(refuse(self.k, "the loop index used as a value")),
+            Op::LoopIndex if Some(v) == self.loop_index => {
+                // Element `i` is position `i - C*w` of the chunk.
+                let start = self.chunk.as_ref().map(|c| c.start).ok_or_else(|| {
+                    refuse(
+                        self.k,
+                        "the loop index used as a value outside the chunk loop",
+                    )
+                })?;
+                let s = self.get(start, Shape::Chunk)?;
+                let lane = self.push(VOp::Lane, Shape::Chunk, Elt::I32);
+                self.push(VOp::Bin(Bin::AddI, s, lane), Shape::Chunk, Elt::I32)
+            }
+            Op::LoopIndex => {
+                return Err(refuse(
+                    self.k,
+                    "the index of a loop other than the chunk loop used as a value",
+                ))
+            }
             Op::Param(p) => {
                 let w = self.fixed_window(p, WindowKind::Scalar)?;
                 self.push(VOp::Scalar { window: w }, Shape::Row, elt_of(ty))
+            }
+            Op::ReadVar(var) if self.loop_local.contains(&var.index()) => {
+                match self.loop_vars.get(&var.index()) {
+                    Some(&n) => n,
+                    None => {
+                        return Err(refuse(
+                            self.k,
+                            &format!(
+                                "the variable {} read in the loop before the `if` that assigns \
+                                 it (an earlier element's value)",
+                                self.var_name(var)
+                            ),
+                        ))
+                    }
+                }
             }
             Op::ReadVar(var) => self.var_value(var),
             other => return Err(refuse(self.k, op_name(&other))),
@@ -1176,6 +1520,45 @@ fn var_reads(k: &Kernel, body: &[Stmt], var: qforge_ir::VarId) -> usize {
             Stmt::Store { .. } | Stmt::Assign { .. } => 0,
         })
         .sum()
+}
+
+/// Whether `body` holds a loop, nested blocks included.
+fn has_loop(body: &[Stmt]) -> bool {
+    body.iter().any(|s| match s {
+        Stmt::For { .. } => true,
+        Stmt::If {
+            then_body,
+            else_body,
+            ..
+        } => has_loop(then_body) || has_loop(else_body),
+        _ => false,
+    })
+}
+
+/// Whether `body` is only `let`s and `assign`s, at least one.
+fn only_assigns(body: &[Stmt]) -> bool {
+    body.iter().any(|s| matches!(s, Stmt::Assign { .. }))
+        && body
+            .iter()
+            .all(|s| matches!(s, Stmt::Let(_) | Stmt::Assign { .. }))
+}
+
+/// Adds to `vars` the variables assigned under an `if` directly in the loop body `body`.
+fn branch_assigned(body: &[Stmt], vars: &mut HashSet<usize>) {
+    for s in body {
+        if let Stmt::If {
+            then_body,
+            else_body,
+            ..
+        } = s
+        {
+            for s in then_body.iter().chain(else_body) {
+                if let Stmt::Assign { var, .. } = s {
+                    vars.insert(var.index());
+                }
+            }
+        }
+    }
 }
 
 fn stmt_name(s: &Stmt) -> &'static str {

@@ -8,13 +8,13 @@
 //!
 //! This first lowering takes the kernels whose work item `w` runs one loop over its chunk of
 //! a flat element space, `for i in C*w .. min(C*w + C, n)`, with `n` a dimension parameter,
-//! and whose loop body reads and writes buffers only at `i`, or writes them at `2i` and
-//! `2i + 1` (and reads or writes per-work-item buffers at `w` and reduces its chunk with `reduce
-//! absmax` before it): blockwise dequantization, 8-bit and 4-bit, and 8-bit blockwise
-//! quantization, for example. The program's arrays put work item `w` in row `w` and its chunk
+//! and whose loop body reads and writes buffers only at `i`, or at `2i` and `2i + 1` (and reads
+//! or writes per-work-item buffers at `w` and reduces its chunk, or the `2C` elements of its
+//! pairs, with `reduce absmax` before it): blockwise dequantization and quantization, 8-bit
+//! and 4-bit, for example. The program's arrays put work item `w` in row `w` and its chunk
 //! element `i` in column `i - C*w`: a buffer read or written at `i` is an array `[rows, C]`
 //! (its flat elements padded with zeros), a buffer written at `2i` and `2i + 1` an array
-//! `[rows, 2C]` whose two stored tiles are interleaved, a buffer read or written at `w` an
+//! `[rows, 2C]` whose two stored tiles are interleaved (read there: its even and odd lanes), a buffer read or written at `w` an
 //! array `[rows, 1]`, a reduced buffer a second `[rows, C]` array whose window is the rows'
 //! whole chunk (reduced by an integer max of the magnitudes' bits), a buffer read at an index
 //! computed per work item a `[1, n]` array seen whole by every step (each row's entry picked
@@ -28,14 +28,16 @@
 //! Because the chunk buffers are sized by `n` (checked), the lanes past `n` are exactly the
 //! padding, which the caller drops: no lane is masked. For the same reason an `if index < P`
 //! around stores at `index` into buffers sized by `P` runs unmasked (its false lanes store into
-//! the padding).
+//! the padding). A top-level `if` around two loops over the chunk runs both and selects per
+//! row between their stores, and a variable assigned in both branches of an `if` in the loop is
+//! each element's select (the 4-bit quantization's full-block and last-block loops).
 //!
 //! `f32` division, square root, `fma` and the conversions between integers and floats are
 //! computed from `i32` ops, correctly rounded (`soft.rs`: the TPU has no `f64`, which the
 //! StableHLO backend's exact `fma` uses), and `search_sorted` is the level search
 //! (`crate::decompose`), whose small tables are select trees. Anything else is refused with
-//! [`Error::Unsupported`] naming the construct: other loops, other control flow, variables
-//! assigned in the loop, `accumulate` and `reduce sum`.
+//! [`Error::Unsupported`] naming the construct: other loops, other control flow, other
+//! variables assigned in the loop, `accumulate` and `reduce sum`.
 //!
 //! # The module and its caller
 //!

@@ -83,10 +83,6 @@ fn kernels_outside_the_class_are_refused_by_name() {
     for (name, what) in [
         ("grad_sqnorm_f32", "`accumulate`"),
         (
-            "quantize_4bit_nf4_bs64_f32",
-            "a reduction of x outside a kernel whose top level has the chunk loop",
-        ),
-        (
             "int8_vectorwise_dequant_f32",
             "a store under an `if` outside the chunk loop",
         ),
@@ -575,5 +571,177 @@ var v: f32
     assert!(
         e.contains("a running maximum over a chunk of 1024 elements"),
         "{e}"
+    );
+}
+
+/// A kernel shaped like the 4-bit quantization (`x` reduced over 64 elements and read at `2i`
+/// and `2i + 1` by a chunk of 32; a full block's loop and a guarded one for the last block,
+/// which reads `x[2i + 1]` through variable `v`), with each `(from, to)` of `edits` applied.
+fn branches_kernel(edits: &[(&str, &str)]) -> qforge_ir::Kernel {
+    let mut text = format!(
+        "kernel branching(n: u32, n_packed: u32, n_blocks: u32, x: f32[n] read, \
+         y: f32[n_packed] write, z: f32[n_packed] write, absmax: f32[n_blocks] write)
+grid n_blocks
+var v: f32
+var u: f32
+{{
+{CHUNK_BOUNDS}  %8: u32 = sub %7, %3
+  %9: f32 = reduce absmax propagate sequential x[%3, len %8]
+  store absmax[%0] = %9
+  %10: u32 = param n_packed
+  %11: u32 = const 32
+  %12: u32 = mul %0, %11
+  %13: u32 = add %12, %11
+  %14: u32 = min %13, %10
+  %15: bool = cmp lt %12, %10
+  %16: u32 = select %15, %14, %12
+  %17: bool = cmp eq %8, %2
+  if %17 {{
+    for %18 in %12..%16 step 1 {{
+      %19: u32 = const 1
+      %20: u32 = shl %18, %19
+      %21: u32 = add %20, %19
+      %22: f32 = load x[%20]
+      %23: f32 = load x[%21]
+      %24: f32 = add %22, %23
+      store y[%18] = %24
+    }}
+  }} else {{
+    for %25 in %12..%16 step 1 {{
+      %26: u32 = const 1
+      %27: u32 = shl %25, %26
+      %28: u32 = add %27, %26
+      %29: f32 = const 0x3f800000
+      %30: bool = cmp lt %28, %1
+      if %30 {{
+        %31: f32 = load x[%28]
+        assign v = %31
+      }} else {{
+        %32: f32 = const 0x00000000
+        assign v = %32
+      }}
+      %33: f32 = read_var v
+      %34: f32 = load x[%27]
+      %35: f32 = sub %34, %33
+      store y[%25] = %35
+    }}
+  }}
+}}
+"
+    );
+    for (from, to) in edits {
+        assert!(text.contains(from), "{from}");
+        text = text.replace(from, to);
+    }
+    qforge_ir::text::parse(&text).unwrap()
+}
+
+/// The launch of [`branches_kernel`] over `n` elements of `x`.
+fn branches_launch(k: &qforge_ir::Kernel, n: usize) -> Shapes {
+    let mut s = Shapes::with_dims(k, 0);
+    s.grid = n.div_ceil(64) as u32;
+    for (name, elements) in [
+        ("x", n),
+        ("y", n.div_ceil(2)),
+        ("z", n.div_ceil(2)),
+        ("absmax", n.div_ceil(64)),
+    ] {
+        s.elements[k.param_by_name(name).unwrap().index()] = elements;
+    }
+    s
+}
+
+#[test]
+fn branches_and_pairs_reads_follow_their_rules() {
+    let k = branches_kernel(&[]);
+    let m = lower(&k, &branches_launch(&k, 1001)).unwrap();
+    // Both loops' stores to `y`, one select between them; `x` read once, as pairs, split once
+    // into its two halves for both loops.
+    assert_eq!(m.text.matches("tpu.vector_store %out_y").count(), 1);
+    assert_eq!(m.text.matches("vector.load %in_x").count(), 1);
+    assert_eq!(m.text.matches("_split = vector.shape_cast").count(), 1);
+    assert_eq!(m.text.matches("vector.extract_strided_slice").count(), 2);
+    for (edits, why) in [
+        (
+            vec![("store y[%25] = %35", "store z[%25] = %35")],
+            "an `if` around the chunk loop whose branches do not store the same buffers",
+        ),
+        (
+            vec![("  if %17 {\n", "  if %17 {\n    store absmax[%0] = %9\n")],
+            "an `if` around the chunk loop whose branch holds more than `let`s and one loop",
+        ),
+        (
+            vec![("assign v = %32", "assign u = %32")],
+            "a variable assigned in one branch of an `if` in the loop and not in the other",
+        ),
+        (
+            vec![("%29: f32 = const 0x3f800000", "%29: f32 = read_var v")],
+            "the variable v read in the loop before the `if` that assigns it",
+        ),
+        (
+            vec![(
+                "  }\n}\n",
+                "  }\n  %36: f32 = read_var v\n  store absmax[%0] = %36\n}\n",
+            )],
+            "the variable v assigned under an `if` in the loop and read outside it",
+        ),
+        (
+            vec![("%20: u32 = shl %18, %19", "%20: u32 = add %18, %19")],
+            "a load of x at an index of the chunk other than the loop index",
+        ),
+        (
+            vec![("  } else {\n    for", "  }\n  if %17 {\n    for")],
+            "an `if` around the chunk loop with a branch without the loop",
+        ),
+        (
+            vec![("assign v = %32", "assign v = %32\n        assign v = %32")],
+            "the variable v assigned twice in one branch of an `if` in the loop",
+        ),
+        (
+            vec![(
+                "%29: f32 = const 0x3f800000\n",
+                "%29: f32 = const 0x3f800000\n      assign v = %29\n",
+            )],
+            "the variable v assigned in the loop both under an `if` and outside it",
+        ),
+    ] {
+        let k = branches_kernel(&edits);
+        let e = lower(&k, &branches_launch(&k, 1001))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why), "{edits:?}: {e}");
+    }
+}
+
+#[test]
+fn a_4bit_quantize_reads_pairs_in_steps_of_128_lanes() {
+    let k = library("quantize_4bit_nf4_bs1024_f32");
+    let mut shapes = Shapes::with_dims(&k, 0);
+    shapes.grid = 3;
+    for (name, elements) in [("x", 2500), ("packed", 1250), ("absmax", 3)] {
+        shapes.elements[k.param_by_name(name).unwrap().index()] = elements;
+    }
+    let m = lower(&k, &shapes).unwrap();
+    assert_has(
+        &m.text,
+        &[
+            // Chunks of 512 bytes in four steps of 128 lanes: `x` as pairs, 256 lanes a step,
+            // and whole (1024) for the reduction.
+            "iteration_bounds = array<i64: 1, 4>",
+            "%in_x: memref<32x256xf32",
+            "%in_x_whole: memref<32x1024xf32",
+            "%out_packed: memref<32x128xi8",
+            "vector.multi_reduction <maxsi>, %v",
+        ],
+    );
+    // The loop index as a value (`2i + 1 < n` in the last block's loop): the step's lanes
+    // start at the lane block times 128.
+    assert!(
+        m.text.contains("arith.muli %arg1, %v"),
+        "no lane block offset"
+    );
+    assert!(
+        m.twin.contains("stablehlo.convert %col"),
+        "no lane block offset in the twin"
     );
 }

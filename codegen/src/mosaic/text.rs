@@ -35,6 +35,8 @@ struct Printer<'p> {
     out: String,
     /// The function argument of each window: (input, output).
     args: Vec<(Option<String>, Option<String>)>,
+    /// The pairs nodes already viewed as `[R, L, 2]` (`%v{a}_split`).
+    split: std::collections::HashSet<usize>,
 }
 
 impl Printer<'_> {
@@ -199,7 +201,7 @@ impl Printer<'_> {
             }
             VOp::MaxLanes(a) => {
                 // libtpu takes only the neutral start (`i32::MIN`) as a splat accumulator.
-                let from = self.vty(Shape::Whole, "i32");
+                let from = self.vty(self.p.nodes[*a].shape, "i32");
                 self.line(format!(
                     "%v{i}_init = arith.constant dense<-2147483648> : vector<{STEP_ROWS}xi32>"
                 ));
@@ -224,8 +226,17 @@ impl Printer<'_> {
             }
             VOp::Lane => {
                 self.line(format!(
-                    "%v{i} = tpu.iota {{dimensions = array<i32: 1>}} : {ty}"
+                    "%v{i}_lane = tpu.iota {{dimensions = array<i32: 1>}} : {ty}"
                 ));
+                self.line(format!(
+                    "%v{i}_lanes = arith.constant {} : i32",
+                    self.p.lanes()
+                ));
+                self.line(format!("%v{i}_first = arith.muli %arg1, %v{i}_lanes : i32"));
+                self.line(format!(
+                    "%v{i}_base = vector.broadcast %v{i}_first : i32 to {ty}"
+                ));
+                self.line(format!("%v{i} = arith.addi %v{i}_lane, %v{i}_base : {ty}"));
             }
             VOp::Gather { window, index } => {
                 // One-hot: the entry's bits where the lane is the index, `i32::MIN` elsewhere
@@ -302,6 +313,26 @@ impl Printer<'_> {
                     "%v{i} = vector.shape_cast %v{i}_both : {two} to {ty}"
                 ));
             }
+            VOp::Deinterleave(a, half) => {
+                // The inverse of `Interleave`: `[R, 2L]` as `[R, L, 2]`, slice `half` of the
+                // last dimension.
+                let (l, e) = (self.p.lanes(), elt(n.elt));
+                let from = self.vty(Shape::Pairs, e);
+                let one = format!("vector<{STEP_ROWS}x{l}x1x{e}>");
+                let two = format!("vector<{STEP_ROWS}x{l}x2x{e}>");
+                if self.split.insert(*a) {
+                    self.line(format!(
+                        "%v{a}_split = vector.shape_cast {} : {from} to {two}",
+                        v(*a)
+                    ));
+                }
+                self.line(format!(
+                    "%v{i}_one = vector.extract_strided_slice %v{a}_split {{offsets = [0, 0, {half}], sizes = [{STEP_ROWS}, {l}, 1], strides = [1, 1, 1]}} : {two} to {one}"
+                ));
+                self.line(format!(
+                    "%v{i} = vector.shape_cast %v{i}_one : {one} to {ty}"
+                ));
+            }
         }
     }
 
@@ -356,11 +387,12 @@ pub(super) fn print(p: &TileProgram) -> String {
         p,
         out: String::new(),
         args: Vec::new(),
+        split: Default::default(),
     };
     let ins = p.windows.iter().enumerate().filter(|(_, w)| w.read);
     let outs = p.windows.iter().enumerate().filter(|(_, w)| w.written);
     for (i, w) in ins {
-        let whole = if w.kind == WindowKind::Whole {
+        let whole = if matches!(w.kind, WindowKind::Whole | WindowKind::WholePairs) {
             "_whole"
         } else {
             ""

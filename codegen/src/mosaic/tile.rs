@@ -17,13 +17,17 @@ pub(super) enum Shape {
     Row,
     /// One element per chunk position of each work item: `R x W`.
     Chunk,
-    /// Two elements per chunk position, `2i` and `2i + 1` side by side: `R x 2W` (only an
-    /// [`VOp::Interleave`] and the stores of a pairs window have it).
+    /// Two elements per chunk position, `2i` and `2i + 1` side by side: `R x 2W` (an
+    /// [`VOp::Interleave`] and the stores of a pairs window, the load of a pairs window read
+    /// by the loop, and a reduction of it over the chunk's `2W` elements).
     Pairs,
     /// A work item's whole chunk, `R x C` even where a step takes `L < C` lanes of it: only
     /// a whole-chunk window's load, the ops before its [`VOp::MaxLanes`] and that reduction's
     /// operand have it.
     Whole,
+    /// A work item's `2C` pairs, `R x 2C` even where a step takes `2L < 2C` lanes of them: a
+    /// reduction over the pairs of a lane-blocked chunk (as `Whole` for a chunk).
+    WholePairs,
 }
 
 /// The element type of a vector value: `u32`/`i32` values are signless `i32` lanes (the op
@@ -86,7 +90,7 @@ pub(super) enum VOp {
         bits: u32,
         elt: Elt,
     },
-    /// A `Row` value repeated across the chunk.
+    /// A `Row` value repeated across the chunk (or its pairs).
     Broadcast(usize),
     Bin(Bin, usize, usize),
     Cmp(Pred, usize, usize),
@@ -97,14 +101,18 @@ pub(super) enum VOp {
     /// first, lane `2l + 1` lane `l` of the second (a `[R, W, 2]` concatenation read as
     /// `[R, 2W]`, row-major: data movement only).
     Interleave(usize, usize),
-    /// The largest lane of each row of a `Whole` `i32` value read as signed, as a `Row` value
-    /// (`vector.multi_reduction <maxsi>`; only over values that are not negative, so the
-    /// unsigned and signed orders agree).
+    /// Lanes `2l + half` (`half` 0 or 1) of a `Pairs` value as a `Chunk` value: the elements
+    /// at `2i` or at `2i + 1` of a pairs window read by the loop (a `[R, W, 2]` slice read as
+    /// `[R, W]`: data movement only, the inverse of [`VOp::Interleave`]).
+    Deinterleave(usize, u32),
+    /// The largest lane of each row of a `Whole` (or `Pairs`) `i32` value read as signed, as a
+    /// `Row` value (`vector.multi_reduction <maxsi>`; only over values that are not negative,
+    /// so the unsigned and signed orders agree).
     MaxLanes(usize),
     /// The index of each work item (`Row`, `i32`): the step's first row plus the sublane.
     WorkItem,
-    /// Each lane's position in its work item's chunk (`Chunk`, `i32`; only in a program whose
-    /// chunk is one step's lanes, so the position is the lane).
+    /// Each lane's position in its work item's chunk (`Chunk`, `i32`): the lane plus the
+    /// step's first lane (the lane block times [`TileProgram::lanes`]).
     Lane,
     /// Entry `index` (a `Row` `i32` value below the table's length) of a `Table` window of
     /// 32-bit elements, per row, as `elt`: a one-hot compare of the index with the lanes, the
@@ -155,6 +163,9 @@ pub enum WindowKind {
     /// `[rows, C]`: the step's rows' whole chunk (`R x C`, a reduction's window, beside the
     /// buffer's chunk window when a step takes fewer lanes).
     Whole,
+    /// `[rows, 2C]`: the step's rows' whole pairs (`R x 2C`, a reduction's window beside the
+    /// buffer's pairs window, read at `2i` and `2i + 1`, when a step takes fewer lanes).
+    WholePairs,
     /// `[1, n]`: the whole buffer in every step, read at indices computed per work item
     /// (`VOp::Gather`).
     Table,
@@ -178,6 +189,9 @@ pub(super) struct TileProgram {
     pub rows: u32,
     /// The chunk width `W`.
     pub width: u32,
+    /// The most lanes of the chunk a step takes ([`MAX_LANES`], less for a program that reads
+    /// pairs).
+    pub max_lanes: u32,
     pub windows: Vec<Window>,
     pub nodes: Vec<Node>,
     /// `(window, node)` in program order; a later store to a window replaces the tile.
@@ -187,7 +201,10 @@ pub(super) struct TileProgram {
 impl Window {
     /// Whether its index map is `(r, c) -> (r, 0)`: a per-work-item or whole-chunk window.
     pub fn by_row(&self) -> bool {
-        matches!(self.kind, WindowKind::Row | WindowKind::Whole)
+        matches!(
+            self.kind,
+            WindowKind::Row | WindowKind::Whole | WindowKind::WholePairs
+        )
     }
 
     /// Whether every step sees the same block, the whole array (`(r, c) -> (0, 0)`).
@@ -202,12 +219,12 @@ impl TileProgram {
         self.rows / STEP_ROWS
     }
 
-    /// Columns of a chunk window: the chunk, or [`MAX_LANES`] when the chunk is a larger
+    /// Columns of a chunk window: the chunk, or [`Self::max_lanes`] when the chunk is a larger
     /// multiple of it (a value of `32 x 4096` `f32` lanes is 512 KiB, and libtpu keeps the
     /// body's values in 16 MiB of scoped VMEM).
     pub fn lanes(&self) -> u32 {
-        if self.width > MAX_LANES && self.width.is_multiple_of(MAX_LANES) {
-            MAX_LANES
+        if self.width > self.max_lanes && self.width.is_multiple_of(self.max_lanes) {
+            self.max_lanes
         } else {
             self.width
         }
@@ -226,6 +243,7 @@ impl TileProgram {
             WindowKind::Chunk => self.columns(Shape::Chunk),
             WindowKind::Pairs => self.columns(Shape::Pairs),
             WindowKind::Whole => self.columns(Shape::Whole),
+            WindowKind::WholePairs => self.columns(Shape::WholePairs),
             WindowKind::Table | WindowKind::Scalar => w.width,
         }
     }
@@ -255,6 +273,7 @@ impl TileProgram {
             Shape::Chunk => self.lanes(),
             Shape::Pairs => 2 * self.lanes(),
             Shape::Whole => self.width,
+            Shape::WholePairs => 2 * self.width,
         }
     }
 }

@@ -84,7 +84,11 @@ impl Printer<'_> {
             VOp::Load { window } => {
                 let w = &self.p.windows[*window];
                 let (dtype, width, block) = (w.dtype, w.width, self.p.block_width(w));
-                let col = if w.by_row() { "%zero" } else { "%col" };
+                let col = match w.kind {
+                    _ if w.by_row() => "%zero",
+                    WindowKind::Pairs => "%pair_col",
+                    _ => "%col",
+                };
                 let rt = self.tty(n.shape, raw(dtype));
                 let array = self.arrays[*window].clone();
                 // A 4-byte integer tile is already the node; others are converted from `_raw`.
@@ -156,7 +160,18 @@ impl Printer<'_> {
                     "%v{i} = stablehlo.add %v{i}_sub, %v{i}_base : {ty}"
                 ));
             }
-            VOp::Lane => self.line(format!("%v{i} = stablehlo.iota dim = 1 : {ty}")),
+            VOp::Lane => {
+                self.line(format!("%v{i}_lane = stablehlo.iota dim = 1 : {ty}"));
+                self.line(format!(
+                    "%v{i}_first = stablehlo.convert %col : (tensor<i32>) -> tensor<ui32>"
+                ));
+                self.line(format!(
+                    "%v{i}_base = stablehlo.broadcast_in_dim %v{i}_first, dims = [] : (tensor<ui32>) -> {ty}"
+                ));
+                self.line(format!(
+                    "%v{i} = stablehlo.add %v{i}_lane, %v{i}_base : {ty}"
+                ));
+            }
             VOp::Gather { window, index } => {
                 // One-hot: the entry's bits where the lane is the index, 0 elsewhere, then the
                 // unsigned max over the lanes (the same bits as the module's signed max from
@@ -197,7 +212,7 @@ impl Printer<'_> {
             }
             VOp::MaxLanes(a) => {
                 // The lanes are not negative: the unsigned max from 0 is the signed one.
-                let from = self.tty(Shape::Whole, "ui32");
+                let from = self.tty(self.p.nodes[*a].shape, "ui32");
                 self.line(format!(
                     "%v{i}_zero = stablehlo.constant dense<0> : tensor<ui32>"
                 ));
@@ -293,6 +308,22 @@ impl Printer<'_> {
                 ));
                 self.line(format!(
                     "%v{i} = stablehlo.reshape %v{i}_both : ({two}) -> {ty}"
+                ));
+            }
+            VOp::Deinterleave(a, half) => {
+                let (l, e) = (self.p.lanes(), elt(n.elt));
+                let from = self.tty(Shape::Pairs, e);
+                let one = format!("tensor<{STEP_ROWS}x{l}x1x{e}>");
+                let two = format!("tensor<{STEP_ROWS}x{l}x2x{e}>");
+                self.line(format!(
+                    "%v{i}_both = stablehlo.reshape %v{a} : ({from}) -> {two}"
+                ));
+                self.line(format!(
+                    "%v{i}_one = stablehlo.slice %v{i}_both [0:{STEP_ROWS}, 0:{l}, {half}:{}] : ({two}) -> {one}",
+                    half + 1
+                ));
+                self.line(format!(
+                    "%v{i} = stablehlo.reshape %v{i}_one : ({one}) -> {ty}"
                 ));
             }
         }
