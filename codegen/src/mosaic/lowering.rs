@@ -1159,8 +1159,8 @@ impl Lowering<'_> {
             return Err(refuse(
                 self.k,
                 &format!(
-                    "a read of {} at `2i` and `2i + 1` in steps of {} lanes, more than \
-                     {MAX_PAIRS_READ} (v5e's scoped VMEM), after the first loop",
+                    "a read of {} as pairs in steps of {} lanes, more than {MAX_PAIRS_READ} \
+                     (v5e's scoped VMEM; the first loop does not read it)",
                     self.param_name(buf),
                     self.program.lanes()
                 ),
