@@ -227,24 +227,6 @@ impl Lowering<'_> {
     /// reduction over the chunk may come first) if it has the chunk loop's bounds; [`Self::top`]
     /// refuses any other loop where it stands.
     fn find_chunk_loop(&mut self, body: &[Stmt]) {
-        type Loop<'a> = (Value, Value, Value, u32, &'a [Stmt]);
-        fn first_loop(body: &[Stmt]) -> Option<Loop<'_>> {
-            body.iter().find_map(|s| match s {
-                Stmt::For {
-                    index,
-                    start,
-                    end,
-                    step,
-                    body,
-                } => Some((*index, *start, *end, *step, body.as_slice())),
-                Stmt::If {
-                    then_body,
-                    else_body,
-                    ..
-                } => first_loop(then_body).or_else(|| first_loop(else_body)),
-                _ => None,
-            })
-        }
         let first = first_loop(body);
         let Some((index, start, end, step, body)) = first else {
             return;
@@ -1522,17 +1504,31 @@ fn var_reads(k: &Kernel, body: &[Stmt], var: qforge_ir::VarId) -> usize {
         .sum()
 }
 
-/// Whether `body` holds a loop, nested blocks included.
-fn has_loop(body: &[Stmt]) -> bool {
-    body.iter().any(|s| match s {
-        Stmt::For { .. } => true,
+/// A loop's index, start, end, step and body.
+type Loop<'a> = (Value, Value, Value, u32, &'a [Stmt]);
+
+/// The first loop of `body` in program order, inside `if`s too (not inside other loops).
+fn first_loop(body: &[Stmt]) -> Option<Loop<'_>> {
+    body.iter().find_map(|s| match s {
+        Stmt::For {
+            index,
+            start,
+            end,
+            step,
+            body,
+        } => Some((*index, *start, *end, *step, body.as_slice())),
         Stmt::If {
             then_body,
             else_body,
             ..
-        } => has_loop(then_body) || has_loop(else_body),
-        _ => false,
+        } => first_loop(then_body).or_else(|| first_loop(else_body)),
+        _ => None,
     })
+}
+
+/// Whether `body` holds a loop (inside `if`s too).
+fn has_loop(body: &[Stmt]) -> bool {
+    first_loop(body).is_some()
 }
 
 /// Whether `body` is only `let`s and `assign`s, at least one.
