@@ -19,7 +19,10 @@ fn lowered() -> (Built, Vec<(String, usize)>) {
     let mut refused: Vec<(String, usize)> = Vec::new();
     for entry in kernels::catalog() {
         let kernel = entry.build().expect("library kernels build");
-        match mosaic::lower(&kernel, &Shapes::with_dims(&kernel, 256)) {
+        // A launch of three blocks and five more elements (every dimension the same value
+        // would give an element-wise kernel fewer work items than elements).
+        let values = vec![0.25f32; 3 * entry.blocksize() + 5];
+        match mosaic::lower(&kernel, &shapes_of(entry.entry(), &kernel, &values)) {
             Ok(_) => ok.push((entry, kernel)),
             Err(Error::Unsupported { backend, op }) => {
                 assert_eq!(backend, "mosaic");
@@ -327,9 +330,11 @@ fn soft_math_kernel() -> qforge::ir::Kernel {
 /// A row-chunk kernel of chunk 16 over `x: f32[n]` with two passes over each chunk, as the
 /// 8-bit optimizers have: the first folds `v = max(v, abs(x[i]))` into a variable that starts
 /// at `init[w]` (any value: negative, `-0.0`, NaN), the second stores `y[i] = x[i] * v`; the
-/// variable's final value goes to `top[w]`.
+/// variable's final value goes to `top[w]`. A second variable, from the same start, folds the
+/// NaN-keeping form `u = select(m > u || m != m, m, u)` of `m = x[i] < -1 ? +0.0 : abs(x[i])`
+/// (LLM.int8's row absmax with its outliers zeroed) into `last[w]`.
 fn running_max_kernel() -> qforge::ir::Kernel {
-    use qforge::ir::{Access, DType, Dim, KernelBuilder, ScalarType, UnaryOp};
+    use qforge::ir::{Access, BinaryOp, CmpOp, DType, Dim, KernelBuilder, ScalarType, UnaryOp};
     let mut b = KernelBuilder::new("mosaic_running_max");
     let n = b.scalar_param("n", ScalarType::U32);
     let blocks = b.scalar_param("n_blocks", ScalarType::U32);
@@ -338,24 +343,147 @@ fn running_max_kernel() -> qforge::ir::Kernel {
     let init = b.buffer_param("init", DType::F32, &[Dim::Param(blocks)], Access::Read);
     let y = b.buffer_param("y", DType::F32, &flat, Access::Write);
     let top = b.buffer_param("top", DType::F32, &[Dim::Param(blocks)], Access::Write);
+    let last = b.buffer_param("last", DType::F32, &[Dim::Param(blocks)], Access::Write);
     b.set_grid(Dim::Param(blocks));
     let w = b.work_item();
     let v = b.var("v", ScalarType::F32);
+    let u = b.var("u", ScalarType::F32);
     let first = b.load(init, w);
     b.assign(v, first);
+    b.assign(u, first);
     chunk_loop(&mut b, w, n, |b, i| {
         let xv = b.load(x, i);
         let mag = b.unary(UnaryOp::Abs, xv);
         let acc = b.read_var(v);
         let m = b.max(acc, mag);
         b.assign(v, m);
+        let minus_one = b.const_f32(-1.0);
+        let outlier = b.cmp(CmpOp::Lt, xv, minus_one);
+        let zero = b.const_f32(0.0);
+        let kept = b.select(outlier, zero, mag);
+        let acc = b.read_var(u);
+        let greater = b.cmp(CmpOp::Gt, kept, acc);
+        let nan = b.cmp(CmpOp::Ne, kept, kept);
+        let take = b.binary(BinaryOp::Or, greater, nan);
+        let next = b.select(take, kept, acc);
+        b.assign(u, next);
     });
     let total = b.read_var(v);
     b.store(top, w, total);
+    let kept = b.read_var(u);
+    b.store(last, w, kept);
     chunk_loop(&mut b, w, n, |b, i| {
         let xv = b.load(x, i);
         let scaled = b.mul(xv, total);
         b.store(y, i, scaled);
+    });
+    b.finish()
+}
+
+/// A row loop over `[rows, cols]` buffers, one row per work item (LLM.int8's row-wise
+/// quantization): `top[w]` is the absmax of row `w` of `x` (NaN kept), `y[w, j] = x[w, j] *
+/// top[w]` and `z[w, j] = bits(x[w, j]) ^ j ^ flags[j]` (the column index as a value, and a
+/// buffer of one word per column read at it), in two loops over
+/// the row (the second computes the element index from its own add); with `running`, `run[w]`
+/// is the running `max(v, abs(x[w, j]))` from `v = 0` (NaN skipped; at most one step's lanes).
+fn row_loop_kernel(running: bool) -> qforge::ir::Kernel {
+    use qforge::ir::{Access, BinaryOp, DType, Dim, KernelBuilder, NanMode, ScalarType, UnaryOp};
+    let mut b = KernelBuilder::new("mosaic_row_loop");
+    let rows = b.scalar_param("rows", ScalarType::U32);
+    let cols = b.scalar_param("cols", ScalarType::U32);
+    let shape = [Dim::Param(rows), Dim::Param(cols)];
+    let x = b.buffer_param("x", DType::F32, &shape, Access::Read);
+    let flags = b.buffer_param("flags", DType::U32, &[Dim::Param(cols)], Access::Read);
+    let y = b.buffer_param("y", DType::F32, &shape, Access::Write);
+    let z = b.buffer_param("z", DType::U32, &shape, Access::Write);
+    let top = b.buffer_param("top", DType::F32, &[Dim::Param(rows)], Access::Write);
+    let run =
+        running.then(|| b.buffer_param("run", DType::F32, &[Dim::Param(rows)], Access::Write));
+    b.set_grid(Dim::Param(rows));
+    let w = b.work_item();
+    let v = b.var("v", ScalarType::F32);
+    let c = b.param(cols);
+    let start = b.mul(w, c);
+    let am = b.reduce_absmax(x, start, c, NanMode::Propagate);
+    b.store(top, w, am);
+    let zero = b.const_u32(0);
+    b.for_range(zero, c, 1, |b, j| {
+        let e = b.add(start, j);
+        let xv = b.load(x, e);
+        let scaled = b.mul(xv, am);
+        b.store(y, e, scaled);
+        if running {
+            let mag = b.unary(UnaryOp::Abs, xv);
+            let acc = b.read_var(v);
+            let m = b.max(acc, mag);
+            b.assign(v, m);
+        }
+    });
+    if let Some(run) = run {
+        let total = b.read_var(v);
+        b.store(run, w, total);
+    }
+    b.for_range(zero, c, 1, |b, j| {
+        let row = b.mul(c, w);
+        let e = b.add(j, row);
+        let xv = b.load(x, e);
+        let bits = b.bitcast(xv, ScalarType::U32);
+        let mixed = b.binary(BinaryOp::Xor, bits, j);
+        let flag = b.load(flags, j);
+        let mixed = b.binary(BinaryOp::Xor, mixed, flag);
+        b.store(z, e, mixed);
+    });
+    b.finish()
+}
+
+/// An element-wise kernel over `[rows, cols]` (LLM.int8's dequantizations): work item `w` is
+/// element `(r, c)` with `r = w / cols` and `c = w - r * cols`, under `if r < rows && c <
+/// cols`; `z[w] = bits(x[w]) ^ (w * 3) ^ (c << 8) ^ (r << 20) ^ bits(s[r]) ^ f[c]` (the three
+/// as values and as indices), and `h[w]` is the `bf16` `g[c]` widened times `x[w]`, rounded
+/// to `bf16` (a 16-bit buffer read at the column).
+fn element_kernel() -> qforge::ir::Kernel {
+    use qforge::ir::{Access, BinaryOp, CmpOp, DType, Dim, KernelBuilder, Rounding, ScalarType};
+    let mut b = KernelBuilder::new("mosaic_elements");
+    let rows = b.scalar_param("rows", ScalarType::U32);
+    let cols = b.scalar_param("cols", ScalarType::U32);
+    let n = b.scalar_param("n", ScalarType::U32);
+    let shape = [Dim::Param(rows), Dim::Param(cols)];
+    let x = b.buffer_param("x", DType::F32, &shape, Access::Read);
+    let s = b.buffer_param("s", DType::F32, &[Dim::Param(rows)], Access::Read);
+    let f = b.buffer_param("f", DType::U32, &[Dim::Param(cols)], Access::Read);
+    let g = b.buffer_param("g", DType::BF16, &[Dim::Param(cols)], Access::Read);
+    let z = b.buffer_param("z", DType::U32, &shape, Access::Write);
+    let h = b.buffer_param("h", DType::BF16, &shape, Access::Write);
+    b.set_grid(Dim::Param(n));
+    let w = b.work_item();
+    let (rv, cv) = (b.param(rows), b.param(cols));
+    let r = b.binary(BinaryOp::Div, w, cv);
+    let rc = b.mul(r, cv);
+    let c = b.sub(w, rc);
+    let row_in = b.cmp(CmpOp::Lt, r, rv);
+    let col_in = b.cmp(CmpOp::Lt, c, cv);
+    let inside = b.binary(BinaryOp::And, row_in, col_in);
+    b.if_then(inside, |b| {
+        let xv = b.load(x, w);
+        let bits = b.bitcast(xv, ScalarType::U32);
+        let three = b.const_u32(3);
+        let w3 = b.mul(w, three);
+        let acc = b.binary(BinaryOp::Xor, bits, w3);
+        let eight = b.const_u32(8);
+        let c8 = b.binary(BinaryOp::Shl, c, eight);
+        let acc = b.binary(BinaryOp::Xor, acc, c8);
+        let twenty = b.const_u32(20);
+        let r20 = b.binary(BinaryOp::Shl, r, twenty);
+        let acc = b.binary(BinaryOp::Xor, acc, r20);
+        let sv = b.load(s, r);
+        let sbits = b.bitcast(sv, ScalarType::U32);
+        let acc = b.binary(BinaryOp::Xor, acc, sbits);
+        let fv = b.load(f, c);
+        let acc = b.binary(BinaryOp::Xor, acc, fv);
+        b.store(z, w, acc);
+        let gv = b.load(g, c);
+        let prod = b.mul(gv, xv);
+        b.store_rounded(h, w, prod, Rounding::NearestEven);
     });
     b.finish()
 }
@@ -486,9 +614,20 @@ mod twin {
     fn assert_twin_exact(
         dev: &MosaicTwinDevice,
         kernel: &qforge::ir::Kernel,
-        mut args: Vec<OwnedArg>,
+        args: Vec<OwnedArg>,
         what: &str,
     ) {
+        twin_and_interpreter(dev, kernel, args, what);
+    }
+
+    /// The outputs of `kernel` on the interpreter and on the twin, after checking that they
+    /// agree (NaNs of any payload count as equal, as the numeric contract has it).
+    fn twin_and_interpreter(
+        dev: &MosaicTwinDevice,
+        kernel: &qforge::ir::Kernel,
+        mut args: Vec<OwnedArg>,
+        what: &str,
+    ) -> (Vec<OwnedArg>, Vec<OwnedArg>) {
         let mut twin = args.clone();
         InterpreterDevice
             .launch(kernel, &mut OwnedArg::borrow_all(&mut args))
@@ -497,6 +636,7 @@ mod twin {
             .unwrap();
         let (bad, total) = qforge::ir::count_mismatches(kernel, &args, &twin);
         assert_eq!(bad, 0, "{what}: {bad} of {total} elements differ");
+        (args, twin)
     }
 
     /// Every op the backend lowers, on edge values and random bits, against the interpreter:
@@ -804,6 +944,10 @@ mod twin {
                 0 | 62 => f32::NAN.to_bits() | (i as u32 & 7),
                 1 => (-0.0f32).to_bits() * (i as u32 & 1),
                 2 => 1 + (i as u32 & 3),
+                // NaNs of several payloads and signs among finite values: the last one is
+                // `last`'s.
+                4 if i % 5 == 0 => 0xffc0_0000 | (100 - i as u32),
+                4 => next() & 0x3fff_ffff,
                 // Specials mixed with random bits.
                 c if c % 3 == 0 => special[i % special.len()].to_bits(),
                 _ => next(),
@@ -827,8 +971,84 @@ mod twin {
             OwnedArg::Read(le_bytes(&init)),
             OwnedArg::Write(vec![0; n * 4]),
             OwnedArg::Write(vec![0; blocks * 4]),
+            OwnedArg::Write(vec![0; blocks * 4]),
         ];
-        assert_twin_exact(&dev, &kernel, args, "running max");
+        let (want, got) = twin_and_interpreter(&dev, &kernel, args, "running max");
+        // The NaN-keeping form keeps the last NaN's payload too (abs and select pass it on):
+        // the checker counts NaNs as equal, so `last` is compared bit for bit.
+        let last = want.len() - 1;
+        assert!(
+            matches!((&want[last], &got[last]), (OwnedArg::Write(a), OwnedArg::Write(b)) if a == b),
+            "the last NaN's payload"
+        );
+    }
+
+    /// Row loops at rows of 5, 37 and 512 lanes (one step's lanes) with a running maximum, and
+    /// of 1024 (two lane blocks of 512) and 600 (one block of 600 lanes) without, with NaN and
+    /// signed-zero rows.
+    #[test]
+    fn row_loops_are_bit_exact_on_the_twin() {
+        let Some(dev) = twin_device() else {
+            return;
+        };
+        let mut next = words(0x51ed_270b_2f6a_0d3b);
+        for (rows, cols) in [(3usize, 5usize), (35, 37), (2, 512), (3, 1024), (2, 600)] {
+            let running = cols <= 512;
+            let kernel = super::row_loop_kernel(running);
+            let x: Vec<u32> = (0..rows * cols)
+                .map(|e| match (e / cols, e % 7) {
+                    (0, 0) => f32::NAN.to_bits() | (e as u32 & 3),
+                    (1, _) => (-0.0f32).to_bits() * (e as u32 & 1),
+                    _ => next(),
+                })
+                .collect();
+            let flags: Vec<u32> = (0..cols).map(|_| next()).collect();
+            let mut args = vec![
+                OwnedArg::Scalar(Scalar::U32(rows as u32)),
+                OwnedArg::Scalar(Scalar::U32(cols as u32)),
+                OwnedArg::Read(le_bytes(&x)),
+                OwnedArg::Read(le_bytes(&flags)),
+                OwnedArg::Write(vec![0; rows * cols * 4]),
+                OwnedArg::Write(vec![0; rows * cols * 4]),
+                OwnedArg::Write(vec![0; rows * 4]),
+            ];
+            if running {
+                args.push(OwnedArg::Write(vec![0; rows * 4]));
+            }
+            assert_twin_exact(&dev, &kernel, args, &format!("{rows} x {cols}"));
+        }
+    }
+
+    /// An element-wise kernel at rows of 5 and 37 elements, 1024 (two lane blocks of 512) and
+    /// 600.
+    #[test]
+    fn element_wise_kernels_are_bit_exact_on_the_twin() {
+        let Some(dev) = twin_device() else {
+            return;
+        };
+        let kernel = super::element_kernel();
+        let mut next = words(0x2545_f491_4f6c_dd1d);
+        for (rows, cols) in [(3usize, 5usize), (35, 37), (3, 1024), (2, 600)] {
+            let n = rows * cols;
+            let mut word = |k: usize| -> Vec<u32> { (0..k).map(|_| next()).collect() };
+            let (x, s, f) = (word(n), word(rows), word(cols));
+            let g: Vec<u8> = word(cols)
+                .iter()
+                .flat_map(|v| (*v as u16).to_le_bytes())
+                .collect();
+            let args = vec![
+                OwnedArg::Scalar(Scalar::U32(rows as u32)),
+                OwnedArg::Scalar(Scalar::U32(cols as u32)),
+                OwnedArg::Scalar(Scalar::U32(n as u32)),
+                OwnedArg::Read(le_bytes(&x)),
+                OwnedArg::Read(le_bytes(&s)),
+                OwnedArg::Read(le_bytes(&f)),
+                OwnedArg::Read(g),
+                OwnedArg::Write(vec![0; n * 4]),
+                OwnedArg::Write(vec![0; n * 2]),
+            ];
+            assert_twin_exact(&dev, &kernel, args, &format!("{rows} x {cols}"));
+        }
     }
 
     #[test]
@@ -1075,10 +1295,32 @@ fn every_lowered_kernel_compiles_with_libtpu() {
     let running = running_max_kernel();
     let shapes = Shapes {
         grid: 63,
-        elements: vec![0, 0, 1000, 63, 1000, 63],
+        elements: vec![0, 0, 1000, 63, 1000, 63, 63],
     };
     let m = mosaic::lower(&running, &shapes).unwrap();
     write(&running.name, &m.text, &m.manifest);
+    // Row loops of 37 lanes with the running maximum and of two lane blocks without; the
+    // element-wise kernel's rows of two lane blocks.
+    for (rows, cols) in [(35usize, 37usize), (3, 1024)] {
+        let kernel = row_loop_kernel(cols <= 512);
+        let mut elements = vec![0, 0, rows * cols, cols, rows * cols, rows * cols, rows];
+        if cols <= 512 {
+            elements.push(rows);
+        }
+        let shapes = Shapes {
+            grid: rows as u32,
+            elements,
+        };
+        let m = mosaic::lower(&kernel, &shapes).unwrap();
+        write(&format!("{}_{cols}", kernel.name), &m.text, &m.manifest);
+    }
+    let elements = element_kernel();
+    let shapes = Shapes {
+        grid: 3 * 1024,
+        elements: vec![0, 0, 0, 3 * 1024, 3, 1024, 1024, 3 * 1024, 3 * 1024],
+    };
+    let m = mosaic::lower(&elements, &shapes).unwrap();
+    write(&elements.name, &m.text, &m.manifest);
     // One module as `qforge compile --target mosaic -o K.mlir` writes it: the script reads the
     // layout from the compile manifest `K.mlir.json`.
     let (_, kernel) = &ok[0];
@@ -1157,6 +1399,6 @@ fn every_lowered_kernel_compiles_with_libtpu() {
         "the negative module was not tried on both generations"
     );
     for gen in ["v5e:1x1", "v6e:1x1"] {
-        assert_eq!(compiled.get(gen).map(|c| c.0), Some(ok.len() + 6), "{gen}");
+        assert_eq!(compiled.get(gen).map(|c| c.0), Some(ok.len() + 9), "{gen}");
     }
 }

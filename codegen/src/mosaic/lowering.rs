@@ -13,6 +13,11 @@ use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp, Window, WindowK
 use super::{refuse, Shapes, STEP_ROWS};
 use crate::error::{Error, Result};
 
+mod rows;
+mod running;
+
+use rows::Alias;
+
 /// The most lanes of the chunk a step takes in a program whose loop reads pairs (`2i` and
 /// `2i + 1`). Splitting the `R x 2L` pairs tile views it as `R x L x 2`, whose last dimension
 /// libtpu pads to 128 lanes: 64 times the tile, 4 MiB at `L = 256` in `f32`. At 512 lanes the
@@ -21,12 +26,17 @@ use crate::error::{Error, Result};
 const MAX_PAIRS_READ: u32 = 128;
 
 /// The chunk loop's bounds: `start = C * work_item`, `end = select(start < P, min(start + C,
-/// P), start)`.
+/// P), start)`; or a row loop `for j in 0..P` over row `w` of `[rows, P]` buffers (elements
+/// `start + j`, `start = w * P`, `end` the loop's end, `C` the row length).
 struct ChunkLoop {
     chunk: u32,
     limit: ParamId,
     start: Value,
     end: Value,
+    /// Whether this is a row loop (or an element-wise kernel's rows).
+    row: bool,
+    /// An element-wise kernel's row count `R`: its chunk buffers are `[R, P]`.
+    element_rows: Option<ParamId>,
 }
 
 pub(super) struct Lowering<'k> {
@@ -57,6 +67,10 @@ pub(super) struct Lowering<'k> {
     loop_vars: HashMap<usize, usize>,
     /// Whether the chunk loop has been lowered.
     loop_done: bool,
+    /// An element-wise kernel's guard, when the kernel is one (see [`Self::find_elements`]).
+    element_guard: Option<Value>,
+    /// In an element-wise kernel, what its values of the work item stand for.
+    aliases: HashMap<usize, Alias>,
 }
 
 /// Lowers `k` at `shapes` to its tile program, or refuses it naming the first construct
@@ -101,8 +115,13 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
         loop_vars: HashMap::new(),
         loop_done: false,
         vars: HashMap::new(),
+        element_guard: None,
+        aliases: HashMap::new(),
     };
     l.find_chunk_loop(&k.body);
+    if l.chunk.is_none() {
+        l.find_elements(&k.body)?;
+    }
     l.top(&k.body)?;
     if !l.loop_done {
         return Err(refuse(k, "a kernel without a chunk loop"));
@@ -166,15 +185,31 @@ impl Lowering<'_> {
         }
     }
 
-    fn is_work_item(&self, v: Value) -> bool {
-        matches!(self.def(v), Ok(Op::WorkItem))
+    /// Whether `index` is the work item: the work item itself, times 1 or plus 0 (the
+    /// optimizers' `block = w * blocks_per_item + j` with one block per work item).
+    fn at_work_item(&self, index: Value) -> bool {
+        if let Some(&a) = self.aliases.get(&index.index()) {
+            return a == Alias::Row;
+        }
+        match self.def(index) {
+            Ok(Op::WorkItem) => true,
+            Ok(Op::Binary(BinaryOp::Mul, a, b)) => {
+                (self.const_u32(*b) == Some(1) && self.at_work_item(*a))
+                    || (self.const_u32(*a) == Some(1) && self.at_work_item(*b))
+            }
+            Ok(Op::Binary(BinaryOp::Add, a, b)) => {
+                (self.const_u32(*b) == Some(0) && self.at_work_item(*a))
+                    || (self.const_u32(*a) == Some(0) && self.at_work_item(*b))
+            }
+            _ => false,
+        }
     }
 
     /// `start = C * work_item` and `end = select(start < P, min(start + C, P), start)`.
     fn chunk_bounds(&self, start: Value, end: Value) -> Option<ChunkLoop> {
         let chunk = match self.def(start).ok()? {
-            Op::Binary(BinaryOp::Mul, a, b) if self.is_work_item(*a) => self.const_u32(*b)?,
-            Op::Binary(BinaryOp::Mul, a, b) if self.is_work_item(*b) => self.const_u32(*a)?,
+            Op::Binary(BinaryOp::Mul, a, b) if self.at_work_item(*a) => self.const_u32(*b)?,
+            Op::Binary(BinaryOp::Mul, a, b) if self.at_work_item(*b) => self.const_u32(*a)?,
             _ => return None,
         };
         let Op::Select {
@@ -210,6 +245,8 @@ impl Lowering<'_> {
                 limit,
                 start,
                 end,
+                row: false,
+                element_rows: None,
             })
     }
 
@@ -217,9 +254,11 @@ impl Lowering<'_> {
     /// and limit).
     fn over_the_chunk(&self, start: Value, end: Value, step: u32) -> bool {
         step == 1
-            && self.chunk.as_ref().is_some_and(|c| {
-                self.chunk_bounds(start, end)
-                    .is_some_and(|b| (b.chunk, b.limit) == (c.chunk, c.limit))
+            && self.chunk.as_ref().is_some_and(|c| match c.row {
+                true => self.const_u32(start) == Some(0) && self.param_of(end) == Some(c.limit),
+                false => self
+                    .chunk_bounds(start, end)
+                    .is_some_and(|b| (b.chunk, b.limit) == (c.chunk, c.limit)),
             })
     }
 
@@ -231,12 +270,21 @@ impl Lowering<'_> {
         let Some((index, start, end, step, body)) = first else {
             return;
         };
-        if let Some(bounds) = self.chunk_bounds(start, end).filter(|_| step == 1) {
+        let bounds = self
+            .chunk_bounds(start, end)
+            .or_else(|| self.row_bounds(index, start, end, body));
+        if let Some(bounds) = bounds.filter(|_| step == 1) {
             self.program.width = bounds.chunk;
             self.chunk = Some(bounds);
             self.loop_index = Some(index);
             if self.reads_pairs(body) {
                 self.program.max_lanes = MAX_PAIRS_READ;
+            }
+            // A row's running maximum needs the whole row in one step (a row of 4096 columns
+            // is 8 lane blocks of 512 otherwise).
+            let row = self.chunk.as_ref().is_some_and(|c| c.row);
+            if row && body.iter().any(|s| matches!(s, Stmt::Assign { .. })) {
+                self.program.max_lanes = self.program.max_lanes.max(self.program.width);
             }
         }
     }
@@ -282,7 +330,7 @@ impl Lowering<'_> {
                     value,
                     rounding,
                 } => {
-                    if Some(*index) != self.work_item || self.natural(*value)? > Shape::Row {
+                    if !self.at_work_item(*index) || self.natural(*value)? > Shape::Row {
                         return Err(refuse(
                             self.k,
                             &format!(
@@ -299,6 +347,31 @@ impl Lowering<'_> {
                     let bits = self.narrow(v, dtype, *rounding)?;
                     self.program.stores.push((w, bits));
                     self.stored.insert(w, bits);
+                }
+                Stmt::If {
+                    cond, then_body, ..
+                } if Some(*cond) == self.element_guard && !self.loop_done => {
+                    self.loop_body(then_body)?;
+                    self.loop_done = true;
+                }
+                // `if w < P { store buf[w] = .. }` with `buf` sized by `P`: the rows where it
+                // is false store into the array's padding.
+                Stmt::If {
+                    cond,
+                    then_body,
+                    else_body,
+                } if else_body.is_empty()
+                    && self.stores_past_the_end(*cond, then_body)
+                    && matches!(self.def(*cond)?, Op::Cmp(_, w, _) if self.at_work_item(*w)) =>
+                {
+                    self.top(then_body)?;
+                }
+                Stmt::If {
+                    cond,
+                    then_body,
+                    else_body,
+                } if else_body.is_empty() && self.chunk_not_empty(*cond)? => {
+                    self.top(then_body)?;
                 }
                 Stmt::If {
                     cond,
@@ -620,77 +693,41 @@ impl Lowering<'_> {
         self.k.vars.try_get(var).map_or("?", |v| v.name.as_str())
     }
 
-    /// `assign var = max(read_var var, abs(x))` in the loop body `body`, the running maximum
-    /// of a chunk value's magnitudes (the 8-bit optimizers' new absmax), as its closed form:
-    /// the IR's `max(a, b) = select(b > a, b, a)` folded over the chunk in order takes the
-    /// largest magnitude `M` of the elements that are not NaN (NaN is never greater, and
-    /// every zero magnitude is `+0`) where there is one and `M > v` (so a NaN `v` stays),
-    /// and keeps `v` otherwise. `M` is an integer max of the magnitudes' bits (their order as
-    /// floats), each plus one, over the lanes inside the chunk that are not NaN (`0` for the
-    /// others), less one: with no element it is all ones, a NaN, never greater than `v`. The
-    /// read of `var` and the `max` may have no other use in the loop; the chunk must be one
-    /// step's lanes.
-    fn running_max(&mut self, var: qforge_ir::VarId, value: Value, body: &[Stmt]) -> Result<()> {
-        let running = match self.def(value)? {
-            Op::Binary(BinaryOp::Max, acc, x) => {
-                let read = matches!(self.def(*acc)?, Op::ReadVar(r) if *r == var);
-                let magnitude = matches!(self.def(*x)?, Op::Unary(UnaryOp::Abs, _))
-                    && self.ty(*x) == ScalarType::F32;
-                (read && magnitude).then_some((*acc, *x))
-            }
-            _ => None,
-        };
-        let Some((_, x)) = running.filter(|&(acc, _)| {
-            var_reads(self.k, body, var) == 1
-                && uses(self.k, body, acc) == 1
-                && uses(self.k, body, value) == 1
-        }) else {
-            return Err(refuse(
-                self.k,
-                "a variable assigned in the loop other than a running `max(v, abs(x))` of the \
-                 chunk",
-            ));
-        };
-        if self.program.lanes() < self.program.width {
-            return Err(refuse(
-                self.k,
-                &format!(
-                    "a running maximum over a chunk of {} elements, wider than one step's {}",
-                    self.program.width, MAX_LANES
-                ),
-            ));
-        }
-        let (start, end) = self
+    /// The number of this row's chunk elements, at every lane (`i32`, `Chunk`): `end - start`
+    /// of the chunk loop, `C` for a row loop.
+    fn chunk_len(&mut self) -> Result<usize> {
+        let c = self
             .chunk
             .as_ref()
-            .map(|c| (c.start, c.end))
+            .map(|c| (c.row, c.chunk, c.start, c.end))
             .ok_or_else(|| refuse(self.k, "a loop without a chunk"))?;
-        let magnitude = self.get(x, Shape::Chunk)?;
-        let bits = self.push(VOp::Bitcast(magnitude, Elt::I32), Shape::Chunk, Elt::I32);
-        let (start, end) = (self.get(start, Shape::Row)?, self.get(end, Shape::Row)?);
-        let len = self.int(Bin::SubI, end, start);
-        let len = self.widen(len, Shape::Chunk);
-        let lane = self.push(VOp::Lane, Shape::Chunk, Elt::I32);
-        let inside = self.push(VOp::Cmp(Pred::Ult, lane, len), Shape::Chunk, Elt::I1);
-        let number = self.cmp_c(Pred::Ule, bits, 0x7f80_0000);
-        let counted = self.push(VOp::Bin(Bin::AndI, inside, number), Shape::Chunk, Elt::I1);
-        let keyed = self.int_c(Bin::AddI, bits, 1);
-        let zero = self.konst(0, Elt::I32, Shape::Chunk);
-        let keyed = self.select_i(counted, keyed, zero);
-        let top = self.push(VOp::MaxLanes(keyed), Shape::Row, Elt::I32);
-        let top = self.int_c(Bin::SubI, top, 1);
-        let top = self.push(VOp::Bitcast(top, Elt::F32), Shape::Row, Elt::F32);
-        let old = self.var_value(var);
-        let above = self.push(VOp::Cmp(Pred::Ogt, top, old), Shape::Row, Elt::I1);
-        let new = self.push(VOp::Select(above, top, old), Shape::Row, Elt::F32);
-        self.vars.insert(var.index(), new);
-        Ok(())
+        Ok(match c {
+            (true, chunk, _, _) => self.konst(chunk, Elt::I32, Shape::Chunk),
+            (false, _, start, end) => {
+                let (start, end) = (self.get(start, Shape::Row)?, self.get(end, Shape::Row)?);
+                let len = self.int(Bin::SubI, end, start);
+                self.widen(len, Shape::Chunk)
+            }
+        })
     }
 
-    /// Where a load or store at `index` goes: `Some(None)` for the loop index `i`, `Some(Some(0))`
-    /// for `2i` (`i << 1` or `2 * i`), `Some(Some(1))` for `2i + 1`; `None` for any other index.
+    /// Where a load or store at `index` goes: `Some(None)` for the loop's element (the loop
+    /// index `i`, or `w * P + j` in a row loop), `Some(Some(0))` for `2i` (`i << 1` or `2 * i`),
+    /// `Some(Some(1))` for `2i + 1`; `None` for any other index.
     fn slot(&self, index: Value) -> Option<Option<u32>> {
+        if self.element_guard.is_some() {
+            return (self.aliases.get(&index.index()) == Some(&Alias::Element)).then_some(None);
+        }
         let i = self.loop_index?;
+        if let Some(c) = self.chunk.as_ref().filter(|c| c.row) {
+            let element = match self.def(index).ok()? {
+                Op::Binary(BinaryOp::Add, a, b) => [(*a, *b), (*b, *a)]
+                    .iter()
+                    .any(|&(x, j)| j == i && (x == c.start || self.row_start(x) == Some(c.limit))),
+                _ => false,
+            };
+            return element.then_some(None);
+        }
         if index == i {
             return Some(None);
         }
@@ -767,6 +804,39 @@ impl Lowering<'_> {
         })
     }
 
+    /// Whether `cond` is `start < end` of the chunk loop's bounds (the 4-bit optimizers' `if
+    /// the block is not empty`) and holds for every work item of the launch: the last work
+    /// item's chunk starts below `n`. Such an `if` runs its body on every row.
+    ///
+    /// # Errors
+    /// The condition, for a launch whose last chunk is empty.
+    fn chunk_not_empty(&self, cond: Value) -> Result<bool> {
+        let Ok(Op::Cmp(CmpOp::Lt, start, end)) = self.def(cond) else {
+            return Ok(false);
+        };
+        let same = match (self.chunk_bounds(*start, *end), &self.chunk) {
+            (Some(b), Some(c)) => !c.row && (b.chunk, b.limit) == (c.chunk, c.limit),
+            _ => false,
+        };
+        if !same {
+            return Ok(false);
+        }
+        let n = self.limit_value()?;
+        let last_start = u64::from(self.shapes.grid.max(1) - 1) * u64::from(self.program.width);
+        if last_start >= n {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "an `if` on the chunk not being empty, at a grid of {} work items whose last \
+                     chunk starts at {last_start}, past {} = {n}",
+                    self.shapes.grid,
+                    self.limit_name()
+                ),
+            ));
+        }
+        Ok(true)
+    }
+
     /// A `read_var` is lowered where it stands: a later `assign` changes the variable.
     fn eager_read_var(&mut self, v: Value) -> Result<()> {
         if matches!(self.def(v)?, Op::ReadVar(_)) {
@@ -776,8 +846,9 @@ impl Lowering<'_> {
     }
 
     /// The `Table` window of buffer `p` (the whole buffer, read at indices computed per work
-    /// item: read-only, 32-bit, at most [`super::MAX_GATHER`] elements) or the `Scalar` window
-    /// of scalar `p`.
+    /// item: read-only, 32-bit, at most [`super::MAX_GATHER`] elements), its `Cols` window (read
+    /// at a row loop's index: read-only, 32-bit, `[P]` for the row length `P`) or the `Scalar`
+    /// window of scalar `p`.
     fn fixed_window(&mut self, p: ParamId, kind: WindowKind) -> Result<usize> {
         if let Some(&w) = self.windows.get(&(p.index(), kind)) {
             return Ok(w);
@@ -812,6 +883,28 @@ impl Lowering<'_> {
                     ));
                 }
                 (*dtype, elements)
+            }
+            (
+                ParamKind::Buffer {
+                    dtype,
+                    access,
+                    shape,
+                },
+                WindowKind::Cols,
+            ) => {
+                let row_length = self.chunk.as_ref().filter(|c| c.row).map(|c| c.limit);
+                if *access != Access::Read
+                    || row_length.is_none_or(|p| shape.as_slice() != [Dim::Param(p)])
+                {
+                    return Err(refuse(
+                        self.k,
+                        &format!(
+                            "a load of {name} at the row's column other than from a read-only \
+                             buffer of one element per column"
+                        ),
+                    ));
+                }
+                (*dtype, self.program.width as usize)
             }
             (ParamKind::Scalar(ty), WindowKind::Scalar) => {
                 let dtype = match ty {
@@ -854,14 +947,13 @@ impl Lowering<'_> {
     fn eager_load(&mut self, v: Value) -> Result<()> {
         if let Op::Load { index, .. } = self.def(v)? {
             let index = *index;
-            let shape =
-                if Some(index) == self.loop_index || matches!(self.slot(index), Some(Some(_))) {
-                    Shape::Chunk
-                } else if Some(index) == self.work_item {
-                    Shape::Row
-                } else {
-                    return Ok(());
-                };
+            let shape = if self.slot(index).is_some() {
+                Shape::Chunk
+            } else if self.at_work_item(index) {
+                Shape::Row
+            } else {
+                return Ok(());
+            };
             self.get(v, shape)?;
         }
         Ok(())
@@ -935,7 +1027,12 @@ impl Lowering<'_> {
         // The chunk buffers (only seen inside the loop) are sized by the loop's limit, so the
         // lanes past it are the arrays' padding: no lane needs a mask.
         if let (Shape::Chunk | Shape::Whole, Some(chunk)) = (shape, &self.chunk) {
-            if dims.as_slice() != [Dim::Param(chunk.limit)] {
+            let sized = match (chunk.row, chunk.element_rows) {
+                (true, Some(r)) => dims.as_slice() == [Dim::Param(r), Dim::Param(chunk.limit)],
+                (true, None) => dims.len() == 2 && dims[1] == Dim::Param(chunk.limit),
+                (false, _) => dims.as_slice() == [Dim::Param(chunk.limit)],
+            };
+            if !sized {
                 return Err(refuse(
                     self.k,
                     &format!(
@@ -962,7 +1059,12 @@ impl Lowering<'_> {
                 ));
             }
         }
-        if elements as u64 > u64::from(self.shapes.grid) * u64::from(width) {
+        // An element-wise kernel's work items are its elements: whole rows of `C`.
+        let rows = match self.element_guard {
+            Some(_) => self.shapes.grid / self.program.width.max(1),
+            None => self.shapes.grid,
+        };
+        if elements as u64 > u64::from(rows) * u64::from(width) {
             return Err(refuse(
                 self.k,
                 &format!(
@@ -1005,9 +1107,16 @@ impl Lowering<'_> {
         let ReduceKind::AbsMax(nan) = kind else {
             return Err(refuse(self.k, "`reduce sum` (a pinned-order sum)"));
         };
-        let chunk = self.chunk.as_ref().map(|c| (c.start, c.end));
-        let over_chunk = chunk.is_some_and(|(s, e)| {
-            start == s && matches!(self.def(len), Ok(Op::Binary(BinaryOp::Sub, a, b)) if *a == e && *b == s)
+        let chunk = self
+            .chunk
+            .as_ref()
+            .map(|c| (c.start, c.end, c.row, c.limit));
+        let over_chunk = chunk.is_some_and(|(s, e, row, limit)| match row {
+            true => start == s && self.param_of(len) == Some(limit),
+            false => {
+                start == s
+                    && matches!(self.def(len), Ok(Op::Binary(BinaryOp::Sub, a, b)) if *a == e && *b == s)
+            }
         });
         if chunk.is_none() {
             return Err(refuse(
@@ -1238,13 +1347,19 @@ impl Lowering<'_> {
         if let Some(&s) = self.natural_shapes.get(&v.index()) {
             return Ok(s);
         }
+        if let Some(&a) = self.aliases.get(&v.index()) {
+            return Ok(match a {
+                Alias::Row => Shape::Row,
+                Alias::Element | Alias::Col => Shape::Chunk,
+            });
+        }
         let s = match self.def(v)? {
             Op::Const(_) => Shape::Uniform,
             Op::ReadVar(var) if self.loop_local.contains(&var.index()) => Shape::Chunk,
             Op::Reduce { .. } | Op::WorkItem | Op::Param(_) | Op::ReadVar(_) => Shape::Row,
             Op::LoopIndex => Shape::Chunk,
             Op::Load { index, .. } => {
-                if Some(*index) == self.loop_index || matches!(self.slot(*index), Some(Some(_))) {
+                if self.slot(*index).is_some() {
                     Shape::Chunk
                 } else {
                     self.natural(*index)?.max(Shape::Row)
@@ -1280,6 +1395,20 @@ impl Lowering<'_> {
     }
 
     fn lower(&mut self, v: Value, at: Shape) -> Result<usize> {
+        if let Some(&a) = self.aliases.get(&v.index()) {
+            let row = self.push(VOp::WorkItem, Shape::Row, Elt::I32);
+            return Ok(match a {
+                Alias::Row => self.widen(row, at),
+                Alias::Col => self.push(VOp::Lane, Shape::Chunk, Elt::I32),
+                Alias::Element => {
+                    let c = self.konst(self.program.width, Elt::I32, Shape::Row);
+                    let first = self.int(Bin::MulI, row, c);
+                    let first = self.widen(first, Shape::Chunk);
+                    let lane = self.push(VOp::Lane, Shape::Chunk, Elt::I32);
+                    self.push(VOp::Bin(Bin::AddI, first, lane), Shape::Chunk, Elt::I32)
+                }
+            });
+        }
         let op = self.def(v)?.clone();
         let ty = self.ty(v);
         Ok(match op {
@@ -1293,9 +1422,15 @@ impl Lowering<'_> {
                 self.konst(bits, elt, at)
             }
             Op::Load { buf, index } => {
-                let shape = if Some(index) == self.loop_index {
+                let row_loop = self.chunk.as_ref().is_some_and(|c| c.row);
+                let column = self.aliases.get(&index.index()) == Some(&Alias::Col);
+                if row_loop && (column || Some(index) == self.loop_index) {
+                    let w = self.fixed_window(buf, WindowKind::Cols)?;
+                    return Ok(self.load_window(w, Shape::Chunk));
+                }
+                let shape = if self.slot(index) == Some(None) {
                     Shape::Chunk
-                } else if Some(index) == self.work_item {
+                } else if self.at_work_item(index) {
                     Shape::Row
                 } else if let Some(Some(half)) = self.slot(index) {
                     // One node per half of the tile: each `[R, L, 2]` view of it takes
@@ -1410,16 +1545,25 @@ impl Lowering<'_> {
             }
             Op::WorkItem => self.push(VOp::WorkItem, Shape::Row, Elt::I32),
             Op::LoopIndex if Some(v) == self.loop_index => {
-                // Element `i` is position `i - C*w` of the chunk.
-                let start = self.chunk.as_ref().map(|c| c.start).ok_or_else(|| {
-                    refuse(
-                        self.k,
-                        "the loop index used as a value outside the chunk loop",
-                    )
-                })?;
-                let s = self.get(start, Shape::Chunk)?;
+                // Element `i` is position `i - C*w` of the chunk; a row loop's `j` is the
+                // position itself.
+                let (start, row) =
+                    self.chunk
+                        .as_ref()
+                        .map(|c| (c.start, c.row))
+                        .ok_or_else(|| {
+                            refuse(
+                                self.k,
+                                "the loop index used as a value outside the chunk loop",
+                            )
+                        })?;
                 let lane = self.push(VOp::Lane, Shape::Chunk, Elt::I32);
-                self.push(VOp::Bin(Bin::AddI, s, lane), Shape::Chunk, Elt::I32)
+                if row {
+                    lane
+                } else {
+                    let s = self.get(start, Shape::Chunk)?;
+                    self.push(VOp::Bin(Bin::AddI, s, lane), Shape::Chunk, Elt::I32)
+                }
             }
             Op::LoopIndex => {
                 return Err(refuse(

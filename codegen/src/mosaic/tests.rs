@@ -83,12 +83,17 @@ fn kernels_outside_the_class_are_refused_by_name() {
     for (name, what) in [
         ("grad_sqnorm_f32", "`accumulate`"),
         (
+            "int8_outlier_cols_f32",
+            "a loop other than `for i in C*w..min(C*w + C, n)`",
+        ),
+        // Every dimension 256: 256 work items, one per element, for 256 x 256 elements.
+        (
             "int8_vectorwise_dequant_f32",
-            "a store under an `if` outside the chunk loop",
+            "a grid of 256 work items that does not cover the 65536 elements of ca",
         ),
         (
             "qadamw_nf4_dyn4_sr_f32",
-            "a load of m1_absmax, which the kernel writes, at an index computed per work item",
+            "a load of m1_code at an index of the chunk other than the loop index",
         ),
     ] {
         let k = library(name);
@@ -452,9 +457,11 @@ grid n_blocks
 }
 
 /// A two-pass kernel shaped like the 8-bit optimizers, of chunk `chunk`: the first loop loads
-/// `%9 = x[i]` and runs `fold` (which defines `%10` to `%12`, variable `v`), the second runs
-/// over `range`.
+/// `%9 = x[i]` and runs `fold` (which defines `%10` to `%12`, or to `%18` when it has `%18`,
+/// variable `v`), the second runs over `range`.
 fn running_kernel(fold: &str, range: &str, chunk: u32) -> qforge_ir::Kernel {
+    let last = if fold.contains("%18") { 18 } else { 12 };
+    let at = |k: u32| format!("%{}", last + k);
     let bounds = CHUNK_BOUNDS.replace("const 64", &format!("const {chunk}"));
     let text = format!(
         "kernel running(n: u32, n_blocks: u32, x: f32[n] read, q: f32[n] write, \
@@ -466,15 +473,19 @@ var v: f32
     %9: f32 = load x[%8]
     {fold}
   }}
-  %13: f32 = read_var v
-  store top[%0] = %13
-  for %14 in {range} step 1 {{
-    %15: f32 = load x[%14]
-    %16: f32 = mul %15, %13
-    store q[%14] = %16
+  {v}: f32 = read_var v
+  store top[%0] = {v}
+  for {j} in {range} step 1 {{
+    {xj}: f32 = load x[{j}]
+    {y}: f32 = mul {xj}, {v}
+    store q[{j}] = {y}
   }}
 }}
-"
+",
+        v = at(1),
+        j = at(2),
+        xj = at(3),
+        y = at(4),
     );
     qforge_ir::text::parse(&text).unwrap()
 }
@@ -494,8 +505,45 @@ fn a_running_maximum_and_a_second_pass_follow_their_rules() {
             "vector.multi_reduction <maxsi>",
         ],
     );
-    let not_running = "a variable assigned in the loop other than a running `max(v, abs(x))`";
+    // The NaN-keeping form of LLM.int8's row absmax, of a select of magnitudes and `+0.0`.
+    let nan_keeping = "%10: f32 = abs %9
+    %11: f32 = const 0x00000000
+    %12: bool = cmp gt %9, %11
+    %13: f32 = select %12, %11, %10
+    %14: f32 = read_var v
+    %15: bool = cmp gt %13, %14
+    %16: bool = cmp ne %13, %13
+    %17: bool = or %16, %15
+    %18: f32 = select %17, %13, %14
+    assign v = %18";
+    let k = running_kernel(nan_keeping, "%3..%7", 64);
+    let m = lower(&k, &launch(&k, 1000, 64)).unwrap();
+    assert_has(&m.text, &["vector.multi_reduction <maxsi>"]);
+    let not_running = "a variable assigned in the loop other than a running `max(v, m)`";
+    let nan_keeping_with = |from: &str, to: &str| nan_keeping.replace(from, to);
     for (fold, range, why) in [
+        // The NaN-keeping form with its branches swapped, with `m != v` for `m != m`, with a
+        // value that may be negative (`-0.0` in the select), and with `m >= v`.
+        (
+            &*nan_keeping_with("select %17, %13, %14", "select %17, %14, %13"),
+            "%3..%7",
+            not_running,
+        ),
+        (
+            &*nan_keeping_with("cmp ne %13, %13", "cmp ne %13, %14"),
+            "%3..%7",
+            not_running,
+        ),
+        (
+            &*nan_keeping_with("const 0x00000000", "const 0x80000000"),
+            "%3..%7",
+            not_running,
+        ),
+        (
+            &*nan_keeping_with("cmp gt %13, %14", "cmp ge %13, %14"),
+            "%3..%7",
+            not_running,
+        ),
         // The operands swapped: `select(v > |x|, v, |x|)` lets a NaN `|x|` replace `v`.
         (
             "%10: f32 = abs %9
@@ -743,5 +791,216 @@ fn a_4bit_quantize_reads_pairs_in_steps_of_128_lanes() {
     assert!(
         m.twin.contains("stablehlo.convert %col"),
         "no lane block offset in the twin"
+    );
+}
+
+/// An element-wise kernel over `[rows, cols]` in the text form, with `edits` applied (`from`,
+/// `to`): work item `w` is element `(w / cols, w - (w / cols) * cols)`.
+fn elements_kernel(edits: &[(&str, &str)]) -> qforge_ir::Kernel {
+    let mut text = "kernel elements(rows: u32, cols: u32, n: u32, other: u32, \
+         c: i32[rows, cols] read, s: f32[rows] read, t: f32[cols] read, \
+         out: f32[rows, cols] write)
+grid n
+{
+  %0: u32 = work_item
+  %1: u32 = param rows
+  %2: u32 = param cols
+  %3: u32 = div %0, %2
+  %4: u32 = mul %3, %2
+  %5: u32 = sub %0, %4
+  %6: bool = cmp lt %3, %1
+  %7: bool = cmp lt %5, %2
+  %8: bool = and %6, %7
+  if %8 {
+    %9: i32 = load c[%0]
+    %10: f32 = int_to_float rne %9
+    %11: f32 = load s[%3]
+    %12: f32 = load t[%5]
+    %13: f32 = mul %10, %11
+    %14: f32 = mul %13, %12
+    store out[%0] = %14
+  }
+}
+"
+    .to_string();
+    for (from, to) in edits {
+        assert!(text.contains(from), "{from}");
+        text = text.replace(from, to);
+    }
+    qforge_ir::text::parse(&text).unwrap()
+}
+
+/// Launch shapes of [`elements_kernel`]: `rows x cols` elements, `grid` work items.
+fn elements_launch(k: &qforge_ir::Kernel, rows: usize, cols: usize, grid: u32) -> Shapes {
+    let mut s = Shapes::with_dims(k, 1);
+    s.grid = grid;
+    s.elements = vec![0, 0, 0, 0, rows * cols, rows, cols, rows * cols];
+    s
+}
+
+#[test]
+fn element_wise_kernels_follow_their_rules() {
+    let k = elements_kernel(&[]);
+    let m = lower(&k, &elements_launch(&k, 3, 200, 600)).unwrap();
+    // Rows of 200 lanes; the column buffer is one row, the same block in every row step.
+    assert_has(
+        &m.text,
+        &[
+            "window_bounds = array<i64: 1, 200>",
+            "@transform_cols",
+            "vector.broadcast %v",
+            "window_bounds = array<i64: 32, 1>",
+            "window_bounds = array<i64: 32, 200>",
+        ],
+    );
+    assert_eq!(m.manifest.steps, 1);
+    let refused = |edits: &[(&str, &str)], grid: u32, why: &str| {
+        let k = elements_kernel(edits);
+        let e = lower(&k, &elements_launch(&k, 3, 200, grid))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why), "{edits:?}: {e}");
+    };
+    let guarded = "a store under an `if` outside the chunk loop";
+    // A guard that lets a row past the buffers' through, or checks another row length.
+    refused(&[("cmp lt %3, %1", "cmp le %3, %1")], 600, guarded);
+    refused(&[("cmp lt %5, %2", "cmp lt %5, %1")], 600, guarded);
+    // A column from another length than the row's.
+    refused(
+        &[("%4: u32 = mul %3, %2", "%4: u32 = mul %3, %1")],
+        600,
+        guarded,
+    );
+    // A grid that ends inside a row, and one that does not cover the buffers.
+    refused(&[], 601, "not whole rows of 200");
+    refused(&[], 400, "does not cover the 600 elements of c");
+    // An output whose rows are not the guard's.
+    refused(
+        &[("out: f32[rows, cols] write", "out: f32[other, cols] write")],
+        600,
+        "out is not sized by",
+    );
+    // A column buffer written, and one of other than one element per column.
+    refused(
+        &[
+            ("t: f32[cols] read", "t: f32[cols] readwrite"),
+            (
+                "store out[%0] = %14",
+                "store out[%0] = %14\n    store t[%5] = %14",
+            ),
+        ],
+        600,
+        "a load of t at the row's column other than from a read-only buffer",
+    );
+}
+
+#[test]
+fn row_loops_follow_their_rules() {
+    let text = |edit: (&str, &str)| {
+        let t = "kernel rows(rows: u32, cols: u32, other: u32, a: f32[rows, cols] read, \
+             flags: u32[cols] read, q: f32[rows, cols] write, top: f32[rows] write)
+grid rows
+{
+  %0: u32 = work_item
+  %1: u32 = param cols
+  %2: u32 = mul %0, %1
+  %3: f32 = reduce absmax propagate sequential a[%2, len %1]
+  store top[%0] = %3
+  %4: u32 = const 0
+  for %5 in %4..%1 step 1 {
+    %6: u32 = add %2, %5
+    %7: f32 = load a[%6]
+    %8: u32 = load flags[%5]
+    %9: f32 = bitcast f32 %8
+    %10: f32 = mul %7, %9
+    store q[%6] = %10
+  }
+}
+";
+        assert!(t.contains(edit.0), "{}", edit.0);
+        qforge_ir::text::parse(&t.replace(edit.0, edit.1)).unwrap()
+    };
+    let launch = |k: &qforge_ir::Kernel| {
+        let mut s = Shapes::with_dims(k, 1);
+        s.grid = 3;
+        s.elements = vec![0, 0, 0, 600, 200, 600, 3];
+        s
+    };
+    let k = text(("", ""));
+    let m = lower(&k, &launch(&k)).unwrap();
+    assert_has(
+        &m.text,
+        &["window_bounds = array<i64: 32, 200>", "@transform_cols"],
+    );
+    for (edit, why) in [
+        // Rows that do not start at `w * cols`: no row loop.
+        (
+            ("%2: u32 = mul %0, %1", "%2: u32 = mul %0, %0"),
+            "a reduction of a outside a kernel whose top level has the chunk loop",
+        ),
+        // A column buffer of another length.
+        (
+            ("flags: u32[cols] read", "flags: u32[other] read"),
+            "a load of flags at the row's column other than from a read-only buffer",
+        ),
+        // A loop from 1.
+        (
+            ("%4: u32 = const 0", "%4: u32 = const 1"),
+            "a reduction of a outside a kernel whose top level has the chunk loop",
+        ),
+    ] {
+        let k = text(edit);
+        let e = lower(&k, &launch(&k)).unwrap_err().to_string();
+        assert!(e.contains(why), "{edit:?}: {e}");
+    }
+}
+
+#[test]
+fn the_4bit_optimizers_ifs_follow_their_rules() {
+    // The 8-bit AdamW of the 4-bit optimizers' family: its absmax and quantization passes
+    // under `if the block is not empty`, the new absmax stored under `if w < n_blocks`.
+    let k = library("qadamw_linear8_linear8_f32");
+    let mut shapes = launch(&k, 1000, 256);
+    let m = lower(&k, &shapes).unwrap();
+    assert_has(
+        &m.text,
+        &["vector.multi_reduction <maxsi>", "%out_m1_absmax"],
+    );
+    // A fifth work item, whose block would be empty.
+    shapes.grid = 5;
+    let e = lower(&k, &shapes).unwrap_err().to_string();
+    assert!(
+        e.contains("an `if` on the chunk not being empty, at a grid of 5 work items whose last chunk starts at 1024, past n = 1000"),
+        "{e}"
+    );
+    // A per-work-item store under `w < P` into a buffer sized by another parameter.
+    let text = |size: &str| {
+        format!(
+            "kernel guarded_row(n: u32, n_blocks: u32, other: u32, x: f32[n] read, \
+             top: f32[{size}] write)
+grid n_blocks
+{{
+{CHUNK_BOUNDS}  for %8 in %3..%7 step 1 {{
+    %9: f32 = load x[%8]
+  }}
+  %10: u32 = param n_blocks
+  %11: bool = cmp lt %0, %10
+  if %11 {{
+    %12: f32 = const 0x3f800000
+    store top[%0] = %12
+  }}
+}}
+"
+        )
+    };
+    let k = qforge_ir::text::parse(&text("n_blocks")).unwrap();
+    lower(&k, &launch(&k, 1000, 64)).unwrap();
+    let k = qforge_ir::text::parse(&text("other")).unwrap();
+    let mut shapes = launch(&k, 1000, 64);
+    shapes.elements[4] = 16;
+    let e = lower(&k, &shapes).unwrap_err().to_string();
+    assert!(
+        e.contains("a store under an `if` outside the chunk loop"),
+        "{e}"
     );
 }

@@ -87,7 +87,16 @@ impl Printer<'_> {
                 let arg = self.args[*window].0.clone().unwrap_or_default();
                 let raw = self.vty(n.shape, mem_elt(dtype));
                 let mem = self.mem(*window);
-                let load = format!("vector.load {arg}[%c0, %c0] : {mem}, {raw}");
+                let load = if self.p.windows[*window].kind == WindowKind::Cols {
+                    // One row, broadcast to the step's rows.
+                    let row = format!("vector<1x{}x{}>", self.p.columns(n.shape), mem_elt(dtype));
+                    self.line(format!(
+                        "%v{i}_row = vector.load {arg}[%c0, %c0] : {mem}, {row}"
+                    ));
+                    format!("vector.broadcast %v{i}_row : {row} to {raw}")
+                } else {
+                    format!("vector.load {arg}[%c0, %c0] : {mem}, {raw}")
+                };
                 match dtype {
                     DType::F32 | DType::U32 | DType::I32 => self.line(format!("%v{i} = {load}")),
                     DType::U8 | DType::I8 => {
@@ -379,6 +388,8 @@ pub(super) fn print(p: &TileProgram) -> String {
             "fixed"
         } else if w.by_row() {
             "row"
+        } else if w.kind == WindowKind::Cols {
+            "cols"
         } else {
             "chunk"
         }
@@ -465,6 +476,12 @@ pub(super) fn print(p: &TileProgram) -> String {
          func.func @transform_row(%arg0: i32, %arg1: i32) -> (i32, i32) {\n    \
          %c0_i32 = arith.constant 0 : i32\n    return %arg0, %c0_i32 : i32, i32\n  }\n",
     );
+    if p.windows.iter().any(|w| w.kind == WindowKind::Cols) {
+        out.push_str(
+            "  func.func @transform_cols(%arg0: i32, %arg1: i32) -> (i32, i32) {\n    \
+             %c0_i32 = arith.constant 0 : i32\n    return %c0_i32, %arg1 : i32, i32\n  }\n",
+        );
+    }
     if p.windows.iter().any(|w| w.fixed()) {
         out.push_str(
             "  func.func @transform_fixed(%arg0: i32, %arg1: i32) -> (i32, i32) {\n    \

@@ -166,6 +166,9 @@ pub enum WindowKind {
     /// `[rows, 2C]`: the step's rows' whole pairs (`R x 2C`, a reduction's window beside the
     /// buffer's pairs window, read at `2i` and `2i + 1`, when a step takes fewer lanes).
     WholePairs,
+    /// `[1, C]`: a buffer of one element per chunk position, read at a row loop's index `j`
+    /// (LLM.int8's outlier columns): every step's `1 x L` block of it, broadcast to the rows.
+    Cols,
     /// `[1, n]`: the whole buffer in every step, read at indices computed per work item
     /// (`VOp::Gather`).
     Table,
@@ -211,6 +214,11 @@ impl Window {
     pub fn fixed(&self) -> bool {
         matches!(self.kind, WindowKind::Table | WindowKind::Scalar)
     }
+
+    /// Whether its array is one row (a table, a scalar, or a `Cols` window).
+    pub fn one_row(&self) -> bool {
+        self.fixed() || self.kind == WindowKind::Cols
+    }
 }
 
 impl TileProgram {
@@ -240,7 +248,7 @@ impl TileProgram {
     pub fn block_width(&self, w: &Window) -> u32 {
         match w.kind {
             WindowKind::Row => self.columns(Shape::Row),
-            WindowKind::Chunk => self.columns(Shape::Chunk),
+            WindowKind::Chunk | WindowKind::Cols => self.columns(Shape::Chunk),
             WindowKind::Pairs => self.columns(Shape::Pairs),
             WindowKind::Whole => self.columns(Shape::Whole),
             WindowKind::WholePairs => self.columns(Shape::WholePairs),
@@ -248,18 +256,18 @@ impl TileProgram {
         }
     }
 
-    /// Rows of `w`'s block: [`STEP_ROWS`], or 1 for a table or scalar.
+    /// Rows of `w`'s block: [`STEP_ROWS`], or 1 for a table, a scalar or a `Cols` window.
     pub fn block_rows(&self, w: &Window) -> u32 {
-        if w.fixed() {
+        if w.one_row() {
             1
         } else {
             STEP_ROWS
         }
     }
 
-    /// Rows of `w`'s array: [`Self::rows`], or 1 for a table or scalar.
+    /// Rows of `w`'s array: [`Self::rows`], or 1 for a table, a scalar or a `Cols` window.
     pub fn array_rows(&self, w: &Window) -> u32 {
-        if w.fixed() {
+        if w.one_row() {
             1
         } else {
             self.rows

@@ -98,11 +98,22 @@ impl Printer<'_> {
                 } else {
                     format!("%v{i}_raw")
                 };
-                self.line(format!(
-                    "{name} = stablehlo.dynamic_slice {array}, %start, {col}, sizes = [{STEP_ROWS}, {block}] : (tensor<{}x{width}x{}>, tensor<i32>, tensor<i32>) -> {rt}",
-                    self.p.rows,
-                    raw(dtype)
-                ));
+                if w.kind == WindowKind::Cols {
+                    // The lane block of the one-row array, broadcast to the step's rows.
+                    let r = raw(dtype);
+                    self.line(format!(
+                        "%v{i}_row = stablehlo.dynamic_slice {array}, %c0, %col, sizes = [1, {block}] : (tensor<1x{width}x{r}>, tensor<i32>, tensor<i32>) -> tensor<1x{block}x{r}>"
+                    ));
+                    self.line(format!(
+                        "{name} = stablehlo.broadcast_in_dim %v{i}_row, dims = [0, 1] : (tensor<1x{block}x{r}>) -> {rt}"
+                    ));
+                } else {
+                    self.line(format!(
+                        "{name} = stablehlo.dynamic_slice {array}, %start, {col}, sizes = [{STEP_ROWS}, {block}] : (tensor<{}x{width}x{}>, tensor<i32>, tensor<i32>) -> {rt}",
+                        self.p.rows,
+                        raw(dtype)
+                    ));
+                }
                 match dtype {
                     DType::U32 | DType::I32 => {}
                     DType::F32 => self.line(format!(
