@@ -1236,8 +1236,8 @@ fn every_lowered_kernel_compiles_with_libtpu() {
     // differ from these only in the window width. Every element-wise kernel (the optimizers,
     // under a second each), except the activations: their modules of 1.5 to 5 MB (several
     // integer `fma`s per element) take 4 to 20 s each, so two of them, the largest family in
-    // f32 and the smallest in bf16. All 345 compiled on v5e and v6e when the 4-bit
-    // quantizations landed. `QFORGE_MOSAIC_FILTER=NAME` compiles every lowered kernel whose name contains
+    // f32 and the smallest in bf16. All 362 compiled on v5e and v6e when LLM.int8's kernels
+    // landed. `QFORGE_MOSAIC_FILTER=NAME` compiles every lowered kernel whose name contains
     // NAME (set and empty: all of them).
     let representative = |e: &kernels::KernelSpec, name: &str| {
         if name.contains("_bs") {
