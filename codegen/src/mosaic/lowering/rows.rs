@@ -187,6 +187,7 @@ impl Lowering<'_> {
                 ),
             ));
         }
+        // At most the grid's rows rounded up, which `tile_program` checked fit in 32 bits.
         let grid_rows = self.shapes.grid / chunk;
         self.program.rows = grid_rows.div_ceil(STEP_ROWS).max(1) * STEP_ROWS;
         self.program.width = chunk;
