@@ -932,6 +932,11 @@ grid rows
         &m.text,
         &["window_bounds = array<i64: 32, 200>", "@transform_cols"],
     );
+    // Fewer work items than rows: the grid does not cover the buffers.
+    let mut shapes = launch(&k);
+    shapes.grid = 2;
+    let e = lower(&k, &shapes).unwrap_err().to_string();
+    assert!(e.contains("a grid of 2 work items that does not cover"), "{e}");
     for (edit, why) in [
         // Rows that do not start at `w * cols`: no row loop.
         (

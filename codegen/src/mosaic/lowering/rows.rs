@@ -20,8 +20,8 @@ pub(super) enum Alias {
 
 impl Lowering<'_> {
     /// A row loop `for j in 0..P` (step 1) whose body reads or writes element `w * P + j` of a
-    /// buffer `[rows, P]` with one row per work item: its bounds, `C` the row length (the
-    /// buffer's elements over the grid's).
+    /// buffer `[R, P]` with one row per work item: its bounds, `C` the row length
+    /// ([`Self::row_length`]).
     pub(super) fn row_bounds(
         &self,
         index: Value,
@@ -44,22 +44,22 @@ impl Lowering<'_> {
             }
         });
         let start = row_start?;
-        let chunk = self
+        let rows = self
             .k
             .params
             .iter()
-            .find_map(|(p, param)| match &param.kind {
+            .find_map(|(_, param)| match &param.kind {
                 ParamKind::Buffer { shape, .. }
                     if shape.len() == 2 && shape[1] == Dim::Param(limit) =>
                 {
-                    let elements = self.shapes.elements.get(p.index()).copied()?;
-                    let per_row = elements / self.shapes.grid as usize;
-                    (per_row * self.shapes.grid as usize == elements)
-                        .then(|| u32::try_from(per_row).ok())
-                        .flatten()
+                    match shape[0] {
+                        Dim::Param(r) => Some(r),
+                        Dim::Const(_) => None,
+                    }
                 }
                 _ => None,
             })?;
+        let chunk = self.row_length(rows, limit)?;
         Some(ChunkLoop {
             chunk,
             limit,
@@ -140,25 +140,7 @@ impl Lowering<'_> {
                 _ => return Ok(()),
             },
         };
-        let sized = |d: &[Dim]| {
-            self.k
-                .params
-                .iter()
-                .find_map(|(p, param)| match &param.kind {
-                    ParamKind::Buffer { shape, .. } if shape.as_slice() == d => {
-                        self.shapes.elements.get(p.index()).copied()
-                    }
-                    _ => None,
-                })
-        };
-        let chunk = match (sized(&[Dim::Param(cols)]), sized(&[Dim::Param(rows)])) {
-            (Some(c), _) => Some(c),
-            (None, Some(r)) if r > 0 => sized(&[Dim::Param(rows), Dim::Param(cols)])
-                .filter(|e| e % r == 0)
-                .map(|e| e / r),
-            _ => None,
-        };
-        let Some(chunk) = chunk.and_then(|c| u32::try_from(c).ok()).filter(|&c| c > 0) else {
+        let Some(chunk) = self.row_length(rows, cols) else {
             return Err(refuse(
                 self.k,
                 &format!(
@@ -201,6 +183,33 @@ impl Lowering<'_> {
             element_rows: Some(rows),
         });
         Ok(())
+    }
+
+    /// The value of the row length `P` of `[R, P]` buffers, from the launch's element counts: a
+    /// `[P]` buffer's, else an `[R, P]` buffer's over an `[R]` buffer's (`None` when neither
+    /// gives it, or it is 0).
+    fn row_length(&self, rows: ParamId, cols: ParamId) -> Option<u32> {
+        let sized = |d: &[Dim]| {
+            self.k
+                .params
+                .iter()
+                .find_map(|(p, param)| match &param.kind {
+                    ParamKind::Buffer { shape, .. } if shape.as_slice() == d => {
+                        self.shapes.elements.get(p.index()).copied()
+                    }
+                    _ => None,
+                })
+        };
+        let length = match (sized(&[Dim::Param(cols)]), sized(&[Dim::Param(rows)])) {
+            (Some(c), _) => Some(c),
+            (None, Some(r)) if r > 0 => sized(&[Dim::Param(rows), Dim::Param(cols)])
+                .filter(|e| e % r == 0)
+                .map(|e| e / r),
+            _ => None,
+        };
+        length
+            .and_then(|c| u32::try_from(c).ok())
+            .filter(|&c| c > 0)
     }
 
     /// `Some(P)` when `v` is `w / P` for the work item `w` and a parameter `P`.
