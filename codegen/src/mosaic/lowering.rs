@@ -1068,8 +1068,14 @@ impl Lowering<'_> {
             return Err(refuse(
                 self.k,
                 &format!(
-                    "a grid of {} work items that does not cover the {elements} elements of {}",
-                    self.shapes.grid, param.name
+                    "a grid of {} work items that does not cover the {elements} elements of {}{}",
+                    self.shapes.grid,
+                    param.name,
+                    if self.element_guard.is_some() {
+                        " (an element-wise kernel: one work item per element)"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }

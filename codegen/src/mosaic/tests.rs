@@ -936,7 +936,10 @@ grid rows
     let mut shapes = launch(&k);
     shapes.grid = 2;
     let e = lower(&k, &shapes).unwrap_err().to_string();
-    assert!(e.contains("a grid of 2 work items that does not cover"), "{e}");
+    assert!(
+        e.contains("a grid of 2 work items that does not cover"),
+        "{e}"
+    );
     for (edit, why) in [
         // Rows that do not start at `w * cols`: no row loop.
         (
