@@ -354,23 +354,18 @@ impl Lowering<'_> {
                     self.loop_body(then_body)?;
                     self.loop_done = true;
                 }
-                // `if w < P { store buf[w] = .. }` with `buf` sized by `P`: the rows where it
-                // is false store into the array's padding.
+                // Bodies that run on every row: `if w < P { store buf[w] = .. }` with `buf`
+                // sized by `P` (the rows where it is false store into the array's padding),
+                // and `if` the chunk is not empty, where the launch proves it.
                 Stmt::If {
                     cond,
                     then_body,
                     else_body,
                 } if else_body.is_empty()
-                    && self.stores_past_the_end(*cond, then_body)
-                    && matches!(self.def(*cond)?, Op::Cmp(_, w, _) if self.at_work_item(*w)) =>
+                    && ((self.stores_past_the_end(*cond, then_body)
+                        && matches!(self.def(*cond)?, Op::Cmp(_, w, _) if self.at_work_item(*w)))
+                        || self.chunk_not_empty(*cond)?) =>
                 {
-                    self.top(then_body)?;
-                }
-                Stmt::If {
-                    cond,
-                    then_body,
-                    else_body,
-                } if else_body.is_empty() && self.chunk_not_empty(*cond)? => {
                     self.top(then_body)?;
                 }
                 Stmt::If {
