@@ -19,10 +19,7 @@ fn lowered() -> (Built, Vec<(String, usize)>) {
     let mut refused: Vec<(String, usize)> = Vec::new();
     for entry in kernels::catalog() {
         let kernel = entry.build().expect("library kernels build");
-        // A launch of three blocks and five more elements (every dimension the same value
-        // would give an element-wise kernel fewer work items than elements).
-        let values = vec![0.25f32; 3 * entry.blocksize() + 5];
-        match mosaic::lower(&kernel, &shapes_of(entry.entry(), &kernel, &values)) {
+        match lower_example(&entry, &kernel) {
             Ok(_) => ok.push((entry, kernel)),
             Err(Error::Unsupported { backend, op }) => {
                 assert_eq!(backend, "mosaic");
@@ -43,14 +40,52 @@ fn lowered() -> (Built, Vec<(String, usize)>) {
     (ok, refused)
 }
 
-/// The launch shapes of `kernel` on `entry`'s example arguments for `values`.
-fn shapes_of(entry: &dyn CatalogEntry, kernel: &qforge::ir::Kernel, values: &[f32]) -> Shapes {
+/// The launch shapes and integer scalars of `kernel` on `entry`'s example arguments for
+/// `values`.
+fn launch_of(
+    entry: &dyn CatalogEntry,
+    kernel: &qforge::ir::Kernel,
+    values: &[f32],
+) -> (Shapes, Vec<Option<u32>>) {
     let mut args = entry.example_args(values).expect("example arguments");
-    let binding = qforge::ir::bind(kernel, &OwnedArg::borrow_all(&mut args)).expect("binds");
-    Shapes {
+    let args = OwnedArg::borrow_all(&mut args);
+    let binding = qforge::ir::bind(kernel, &args).expect("binds");
+    let shapes = Shapes {
         grid: binding.grid,
         elements: binding.elements.clone(),
-    }
+    };
+    (shapes, mosaic::scalar_values(&args))
+}
+
+/// The launch shapes of `kernel` on `entry`'s example arguments for `values`.
+fn shapes_of(entry: &dyn CatalogEntry, kernel: &qforge::ir::Kernel, values: &[f32]) -> Shapes {
+    launch_of(entry, kernel, values).0
+}
+
+/// Whether `kernel` is a matmul (a top-level `accumulate`): its examples' reduction is the
+/// number of values, which must be whole absmax blocks.
+fn is_matmul(kernel: &qforge::ir::Kernel) -> bool {
+    kernel
+        .body
+        .iter()
+        .any(|s| matches!(s, qforge::ir::Stmt::Accumulate { .. }))
+}
+
+/// `kernel` lowered at its example launch: three blocks and five more elements (every
+/// dimension the same value would give an element-wise kernel fewer work items than
+/// elements); a matmul's reduction over five blocks (two reduction steps of 256 at blocksize
+/// 64).
+fn lower_example(
+    entry: &kernels::KernelSpec,
+    kernel: &qforge::ir::Kernel,
+) -> Result<mosaic::MosaicModule, Error> {
+    let n = if is_matmul(kernel) {
+        5 * entry.blocksize()
+    } else {
+        3 * entry.blocksize() + 5
+    };
+    let (shapes, scalars) = launch_of(entry.entry(), kernel, &vec![0.25f32; n]);
+    mosaic::lower_with(kernel, &shapes, &scalars)
 }
 
 #[test]
@@ -585,8 +620,9 @@ fn branches_kernel(chunk: u32) -> qforge::ir::Kernel {
 
 #[cfg(feature = "stablehlo")]
 mod twin {
-    use qforge::conformance::{check_values, fixed_cases};
-    use qforge::ir::{OwnedArg, Scalar};
+    use qforge::conformance::{check_values, fixed_cases, values, InputKind};
+    use qforge::ir::{OwnedArg, ParamKind, Scalar};
+    use qforge::kernels;
     use qforge::runtime::{Device, InterpreterDevice, MosaicTwinDevice};
 
     /// The twin device, or `None` after printing why it is unavailable.
@@ -1116,6 +1152,134 @@ mod twin {
         filtered || (bs == 64 && (!f16 || several)) || (bs == 256 && several && !f16 && !variant)
     }
 
+    /// A matmul's cases: a reduction over one absmax block and over five (two reduction steps
+    /// of 256 at blocksize 64), with edge values and with 4-bit ties (the conformance suite's
+    /// lengths are not whole blocks, which the Mosaic matmul requires). At these launches
+    /// every dimension is smaller than its tile, so each is its own tile
+    /// ([`matmul_tiles_are_bit_exact_on_the_twin`] takes whole tiles).
+    fn matmul_cases(name: &str, bs: usize) -> Vec<(String, Vec<f32>)> {
+        let mut out = Vec::new();
+        for n in [bs, 5 * bs] {
+            for kind in InputKind::ALL {
+                let label = format!("{name} K = {n}, {}", kind.label());
+                let seed = label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+                });
+                out.push((label, values(kind, n, seed)));
+            }
+        }
+        out
+    }
+
+    /// Arguments of a 4-bit matmul forward kernel of `_bsB` and `_tTMxTN` at `m x n x k`, by
+    /// parameter name: activations and bias of random bits (one in eight) or values in
+    /// `[-3, 3)`, random codes, absmax mostly in `[0, 4)` with infinities, NaNs, zeros and
+    /// subnormals among them.
+    fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec<OwnedArg> {
+        let number = |key: &str| -> usize {
+            let at = kernel
+                .name
+                .find(key)
+                .expect("tile and blocksize in the name")
+                + key.len();
+            let digits: String = kernel.name[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().unwrap()
+        };
+        let (bs, tm) = (number("_bs"), number("_t"));
+        let tn = number(&format!("_t{tm}x"));
+        let mut next = words(0x9e37_79b9_7f4a_7c15 ^ (m * 1000 + n) as u64);
+        let value = |next: &mut dyn FnMut() -> u32| {
+            let r = next();
+            if r % 8 == 0 {
+                next()
+            } else {
+                ((r >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0).to_bits()
+            }
+        };
+        let (n_tiles, n_blocks) = (n.div_ceil(tn), (n * k).div_ceil(bs));
+        let scalar = |v: usize| OwnedArg::Scalar(Scalar::U32(v as u32));
+        kernel
+            .params
+            .iter()
+            .map(|(_, p)| match (&p.kind, p.name.as_str()) {
+                (ParamKind::Scalar(_), "m") => scalar(m),
+                (ParamKind::Scalar(_), "n") => scalar(n),
+                (ParamKind::Scalar(_), "k") => scalar(k),
+                (ParamKind::Scalar(_), "n_items") => scalar(m.div_ceil(tm) * n_tiles),
+                (ParamKind::Scalar(_), "n_tiles") => scalar(n_tiles),
+                (ParamKind::Scalar(_), "n_packed") => scalar((n * k).div_ceil(2)),
+                (ParamKind::Scalar(_), "n_blocks") => scalar(n_blocks),
+                (ParamKind::Buffer { dtype, .. }, name) => {
+                    let count = match name {
+                        "x" => m * k,
+                        "packed" => (n * k).div_ceil(2),
+                        "absmax" => n_blocks,
+                        "bias" => n,
+                        _ => m * n,
+                    };
+                    let words: Vec<u32> = (0..count)
+                        .map(|i| match name {
+                            "packed" => next(),
+                            "absmax" => match next() % 16 {
+                                0 => [0x7f80_0000, 0x7fc0_0000, 0, 1, 0x0040_0000][i % 5],
+                                r => (r as f32 * 0.25).to_bits() ^ (next() & 0x7fff),
+                            },
+                            _ => value(&mut next),
+                        })
+                        .collect();
+                    let bytes: Vec<u8> = match dtype.size_bytes() {
+                        1 => words.iter().map(|w| *w as u8).collect(),
+                        2 => words
+                            .iter()
+                            .flat_map(|w| ((w >> 16) as u16).to_le_bytes())
+                            .collect(),
+                        _ => le_bytes(&words),
+                    };
+                    if name == "y" {
+                        OwnedArg::Write(vec![0; bytes.len()])
+                    } else {
+                        OwnedArg::Read(bytes)
+                    }
+                }
+                (ParamKind::Scalar(_), other) => panic!("{}: parameter {other}", kernel.name),
+            })
+            .collect()
+    }
+
+    /// Whole tiles: the 4-bit matmul forward at `M = 9` (two row tiles of 8), `N = 129` (two
+    /// column tiles of 128, the second one column) and `K = 64`, in `f32` with a bias; and
+    /// in `bf16` (row tiles of 16) at `M = 17`.
+    #[test]
+    fn matmul_tiles_are_bit_exact_on_the_twin() {
+        let Some(dev) = twin_device() else {
+            return;
+        };
+        // The bf16 case took 77 s (the f32 one 40 s): it runs with `QFORGE_MOSAIC_FILTER`.
+        let filtered = std::env::var("QFORGE_MOSAIC_FILTER").is_ok();
+        let cases = [
+            ("matmul_4bit_nf4_bs64_f32_bias_t1x4", 9, 129, 64),
+            ("matmul_4bit_fp4_bs64_bf16_t4x1", 17, 129, 64),
+        ];
+        for (name, m, n, k) in cases.into_iter().take(if filtered { 2 } else { 1 }) {
+            let kernel = kernels::catalog()
+                .into_iter()
+                .find(|e| e.name() == name)
+                .expect("in the catalog")
+                .build()
+                .unwrap();
+            let t = std::time::Instant::now();
+            let args = matmul_args(&kernel, m, n, k);
+            assert_twin_exact(&dev, &kernel, args, &format!("{name} at {m} x {n} x {k}"));
+            println!(
+                "{name} at {m} x {n} x {k}: {:.1} s",
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+
     #[test]
     fn every_lowered_kernel_twin_is_bit_exact() {
         let Some(dev) = twin_device() else {
@@ -1126,6 +1290,12 @@ mod twin {
         let filter = std::env::var("QFORGE_MOSAIC_FILTER").unwrap_or_default();
         let mut work = Vec::new();
         for (entry, kernel) in ok.iter().filter(|(_, k)| k.name.contains(&filter)) {
+            if super::is_matmul(kernel) {
+                for (label, values) in matmul_cases(&kernel.name, entry.blocksize()) {
+                    work.push((entry, kernel, label, values));
+                }
+                continue;
+            }
             for (label, values) in fixed_cases(&kernel.name, entry.blocksize()) {
                 if runs(&label, &kernel.name, entry.blocksize(), !filter.is_empty()) {
                     work.push((entry, kernel, label, values));
@@ -1262,8 +1432,7 @@ fn every_lowered_kernel_compiles_with_libtpu() {
         std::fs::write(dir.join(format!("{name}.json")), json).unwrap();
     };
     for (entry, kernel) in &ok {
-        let values = vec![0.25f32; 3 * entry.blocksize() + 5];
-        let m = mosaic::lower(kernel, &shapes_of(entry.entry(), kernel, &values)).unwrap();
+        let m = lower_example(entry, kernel).unwrap();
         write(&kernel.name, &m.text, &m.manifest);
     }
     let every_op = every_op_kernel();

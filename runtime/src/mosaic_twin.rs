@@ -55,7 +55,7 @@ impl Device for MosaicTwinDevice {
         let Some(shapes) = launch_shapes(kernel, args)? else {
             return Ok(());
         };
-        let module = mosaic::lower(kernel, &shapes)?;
+        let module = mosaic::lower_with(kernel, &shapes, &mosaic::scalar_values(args))?;
         self.runner.run_launch(kernel, &module.twin, args)
     }
 }

@@ -158,15 +158,18 @@ fn mosaic_row(
     twin: Option<&dyn Device>,
 ) -> (MosaicRow, Option<MosaicModule>) {
     let mut args = fresh.to_vec();
-    let shapes = match qforge_ir::bind(kernel, &OwnedArg::borrow_all(&mut args)) {
+    let borrowed = OwnedArg::borrow_all(&mut args);
+    let shapes = match qforge_ir::bind(kernel, &borrowed) {
         Ok(b) => qforge_codegen::mosaic::Shapes {
             grid: b.grid,
             elements: b.elements.clone(),
         },
         Err(e) => return (("mismatch", 0, 0, 0.0, format!("launch shapes: {e}")), None),
     };
+    let scalars = qforge_codegen::mosaic::scalar_values(&borrowed);
+    drop(borrowed);
     let t = Instant::now();
-    let module = match qforge_codegen::mosaic::lower(kernel, &shapes) {
+    let module = match qforge_codegen::mosaic::lower_with(kernel, &shapes, &scalars) {
         Err(qforge_codegen::Error::Unsupported { op, .. }) => {
             return (("skipped", 0, 0, 0.0, format!("not lowered: {op}")), None)
         }

@@ -41,19 +41,19 @@ struct ChunkLoop {
 
 pub(super) struct Lowering<'k> {
     pub(super) k: &'k Kernel,
-    shapes: &'k Shapes,
+    pub(super) shapes: &'k Shapes,
     work_item: Option<Value>,
     loop_index: Option<Value>,
     chunk: Option<ChunkLoop>,
     /// The windows of each parameter, by kind.
-    windows: HashMap<(usize, WindowKind), usize>,
+    pub(super) windows: HashMap<(usize, WindowKind), usize>,
     /// The current value (a `Row` node) of each variable assigned at the top level.
     vars: HashMap<usize, usize>,
     pub(super) program: TileProgram,
     /// Lowered values: `(value, shape)` to node.
-    memo: HashMap<(usize, Shape), usize>,
+    pub(super) memo: HashMap<(usize, Shape), usize>,
     /// [`Lowering::natural`]'s results.
-    natural_shapes: HashMap<usize, Shape>,
+    pub(super) natural_shapes: HashMap<usize, Shape>,
     /// The current tile of each written window (a load after a store reads it).
     stored: HashMap<usize, usize>,
     /// The stores of the loop body so far at `2i` and `2i + 1` of each pairs buffer.
@@ -71,6 +71,8 @@ pub(super) struct Lowering<'k> {
     element_guard: Option<Value>,
     /// In an element-wise kernel, what its values of the work item stand for.
     aliases: HashMap<usize, Alias>,
+    /// While a matmul's part is lowered: what its leaves stand for (`super::matmul`).
+    pub(super) matmul: Option<super::matmul::Part>,
 }
 
 /// Lowers `k` at `shapes` to its tile program, or refuses it naming the first construct
@@ -90,34 +92,7 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
                 ),
             )
         })?;
-    let mut l = Lowering {
-        k,
-        shapes,
-        work_item: None,
-        loop_index: None,
-        chunk: None,
-        windows: HashMap::new(),
-        program: TileProgram {
-            name: k.name.clone(),
-            rows,
-            width: 0,
-            max_lanes: MAX_LANES,
-            windows: Vec::new(),
-            nodes: Vec::new(),
-            stores: Vec::new(),
-        },
-        memo: HashMap::new(),
-        natural_shapes: HashMap::new(),
-        stored: HashMap::new(),
-        pairs: HashMap::new(),
-        pairs_loads: HashMap::new(),
-        loop_local: HashSet::new(),
-        loop_vars: HashMap::new(),
-        loop_done: false,
-        vars: HashMap::new(),
-        element_guard: None,
-        aliases: HashMap::new(),
-    };
+    let mut l = Lowering::new(k, shapes, rows);
     l.find_chunk_loop(&k.body);
     if l.chunk.is_none() {
         l.find_elements(&k.body)?;
@@ -126,18 +101,19 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
     if !l.loop_done {
         return Err(refuse(k, "a kernel without a chunk loop"));
     }
-    // Renumber the windows to parameter order (a whole-chunk window after the chunk one).
-    let mut by_param: Vec<usize> = (0..l.program.windows.len()).collect();
-    by_param.sort_by_key(|&w| (l.program.windows[w].param, l.program.windows[w].kind));
+    Ok(by_param(l.program))
+}
+
+/// `p` with its windows in parameter order (a whole-chunk window after the chunk one).
+pub(super) fn by_param(mut p: TileProgram) -> TileProgram {
+    let mut by_param: Vec<usize> = (0..p.windows.len()).collect();
+    by_param.sort_by_key(|&w| (p.windows[w].param, p.windows[w].kind));
     let mut new = vec![0; by_param.len()];
     for (i, &w) in by_param.iter().enumerate() {
         new[w] = i;
     }
-    l.program.windows = by_param
-        .iter()
-        .map(|&w| l.program.windows[w].clone())
-        .collect();
-    for n in &mut l.program.nodes {
+    p.windows = by_param.iter().map(|&w| p.windows[w].clone()).collect();
+    for n in &mut p.nodes {
         match &mut n.op {
             VOp::Load { window } | VOp::Gather { window, .. } | VOp::Scalar { window } => {
                 *window = new[*window];
@@ -145,10 +121,46 @@ pub(super) fn tile_program(k: &Kernel, shapes: &Shapes) -> Result<TileProgram> {
             _ => {}
         }
     }
-    for (w, _) in &mut l.program.stores {
+    for (w, _) in &mut p.stores {
         *w = new[*w];
     }
-    Ok(l.program)
+    p
+}
+
+impl<'k> Lowering<'k> {
+    /// An empty lowering of `k` at `shapes`, its arrays `rows` rows.
+    pub(super) fn new(k: &'k Kernel, shapes: &'k Shapes, rows: u32) -> Self {
+        Lowering {
+            k,
+            shapes,
+            work_item: None,
+            loop_index: None,
+            chunk: None,
+            windows: HashMap::new(),
+            program: TileProgram {
+                name: k.name.clone(),
+                rows,
+                width: 0,
+                max_lanes: MAX_LANES,
+                windows: Vec::new(),
+                nodes: Vec::new(),
+                stores: Vec::new(),
+                matmul: None,
+            },
+            memo: HashMap::new(),
+            natural_shapes: HashMap::new(),
+            stored: HashMap::new(),
+            pairs: HashMap::new(),
+            pairs_loads: HashMap::new(),
+            loop_local: HashSet::new(),
+            loop_vars: HashMap::new(),
+            loop_done: false,
+            vars: HashMap::new(),
+            element_guard: None,
+            aliases: HashMap::new(),
+            matmul: None,
+        }
+    }
 }
 
 impl Lowering<'_> {
@@ -1222,7 +1234,7 @@ impl Lowering<'_> {
 
     /// Window `w`'s tile at `shape`, read: `f32` for an `f32` buffer, `bf16` and `f16` widened
     /// to `f32`, integers as `i32` lanes.
-    fn load_window(&mut self, w: usize, shape: Shape) -> usize {
+    pub(super) fn load_window(&mut self, w: usize, shape: Shape) -> usize {
         self.program.windows[w].read = true;
         let dtype = self.program.windows[w].dtype;
         let raw_elt = if dtype == DType::F32 {
@@ -1333,19 +1345,32 @@ impl Lowering<'_> {
         self.program.nodes[n].elt
     }
 
-    /// Node `n` at `shape` (a `Row` broadcast across the chunk or its pairs).
+    /// Node `n` at `shape` (a `Row` broadcast across the chunk or its pairs; a matmul's
+    /// `WRow` across its weight tile or blocks, its `WBlocks` spread over the tile's lanes).
     fn widen(&mut self, n: usize, shape: Shape) -> usize {
-        if self.node_shape(n) == Shape::Row && matches!(shape, Shape::Chunk | Shape::Pairs) {
-            let elt = self.node_elt(n);
-            self.push(VOp::Broadcast(n), shape, elt)
-        } else {
-            n
+        let elt = self.node_elt(n);
+        match (self.node_shape(n), shape) {
+            (Shape::Row, Shape::Chunk | Shape::Pairs)
+            | (Shape::WRow, Shape::WBlocks | Shape::WTile) => {
+                self.push(VOp::Broadcast(n), shape, elt)
+            }
+            (Shape::WBlocks, Shape::WTile) => self.push(VOp::Spread(n), shape, elt),
+            _ => n,
         }
+    }
+
+    /// The window of scalar parameter `p`'s value.
+    pub(super) fn scalar_window(&mut self, p: ParamId) -> Result<usize> {
+        self.fixed_window(p, WindowKind::Scalar)
     }
 
     /// The natural shape of `v`: where its loads are (memoized: values form a DAG).
     fn natural(&mut self, v: Value) -> Result<Shape> {
         if let Some(&s) = self.natural_shapes.get(&v.index()) {
+            return Ok(s);
+        }
+        if let Some(s) = self.matmul_natural(v)? {
+            self.natural_shapes.insert(v.index(), s);
             return Ok(s);
         }
         if let Some(&a) = self.aliases.get(&v.index()) {
@@ -1379,7 +1404,7 @@ impl Lowering<'_> {
     }
 
     /// Value `v` as a node of at least `shape` (constants at exactly `shape`).
-    fn get(&mut self, v: Value, shape: Shape) -> Result<usize> {
+    pub(super) fn get(&mut self, v: Value, shape: Shape) -> Result<usize> {
         let own = self.natural(v)?;
         let at = own.max(shape);
         if let Some(&n) = self.memo.get(&(v.index(), at)) {
@@ -1396,6 +1421,9 @@ impl Lowering<'_> {
     }
 
     fn lower(&mut self, v: Value, at: Shape) -> Result<usize> {
+        if let Some(n) = self.matmul_leaf(v, at)? {
+            return Ok(n);
+        }
         if let Some(&a) = self.aliases.get(&v.index()) {
             let row = self.push(VOp::WorkItem, Shape::Row, Elt::I32);
             return Ok(match a {

@@ -53,6 +53,9 @@
 //! the first `elements` of each output (`scripts/mosaic_check.py` does this for `jax`).
 
 mod lowering;
+mod matmul;
+mod matmul_text;
+mod matmul_twin;
 mod ops;
 mod soft;
 mod text;
@@ -64,6 +67,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 pub use crate::stablehlo::Shapes;
+pub use matmul::scalar_values;
 pub use tile::Window;
 
 /// The backend name used in errors and in `qforge check`.
@@ -108,6 +112,9 @@ pub struct Manifest {
     pub lane_blocks: u32,
     /// Columns of a chunk window per step.
     pub lanes: u32,
+    /// The grid (`iteration_bounds`): `[steps, lane_blocks]`, or a matmul's
+    /// `[M / TM, N / TN, K / TK]`.
+    pub grid: Vec<u32>,
     /// The input arrays, in the function's order.
     pub inputs: Vec<ArrayLayout>,
     /// The output arrays, in the function's order.
@@ -132,6 +139,11 @@ pub struct ArrayLayout {
     pub array_dtype: String,
     /// The buffer's element count (an output's first `elements` are the kernel's result).
     pub elements: usize,
+    /// A matmul's arrays: the buffer's first `elements` as `[rows, columns]`, zero-padded on
+    /// both dimensions to `shape` (an output's result is its top-left `[rows, columns]`);
+    /// absent for a flat buffer padded at its end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer_shape: Option<[u32; 2]>,
 }
 
 /// Lowers `kernel` for a launch of `shapes`: the Mosaic module, its twin and the manifest.
@@ -142,6 +154,20 @@ pub struct ArrayLayout {
 /// buffers; [`Error::Ir`] for a kernel that
 /// does not verify.
 pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
+    lower_with(kernel, shapes, &[])
+}
+
+/// [`lower`] with the launch's integer scalar parameters (`scalars[i]` the value of parameter
+/// `i`, [`scalar_values`]), which a matmul's lowering needs (`matmul.rs`: its tiles follow
+/// `M`, `N` and `K`, and its work items are evaluated).
+///
+/// # Errors
+/// As [`lower`]; a matmul without its scalars is refused naming what it misses.
+pub fn lower_with(
+    kernel: &Kernel,
+    shapes: &Shapes,
+    scalars: &[Option<u32>],
+) -> Result<MosaicModule> {
     // `search_sorted` as the level search: its tables (1, 2, 4, ... entries) are select
     // trees, where the bucket search's would be hundreds of entries.
     let searched = crate::decompose::search(kernel, crate::decompose::SearchStrategy::Levels)?;
@@ -156,7 +182,11 @@ pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
             ),
         ));
     }
-    let program = lowering::tile_program(kernel, shapes)?;
+    let program = if matmul::is_matmul(kernel) {
+        matmul::tile_program(kernel, shapes, scalars)?
+    } else {
+        lowering::tile_program(kernel, shapes)?
+    };
     let layout = |w: &Window| ArrayLayout {
         param: w.name.clone(),
         index: w.param,
@@ -168,6 +198,7 @@ pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
         }
         .to_string(),
         elements: w.elements,
+        buffer_shape: program.buffer_shape(w),
     };
     let manifest = Manifest {
         kernel: kernel.name.clone(),
@@ -175,6 +206,7 @@ pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
         step_rows: STEP_ROWS,
         lane_blocks: program.lane_blocks(),
         lanes: program.lanes(),
+        grid: program.grid(),
         inputs: program
             .windows
             .iter()

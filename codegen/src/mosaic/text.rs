@@ -12,7 +12,7 @@ use super::STEP_ROWS;
 
 /// The memref element type of a window of `dtype`: `f16` as its bits (`i16`), since libtpu
 /// neither stores `f16` vectors (v5e) nor casts them to `i16` (v6e).
-fn mem_elt(dtype: DType) -> &'static str {
+pub(super) fn mem_elt(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "f32",
         DType::F16 => "i16",
@@ -22,7 +22,7 @@ fn mem_elt(dtype: DType) -> &'static str {
     }
 }
 
-fn elt(e: Elt) -> &'static str {
+pub(super) fn elt(e: Elt) -> &'static str {
     match e {
         Elt::I32 => "i32",
         Elt::F32 => "f32",
@@ -30,21 +30,34 @@ fn elt(e: Elt) -> &'static str {
     }
 }
 
-struct Printer<'p> {
-    p: &'p TileProgram,
-    out: String,
+pub(super) struct Printer<'p> {
+    pub(super) p: &'p TileProgram,
+    pub(super) out: String,
     /// The function argument of each window: (input, output).
-    args: Vec<(Option<String>, Option<String>)>,
+    pub(super) args: Vec<(Option<String>, Option<String>)>,
     /// The pairs nodes already viewed as `[R, L, 2]` (`%v{a}_split`).
     split: std::collections::HashSet<usize>,
 }
 
-impl Printer<'_> {
-    fn vty(&self, shape: Shape, e: &str) -> String {
-        format!("vector<{STEP_ROWS}x{}x{e}>", self.p.columns(shape))
+impl<'p> Printer<'p> {
+    pub(super) fn new(p: &'p TileProgram) -> Self {
+        Printer {
+            p,
+            out: String::new(),
+            args: Vec::new(),
+            split: Default::default(),
+        }
     }
 
-    fn mem(&self, window: usize) -> String {
+    pub(super) fn vty(&self, shape: Shape, e: &str) -> String {
+        format!(
+            "vector<{}x{}x{e}>",
+            self.p.rows_of(shape),
+            self.p.columns(shape)
+        )
+    }
+
+    pub(super) fn mem(&self, window: usize) -> String {
         let w = &self.p.windows[window];
         format!(
             "memref<{}x{}x{}, #tpu.memory_space<vmem>>",
@@ -72,13 +85,13 @@ impl Printer<'_> {
         format!("%v{i}_bits")
     }
 
-    fn line(&mut self, s: String) {
+    pub(super) fn line(&mut self, s: String) {
         self.out.push_str("    ");
         self.out.push_str(&s);
         self.out.push('\n');
     }
 
-    fn node(&mut self, i: usize, n: &Node) {
+    pub(super) fn node(&mut self, i: usize, n: &Node) {
         let ty = self.vty(n.shape, elt(n.elt));
         let v = |j: usize| format!("%v{j}");
         match &n.op {
@@ -87,7 +100,8 @@ impl Printer<'_> {
                 let arg = self.args[*window].0.clone().unwrap_or_default();
                 let raw = self.vty(n.shape, mem_elt(dtype));
                 let mem = self.mem(*window);
-                let load = if self.p.windows[*window].kind == WindowKind::Cols {
+                let w = &self.p.windows[*window];
+                let load = if w.one_row() && !w.fixed() {
                     // One row, broadcast to the step's rows.
                     let row = format!("vector<1x{}x{}>", self.p.columns(n.shape), mem_elt(dtype));
                     self.line(format!(
@@ -137,7 +151,7 @@ impl Printer<'_> {
                 }
             },
             VOp::Broadcast(a) => {
-                let from = self.vty(Shape::Row, elt(n.elt));
+                let from = self.vty(self.p.nodes[*a].shape, elt(n.elt));
                 self.line(format!(
                     "%v{i} = vector.broadcast {} : {from} to {ty}",
                     v(*a)
@@ -322,6 +336,12 @@ impl Printer<'_> {
                     "%v{i} = vector.shape_cast %v{i}_both : {two} to {ty}"
                 ));
             }
+            VOp::WeightRow
+            | VOp::ReductionIndex { .. }
+            | VOp::OutRow
+            | VOp::OutCol
+            | VOp::Spread(_)
+            | VOp::Staged(_) => super::matmul_text::node(self, i, n),
             VOp::Deinterleave(a, half) => {
                 // The inverse of `Interleave`: `[R, 2L]` as `[R, L, 2]`, slice `half` of the
                 // last dimension.
@@ -345,7 +365,7 @@ impl Printer<'_> {
         }
     }
 
-    fn store(&mut self, k: usize, window: usize, node: usize) {
+    pub(super) fn store(&mut self, k: usize, window: usize, node: usize) {
         let dtype = self.p.windows[window].dtype;
         let arg = self.args[window].1.clone().unwrap_or_default();
         let mem = self.mem(window);
@@ -379,6 +399,9 @@ impl Printer<'_> {
 
 /// The Mosaic module of `p` (see the module docs).
 pub(super) fn print(p: &TileProgram) -> String {
+    if p.matmul.is_some() {
+        return super::matmul_text::print(p);
+    }
     let mut args = vec![(None, None); p.windows.len()];
     let mut params = vec!["%arg0: i32".to_string(), "%arg1: i32".to_string()];
     // Each window's block (rows, columns) and index map.
@@ -394,12 +417,7 @@ pub(super) fn print(p: &TileProgram) -> String {
             "chunk"
         }
     };
-    let mut printer = Printer {
-        p,
-        out: String::new(),
-        args: Vec::new(),
-        split: Default::default(),
-    };
+    let mut printer = Printer::new(p);
     let ins = p.windows.iter().enumerate().filter(|(_, w)| w.read);
     let outs = p.windows.iter().enumerate().filter(|(_, w)| w.written);
     for (i, w) in ins {

@@ -28,6 +28,18 @@ pub(super) enum Shape {
     /// A work item's `2C` pairs, `R x 2C` even where a step takes `2L < 2C` lanes of them: a
     /// reduction over the pairs of a lane-blocked chunk (as `Whole` for a chunk).
     WholePairs,
+    /// A matmul's activation tile, `TM x TK` (rows `m`, lanes `k`).
+    XTile,
+    /// A matmul's output tile, `TM x TN` (rows `m`, lanes `n`): the partial sums and the
+    /// values computed from the total.
+    Acc,
+    /// One value per weight row `n` of a matmul's step, `TN x 1`.
+    WRow,
+    /// A weight row's absmax blocks, `TN x (K >> s)` (the whole row of blocks).
+    WBlocks,
+    /// A matmul's weight tile, `TN x TW` (rows `n`, lanes `k`; with two elements per byte,
+    /// lane `i` of half `h` is `k = 2i + h` and `TW = TK / 2`).
+    WTile,
 }
 
 /// The element type of a vector value: `u32`/`i32` values are signless `i32` lanes (the op
@@ -126,6 +138,37 @@ pub(super) enum VOp {
     Scalar {
         window: usize,
     },
+    /// A matmul's weight row `n` of each sublane (`WRow`, `i32`): the step's first weight row
+    /// plus the sublane.
+    WeightRow,
+    /// A matmul's reduction index `k` of each lane (`WTile`, `i32`): the step's first `k`
+    /// plus the lane, or plus twice the lane and `half` where a byte holds two elements.
+    ReductionIndex {
+        half: Option<u32>,
+    },
+    /// A matmul's output row `m` (`Acc`, `i32`).
+    OutRow,
+    /// A matmul's output column `n` (`Acc`, `i32`).
+    OutCol,
+    /// A `WBlocks` value at each lane's block (`WTile`): lane `c` takes column
+    /// `(first k of the step >> s) + (c >> group)` (`group = s`, or `s - 1` where a byte holds
+    /// two elements), picked by a one-hot compare per block of the step.
+    Spread(usize),
+    /// A value the matmul's loop provides (`Acc`): see [`Stage`].
+    Staged(Stage),
+}
+
+/// The values of a matmul's reduction loop (`super::matmul`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Stage {
+    /// Element `k`'s activation column `x[:, k]` broadcast along the lanes.
+    X,
+    /// Element `k`'s weight row `w[:, k]` broadcast along the sublanes.
+    W,
+    /// Partial `k % ways` before element `k`.
+    Partial,
+    /// The total: the partials combined by the halving tree.
+    Total,
 }
 
 /// A buffer as a 2-D array of the tile program.
@@ -174,6 +217,18 @@ pub enum WindowKind {
     Table,
     /// `[1, 1]`: a scalar parameter's value (`f32`, `u32` or `i32`), the same in every step.
     Scalar,
+    /// A matmul's activations `[M, K]`: block `TM x TK` at `(i, l)` of grid step `(i, j, l)`.
+    MmX,
+    /// A matmul's weight read per element or per byte, `[N, K >> s]`: block `TN x (TK >> s)`
+    /// at `(j, l)`.
+    MmWeight,
+    /// A matmul's weight blocks (its absmax), `[N, K >> s]`: block the rows' whole row at
+    /// `(j, 0)`.
+    MmBlocks,
+    /// A matmul's per-column buffer (a bias), `[1, N]`: block `1 x TN` at `(0, j)`.
+    MmCols,
+    /// A matmul's output `[M, N]`: block `TM x TN` at `(i, j)`.
+    MmOut,
 }
 
 /// A value with its shape and element type.
@@ -199,9 +254,53 @@ pub(super) struct TileProgram {
     pub nodes: Vec<Node>,
     /// `(window, node)` in program order; a later store to a window replaces the tile.
     pub stores: Vec<(usize, usize)>,
+    /// A matmul's tiles and loop (`super::matmul`); `None` for the row-chunk class.
+    pub matmul: Option<MatmulPlan>,
+}
+
+/// A matmul's grid, tiles and the nodes of its parts (`super::matmul`): grid step `(i, j, l)`
+/// computes output tile `(i, j)` from reduction block `l`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct MatmulPlan {
+    /// The output's rows and columns and the reduction's length.
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    /// The tiles: `TM x TN` outputs, `TK` elements of the reduction per step.
+    pub tm: u32,
+    pub tn: u32,
+    pub tk: u32,
+    /// The partials of the reduction order (`strided W`; 1 for `sequential`).
+    pub ways: u32,
+    /// Whether the weight is read per byte, two elements in one (its tile is `TN x TK / 2`).
+    pub halves: bool,
+    /// The shift `s` of the weight's blocks (`[N, K >> s]`), if it has some.
+    pub blocks_shift: Option<u32>,
+    /// The activation factor (`XTile`, `f32`).
+    pub x: usize,
+    /// The weight factor (`WTile`, `f32`), per half.
+    pub w: Vec<usize>,
+    /// The nodes computed per step before the loop: `0 .. loop_start`.
+    pub loop_start: usize,
+    /// The loop body's nodes, `loop_start .. total_start`, ending in the new partial `fma`.
+    pub fma: usize,
+    /// The nodes computed from the total at the last reduction step: `total_start ..`.
+    pub total_start: usize,
 }
 
 impl Window {
+    /// Whether it is a matmul's window.
+    pub fn matmul(&self) -> bool {
+        matches!(
+            self.kind,
+            WindowKind::MmX
+                | WindowKind::MmWeight
+                | WindowKind::MmBlocks
+                | WindowKind::MmCols
+                | WindowKind::MmOut
+        )
+    }
+
     /// Whether its index map is `(r, c) -> (r, 0)`: a per-work-item or whole-chunk window.
     pub fn by_row(&self) -> bool {
         matches!(
@@ -215,13 +314,22 @@ impl Window {
         matches!(self.kind, WindowKind::Table | WindowKind::Scalar)
     }
 
-    /// Whether its array is one row (a table, a scalar, or a `Cols` window).
+    /// Whether its array is one row (a table, a scalar, a `Cols` or `MmCols` window).
     pub fn one_row(&self) -> bool {
-        self.fixed() || self.kind == WindowKind::Cols
+        self.fixed() || matches!(self.kind, WindowKind::Cols | WindowKind::MmCols)
     }
 }
 
 impl TileProgram {
+    /// The grid: `[steps, lane_blocks]`, or a matmul's `[M / TM, N / TN, K / TK]` (each
+    /// rounded up).
+    pub fn grid(&self) -> Vec<u32> {
+        match &self.matmul {
+            Some(p) => vec![p.m.div_ceil(p.tm), p.n.div_ceil(p.tn), p.k.div_ceil(p.tk)],
+            None => vec![self.steps(), self.lane_blocks()],
+        }
+    }
+
     /// Grid steps over the rows: `rows / STEP_ROWS`.
     pub fn steps(&self) -> u32 {
         self.rows / STEP_ROWS
@@ -252,25 +360,41 @@ impl TileProgram {
             WindowKind::Pairs => self.columns(Shape::Pairs),
             WindowKind::Whole => self.columns(Shape::Whole),
             WindowKind::WholePairs => self.columns(Shape::WholePairs),
-            WindowKind::Table | WindowKind::Scalar => w.width,
+            WindowKind::Table | WindowKind::Scalar | WindowKind::MmBlocks => w.width,
+            WindowKind::MmX => self.columns(Shape::XTile),
+            WindowKind::MmWeight => self.columns(Shape::WTile),
+            WindowKind::MmCols | WindowKind::MmOut => self.columns(Shape::Acc),
         }
     }
 
-    /// Rows of `w`'s block: [`STEP_ROWS`], or 1 for a table, a scalar or a `Cols` window.
+    /// Rows of `w`'s block: [`STEP_ROWS`] (a matmul's `TM` or `TN`), or 1 for a table, a
+    /// scalar or a `Cols` window.
     pub fn block_rows(&self, w: &Window) -> u32 {
-        if w.one_row() {
-            1
-        } else {
-            STEP_ROWS
+        match w.kind {
+            _ if w.one_row() => 1,
+            WindowKind::MmX | WindowKind::MmOut => self.rows_of(Shape::XTile),
+            WindowKind::MmWeight | WindowKind::MmBlocks => self.rows_of(Shape::WTile),
+            _ => STEP_ROWS,
         }
     }
 
-    /// Rows of `w`'s array: [`Self::rows`], or 1 for a table, a scalar or a `Cols` window.
+    /// Rows of `w`'s array: [`Self::rows`] (a matmul's `M` or `N` rounded up to its tile), or
+    /// 1 for a table, a scalar or a `Cols` window.
     pub fn array_rows(&self, w: &Window) -> u32 {
-        if w.one_row() {
-            1
-        } else {
-            self.rows
+        match (w.kind, &self.matmul) {
+            _ if w.one_row() => 1,
+            (WindowKind::MmX | WindowKind::MmOut, Some(p)) => p.m.div_ceil(p.tm) * p.tm,
+            (WindowKind::MmWeight | WindowKind::MmBlocks, Some(p)) => p.n.div_ceil(p.tn) * p.tn,
+            _ => self.rows,
+        }
+    }
+
+    /// Rows of a value of `shape` in one grid step: [`STEP_ROWS`], a matmul's `TM` or `TN`.
+    pub fn rows_of(&self, shape: Shape) -> u32 {
+        match (shape, &self.matmul) {
+            (Shape::XTile | Shape::Acc, Some(p)) => p.tm,
+            (Shape::WRow | Shape::WBlocks | Shape::WTile, Some(p)) => p.tn,
+            _ => STEP_ROWS,
         }
     }
 
@@ -282,6 +406,16 @@ impl TileProgram {
             Shape::Pairs => 2 * self.lanes(),
             Shape::Whole => self.width,
             Shape::WholePairs => 2 * self.width,
+            Shape::XTile | Shape::Acc | Shape::WRow | Shape::WBlocks | Shape::WTile => {
+                let Some(p) = &self.matmul else { return 1 };
+                match shape {
+                    Shape::XTile => p.tk,
+                    Shape::Acc => p.tn,
+                    Shape::WRow => 1,
+                    Shape::WBlocks => p.k >> p.blocks_shift.unwrap_or(0),
+                    _ => p.tk >> u32::from(p.halves),
+                }
+            }
         }
     }
 }

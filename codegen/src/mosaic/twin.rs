@@ -14,7 +14,7 @@ use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp, WindowKind};
 use super::{Shapes, STEP_ROWS};
 
 /// The raw element type of a buffer of `dtype` in the signature.
-fn raw(dtype: DType) -> &'static str {
+pub(super) fn raw(dtype: DType) -> &'static str {
     match dtype.size_bytes() {
         1 => "ui8",
         2 => "ui16",
@@ -22,7 +22,7 @@ fn raw(dtype: DType) -> &'static str {
     }
 }
 
-fn elt(e: Elt) -> &'static str {
+pub(super) fn elt(e: Elt) -> &'static str {
     match e {
         Elt::I32 => "ui32",
         Elt::F32 => "f32",
@@ -30,29 +30,45 @@ fn elt(e: Elt) -> &'static str {
     }
 }
 
-struct Printer<'p> {
-    p: &'p TileProgram,
-    out: String,
-    indent: &'static str,
+pub(super) struct Printer<'p> {
+    pub(super) p: &'p TileProgram,
+    pub(super) out: String,
+    pub(super) indent: &'static str,
     /// The array of each window (its old contents).
-    arrays: Vec<String>,
+    pub(super) arrays: Vec<String>,
+    /// A matmul's block of each window: its first row and column (`i32` scalars).
+    pub(super) starts: Vec<(String, String)>,
 }
 
-impl Printer<'_> {
-    fn tty(&self, shape: Shape, e: &str) -> String {
-        format!("tensor<{STEP_ROWS}x{}x{e}>", self.p.columns(shape))
+impl<'p> Printer<'p> {
+    pub(super) fn new(p: &'p TileProgram, indent: &'static str, arrays: Vec<String>) -> Self {
+        Printer {
+            p,
+            out: String::new(),
+            indent,
+            arrays,
+            starts: Vec::new(),
+        }
     }
 
-    fn line(&mut self, s: String) {
+    pub(super) fn tty(&self, shape: Shape, e: &str) -> String {
+        format!(
+            "tensor<{}x{}x{e}>",
+            self.p.rows_of(shape),
+            self.p.columns(shape)
+        )
+    }
+
+    pub(super) fn line(&mut self, s: String) {
         self.out.push_str(self.indent);
         self.out.push_str(&s);
         self.out.push('\n');
     }
 
-    /// `%v{i}`, a `Row` value of type `elt`, from the `ui32` bits `%v{i}_{from}` of type
-    /// `from_ty` (reshaped to `R x 1`, then reinterpreted as `f32` where `elt` is).
-    fn bits_as(&mut self, i: usize, elt: Elt, from: &str, from_ty: &str) {
-        let row = self.tty(Shape::Row, "ui32");
+    /// `%v{i}`, a value of `shape` and type `elt`, from the `ui32` bits `%v{i}_{from}` of
+    /// type `from_ty` (reshaped to `shape`, then reinterpreted as `f32` where `elt` is).
+    fn bits_as(&mut self, i: usize, shape: Shape, elt: Elt, from: &str, from_ty: &str) {
+        let row = self.tty(shape, "ui32");
         let bits = if elt == Elt::F32 {
             format!("%v{i}_row")
         } else {
@@ -62,7 +78,7 @@ impl Printer<'_> {
             "{bits} = stablehlo.reshape %v{i}_{from} : ({from_ty}) -> {row}"
         ));
         if elt == Elt::F32 {
-            let f = self.tty(Shape::Row, "f32");
+            let f = self.tty(shape, "f32");
             self.line(format!(
                 "%v{i} = stablehlo.bitcast_convert {bits} : ({row}) -> {f}"
             ));
@@ -78,16 +94,18 @@ impl Printer<'_> {
         name.to_string()
     }
 
-    fn node(&mut self, i: usize, n: &Node) {
+    pub(super) fn node(&mut self, i: usize, n: &Node) {
         let ty = self.tty(n.shape, elt(n.elt));
         match &n.op {
             VOp::Load { window } => {
                 let w = &self.p.windows[*window];
                 let (dtype, width, block) = (w.dtype, w.width, self.p.block_width(w));
-                let col = match w.kind {
-                    _ if w.by_row() => "%zero",
-                    WindowKind::Pairs => "%pair_col",
-                    _ => "%col",
+                let (block_rows, array_rows) = (self.p.block_rows(w), self.p.array_rows(w));
+                let (row, col) = match (self.starts.get(*window), w.kind) {
+                    (Some((r, c)), _) => (r.clone(), c.clone()),
+                    (None, _) if w.by_row() => ("%start".into(), "%zero".into()),
+                    (None, WindowKind::Pairs) => ("%start".into(), "%pair_col".into()),
+                    _ => ("%start".into(), "%col".into()),
                 };
                 let rt = self.tty(n.shape, raw(dtype));
                 let array = self.arrays[*window].clone();
@@ -98,19 +116,18 @@ impl Printer<'_> {
                 } else {
                     format!("%v{i}_raw")
                 };
-                if w.kind == WindowKind::Cols {
+                if w.one_row() && !w.fixed() {
                     // The lane block of the one-row array, broadcast to the step's rows.
                     let r = raw(dtype);
                     self.line(format!(
-                        "%v{i}_row = stablehlo.dynamic_slice {array}, %c0, %col, sizes = [1, {block}] : (tensor<1x{width}x{r}>, tensor<i32>, tensor<i32>) -> tensor<1x{block}x{r}>"
+                        "%v{i}_row = stablehlo.dynamic_slice {array}, %c0, {col}, sizes = [1, {block}] : (tensor<1x{width}x{r}>, tensor<i32>, tensor<i32>) -> tensor<1x{block}x{r}>"
                     ));
                     self.line(format!(
                         "{name} = stablehlo.broadcast_in_dim %v{i}_row, dims = [0, 1] : (tensor<1x{block}x{r}>) -> {rt}"
                     ));
                 } else {
                     self.line(format!(
-                        "{name} = stablehlo.dynamic_slice {array}, %start, {col}, sizes = [{STEP_ROWS}, {block}] : (tensor<{}x{width}x{}>, tensor<i32>, tensor<i32>) -> {rt}",
-                        self.p.rows,
+                        "{name} = stablehlo.dynamic_slice {array}, {row}, {col}, sizes = [{block_rows}, {block}] : (tensor<{array_rows}x{width}x{}>, tensor<i32>, tensor<i32>) -> {rt}",
                         raw(dtype)
                     ));
                 }
@@ -154,7 +171,7 @@ impl Printer<'_> {
                 }
             },
             VOp::Broadcast(a) => {
-                let from = self.tty(Shape::Row, elt(n.elt));
+                let from = self.tty(self.p.nodes[*a].shape, elt(n.elt));
                 self.line(format!(
                     "%v{i} = stablehlo.broadcast_in_dim %v{a}, dims = [0, 1] : ({from}) -> {ty}"
                 ));
@@ -211,15 +228,21 @@ impl Printer<'_> {
                 self.line(format!(
                     "%v{i}_max = stablehlo.reduce(%v{i}_one init: %v{i}_zero) applies stablehlo.maximum across dimensions = [1] : ({wide}, tensor<ui32>) -> tensor<{STEP_ROWS}xui32>"
                 ));
-                self.bits_as(i, n.elt, "max", &format!("tensor<{STEP_ROWS}xui32>"));
+                self.bits_as(
+                    i,
+                    n.shape,
+                    n.elt,
+                    "max",
+                    &format!("tensor<{STEP_ROWS}xui32>"),
+                );
             }
             VOp::Scalar { window } => {
                 let param = self.p.windows[*window].param;
-                let row = self.tty(Shape::Row, "ui32");
+                let row = self.tty(n.shape, "ui32");
                 self.line(format!(
                     "%v{i}_all = stablehlo.broadcast_in_dim %arg{param}, dims = [] : (tensor<ui32>) -> {row}"
                 ));
-                self.bits_as(i, n.elt, "all", &row);
+                self.bits_as(i, n.shape, n.elt, "all", &row);
             }
             VOp::MaxLanes(a) => {
                 // The lanes are not negative: the unsigned max from 0 is the signed one.
@@ -321,6 +344,12 @@ impl Printer<'_> {
                     "%v{i} = stablehlo.reshape %v{i}_both : ({two}) -> {ty}"
                 ));
             }
+            VOp::WeightRow
+            | VOp::ReductionIndex { .. }
+            | VOp::OutRow
+            | VOp::OutCol
+            | VOp::Spread(_)
+            | VOp::Staged(_) => super::matmul_twin::node(self, i, n),
             VOp::Deinterleave(a, half) => {
                 let (l, e) = (self.p.lanes(), elt(n.elt));
                 let from = self.tty(Shape::Pairs, e);
@@ -341,7 +370,7 @@ impl Printer<'_> {
     }
 
     /// The raw tile a store writes (`%t{k}`).
-    fn store_tile(&mut self, k: usize, window: usize, node: usize) -> String {
+    pub(super) fn store_tile(&mut self, k: usize, window: usize, node: usize) -> String {
         let dtype = self.p.windows[window].dtype;
         let n = &self.p.nodes[node];
         let from = self.tty(n.shape, elt(n.elt));
@@ -373,8 +402,12 @@ impl Printer<'_> {
     }
 }
 
-/// The twin of `p`, the tile program of `kernel` at `shapes` (see the module docs).
-pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String {
+/// The twin's parameters (each buffer as raw bits, each scalar as `tensor<ui32>`) and its
+/// results: `(parameter, elements, dtype)` per writable buffer.
+pub(super) fn signature(
+    kernel: &Kernel,
+    shapes: &Shapes,
+) -> (Vec<String>, Vec<(usize, usize, DType)>) {
     let mut sig = Vec::new();
     let mut results = Vec::new();
     for (i, (_, param)) in kernel.params.iter().enumerate() {
@@ -389,13 +422,17 @@ pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String
             ParamKind::Scalar(_) => sig.push(format!("%arg{i}: tensor<ui32>")),
         }
     }
+    (sig, results)
+}
+
+/// The twin of `p`, the tile program of `kernel` at `shapes` (see the module docs).
+pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String {
+    if p.matmul.is_some() {
+        return super::matmul_twin::print(kernel, shapes, p);
+    }
+    let (sig, results) = signature(kernel, shapes);
     let rows = p.rows;
-    let mut head = Printer {
-        p,
-        out: String::new(),
-        indent: "    ",
-        arrays: Vec::new(),
-    };
+    let mut head = Printer::new(p, "    ", Vec::new());
     // Each window's array: the raw buffer padded with zeros and reshaped to `rows x width`
     // (named by window: a buffer may have a chunk and a whole-chunk window).
     for (i, w) in p.windows.iter().enumerate() {
@@ -450,12 +487,7 @@ pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String
     );
     head.line("  stablehlo.return %more : tensor<i1>".into());
     head.line("} do {".into());
-    let mut body = Printer {
-        p,
-        out: String::new(),
-        indent: "      ",
-        arrays,
-    };
+    let mut body = Printer::new(p, "      ", arrays);
     body.line(format!(
         "%rows = stablehlo.constant dense<{STEP_ROWS}> : tensor<i32>"
     ));

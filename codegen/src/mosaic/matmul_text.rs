@@ -1,0 +1,380 @@
+//! Prints a matmul's tile program (`matmul.rs`) as a Mosaic module: the function takes the
+//! three grid indices `(i, j, l)`, one VMEM window per array and three VMEM scratch buffers:
+//! the partials (`W x TM x TN`), and the step's activation columns and weight rows, each
+//! broadcast to a `TM x TN` tile and indexed by `k` on their leading dimension (`TK x TM x
+//! TN`), so the reduction loop reads element `k`'s with dynamic indices on an untiled
+//! dimension only.
+
+use std::fmt::Write;
+
+use super::text::{elt, Printer};
+use super::tile::{Node, Shape, TileProgram, VOp, WindowKind};
+
+/// The scratch buffers' memref types: partials, activation columns, weight rows.
+fn scratch(p: &TileProgram) -> [String; 3] {
+    let m = p.matmul.as_ref().expect("a matmul");
+    let vmem = "#tpu.memory_space<vmem>";
+    [
+        format!("memref<{}x{}x{}xf32, {vmem}>", m.ways, m.tm, m.tn),
+        format!("memref<{}x{}x{}xf32, {vmem}>", m.tk, m.tm, m.tn),
+        format!("memref<{}x{}x{}xf32, {vmem}>", m.tk, m.tm, m.tn),
+    ]
+}
+
+/// The matmul's own ops (the others print as in the row-chunk class).
+pub(super) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
+    let p = pr.p;
+    let m = p.matmul.as_ref().expect("a matmul");
+    let ty = pr.vty(n.shape, elt(n.elt));
+    // `%v{i}` = `iota(dim) * scale + add + first * per_step` (`first` a grid index).
+    let iota = |pr: &mut Printer<'_>, dim: u32, scale: u32, add: u32, first: &str, per: u32| {
+        pr.line(format!(
+            "%v{i}_iota = tpu.iota {{dimensions = array<i32: {dim}>}} : {ty}"
+        ));
+        let mut at = format!("%v{i}_iota");
+        if scale != 1 {
+            pr.line(format!(
+                "%v{i}_scale = arith.constant dense<{scale}> : {ty}"
+            ));
+            pr.line(format!(
+                "%v{i}_scaled = arith.muli {at}, %v{i}_scale : {ty}"
+            ));
+            at = format!("%v{i}_scaled");
+        }
+        if add != 0 {
+            pr.line(format!("%v{i}_add = arith.constant dense<{add}> : {ty}"));
+            pr.line(format!("%v{i}_added = arith.addi {at}, %v{i}_add : {ty}"));
+            at = format!("%v{i}_added");
+        }
+        pr.line(format!("%v{i}_per = arith.constant {per} : i32"));
+        pr.line(format!("%v{i}_first = arith.muli {first}, %v{i}_per : i32"));
+        pr.line(format!(
+            "%v{i}_base = vector.broadcast %v{i}_first : i32 to {ty}"
+        ));
+        pr.line(format!("%v{i} = arith.addi {at}, %v{i}_base : {ty}"));
+    };
+    match n.op {
+        VOp::WeightRow => iota(pr, 0, 1, 0, "%arg1", m.tn),
+        VOp::ReductionIndex { half: None } => iota(pr, 1, 1, 0, "%arg2", m.tk),
+        VOp::ReductionIndex { half: Some(h) } => iota(pr, 1, 2, h, "%arg2", m.tk),
+        VOp::OutRow => iota(pr, 0, 1, 0, "%arg0", m.tm),
+        VOp::OutCol => iota(pr, 1, 1, 0, "%arg1", m.tn),
+        VOp::Spread(a) => {
+            // Block `first + b` of each row (a one-hot max over the row's blocks) into the
+            // lanes of group `b`.
+            let s = m.blocks_shift.unwrap_or(0);
+            let group = s - u32::from(m.halves);
+            let groups = p.columns(Shape::WTile) >> group;
+            let (rows, kb) = (p.rows_of(Shape::WBlocks), p.columns(Shape::WBlocks));
+            let blocks = format!("vector<{rows}x{kb}xi32>");
+            let wide = pr.vty(Shape::WTile, "i32");
+            let bits = if p.nodes[a].elt == super::tile::Elt::F32 {
+                pr.line(format!(
+                    "%v{i}_bits = arith.bitcast %v{a} : vector<{rows}x{kb}xf32> to {blocks}"
+                ));
+                format!("%v{i}_bits")
+            } else {
+                format!("%v{a}")
+            };
+            pr.line(format!(
+                "%v{i}_col = tpu.iota {{dimensions = array<i32: 1>}} : {blocks}"
+            ));
+            pr.line(format!(
+                "%v{i}_lane = tpu.iota {{dimensions = array<i32: 1>}} : {wide}"
+            ));
+            pr.line(format!(
+                "%v{i}_gshift = arith.constant dense<{group}> : {wide}"
+            ));
+            pr.line(format!(
+                "%v{i}_group = arith.shrui %v{i}_lane, %v{i}_gshift : {wide}"
+            ));
+            pr.line(format!("%v{i}_per = arith.constant {} : i32", m.tk >> s));
+            pr.line(format!("%v{i}_first = arith.muli %arg2, %v{i}_per : i32"));
+            pr.line(format!(
+                "%v{i}_none = arith.constant dense<-2147483648> : {blocks}"
+            ));
+            pr.line(format!(
+                "%v{i}_init = arith.constant dense<-2147483648> : vector<{rows}xi32>"
+            ));
+            pr.line(format!("%v{i}_s0 = arith.constant dense<0> : {wide}"));
+            for b in 0..groups {
+                pr.line(format!("%v{i}_b{b} = arith.constant {b} : i32"));
+                pr.line(format!(
+                    "%v{i}_c{b} = arith.addi %v{i}_first, %v{i}_b{b} : i32"
+                ));
+                pr.line(format!(
+                    "%v{i}_at{b} = vector.broadcast %v{i}_c{b} : i32 to {blocks}"
+                ));
+                pr.line(format!(
+                    "%v{i}_hit{b} = arith.cmpi eq, %v{i}_col, %v{i}_at{b} : {blocks}"
+                ));
+                pr.line(format!(
+                    "%v{i}_one{b} = arith.select %v{i}_hit{b}, {bits}, %v{i}_none : vector<{rows}x{kb}xi1>, {blocks}"
+                ));
+                pr.line(format!(
+                    "%v{i}_max{b} = vector.multi_reduction <maxsi>, %v{i}_one{b}, %v{i}_init [1] : {blocks} to vector<{rows}xi32>"
+                ));
+                pr.line(format!(
+                    "%v{i}_row{b} = vector.shape_cast %v{i}_max{b} : vector<{rows}xi32> to vector<{rows}x1xi32>"
+                ));
+                pr.line(format!(
+                    "%v{i}_wide{b} = vector.broadcast %v{i}_row{b} : vector<{rows}x1xi32> to {wide}"
+                ));
+                pr.line(format!("%v{i}_g{b} = arith.constant dense<{b}> : {wide}"));
+                pr.line(format!(
+                    "%v{i}_in{b} = arith.cmpi eq, %v{i}_group, %v{i}_g{b} : {wide}"
+                ));
+                let next = b + 1;
+                pr.line(format!(
+                    "%v{i}_s{next} = arith.select %v{i}_in{b}, %v{i}_wide{b}, %v{i}_s{b} : {}, {wide}",
+                    pr.vty(Shape::WTile, "i1")
+                ));
+            }
+            if n.elt == super::tile::Elt::F32 {
+                pr.line(format!(
+                    "%v{i} = arith.bitcast %v{i}_s{groups} : {wide} to {ty}"
+                ));
+            } else {
+                pr.line(format!(
+                    "%v{i} = arith.addi %v{i}_s{groups}, %v{i}_s0 : {wide}"
+                ));
+            }
+        }
+        // Printed by `print` where the loop provides them.
+        VOp::Staged(_) => {}
+        _ => unreachable!("not a matmul op"),
+    }
+}
+
+/// The Mosaic module of matmul program `p`.
+pub(super) fn print(p: &TileProgram) -> String {
+    let m = p.matmul.as_ref().expect("a matmul");
+    let mut pr = Printer::new(p);
+    let mut params = vec![
+        "%arg0: i32".to_string(),
+        "%arg1: i32".to_string(),
+        "%arg2: i32".to_string(),
+    ];
+    let mut args = vec![(None, None); p.windows.len()];
+    let mut windows = Vec::new();
+    let map = |kind: WindowKind| match kind {
+        WindowKind::MmX => "x",
+        WindowKind::MmWeight => "weight",
+        WindowKind::MmBlocks => "blocks",
+        WindowKind::MmCols => "cols",
+        WindowKind::MmOut => "out",
+        _ => "fixed",
+    };
+    for out in [false, true] {
+        for (i, w) in p.windows.iter().enumerate() {
+            if (out && !w.written) || (!out && !w.read) {
+                continue;
+            }
+            let name = format!("%{}_{}", if out { "out" } else { "in" }, w.name);
+            params.push(format!("{name}: {}", pr.mem(i)));
+            windows.push(format!(
+                "{{transform_indices = @transform_{}, window_bounds = array<i64: {}, {}>}}",
+                map(w.kind),
+                p.block_rows(w),
+                p.block_width(w)
+            ));
+            if out {
+                args[i].1 = Some(name);
+            } else {
+                args[i].0 = Some(name);
+            }
+        }
+    }
+    let [acc_mem, x_mem, w_mem] = scratch(p);
+    params.push(format!("%acc_scratch: {acc_mem}"));
+    params.push(format!("%x_scratch: {x_mem}"));
+    params.push(format!("%w_scratch: {w_mem}"));
+    pr.args = args;
+    let tile = format!("vector<{}x{}xf32>", m.tm, m.tn);
+    pr.line("%c0 = arith.constant 0 : index".into());
+    for (i, n) in p.nodes[..m.loop_start].iter().enumerate() {
+        pr.node(i, n);
+    }
+    // The step's activation columns and weight rows, each broadcast to a tile.
+    for k in 0..m.tk {
+        pr.line(format!("%k{k} = arith.constant {k} : index"));
+    }
+    let xt = format!("vector<{}x{}xf32>", m.tm, m.tk);
+    let col = format!("vector<{}x1xf32>", m.tm);
+    for k in 0..m.tk {
+        pr.line(format!(
+            "%xc{k} = vector.extract_strided_slice %v{} {{offsets = [0, {k}], sizes = [{}, 1], strides = [1, 1]}} : {xt} to {col}",
+            m.x, m.tm
+        ));
+        pr.line(format!(
+            "%xb{k} = vector.broadcast %xc{k} : {col} to {tile}"
+        ));
+        pr.line(format!(
+            "vector.store %xb{k}, %x_scratch[%k{k}, %c0, %c0] : {x_mem}, {tile}"
+        ));
+    }
+    let tw = p.columns(Shape::WTile);
+    let wty = pr.vty(Shape::WTile, "f32");
+    let turned = format!("vector<{tw}x{}xf32>", m.tn);
+    let row = format!("vector<1x{}xf32>", m.tn);
+    for (h, &w) in m.w.iter().enumerate() {
+        pr.line(format!(
+            "%wt{h} = tpu.transpose %v{w}, [1, 0] : {wty} -> {turned}"
+        ));
+        for r in 0..tw {
+            let k = if m.halves { 2 * r + h as u32 } else { r };
+            pr.line(format!(
+                "%wr{k} = vector.extract_strided_slice %wt{h} {{offsets = [{r}, 0], sizes = [1, {}], strides = [1, 1]}} : {turned} to {row}",
+                m.tn
+            ));
+            pr.line(format!(
+                "%wb{k} = vector.broadcast %wr{k} : {row} to {tile}"
+            ));
+            pr.line(format!(
+                "vector.store %wb{k}, %w_scratch[%k{k}, %c0, %c0] : {w_mem}, {tile}"
+            ));
+        }
+    }
+    // The partials: `-0.0` at the first reduction step.
+    let steps = m.k.div_ceil(m.tk);
+    let partials = format!("vector<{}x{}x{}xf32>", m.ways, m.tm, m.tn);
+    pr.line("%l0 = arith.constant 0 : i32".into());
+    pr.line("%first = arith.cmpi eq, %arg2, %l0 : i32".into());
+    pr.line("scf.if %first {".into());
+    pr.line(format!(
+        "  %zeros = arith.constant dense<-0.0> : {partials}"
+    ));
+    pr.line(format!(
+        "  vector.store %zeros, %acc_scratch[%c0, %c0, %c0] : {acc_mem}, {partials}"
+    ));
+    pr.line("}".into());
+    // The loop over the step's elements (the last step's may be fewer).
+    pr.line(format!("%l_last = arith.constant {} : i32", steps - 1));
+    pr.line("%last = arith.cmpi eq, %arg2, %l_last : i32".into());
+    pr.line(format!("%count_full = arith.constant {} : index", m.tk));
+    pr.line(format!(
+        "%count_last = arith.constant {} : index",
+        m.k - (steps - 1) * m.tk
+    ));
+    pr.line("%count = arith.select %last, %count_last, %count_full : index".into());
+    pr.line("%c1 = arith.constant 1 : index".into());
+    pr.line(format!(
+        "%ways_mask = arith.constant {} : index",
+        m.ways - 1
+    ));
+    pr.line("scf.for %kk = %c0 to %count step %c1 {".into());
+    pr.line("%slot = arith.andi %kk, %ways_mask : index".into());
+    let (px, pw, pp) = (m.loop_start, m.loop_start + 1, m.loop_start + 2);
+    pr.line(format!(
+        "%v{px} = vector.load %x_scratch[%kk, %c0, %c0] : {x_mem}, {tile}"
+    ));
+    pr.line(format!(
+        "%v{pw} = vector.load %w_scratch[%kk, %c0, %c0] : {w_mem}, {tile}"
+    ));
+    pr.line(format!(
+        "%v{pp} = vector.load %acc_scratch[%slot, %c0, %c0] : {acc_mem}, {tile}"
+    ));
+    for (i, n) in p.nodes[..m.total_start]
+        .iter()
+        .enumerate()
+        .skip(m.loop_start)
+    {
+        pr.node(i, n);
+    }
+    pr.line(format!(
+        "vector.store %v{}, %acc_scratch[%slot, %c0, %c0] : {acc_mem}, {tile}",
+        m.fma
+    ));
+    pr.line("}".into());
+    // The total (the halving tree over the partials), the epilogue and the stores.
+    pr.line("scf.if %last {".into());
+    let total = m.total_start;
+    let mut names: Vec<String> = (0..m.ways).map(|j| format!("%p{j}")).collect();
+    if m.ways == 1 {
+        names[0] = format!("%v{total}");
+    }
+    for j in 0..m.ways {
+        pr.line(format!("%w{j} = arith.constant {j} : index"));
+        pr.line(format!(
+            "{} = vector.load %acc_scratch[%w{j}, %c0, %c0] : {acc_mem}, {tile}",
+            names[j as usize]
+        ));
+    }
+    let mut width = m.ways as usize;
+    let mut level = 0;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            let name = if width == 1 {
+                format!("%v{total}")
+            } else {
+                format!("%t{level}_{j}")
+            };
+            pr.line(format!(
+                "{name} = arith.addf {}, {} : {tile}",
+                names[j],
+                names[j + width]
+            ));
+            names[j] = name;
+        }
+        level += 1;
+    }
+    for (i, n) in p.nodes.iter().enumerate().skip(total + 1) {
+        pr.node(i, n);
+    }
+    for (k, (w, n)) in p.stores.iter().enumerate() {
+        pr.store(k, *w, *n);
+    }
+    pr.line("}".into());
+    pr.line("return".into());
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "// qforge kernel {} (Mosaic matmul, M = {}, N = {}, K = {}: {} x {} x {} steps of {} x {} outputs and {} elements)",
+        p.name,
+        m.m,
+        m.n,
+        m.k,
+        m.m.div_ceil(m.tm),
+        m.n.div_ceil(m.tn),
+        steps,
+        m.tm,
+        m.tn,
+        m.tk
+    );
+    let _ = writeln!(
+        out,
+        "module attributes {{stable_mosaic.version = 11 : i64}} {{"
+    );
+    let _ = writeln!(
+        out,
+        "  func.func @{}({}) attributes {{dimension_semantics = [#tpu.dimension_semantics<parallel>, \
+         #tpu.dimension_semantics<parallel>, #tpu.dimension_semantics<arbitrary>], iteration_bounds = \
+         array<i64: {}, {}, {}>, scalar_prefetch = 0 : i64, scratch_operands = 3 : i64, \
+         tpu.core_type = #tpu.core_type<tc>, window_params = [{}]}} {{",
+        p.name,
+        params.join(", "),
+        m.m.div_ceil(m.tm),
+        m.n.div_ceil(m.tn),
+        steps,
+        windows.join(", ")
+    );
+    out.push_str(&pr.out);
+    out.push_str("  }\n");
+    for (name, r, c) in [
+        ("x", "%arg0", "%arg2"),
+        ("weight", "%arg1", "%arg2"),
+        ("blocks", "%arg1", "%c0_i32"),
+        ("cols", "%c0_i32", "%arg1"),
+        ("out", "%arg0", "%arg1"),
+        ("fixed", "%c0_i32", "%c0_i32"),
+    ] {
+        let _ = writeln!(
+            out,
+            "  func.func @transform_{name}(%arg0: i32, %arg1: i32, %arg2: i32) -> (i32, i32) {{\n    \
+             %c0_i32 = arith.constant 0 : i32\n    return {r}, {c} : i32, i32\n  }}"
+        );
+    }
+    out.push_str("}\n");
+    out
+}
