@@ -62,6 +62,92 @@ fn shapes_of(entry: &dyn CatalogEntry, kernel: &qforge::ir::Kernel, values: &[f3
     launch_of(entry, kernel, values).0
 }
 
+/// Arguments of a 4-bit matmul forward kernel of `_bsB` and `_tTMxTN` at `m x n x k`, by
+/// parameter name: activations and bias of random bits (one in eight) or values in
+/// `[-3, 3)`, random codes, absmax mostly in `[0, 4)` with infinities, NaNs, zeros and
+/// subnormals among them.
+fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec<OwnedArg> {
+    use qforge::ir::{ParamKind, Scalar};
+    let number = |key: &str| -> usize {
+        let at = kernel
+            .name
+            .find(key)
+            .expect("tile and blocksize in the name")
+            + key.len();
+        let digits: String = kernel.name[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().unwrap()
+    };
+    let (bs, tm) = (number("_bs"), number("_t"));
+    let tn = number(&format!("_t{tm}x"));
+    // xorshift64.
+    let mut state = 0x9e37_79b9_7f4a_7c15 ^ (m * 1000 + n) as u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as u32
+    };
+    let value = |next: &mut dyn FnMut() -> u32| {
+        let r = next();
+        if r % 8 == 0 {
+            next()
+        } else {
+            ((r >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0).to_bits()
+        }
+    };
+    let (n_tiles, n_blocks) = (n.div_ceil(tn), (n * k).div_ceil(bs));
+    let scalar = |v: usize| OwnedArg::Scalar(Scalar::U32(v as u32));
+    kernel
+        .params
+        .iter()
+        .map(|(_, p)| match (&p.kind, p.name.as_str()) {
+            (ParamKind::Scalar(_), "m") => scalar(m),
+            (ParamKind::Scalar(_), "n") => scalar(n),
+            (ParamKind::Scalar(_), "k") => scalar(k),
+            (ParamKind::Scalar(_), "n_items") => scalar(m.div_ceil(tm) * n_tiles),
+            (ParamKind::Scalar(_), "n_tiles") => scalar(n_tiles),
+            (ParamKind::Scalar(_), "n_packed") => scalar((n * k).div_ceil(2)),
+            (ParamKind::Scalar(_), "n_blocks") => scalar(n_blocks),
+            (ParamKind::Buffer { dtype, .. }, name) => {
+                let count = match name {
+                    "x" => m * k,
+                    "packed" => (n * k).div_ceil(2),
+                    "absmax" => n_blocks,
+                    "bias" => n,
+                    _ => m * n,
+                };
+                let words: Vec<u32> = (0..count)
+                    .map(|i| match name {
+                        "packed" => next(),
+                        "absmax" => match next() % 16 {
+                            0 => [0x7f80_0000, 0x7fc0_0000, 0, 1, 0x0040_0000][i % 5],
+                            r => (r as f32 * 0.25).to_bits() ^ (next() & 0x7fff),
+                        },
+                        _ => value(&mut next),
+                    })
+                    .collect();
+                let bytes: Vec<u8> = match dtype.size_bytes() {
+                    1 => words.iter().map(|w| *w as u8).collect(),
+                    2 => words
+                        .iter()
+                        .flat_map(|w| ((w >> 16) as u16).to_le_bytes())
+                        .collect(),
+                    _ => words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+                };
+                if name == "y" {
+                    OwnedArg::Write(vec![0; bytes.len()])
+                } else {
+                    OwnedArg::Read(bytes)
+                }
+            }
+            (ParamKind::Scalar(_), other) => panic!("{}: parameter {other}", kernel.name),
+        })
+        .collect()
+}
+
 /// Whether `kernel` is a matmul (a top-level `accumulate`): its examples' reduction is the
 /// number of values, which must be whole absmax blocks.
 fn is_matmul(kernel: &qforge::ir::Kernel) -> bool {
@@ -621,7 +707,7 @@ fn branches_kernel(chunk: u32) -> qforge::ir::Kernel {
 #[cfg(feature = "stablehlo")]
 mod twin {
     use qforge::conformance::{check_values, fixed_cases, values, InputKind};
-    use qforge::ir::{OwnedArg, ParamKind, Scalar};
+    use qforge::ir::{OwnedArg, Scalar};
     use qforge::kernels;
     use qforge::runtime::{Device, InterpreterDevice, MosaicTwinDevice};
 
@@ -1171,84 +1257,6 @@ mod twin {
         out
     }
 
-    /// Arguments of a 4-bit matmul forward kernel of `_bsB` and `_tTMxTN` at `m x n x k`, by
-    /// parameter name: activations and bias of random bits (one in eight) or values in
-    /// `[-3, 3)`, random codes, absmax mostly in `[0, 4)` with infinities, NaNs, zeros and
-    /// subnormals among them.
-    fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec<OwnedArg> {
-        let number = |key: &str| -> usize {
-            let at = kernel
-                .name
-                .find(key)
-                .expect("tile and blocksize in the name")
-                + key.len();
-            let digits: String = kernel.name[at..]
-                .chars()
-                .take_while(char::is_ascii_digit)
-                .collect();
-            digits.parse().unwrap()
-        };
-        let (bs, tm) = (number("_bs"), number("_t"));
-        let tn = number(&format!("_t{tm}x"));
-        let mut next = words(0x9e37_79b9_7f4a_7c15 ^ (m * 1000 + n) as u64);
-        let value = |next: &mut dyn FnMut() -> u32| {
-            let r = next();
-            if r % 8 == 0 {
-                next()
-            } else {
-                ((r >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0).to_bits()
-            }
-        };
-        let (n_tiles, n_blocks) = (n.div_ceil(tn), (n * k).div_ceil(bs));
-        let scalar = |v: usize| OwnedArg::Scalar(Scalar::U32(v as u32));
-        kernel
-            .params
-            .iter()
-            .map(|(_, p)| match (&p.kind, p.name.as_str()) {
-                (ParamKind::Scalar(_), "m") => scalar(m),
-                (ParamKind::Scalar(_), "n") => scalar(n),
-                (ParamKind::Scalar(_), "k") => scalar(k),
-                (ParamKind::Scalar(_), "n_items") => scalar(m.div_ceil(tm) * n_tiles),
-                (ParamKind::Scalar(_), "n_tiles") => scalar(n_tiles),
-                (ParamKind::Scalar(_), "n_packed") => scalar((n * k).div_ceil(2)),
-                (ParamKind::Scalar(_), "n_blocks") => scalar(n_blocks),
-                (ParamKind::Buffer { dtype, .. }, name) => {
-                    let count = match name {
-                        "x" => m * k,
-                        "packed" => (n * k).div_ceil(2),
-                        "absmax" => n_blocks,
-                        "bias" => n,
-                        _ => m * n,
-                    };
-                    let words: Vec<u32> = (0..count)
-                        .map(|i| match name {
-                            "packed" => next(),
-                            "absmax" => match next() % 16 {
-                                0 => [0x7f80_0000, 0x7fc0_0000, 0, 1, 0x0040_0000][i % 5],
-                                r => (r as f32 * 0.25).to_bits() ^ (next() & 0x7fff),
-                            },
-                            _ => value(&mut next),
-                        })
-                        .collect();
-                    let bytes: Vec<u8> = match dtype.size_bytes() {
-                        1 => words.iter().map(|w| *w as u8).collect(),
-                        2 => words
-                            .iter()
-                            .flat_map(|w| ((w >> 16) as u16).to_le_bytes())
-                            .collect(),
-                        _ => le_bytes(&words),
-                    };
-                    if name == "y" {
-                        OwnedArg::Write(vec![0; bytes.len()])
-                    } else {
-                        OwnedArg::Read(bytes)
-                    }
-                }
-                (ParamKind::Scalar(_), other) => panic!("{}: parameter {other}", kernel.name),
-            })
-            .collect()
-    }
-
     /// Whole tiles: the 4-bit matmul forward at `M = 9` (two row tiles of 8), `N = 129` (two
     /// column tiles of 128, the second one column) and `K = 64`, in `f32` with a bias; and
     /// in `bf16` (row tiles of 16) at `M = 17`.
@@ -1271,7 +1279,7 @@ mod twin {
                 .build()
                 .unwrap();
             let t = std::time::Instant::now();
-            let args = matmul_args(&kernel, m, n, k);
+            let args = super::matmul_args(&kernel, m, n, k);
             assert_twin_exact(&dev, &kernel, args, &format!("{name} at {m} x {n} x {k}"));
             println!(
                 "{name} at {m} x {n} x {k}: {:.1} s",
@@ -1435,6 +1443,32 @@ fn every_lowered_kernel_compiles_with_libtpu() {
         let m = lower_example(entry, kernel).unwrap();
         write(&kernel.name, &m.text, &m.manifest);
     }
+    // Matmuls of whole tiles: 8 x 128 outputs (16 x 128 for 16-bit arrays), 256 elements of
+    // the reduction per step, several steps of each.
+    for (name, m, n, k) in [
+        ("matmul_4bit_nf4_bs64_f32_bias_t1x4", 40, 300, 512),
+        ("matmul_4bit_fp4_bs64_bf16_t4x1", 64, 384, 1024),
+    ] {
+        let kernel = kernels::catalog()
+            .into_iter()
+            .find(|e| e.name() == name)
+            .expect("in the catalog")
+            .build()
+            .unwrap();
+        let mut args = matmul_args(&kernel, m, n, k);
+        let args = OwnedArg::borrow_all(&mut args);
+        let b = qforge::ir::bind(&kernel, &args).unwrap();
+        let shapes = Shapes {
+            grid: b.grid,
+            elements: b.elements.clone(),
+        };
+        let module = mosaic::lower_with(&kernel, &shapes, &mosaic::scalar_values(&args)).unwrap();
+        write(
+            &format!("{name}_{m}x{n}x{k}"),
+            &module.text,
+            &module.manifest,
+        );
+    }
     let every_op = every_op_kernel();
     let shapes = Shapes {
         grid: 63,
@@ -1492,9 +1526,14 @@ fn every_lowered_kernel_compiles_with_libtpu() {
     write(&elements.name, &m.text, &m.manifest);
     // One module as `qforge compile --target mosaic -o K.mlir` writes it: the script reads the
     // layout from the compile manifest `K.mlir.json`.
-    let (_, kernel) = &ok[0];
+    let kernel = kernels::catalog()
+        .into_iter()
+        .find(|e| e.name() == "dequantize_blockwise_dynamic_bs64_f32")
+        .expect("in the catalog")
+        .build()
+        .unwrap();
     let artifact = qforge::codegen::compile(
-        kernel,
+        &kernel,
         &qforge::codegen::Target::Mosaic { dim: 100 },
         &Default::default(),
     )
@@ -1568,6 +1607,6 @@ fn every_lowered_kernel_compiles_with_libtpu() {
         "the negative module was not tried on both generations"
     );
     for gen in ["v5e:1x1", "v6e:1x1"] {
-        assert_eq!(compiled.get(gen).map(|c| c.0), Some(ok.len() + 9), "{gen}");
+        assert_eq!(compiled.get(gen).map(|c| c.0), Some(ok.len() + 11), "{gen}");
     }
 }

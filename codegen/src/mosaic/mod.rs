@@ -248,4 +248,6 @@ fn numpy_dtype(d: DType) -> &'static str {
 }
 
 #[cfg(test)]
+mod matmul_tests;
+#[cfg(test)]
 mod tests;
