@@ -52,7 +52,9 @@ def qforge_kernel(text, manifest):
     """A function of the kernel's flat input buffers (one per parameter, as `input_params`
     lists them) returning its written buffers (the manifest's outputs): pads and reshapes each
     buffer into its array or arrays (bitcast to its `array_dtype`), runs the Mosaic kernel and
-    keeps each output's first `elements` (bitcast back to its `dtype`)."""
+    keeps each output's first `elements` (bitcast back to its `dtype`). A matmul's arrays
+    (`buffer_shape` [r, c]) hold the buffer's first r * c elements as [r, c], zero-padded on
+    both dimensions; its outputs are their top-left [r, c]."""
     ctx = mlir.make_ir_context()
     tpu.register_dialect(ctx)
     with ctx, ir.Location.unknown():
@@ -69,15 +71,25 @@ def qforge_kernel(text, manifest):
         by_param = dict(zip(params, buffers))
         arrays = []
         for a in manifest["inputs"]:
-            buf = by_param[a["index"]]
+            buf = by_param[a["index"]].reshape(-1)
             rows, cols = a["shape"]
-            flat = jnp.pad(buf.reshape(-1), (0, rows * cols - a["elements"]))
-            flat = jax.lax.bitcast_convert_type(flat, jnp.dtype(array_dtype(a)))
-            arrays.append(flat.reshape(rows, cols))
+            if a.get("buffer_shape"):
+                r, c = a["buffer_shape"]
+                grid = buf[: r * c].reshape(r, c)
+                array = jnp.pad(grid, ((0, rows - r), (0, cols - c)))
+            else:
+                array = jnp.pad(buf, (0, rows * cols - a["elements"])).reshape(rows, cols)
+            arrays.append(jax.lax.bitcast_convert_type(array, jnp.dtype(array_dtype(a))))
         results = kernel(*arrays)
+        flat = []
+        for r, a in zip(results, manifest["outputs"]):
+            if a.get("buffer_shape"):
+                rows, cols = a["buffer_shape"]
+                r = r[:rows, :cols]
+            flat.append(r.reshape(-1)[: a["elements"]])
         return tuple(
-            jax.lax.bitcast_convert_type(r.reshape(-1)[: a["elements"]], jnp.dtype(a["dtype"]))
-            for r, a in zip(results, manifest["outputs"])
+            jax.lax.bitcast_convert_type(f, jnp.dtype(a["dtype"]))
+            for f, a in zip(flat, manifest["outputs"])
         )
 
     return call

@@ -215,6 +215,10 @@ enum Command {
         /// static; default 4).
         #[arg(long)]
         dim: Option<u32>,
+        /// mosaic: NAME=VALUE, an integer parameter of another value than --dim (repeatable;
+        /// a matmul needs its m, n, k, n_items, n_tiles, n_packed and n_blocks).
+        #[arg(long = "scalar", value_name = "NAME=VALUE")]
+        scalars: Vec<String>,
         /// wgsl and spirv: exact software fma, division and square root (for drivers that
         /// break the numeric contract).
         #[arg(long)]
@@ -910,6 +914,7 @@ fn main() -> ExitCode {
             feature_level,
             sm,
             dim,
+            scalars,
             soft_math,
             no_bounds_checks,
             output,
@@ -926,6 +931,7 @@ fn main() -> ExitCode {
                 feature_level,
                 sm,
                 dim,
+                scalars,
                 soft_math,
                 no_bounds_checks,
             };

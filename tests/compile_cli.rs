@@ -207,6 +207,84 @@ fn target_options_reach_the_manifest() {
     );
 }
 
+/// A matmul's Mosaic module is specialized to its launch: `--scalar` gives its dimensions
+/// and work items, which reach the manifest (the grid of output tiles and reduction steps,
+/// each array's buffer shape); a launch whose work items do not cover the output, an unknown
+/// name and a malformed value are errors naming them.
+#[test]
+fn a_matmul_compiles_for_mosaic_at_the_launch_its_scalars_give() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("mm.mlir");
+    let o = out.to_str().expect("utf-8 path");
+    let kernel = "matmul_4bit_nf4_bs64_bf16_bias_t4x1";
+    // M = 40, N = 300, K = 512: tiles of 16 x 128 outputs (bf16), 256 elements.
+    let scalars = |n_items: &str| {
+        [
+            "m=40",
+            "n=300",
+            "k=512",
+            n_items,
+            "n_tiles=300",
+            "n_packed=76800",
+            "n_blocks=2400",
+        ]
+        .iter()
+        .flat_map(|s| ["--scalar", *s])
+        .collect::<Vec<_>>()
+    };
+    let mut args = vec!["compile", "--kernel", kernel, "--target", "mosaic", "-o", o];
+    args.extend(scalars("n_items=3000"));
+    let (rc, _, stderr) = qforge(&args);
+    assert_eq!(rc, 0, "{args:?}: {stderr}");
+    let text = String::from_utf8(read(&with_ext(&out, "json"))).expect("UTF-8");
+    let m = Manifest::from_json(&text).expect("a manifest");
+    assert_eq!(
+        m.settings["scalars"],
+        "m=40,n=300,k=512,n_items=3000,n_tiles=300,n_packed=76800,n_blocks=2400"
+    );
+    let qforge::codegen::compile::Launch::Mosaic(layout) = &m.launch else {
+        panic!("not a Mosaic launch: {:?}", m.launch);
+    };
+    assert_eq!(layout.grid, [3, 3, 2]);
+    let arrays: Vec<(&str, [u32; 2], Option<[u32; 2]>)> = layout
+        .inputs
+        .iter()
+        .chain(&layout.outputs)
+        .map(|a| (a.param.as_str(), a.shape, a.buffer_shape))
+        .collect();
+    assert_eq!(
+        arrays,
+        [
+            ("x", [48, 512], Some([40, 512])),
+            ("packed", [384, 256], Some([300, 256])),
+            ("absmax", [384, 8], Some([300, 8])),
+            ("bias", [1, 384], Some([1, 300])),
+            ("y", [48, 384], Some([40, 300])),
+        ]
+    );
+    let mut args = vec!["compile", "--kernel", kernel, "--target", "mosaic", "-o", o];
+    args.extend(scalars("n_items=2999"));
+    fails(&args, &[kernel, "stores no y[11099]"]);
+    fails(
+        &[
+            "compile", "--kernel", kernel, "--target", "mosaic", "--scalar", "q=1", "-o", o,
+        ],
+        &["--scalar q", "no integer scalar parameter q"],
+    );
+    fails(
+        &[
+            "compile", "--kernel", kernel, "--target", "mosaic", "--scalar", "m=-1", "-o", o,
+        ],
+        &["--scalar m=-1", "NAME=VALUE"],
+    );
+    fails(
+        &[
+            "compile", "--kernel", kernel, "--target", "ptx", "--scalar", "m=1", "-o", o,
+        ],
+        &["--scalar", "mosaic"],
+    );
+}
+
 #[test]
 fn a_kernel_the_mosaic_backend_does_not_lower_is_a_named_error() {
     fails(

@@ -63,9 +63,10 @@ fn shapes_of(entry: &dyn CatalogEntry, kernel: &qforge::ir::Kernel, values: &[f3
 }
 
 /// Arguments of a 4-bit matmul forward kernel of `_bsB` and `_tTMxTN` at `m x n x k`, by
-/// parameter name: activations and bias of random bits (one in eight) or values in
-/// `[-3, 3)`, random codes, absmax mostly in `[0, 4)` with infinities, NaNs, zeros and
-/// subnormals among them.
+/// parameter name: activations and bias in `[-3, 3)` with subnormals, zeros and the smallest
+/// normal among them (one in eight), random codes, absmax in `[0.25, 4)` with an infinity, a
+/// NaN, a zero or a subnormal among the blocks of one in four rows. The conformance cases
+/// ([`twin::matmul_cases`]) bring the other edge values.
 fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec<OwnedArg> {
     use qforge::ir::{ParamKind, Scalar};
     let number = |key: &str| -> usize {
@@ -90,10 +91,12 @@ fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec
         state ^= state << 17;
         state as u32
     };
+    // Subnormals, zeros and the smallest normal among values in [-3, 3): no term large
+    // enough to decide its sum alone, so every element's weight shows in the result.
     let value = |next: &mut dyn FnMut() -> u32| {
         let r = next();
         if r % 8 == 0 {
-            next()
+            [1, 0x807f_ffff, 0x8000_0000, 0x0080_0000][(r >> 3) as usize % 4]
         } else {
             ((r >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0).to_bits()
         }
@@ -111,21 +114,30 @@ fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec
             (ParamKind::Scalar(_), "n_tiles") => scalar(n_tiles),
             (ParamKind::Scalar(_), "n_packed") => scalar((n * k).div_ceil(2)),
             (ParamKind::Scalar(_), "n_blocks") => scalar(n_blocks),
+            (ParamKind::Scalar(_), "n_nested") => scalar(n_blocks.div_ceil(256)),
+            (ParamKind::Scalar(_), "offset") => OwnedArg::Scalar(Scalar::F32(0.125f32.to_bits())),
             (ParamKind::Buffer { dtype, .. }, name) => {
                 let count = match name {
                     "x" => m * k,
                     "packed" => (n * k).div_ceil(2),
-                    "absmax" => n_blocks,
+                    "absmax" | "qabsmax" => n_blocks,
+                    "nested_absmax" => n_blocks.div_ceil(256),
+                    "nested_code" => 256,
                     "bias" => n,
                     _ => m * n,
                 };
                 let words: Vec<u32> = (0..count)
                     .map(|i| match name {
-                        "packed" => next(),
-                        "absmax" => match next() % 16 {
-                            0 => [0x7f80_0000, 0x7fc0_0000, 0, 1, 0x0040_0000][i % 5],
-                            r => (r as f32 * 0.25).to_bits() ^ (next() & 0x7fff),
-                        },
+                        "packed" | "qabsmax" => next(),
+                        // A special absmax (one in four rows of blocks) makes its
+                        // outputs infinite or NaN, whatever the order; the nested
+                        // absmax has none.
+                        "absmax" if next() % (4 * (k / bs).max(1)) as u32 == 0 => {
+                            [0x7f80_0000, 0x7fc0_0000, 0, 1, 0x0040_0000][i % 5]
+                        }
+                        "absmax" | "nested_absmax" => {
+                            ((next() % 15 + 1) as f32 * 0.25).to_bits() ^ (next() & 0x7fff)
+                        }
                         _ => value(&mut next),
                     })
                     .collect();
@@ -146,6 +158,14 @@ fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec
             (ParamKind::Scalar(_), other) => panic!("{}: parameter {other}", kernel.name),
         })
         .collect()
+}
+
+/// The library kernel `name`, built.
+fn library_kernel(name: &str) -> qforge::ir::Kernel {
+    kernels::KernelSpec::from_name(name)
+        .unwrap_or_else(|| panic!("no kernel {name}"))
+        .build()
+        .unwrap()
 }
 
 /// Whether `kernel` is a matmul (a top-level `accumulate`): its examples' reduction is the
@@ -708,7 +728,6 @@ fn branches_kernel(chunk: u32) -> qforge::ir::Kernel {
 mod twin {
     use qforge::conformance::{check_values, fixed_cases, values, InputKind};
     use qforge::ir::{OwnedArg, Scalar};
-    use qforge::kernels;
     use qforge::runtime::{Device, InterpreterDevice, MosaicTwinDevice};
 
     /// The twin device, or `None` after printing why it is unavailable.
@@ -1258,8 +1277,10 @@ mod twin {
     }
 
     /// Whole tiles: the 4-bit matmul forward at `M = 9` (two row tiles of 8), `N = 129` (two
-    /// column tiles of 128, the second one column) and `K = 64`, in `f32` with a bias; and
-    /// in `bf16` (row tiles of 16) at `M = 17`.
+    /// column tiles of 128, the second one column) and `K = 64`, in `f32` with a bias; a
+    /// nested absmax over 280 blocks (two nested blocks, the second from column 16 of row 6:
+    /// `N = 7`, `K = 2560`, ten reduction steps); and in `bf16` (row tiles of 16) at
+    /// `M = 17`.
     #[test]
     fn matmul_tiles_are_bit_exact_on_the_twin() {
         let Some(dev) = twin_device() else {
@@ -1269,15 +1290,11 @@ mod twin {
         let filtered = std::env::var("QFORGE_MOSAIC_FILTER").is_ok();
         let cases = [
             ("matmul_4bit_nf4_bs64_f32_bias_t1x4", 9, 129, 64),
+            ("matmul_4bit_fp4_nested_bs64_f32_bias_t1x4", 2, 7, 2560),
             ("matmul_4bit_fp4_bs64_bf16_t4x1", 17, 129, 64),
         ];
-        for (name, m, n, k) in cases.into_iter().take(if filtered { 2 } else { 1 }) {
-            let kernel = kernels::catalog()
-                .into_iter()
-                .find(|e| e.name() == name)
-                .expect("in the catalog")
-                .build()
-                .unwrap();
+        for (name, m, n, k) in cases.into_iter().take(if filtered { 3 } else { 2 }) {
+            let kernel = super::library_kernel(name);
             let t = std::time::Instant::now();
             let args = super::matmul_args(&kernel, m, n, k);
             assert_twin_exact(&dev, &kernel, args, &format!("{name} at {m} x {n} x {k}"));
@@ -1449,12 +1466,7 @@ fn every_lowered_kernel_compiles_with_libtpu() {
         ("matmul_4bit_nf4_bs64_f32_bias_t1x4", 40, 300, 512),
         ("matmul_4bit_fp4_bs64_bf16_t4x1", 64, 384, 1024),
     ] {
-        let kernel = kernels::catalog()
-            .into_iter()
-            .find(|e| e.name() == name)
-            .expect("in the catalog")
-            .build()
-            .unwrap();
+        let kernel = library_kernel(name);
         let mut args = matmul_args(&kernel, m, n, k);
         let args = OwnedArg::borrow_all(&mut args);
         let b = qforge::ir::bind(&kernel, &args).unwrap();
@@ -1526,15 +1538,13 @@ fn every_lowered_kernel_compiles_with_libtpu() {
     write(&elements.name, &m.text, &m.manifest);
     // One module as `qforge compile --target mosaic -o K.mlir` writes it: the script reads the
     // layout from the compile manifest `K.mlir.json`.
-    let kernel = kernels::catalog()
-        .into_iter()
-        .find(|e| e.name() == "dequantize_blockwise_dynamic_bs64_f32")
-        .expect("in the catalog")
-        .build()
-        .unwrap();
+    let kernel = library_kernel("dequantize_blockwise_dynamic_bs64_f32");
     let artifact = qforge::codegen::compile(
         &kernel,
-        &qforge::codegen::Target::Mosaic { dim: 100 },
+        &qforge::codegen::Target::Mosaic {
+            dim: 100,
+            scalars: Vec::new(),
+        },
         &Default::default(),
     )
     .unwrap();

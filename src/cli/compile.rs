@@ -50,6 +50,9 @@ pub struct Request {
     /// `--dim` (stablehlo, mosaic): the value of every dimension parameter; default
     /// [`qforge_codegen::stablehlo::TEXT_DIM`].
     pub dim: Option<u32>,
+    /// `--scalar NAME=VALUE` (mosaic, repeatable): an integer parameter of another value than
+    /// `--dim` (a matmul's `m`, `n`, `k`, `n_items`, ...).
+    pub scalars: Vec<String>,
     /// `--soft-math` (wgsl, spirv): exact software fma, division and sqrt.
     pub soft_math: bool,
     /// `--no-bounds-checks` (CPU targets).
@@ -141,6 +144,11 @@ pub fn target(req: &Request) -> Result<(Target, Options)> {
         "--dim",
         "stablehlo or mosaic",
     )?;
+    only(
+        !req.scalars.is_empty() && kind != "mosaic",
+        "--scalar",
+        "mosaic",
+    )?;
     if req.dim == Some(0) {
         return Err(Error::Usage(format!(
             "--dim 0: a {kind} module's dimensions must be at least 1"
@@ -167,6 +175,11 @@ pub fn target(req: &Request) -> Result<(Target, Options)> {
         "spirv" => Target::Spirv(wgsl),
         "mosaic" => Target::Mosaic {
             dim: req.dim.unwrap_or(qforge_codegen::stablehlo::TEXT_DIM),
+            scalars: req
+                .scalars
+                .iter()
+                .map(|s| named_scalar(s))
+                .collect::<Result<_>>()?,
         },
         _ => Target::StableHlo {
             dim: req.dim.unwrap_or(qforge_codegen::stablehlo::TEXT_DIM),
@@ -177,6 +190,19 @@ pub fn target(req: &Request) -> Result<(Target, Options)> {
         ..Options::default()
     };
     Ok((target, options))
+}
+
+/// `--scalar NAME=VALUE`'s name and value.
+fn named_scalar(s: &str) -> Result<(String, u32)> {
+    s.split_once('=')
+        .and_then(|(n, v)| Some((n.trim().to_string(), v.trim().parse().ok()?)))
+        .filter(|(n, _)| !n.is_empty())
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "--scalar {s}: expected NAME=VALUE with VALUE an integer from 0 to {}",
+                u32::MAX
+            ))
+        })
 }
 
 /// The SM version `--sm` names (default 80).

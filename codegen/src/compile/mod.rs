@@ -215,8 +215,9 @@ fn emit(
             let text = crate::stablehlo::lower_prepared(k, &shapes)?;
             (Code::Text(text), Launch::StableHlo { dim: *dim })
         }
-        Target::Mosaic { dim } => {
-            let module = crate::mosaic::lower(k, &crate::stablehlo::Shapes::with_dims(k, *dim))?;
+        Target::Mosaic { dim, scalars } => {
+            let (shapes, values) = crate::mosaic::launch(k, *dim, scalars)?;
+            let module = crate::mosaic::lower_with(k, &shapes, &values)?;
             (Code::Text(module.text), Launch::Mosaic(module.manifest))
         }
         Target::StableHloShapes(shapes) => {

@@ -231,11 +231,14 @@ pub enum Target {
     /// for each launch, whose dimension parameters may differ).
     StableHloShapes(Shapes),
     /// A Mosaic (TPU) module in the Pallas convention (`crate::mosaic`), specialized to a
-    /// launch in which every `u32` dimension parameter has the value `dim`; the manifest's
-    /// launch record holds the arrays' layout (`crate::mosaic::Manifest`).
+    /// launch in which every `u32` parameter has the value `dim` but those `scalars` names
+    /// (`crate::mosaic::launch`); the manifest's launch record holds the arrays' layout
+    /// (`crate::mosaic::Manifest`).
     Mosaic {
         /// Value of every dimension parameter.
         dim: u32,
+        /// Parameters of other values, by name (a matmul's `m`, `n`, `k`, `n_items`, ...).
+        scalars: Vec<(String, u32)>,
     },
 }
 
@@ -286,7 +289,21 @@ impl Target {
             ],
             Target::Ptx(sm) => vec![("sm", sm.name().to_string())],
             Target::Wgsl(o) | Target::Spirv(o) => soft(o),
-            Target::StableHlo { dim } | Target::Mosaic { dim } => vec![("dim", dim.to_string())],
+            Target::StableHlo { dim } => vec![("dim", dim.to_string())],
+            Target::Mosaic { dim, scalars } if scalars.is_empty() => {
+                vec![("dim", dim.to_string())]
+            }
+            Target::Mosaic { dim, scalars } => vec![
+                ("dim", dim.to_string()),
+                (
+                    "scalars",
+                    scalars
+                        .iter()
+                        .map(|(n, v)| format!("{n}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+            ],
             Target::StableHloShapes(shapes) => vec![
                 ("grid", shapes.grid.to_string()),
                 (

@@ -115,7 +115,10 @@ pub(super) fn by_param(mut p: TileProgram) -> TileProgram {
     p.windows = by_param.iter().map(|&w| p.windows[w].clone()).collect();
     for n in &mut p.nodes {
         match &mut n.op {
-            VOp::Load { window } | VOp::Gather { window, .. } | VOp::Scalar { window } => {
+            VOp::Load { window }
+            | VOp::Gather { window, .. }
+            | VOp::Scalar { window }
+            | VOp::TableGather { window, .. } => {
                 *window = new[*window];
             }
             _ => {}
@@ -1362,6 +1365,16 @@ impl Lowering<'_> {
     /// The window of scalar parameter `p`'s value.
     pub(super) fn scalar_window(&mut self, p: ParamId) -> Result<usize> {
         self.fixed_window(p, WindowKind::Scalar)
+    }
+
+    /// The whole-buffer window of `p`, read at computed indices.
+    pub(super) fn scalar_table(&mut self, p: ParamId) -> Result<usize> {
+        self.fixed_window(p, WindowKind::Table)
+    }
+
+    /// [`Self::natural`], for the matmul's lowering.
+    pub(super) fn natural_of(&mut self, v: Value) -> Result<Shape> {
+        self.natural(v)
     }
 
     /// The natural shape of `v`: where its loads are (memoized: values form a DAG).

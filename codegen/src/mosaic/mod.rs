@@ -54,8 +54,6 @@
 
 mod lowering;
 mod matmul;
-mod matmul_text;
-mod matmul_twin;
 mod ops;
 mod soft;
 mod text;
@@ -158,7 +156,7 @@ pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
 }
 
 /// [`lower`] with the launch's integer scalar parameters (`scalars[i]` the value of parameter
-/// `i`, [`scalar_values`]), which a matmul's lowering needs (`matmul.rs`: its tiles follow
+/// `i`, [`scalar_values`]), which a matmul's lowering needs (`matmul/`: its tiles follow
 /// `M`, `N` and `K`, and its work items are evaluated).
 ///
 /// # Errors
@@ -227,6 +225,74 @@ pub fn lower_with(
     })
 }
 
+/// The launch `qforge compile --target mosaic --dim D --scalar NAME=VALUE` means: every
+/// integer scalar parameter `D`, except those `named`; each buffer's elements its declared
+/// dimensions' product; the grid its dimension's value. Returns the shapes and the scalars
+/// for [`lower_with`].
+///
+/// # Errors
+/// [`Error::Target`] for a name that is not an integer scalar parameter of `kernel`, or a
+/// grid or buffer size past `u32` or `usize`.
+pub fn launch(
+    kernel: &Kernel,
+    dim: u32,
+    named: &[(String, u32)],
+) -> Result<(Shapes, Vec<Option<u32>>)> {
+    use qforge_ir::{Dim, ParamKind, ScalarType};
+    for (name, _) in named {
+        let ok = kernel.params.iter().any(|(_, p)| {
+            p.name == *name
+                && matches!(p.kind, ParamKind::Scalar(ScalarType::U32 | ScalarType::I32))
+        });
+        if !ok {
+            return Err(Error::Target(format!(
+                "--scalar {name}: {} has no integer scalar parameter {name}",
+                kernel.name
+            )));
+        }
+    }
+    let scalars: Vec<Option<u32>> = kernel
+        .params
+        .iter()
+        .map(|(_, p)| match p.kind {
+            ParamKind::Scalar(ScalarType::U32 | ScalarType::I32) => Some(
+                named
+                    .iter()
+                    .rev()
+                    .find(|(n, _)| *n == p.name)
+                    .map_or(dim, |(_, v)| *v),
+            ),
+            _ => None,
+        })
+        .collect();
+    let value = |d: &Dim| -> u64 {
+        match d {
+            Dim::Const(c) => u64::from(*c),
+            Dim::Param(p) => u64::from(scalars.get(p.index()).copied().flatten().unwrap_or(dim)),
+        }
+    };
+    let too_big = || {
+        Error::Target(format!(
+            "a launch of {} past the address space",
+            kernel.name
+        ))
+    };
+    let elements = kernel
+        .params
+        .iter()
+        .map(|(_, p)| match &p.kind {
+            ParamKind::Buffer { shape, .. } => shape
+                .iter()
+                .try_fold(1u64, |n, d| n.checked_mul(value(d)))
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(too_big),
+            ParamKind::Scalar(_) => Ok(0),
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    let grid = u32::try_from(value(&kernel.grid)).map_err(|_| too_big())?;
+    Ok((Shapes { grid, elements }, scalars))
+}
+
 /// `Unsupported` naming the kernel and what this backend does not lower in it.
 fn refuse(k: &Kernel, what: &str) -> Error {
     Error::Unsupported {
@@ -247,7 +313,5 @@ fn numpy_dtype(d: DType) -> &'static str {
     }
 }
 
-#[cfg(test)]
-mod matmul_tests;
 #[cfg(test)]
 mod tests;

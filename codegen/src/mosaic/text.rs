@@ -337,11 +337,13 @@ impl<'p> Printer<'p> {
                 ));
             }
             VOp::WeightRow
+            | VOp::BlockCol
+            | VOp::TableGather { .. }
             | VOp::ReductionIndex { .. }
             | VOp::OutRow
             | VOp::OutCol
             | VOp::Spread(_)
-            | VOp::Staged(_) => super::matmul_text::node(self, i, n),
+            | VOp::Staged(_) => super::matmul::text::node(self, i, n),
             VOp::Deinterleave(a, half) => {
                 // The inverse of `Interleave`: `[R, 2L]` as `[R, L, 2]`, slice `half` of the
                 // last dimension.
@@ -400,7 +402,7 @@ impl<'p> Printer<'p> {
 /// The Mosaic module of `p` (see the module docs).
 pub(super) fn print(p: &TileProgram) -> String {
     if p.matmul.is_some() {
-        return super::matmul_text::print(p);
+        return super::matmul::text::print(p);
     }
     let mut args = vec![(None, None); p.windows.len()];
     let mut params = vec!["%arg0: i32".to_string(), "%arg1: i32".to_string()];

@@ -146,6 +146,16 @@ pub(super) enum VOp {
     ReductionIndex {
         half: Option<u32>,
     },
+    /// A matmul's block column of each lane (`WBlocks`, `i32`): the lane (the window is the
+    /// rows' whole row of blocks).
+    BlockCol,
+    /// Entry `index` (a node of any shape, `i32`, below the table's length) of a `Table`
+    /// window, per element: a chain of selects over the entries (each broadcast), the last
+    /// entry's where none matches.
+    TableGather {
+        window: usize,
+        index: usize,
+    },
     /// A matmul's output row `m` (`Acc`, `i32`).
     OutRow,
     /// A matmul's output column `n` (`Acc`, `i32`).

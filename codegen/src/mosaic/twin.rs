@@ -345,11 +345,13 @@ impl<'p> Printer<'p> {
                 ));
             }
             VOp::WeightRow
+            | VOp::BlockCol
+            | VOp::TableGather { .. }
             | VOp::ReductionIndex { .. }
             | VOp::OutRow
             | VOp::OutCol
             | VOp::Spread(_)
-            | VOp::Staged(_) => super::matmul_twin::node(self, i, n),
+            | VOp::Staged(_) => super::matmul::twin::node(self, i, n),
             VOp::Deinterleave(a, half) => {
                 let (l, e) = (self.p.lanes(), elt(n.elt));
                 let from = self.tty(Shape::Pairs, e);
@@ -428,7 +430,7 @@ pub(super) fn signature(
 /// The twin of `p`, the tile program of `kernel` at `shapes` (see the module docs).
 pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String {
     if p.matmul.is_some() {
-        return super::matmul_twin::print(kernel, shapes, p);
+        return super::matmul::twin::print(kernel, shapes, p);
     }
     let (sig, results) = signature(kernel, shapes);
     let rows = p.rows;

@@ -1,10 +1,10 @@
-//! The matmul class's rules (`matmul.rs`): the pipelined module of a 4-bit matmul, and a
+//! The matmul class's rules (`super`): the pipelined module of a 4-bit matmul, and a
 //! refusal per rule, on library kernels and on mutants of their text form.
 
 use qforge_ir::{Kernel, ParamKind};
 use qforge_kernels::KernelSpec;
 
-use super::{lower, lower_with, Shapes};
+use crate::mosaic::{lower, lower_with, Shapes};
 use crate::Error;
 
 fn library(name: &str) -> Kernel {
@@ -201,4 +201,11 @@ fn a_matmul_refuses_other_indices() {
         e.contains("an epilogue load of bias at another index than the output's column n"),
         "{e}"
     );
+}
+
+#[test]
+fn a_matmul_step_must_fit_vmem() {
+    // 16 000 absmax blocks a row: the step's 128 rows of them, twice, take 16 MB.
+    let e = refusal(&library(F32), 1, 128, 64 * 16_000);
+    assert!(e.contains("bytes of VMEM (at most 16777216"), "{e}");
 }

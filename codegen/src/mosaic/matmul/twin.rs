@@ -1,4 +1,4 @@
-//! Prints a matmul's tile program (`matmul.rs`) as its StableHLO twin: each buffer sliced
+//! Prints a matmul's tile program (`super`) as its StableHLO twin: each buffer sliced
 //! to the elements its array holds, reshaped to `[rows, columns]` and zero-padded to the
 //! array; the grid a `while` over steps `(i, j, l)` (`l` fastest) carrying the partials and
 //! the outputs; the step's reduction loop a `while` over its elements reading element `k`'s
@@ -9,12 +9,12 @@ use std::fmt::Write;
 
 use qforge_ir::Kernel;
 
-use super::tile::{Elt, Node, Shape, TileProgram, VOp, WindowKind};
-use super::twin::{elt, raw, signature, Printer};
-use super::Shapes;
+use crate::mosaic::tile::{Elt, Node, Shape, TileProgram, VOp, WindowKind};
+use crate::mosaic::twin::{elt, raw, signature, Printer};
+use crate::mosaic::Shapes;
 
 /// The matmul's own ops (the others print as in the row-chunk class).
-pub(super) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
+pub(in crate::mosaic) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
     let p = pr.p;
     let m = p.matmul.as_ref().expect("a matmul");
     let ty = pr.tty(n.shape, elt(n.elt));
@@ -53,6 +53,41 @@ pub(super) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
         VOp::ReductionIndex { half: None } => iota(pr, 1, 1, 0, "%x_col"),
         VOp::ReductionIndex { half: Some(h) } => iota(pr, 1, 2, h, "%x_col"),
         VOp::OutRow => iota(pr, 0, 1, 0, "%x_row"),
+        VOp::BlockCol => pr.line(format!("%v{i} = stablehlo.iota dim = 1 : {ty}")),
+        VOp::TableGather { window, index } => {
+            // The chain of selects of the module, on the raw bits.
+            let len = p.windows[window].width;
+            let table = pr.arrays[window].clone();
+            let (uty, cty) = (pr.tty(n.shape, "ui32"), pr.tty(n.shape, "i1"));
+            let mut prev = String::new();
+            for c in 0..len {
+                pr.line(format!(
+                    "%v{i}_e{c} = stablehlo.slice {table} [0:1, {c}:{}] : (tensor<1x{len}xui32>) -> tensor<1x1xui32>",
+                    c + 1
+                ));
+                let b = format!("%v{i}_b{c}");
+                pr.line(format!(
+                    "{b} = stablehlo.broadcast_in_dim %v{i}_e{c}, dims = [0, 1] : (tensor<1x1xui32>) -> {uty}"
+                ));
+                if c == 0 {
+                    prev = b;
+                    continue;
+                }
+                pr.line(format!(
+                    "%v{i}_k{c} = stablehlo.constant dense<{c}> : {uty}"
+                ));
+                pr.line(format!(
+                    "%v{i}_h{c} = stablehlo.compare EQ, %v{index}, %v{i}_k{c}, UNSIGNED : ({uty}, {uty}) -> {cty}"
+                ));
+                pr.line(format!(
+                    "%v{i}_s{c} = stablehlo.select %v{i}_h{c}, {b}, {prev} : ({cty}, {uty}, {uty}) -> {uty}"
+                ));
+                prev = format!("%v{i}_s{c}");
+            }
+            pr.line(format!(
+                "%v{i} = stablehlo.bitcast_convert {prev} : ({uty}) -> {ty}"
+            ));
+        }
         VOp::OutCol => iota(pr, 1, 1, 0, "%o_col"),
         VOp::Spread(a) => {
             // The step's blocks (the row of blocks padded so the slice is never moved back),
@@ -97,7 +132,7 @@ pub(super) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
 }
 
 /// The twin of matmul program `p` of `kernel` at `shapes`.
-pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String {
+pub(in crate::mosaic) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String {
     let m = p.matmul.as_ref().expect("a matmul");
     let (sig, results) = signature(kernel, shapes);
     let mut head = Printer::new(p, "    ", Vec::new());
@@ -108,7 +143,8 @@ pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String
         }
         let r = raw(w.dtype);
         let n = shapes.elements.get(w.param).copied().unwrap_or(0);
-        let [br, bc] = p.buffer_shape(w).expect("a matmul window");
+        // A table (whole in every step) is the buffer as one row.
+        let [br, bc] = p.buffer_shape(w).unwrap_or([1, n as u32]);
         let (ar, ac) = (p.array_rows(w), w.width);
         let e = w.elements;
         head.line(format!(
@@ -333,24 +369,8 @@ pub(super) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram) -> String
             names[j], names[j]
         ));
     }
-    let mut width = m.ways as usize;
-    let mut level = 0;
-    while width > 1 {
-        width /= 2;
-        for j in 0..width {
-            let name = if width == 1 {
-                format!("%v{total}")
-            } else {
-                format!("%t{level}_{j}")
-            };
-            body.line(format!(
-                "{name} = stablehlo.add {}, {} : {tile}",
-                names[j],
-                names[j + width]
-            ));
-            names[j] = name;
-        }
-        level += 1;
+    for (name, a, b) in super::halving_tree(names, &format!("%v{total}")) {
+        body.line(format!("{name} = stablehlo.add {a}, {b} : {tile}"));
     }
     for (i, n) in p.nodes.iter().enumerate().skip(total + 1) {
         body.node(i, n);

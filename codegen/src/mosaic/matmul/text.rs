@@ -1,4 +1,4 @@
-//! Prints a matmul's tile program (`matmul.rs`) as a Mosaic module: the function takes the
+//! Prints a matmul's tile program (`super`) as a Mosaic module: the function takes the
 //! three grid indices `(i, j, l)`, one VMEM window per array and three VMEM scratch buffers:
 //! the partials (`W x TM x TN`), and the step's activation columns and weight rows, each
 //! broadcast to a `TM x TN` tile and indexed by `k` on their leading dimension (`TK x TM x
@@ -7,8 +7,8 @@
 
 use std::fmt::Write;
 
-use super::text::{elt, Printer};
-use super::tile::{Node, Shape, TileProgram, VOp, WindowKind};
+use crate::mosaic::text::{elt, Printer};
+use crate::mosaic::tile::{Elt, Node, Shape, TileProgram, VOp, WindowKind};
 
 /// The scratch buffers' memref types: partials, activation columns, weight rows.
 fn scratch(p: &TileProgram) -> [String; 3] {
@@ -22,7 +22,7 @@ fn scratch(p: &TileProgram) -> [String; 3] {
 }
 
 /// The matmul's own ops (the others print as in the row-chunk class).
-pub(super) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
+pub(in crate::mosaic) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
     let p = pr.p;
     let m = p.matmul.as_ref().expect("a matmul");
     let ty = pr.vty(n.shape, elt(n.elt));
@@ -58,7 +58,51 @@ pub(super) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
         VOp::ReductionIndex { half: None } => iota(pr, 1, 1, 0, "%arg2", m.tk),
         VOp::ReductionIndex { half: Some(h) } => iota(pr, 1, 2, h, "%arg2", m.tk),
         VOp::OutRow => iota(pr, 0, 1, 0, "%arg0", m.tm),
-        VOp::OutCol => iota(pr, 1, 1, 0, "%arg1", m.tn),
+        VOp::BlockCol => pr.line(format!(
+            "%v{i} = tpu.iota {{dimensions = array<i32: 1>}} : {ty}"
+        )),
+        VOp::TableGather { window, index } => {
+            // A 32-bit table: its element type is the node's.
+            let w = &p.windows[window];
+            let (len, e) = (w.width, elt(n.elt));
+            let arg = pr.args[window].0.clone().unwrap_or_default();
+            let mem = pr.mem(window);
+            let (ity, cty) = (pr.vty(n.shape, "i32"), pr.vty(n.shape, "i1"));
+            pr.line(format!(
+                "%v{i}_tab = vector.load {arg}[%c0, %c0] : {mem}, vector<1x{len}x{e}>"
+            ));
+            let mut prev = String::new();
+            for c in 0..len {
+                pr.line(format!(
+                    "%v{i}_e{c} = vector.extract_strided_slice %v{i}_tab {{offsets = [0, {c}], sizes = [1, 1], strides = [1, 1]}} : vector<1x{len}x{e}> to vector<1x1x{e}>"
+                ));
+                let b = if len == 1 {
+                    format!("%v{i}")
+                } else {
+                    format!("%v{i}_b{c}")
+                };
+                pr.line(format!(
+                    "{b} = vector.broadcast %v{i}_e{c} : vector<1x1x{e}> to {ty}"
+                ));
+                if c == 0 {
+                    prev = b;
+                    continue;
+                }
+                let out = if c + 1 == len {
+                    format!("%v{i}")
+                } else {
+                    format!("%v{i}_s{c}")
+                };
+                pr.line(format!("%v{i}_k{c} = arith.constant dense<{c}> : {ity}"));
+                pr.line(format!(
+                    "%v{i}_h{c} = arith.cmpi eq, %v{index}, %v{i}_k{c} : {ity}"
+                ));
+                pr.line(format!(
+                    "{out} = arith.select %v{i}_h{c}, {b}, {prev} : {cty}, {ty}"
+                ));
+                prev = out;
+            }
+        }
         VOp::Spread(a) => {
             // Block `first + b` of each row (a one-hot max over the row's blocks) into the
             // lanes of group `b`.
@@ -68,7 +112,7 @@ pub(super) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
             let (rows, kb) = (p.rows_of(Shape::WBlocks), p.columns(Shape::WBlocks));
             let blocks = format!("vector<{rows}x{kb}xi32>");
             let wide = pr.vty(Shape::WTile, "i32");
-            let bits = if p.nodes[a].elt == super::tile::Elt::F32 {
+            let bits = if p.nodes[a].elt == Elt::F32 {
                 pr.line(format!(
                     "%v{i}_bits = arith.bitcast %v{a} : vector<{rows}x{kb}xf32> to {blocks}"
                 ));
@@ -130,7 +174,7 @@ pub(super) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
                     pr.vty(Shape::WTile, "i1")
                 ));
             }
-            if n.elt == super::tile::Elt::F32 {
+            if n.elt == Elt::F32 {
                 pr.line(format!(
                     "%v{i} = arith.bitcast %v{i}_s{groups} : {wide} to {ty}"
                 ));
@@ -147,7 +191,7 @@ pub(super) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
 }
 
 /// The Mosaic module of matmul program `p`.
-pub(super) fn print(p: &TileProgram) -> String {
+pub(in crate::mosaic) fn print(p: &TileProgram) -> String {
     let m = p.matmul.as_ref().expect("a matmul");
     let mut pr = Printer::new(p);
     let mut params = vec![
@@ -300,24 +344,8 @@ pub(super) fn print(p: &TileProgram) -> String {
             names[j as usize]
         ));
     }
-    let mut width = m.ways as usize;
-    let mut level = 0;
-    while width > 1 {
-        width /= 2;
-        for j in 0..width {
-            let name = if width == 1 {
-                format!("%v{total}")
-            } else {
-                format!("%t{level}_{j}")
-            };
-            pr.line(format!(
-                "{name} = arith.addf {}, {} : {tile}",
-                names[j],
-                names[j + width]
-            ));
-            names[j] = name;
-        }
-        level += 1;
+    for (name, a, b) in super::halving_tree(names, &format!("%v{total}")) {
+        pr.line(format!("{name} = arith.addf {a}, {b} : {tile}"));
     }
     for (i, n) in p.nodes.iter().enumerate().skip(total + 1) {
         pr.node(i, n);

@@ -1,0 +1,423 @@
+//! The leaves of a matmul's parts (`super`): what the weight's loads read, what its and the
+//! epilogue's per-work-item values are, and how the lowering takes them.
+
+use std::collections::{HashMap, HashSet};
+
+use qforge_ir::{Access, Kernel, Op, ParamId, ParamKind, Stmt, Value};
+
+use super::launch::{fit, Eval, Fit, Item, Outputs};
+use super::statements::{collect_leaves, depends_on, index_form, Statements};
+use super::TK;
+use crate::error::Result;
+use crate::mosaic::lowering::Lowering;
+use crate::mosaic::ops::elt_of;
+use crate::mosaic::refuse;
+use crate::mosaic::tile::{Bin, Elt, Shape, TileProgram, VOp, Window, WindowKind};
+
+/// Which part of the program is being lowered, and so what its leaves stand for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::mosaic) enum Domain {
+    /// The weight element `w(n, k)`: per-work-item values are functions of `n`; `half` is the
+    /// half of each byte the lanes hold where the weight is read per byte.
+    Weight { half: Option<u32> },
+    /// The epilogue: the total, and per-work-item values of `m` and `n`.
+    Out,
+}
+
+/// What a load at an index that depends on `k` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Form {
+    /// `w[n * K + k]`: one element per `k`.
+    Element,
+    /// `w[(n * K + k) >> 1]`: a byte of two elements.
+    Byte,
+    /// `w[(n * K + k) >> s]`: one element per block of `2^s` (`s >= 2`).
+    Blocks(u32),
+    /// A 32-bit table (`[1, len]`, whole in every step) read at a computed index: a nested
+    /// absmax's code, or its absmax per 256 blocks.
+    Gather,
+}
+
+/// The leaves of the part being lowered (see [`Domain`]).
+#[derive(Clone)]
+pub(in crate::mosaic) struct Part {
+    pub(super) domain: Domain,
+    /// The reduction's index.
+    pub(super) k: Value,
+    /// Accumulator 0's variable: the total, in the epilogue.
+    pub(super) total_var: usize,
+    /// The node of the total.
+    pub(super) total: usize,
+    /// Accumulator 0's per-work-item values (defined outside the `accumulate`) as functions
+    /// of `(m, n)`.
+    pub(super) fits: HashMap<usize, Fit>,
+    /// Accumulator 0's weight loads.
+    pub(super) forms: HashMap<usize, Form>,
+    /// The launch's integer scalars: constants of the module.
+    pub(super) scalars: Vec<Option<u32>>,
+    /// The shift of the weight's blocks and `K >> s`.
+    pub(super) blocks: Option<(u32, u32)>,
+}
+
+/// How accumulator 0's leaves are read: each weight load's form, each per-work-item value's
+/// fit, the weight's blocks (the finest shift of a load at `(n * K + k) >> s`) and whether it
+/// is read per byte.
+pub(super) struct Leaves {
+    pub(super) fits: HashMap<usize, Fit>,
+    pub(super) forms: HashMap<usize, Form>,
+    pub(super) primary: Option<u32>,
+    pub(super) halves: bool,
+}
+
+/// Classifies accumulator 0's leaves (its weight's and epilogue's), each per-work-item value
+/// fitted over every accumulator's outputs (`pairs`, `same::same_functions`).
+pub(super) fn classify(
+    k: &Kernel,
+    f: &Statements<'_>,
+    out: &Outputs,
+    pairs: &HashMap<usize, Vec<(usize, Value)>>,
+    eval: &mut Eval<'_>,
+) -> Result<Leaves> {
+    let k_free = |v: Value| !depends_on(k, v, f.k_index);
+    let kk = out.kk;
+    // Accumulator 0's leaves: weight loads, and per-work-item values fitted over all
+    // accumulators.
+    let mut leaves = Vec::new();
+    let mut seen = HashSet::new();
+    collect_leaves(k, f.accs[0].2, f, &mut leaves, &mut seen);
+    for s in f.epilogues[0].1 {
+        if let Stmt::Store { value, .. } = s {
+            collect_leaves(k, *value, f, &mut leaves, &mut seen);
+        }
+    }
+    let mut fits = HashMap::new();
+    let mut forms = HashMap::new();
+    // The weight's blocks: the finest of its loads at `(n * K + k) >> s`, `s >= 2`; coarser
+    // ones (a nested absmax per 256 blocks) are gathers at a block's index.
+    let shift_of = |v: Value| match k.values[v].op {
+        Op::Load { index, .. } => index_form(k, index, f.k_index, &k_free).map(|b| b.1),
+        _ => None,
+    };
+    let primary = leaves
+        .iter()
+        .filter_map(|&v| shift_of(v))
+        .filter(|&s| s >= 2)
+        .min();
+    for &v in &leaves {
+        if let Op::Load { .. } = k.values[v].op {
+            let form = match shift_of(v) {
+                Some(0) => Form::Element,
+                Some(1) => Form::Byte,
+                Some(s) if Some(s) == primary => {
+                    if s >= 32 || out.kk % (1 << s) != 0 || TK % (1 << s) != 0 {
+                        return Err(refuse(
+                            k,
+                            &format!(
+                                "a weight read per block of 2^{s} elements where K = {kk} (a \
+                                 block must divide K, and {TK})"
+                            ),
+                        ));
+                    }
+                    Form::Blocks(s)
+                }
+                _ => Form::Gather,
+            };
+            forms.insert(v.index(), form);
+        } else {
+            let points: Vec<(Item, u32)> = pairs
+                .get(&v.index())
+                .map(Vec::as_slice)
+                .unwrap_or(&[])
+                .iter()
+                .flat_map(|&(t, b)| out.items[t].iter().map(move |it| (*it, b)))
+                .map(|(it, b)| eval.at(b, it.w).map(|x| (it, x)))
+                .collect::<Option<_>>()
+                .unwrap_or_default();
+            let fit = fit(&points).ok_or_else(|| {
+                refuse(
+                    k,
+                    &format!(
+                        "the per-work-item value %{} of a matmul, which is not a * m + b or a * n + b",
+                        v.index()
+                    ),
+                )
+            })?;
+            fits.insert(v.index(), fit);
+        }
+    }
+    let halves = forms.values().any(|f| *f == Form::Byte);
+    if halves && forms.values().any(|f| *f == Form::Element) {
+        return Err(refuse(k, "a weight read both per element and per byte"));
+    }
+    if halves && out.kk % 2 == 1 {
+        return Err(refuse(
+            k,
+            &format!("a weight read per byte with an odd K = {kk}"),
+        ));
+    }
+    Ok(Leaves {
+        fits,
+        forms,
+        primary,
+        halves,
+    })
+}
+
+impl Lowering<'_> {
+    /// Starts lowering a part of a matmul (or ends it: `None`): values lowered for another
+    /// part are forgotten, as the leaves mean other things there; from one half of the weight's
+    /// bytes to the other only the tile's values (the rows' and blocks' are the same).
+    pub(in crate::mosaic) fn matmul_part(&mut self, part: Option<Part>) {
+        let weight = |p: &Option<Part>| {
+            matches!(
+                p,
+                Some(Part {
+                    domain: Domain::Weight { .. },
+                    ..
+                })
+            )
+        };
+        if weight(&self.matmul) && weight(&part) {
+            self.memo.retain(|&(_, shape), _| shape != Shape::WTile);
+        } else {
+            self.memo.clear();
+            self.natural_shapes.clear();
+        }
+        self.matmul = part;
+    }
+
+    /// The natural shape of a matmul part's leaf, or `None` for an op lowered as usual.
+    pub(in crate::mosaic) fn matmul_natural(&self, v: Value) -> Result<Option<Shape>> {
+        let Some(p) = &self.matmul else {
+            return Ok(None);
+        };
+        let weight = matches!(p.domain, Domain::Weight { .. });
+        Ok(Some(match self.k.values[v].op {
+            Op::Param(_) => Shape::Uniform,
+            Op::LoopIndex if v == p.k && weight => Shape::WTile,
+            Op::ReadVar(x) if !weight && x.index() == p.total_var => Shape::Acc,
+            Op::ReadVar(_) | Op::LoopIndex => {
+                return Err(refuse(
+                    self.k,
+                    "a matmul reading another variable or loop index",
+                ))
+            }
+            Op::Load { .. } if weight => match p.forms.get(&v.index()) {
+                Some(Form::Blocks(_)) => Shape::WBlocks,
+                // The shape of its index.
+                Some(Form::Gather) => return Ok(None),
+                Some(_) => Shape::WTile,
+                None => {
+                    return Err(refuse(
+                        self.k,
+                        "a weight load at an index other than (n * K + k) >> s",
+                    ))
+                }
+            },
+            Op::Load { .. } => Shape::Acc,
+            _ if weight && self.block_index(v) => Shape::WBlocks,
+            _ => match p.fits.get(&v.index()) {
+                Some(Fit::Uniform(_)) => Shape::Uniform,
+                Some(Fit::Col(..)) if weight => Shape::WRow,
+                Some(Fit::Row(..)) if weight => {
+                    return Err(refuse(
+                        self.k,
+                        "a weight element computed from the output's row m",
+                    ))
+                }
+                Some(_) => Shape::Acc,
+                None => return Ok(None),
+            },
+        }))
+    }
+
+    /// A matmul part's leaf `v` at `at`, or `None` for an op lowered as usual.
+    pub(in crate::mosaic) fn matmul_leaf(&mut self, v: Value, at: Shape) -> Result<Option<usize>> {
+        let Some(p) = self.matmul.clone() else {
+            return Ok(None);
+        };
+        let ty = self.k.values[v].ty;
+        let node = match self.k.values[v].op {
+            Op::Param(q) => match p.scalars.get(q.index()).copied().flatten() {
+                Some(c) => self.konst(c, elt_of(ty), at),
+                None => {
+                    let w = self.scalar_window(q)?;
+                    self.push(VOp::Scalar { window: w }, at, elt_of(ty))
+                }
+            },
+            Op::LoopIndex => {
+                let half = match p.domain {
+                    Domain::Weight { half } => half,
+                    Domain::Out => None,
+                };
+                self.push(VOp::ReductionIndex { half }, Shape::WTile, Elt::I32)
+            }
+            Op::ReadVar(_) => p.total,
+            _ if matches!(p.domain, Domain::Weight { .. }) && self.block_index(v) => {
+                // `(n * K + k) >> s` on a row of blocks: `n * (K >> s)` plus the column.
+                let (_, per_row) = p.blocks.expect("a weight with blocks");
+                let row = self.push(VOp::WeightRow, Shape::WRow, Elt::I32);
+                let per_row = self.konst(per_row, Elt::I32, Shape::WRow);
+                let first = self.push(VOp::Bin(Bin::MulI, row, per_row), Shape::WRow, Elt::I32);
+                let first = self.push(VOp::Broadcast(first), Shape::WBlocks, Elt::I32);
+                let col = self.push(VOp::BlockCol, Shape::WBlocks, Elt::I32);
+                self.push(VOp::Bin(Bin::AddI, first, col), Shape::WBlocks, Elt::I32)
+            }
+            Op::Load { buf, index } if p.forms.get(&v.index()) == Some(&Form::Gather) => {
+                let w = self.scalar_table(buf)?;
+                let shape = self.natural_of(index)?;
+                let i = self.get(index, shape)?;
+                let elt = if self.program.windows[w].dtype == qforge_ir::DType::F32 {
+                    Elt::F32
+                } else {
+                    Elt::I32
+                };
+                self.push(
+                    VOp::TableGather {
+                        window: w,
+                        index: i,
+                    },
+                    shape,
+                    elt,
+                )
+            }
+            Op::Load { buf, index } => match (p.domain, p.forms.get(&v.index())) {
+                (Domain::Weight { .. }, Some(Form::Blocks(_))) => {
+                    let w = self.matmul_window(buf, WindowKind::MmBlocks)?;
+                    self.load_window(w, Shape::WBlocks)
+                }
+                (Domain::Weight { .. }, Some(_)) => {
+                    let w = self.matmul_window(buf, WindowKind::MmWeight)?;
+                    self.load_window(w, Shape::WTile)
+                }
+                _ => {
+                    if p.fits.get(&index.index()) != Some(&Fit::Col(1, 0)) {
+                        return Err(refuse(
+                            self.k,
+                            &format!(
+                                "an epilogue load of {} at another index than the output's column n",
+                                self.k.params[buf].name
+                            ),
+                        ));
+                    }
+                    let w = self.matmul_window(buf, WindowKind::MmCols)?;
+                    self.load_window(w, Shape::Acc)
+                }
+            },
+            _ => {
+                let Some(&fit) = p.fits.get(&v.index()) else {
+                    return Ok(None);
+                };
+                let (coord, a, b) = match fit {
+                    Fit::Uniform(c) => return Ok(Some(self.konst(c, elt_of(ty), at))),
+                    Fit::Col(a, b) if matches!(p.domain, Domain::Weight { .. }) => {
+                        (VOp::WeightRow, a, b)
+                    }
+                    Fit::Col(a, b) => (VOp::OutCol, a, b),
+                    Fit::Row(a, b) => (VOp::OutRow, a, b),
+                };
+                let shape = if coord == VOp::WeightRow {
+                    Shape::WRow
+                } else {
+                    Shape::Acc
+                };
+                let mut c = self.push(coord, shape, Elt::I32);
+                if a != 1 {
+                    let a = self.konst(a, Elt::I32, shape);
+                    c = self.push(VOp::Bin(Bin::MulI, c, a), shape, Elt::I32);
+                }
+                if b != 0 {
+                    let b = self.konst(b, Elt::I32, shape);
+                    c = self.push(VOp::Bin(Bin::AddI, c, b), shape, Elt::I32);
+                }
+                c
+            }
+        };
+        Ok(Some(node))
+    }
+
+    /// Whether `v` is a block's index `(n * K + k) >> s` of the weight's blocks (`s` theirs).
+    fn block_index(&self, v: Value) -> bool {
+        let Some(p) = &self.matmul else {
+            return false;
+        };
+        let k_free = |x: Value| !depends_on(self.k, x, p.k);
+        let is_load = matches!(self.k.values[v].op, Op::Load { .. });
+        !is_load
+            && p.blocks.is_some_and(|(s, _)| {
+                index_form(self.k, v, p.k, &k_free).is_some_and(|(_, t)| t == s)
+            })
+    }
+
+    /// The window of a matmul's buffer `p` of `kind` (one per buffer and kind).
+    pub(super) fn matmul_window(&mut self, p: ParamId, kind: WindowKind) -> Result<usize> {
+        if let Some(&w) = self.windows.get(&(p.index(), kind)) {
+            return Ok(w);
+        }
+        let plan = self.program.matmul.clone().expect("a matmul's plan");
+        let param = &self.k.params[p];
+        let ParamKind::Buffer { dtype, access, .. } = &param.kind else {
+            return Err(refuse(self.k, &format!("{} used as a buffer", param.name)));
+        };
+        let (kp, np) = (
+            plan.k.div_ceil(plan.tk) * plan.tk,
+            plan.n.div_ceil(plan.tn) * plan.tn,
+        );
+        let shift = u32::from(plan.halves);
+        let blocks = plan.k >> plan.blocks_shift.unwrap_or(0);
+        // Columns of the array, and the buffer's elements it holds.
+        let (width, elements) = match kind {
+            WindowKind::MmX => (kp, plan.m as usize * plan.k as usize),
+            WindowKind::MmWeight => (kp >> shift, plan.n as usize * (plan.k >> shift) as usize),
+            WindowKind::MmBlocks => (blocks, plan.n as usize * blocks as usize),
+            WindowKind::MmCols => (np, plan.n as usize),
+            _ => (np, plan.m as usize * plan.n as usize),
+        };
+        let have = self.shapes.elements.get(p.index()).copied().unwrap_or(0);
+        let written = kind == WindowKind::MmOut;
+        if have < elements || (kind == WindowKind::MmCols && have != elements) {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "a matmul's {} of {have} elements ({elements} needed at M = {}, N = {}, K = {})",
+                    param.name, plan.m, plan.n, plan.k
+                ),
+            ));
+        }
+        if !written && *access != Access::Read {
+            return Err(refuse(
+                self.k,
+                &format!("a matmul reading {}, which it writes", param.name),
+            ));
+        }
+        let w = self.program.windows.len();
+        self.program.windows.push(Window {
+            param: p.index(),
+            name: param.name.clone(),
+            dtype: *dtype,
+            width,
+            elements,
+            read: !written,
+            written,
+            kind,
+        });
+        self.windows.insert((p.index(), kind), w);
+        Ok(w)
+    }
+}
+impl TileProgram {
+    /// The buffer a matmul's window holds as `[rows, columns]` (zero-padded on both to the
+    /// array's shape), or `None` for a flat buffer padded at its end.
+    pub fn buffer_shape(&self, w: &Window) -> Option<[u32; 2]> {
+        let p = self.matmul.as_ref()?;
+        let shift = u32::from(p.halves);
+        Some(match w.kind {
+            WindowKind::MmX => [p.m, p.k],
+            WindowKind::MmWeight => [p.n, p.k >> shift],
+            WindowKind::MmBlocks => [p.n, w.width],
+            WindowKind::MmCols => [1, p.n],
+            WindowKind::MmOut => [p.m, p.n],
+            _ => return None,
+        })
+    }
+}

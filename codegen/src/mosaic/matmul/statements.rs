@@ -1,0 +1,207 @@
+//! The matmul class's statements (`super`): the kernel's top level as `let`s, one
+//! `accumulate` and an `if` per accumulator; and the shapes of its indices.
+
+use std::collections::HashSet;
+
+use qforge_ir::{BinaryOp, Kernel, Op, ReduceOrder, Scalar, Stmt, Value};
+
+use crate::error::Result;
+use crate::mosaic::refuse;
+
+/// The kernel's statements: the `accumulate` and each accumulator's epilogue.
+pub(super) struct Statements<'k> {
+    /// The reduction's index.
+    pub(super) k_index: Value,
+    /// Its length `K`.
+    pub(super) len: Value,
+    /// Its order.
+    pub(super) order: ReduceOrder,
+    /// `(variable, activation factor, weight factor)` per accumulator.
+    pub(super) accs: Vec<(usize, Value, Value)>,
+    /// Per accumulator: its `if`'s condition and body (which stores its output).
+    pub(super) epilogues: Vec<(Value, &'k [Stmt])>,
+    /// The values defined outside the `accumulate` (per work item).
+    pub(super) top: HashSet<usize>,
+}
+
+/// The kernel's statements in the class's form: `let`s, one `accumulate`, then `let`s and one
+/// `if` per accumulator whose body reads it and stores once.
+pub(super) fn statements(k: &Kernel) -> Result<Statements<'_>> {
+    let mut top = HashSet::new();
+    let mut acc = None;
+    let mut ifs = Vec::new();
+    for s in &k.body {
+        match s {
+            Stmt::Let(v) => {
+                top.insert(v.index());
+            }
+            Stmt::Accumulate {
+                index,
+                len,
+                order,
+                accs,
+                ..
+            } if acc.is_none() => {
+                acc = Some((*index, *len, *order, accs));
+            }
+            Stmt::If {
+                cond,
+                then_body,
+                else_body,
+            } if acc.is_some() && else_body.is_empty() => ifs.push((*cond, then_body.as_slice())),
+            _ => {
+                return Err(refuse(
+                    k,
+                    "a matmul's statement other than a `let`, its `accumulate` and an `if` per \
+                     accumulator",
+                ))
+            }
+        }
+    }
+    let (k_index, len, order, accs) =
+        acc.ok_or_else(|| refuse(k, "a matmul without `accumulate`"))?;
+    let reads = |body: &[Stmt], var: usize| {
+        body.iter().any(|s| {
+            matches!(s, Stmt::Let(v) if matches!(k.values[*v].op, Op::ReadVar(x) if x.index() == var))
+        })
+    };
+    let mut epilogues = Vec::new();
+    for a in accs.iter() {
+        let mine: Vec<_> = ifs
+            .iter()
+            .filter(|(_, body)| reads(body, a.var.index()))
+            .collect();
+        let ok = |body: &[Stmt]| {
+            body.iter()
+                .all(|s| matches!(s, Stmt::Let(_) | Stmt::Store { .. }))
+                && body
+                    .iter()
+                    .filter(|s| matches!(s, Stmt::Store { .. }))
+                    .count()
+                    == 1
+        };
+        match mine[..] {
+            [&(cond, body)] if ok(body) => epilogues.push((cond, body)),
+            _ => {
+                return Err(refuse(
+                    k,
+                    "a matmul accumulator not stored by exactly one `if` of `let`s and one store",
+                ))
+            }
+        }
+    }
+    if ifs.len() != accs.len() {
+        return Err(refuse(k, "a matmul `if` that stores no accumulator"));
+    }
+    Ok(Statements {
+        k_index,
+        len,
+        order,
+        accs: accs.iter().map(|a| (a.var.index(), a.a, a.b)).collect(),
+        epilogues,
+        top,
+    })
+}
+
+/// Whether `v` depends on `k` (through its operands).
+pub(super) fn depends_on(kernel: &Kernel, v: Value, k: Value) -> bool {
+    v == k
+        || kernel.values[v]
+            .op
+            .operands()
+            .iter()
+            .any(|&o| depends_on(kernel, o, k))
+}
+
+/// `index` as `(base + k) >> s` with `base` free of `k` (`None` for 0): `(base, s)`.
+pub(super) fn index_form(
+    kernel: &Kernel,
+    index: Value,
+    k: Value,
+    k_free: &dyn Fn(Value) -> bool,
+) -> Option<(Option<Value>, u32)> {
+    let mut shift = 0u32;
+    let mut e = index;
+    while let Op::Binary(BinaryOp::Shr, a, c) = kernel.values[e].op {
+        let Op::Const(Scalar::U32(c)) = kernel.values[c].op else {
+            return None;
+        };
+        shift = shift.checked_add(c)?;
+        e = a;
+    }
+    if e == k {
+        return Some((None, shift));
+    }
+    match kernel.values[e].op {
+        Op::Binary(BinaryOp::Add, a, b) if a == k && k_free(b) => Some((Some(b), shift)),
+        Op::Binary(BinaryOp::Add, a, b) if b == k && k_free(a) => Some((Some(a), shift)),
+        _ => None,
+    }
+}
+
+/// The index of the first load in `v`'s expression at an index that depends on `k`.
+pub(super) fn first_weight_load(kernel: &Kernel, v: Value, k: Value) -> Option<Value> {
+    match kernel.values[v].op {
+        Op::Load { index, .. } if depends_on(kernel, index, k) => Some(index),
+        ref op => op
+            .operands()
+            .into_iter()
+            .find_map(|o| first_weight_load(kernel, o, k)),
+    }
+}
+
+/// The bases of every element index `base + k` in `v`'s expression.
+pub(super) fn element_bases(
+    kernel: &Kernel,
+    v: Value,
+    k: Value,
+    out: &mut Vec<Value>,
+    seen: &mut HashSet<usize>,
+) {
+    if !seen.insert(v.index()) {
+        return;
+    }
+    let op = &kernel.values[v].op;
+    if let Op::Binary(BinaryOp::Add, a, b) = *op {
+        let k_free = |x: Value| !depends_on(kernel, x, k);
+        if a == k && k_free(b) {
+            out.push(b);
+        } else if b == k && k_free(a) {
+            out.push(a);
+        }
+    }
+    for o in op.operands() {
+        element_bases(kernel, o, k, out, seen);
+    }
+}
+
+/// The leaves of `v`'s expression: loads at an index that depends on `k` (whose indices are
+/// not lowered), and values defined outside the `accumulate`; other loads' indices are
+/// walked.
+pub(super) fn collect_leaves(
+    kernel: &Kernel,
+    v: Value,
+    f: &Statements<'_>,
+    out: &mut Vec<Value>,
+    seen: &mut HashSet<usize>,
+) {
+    if !seen.insert(v.index()) {
+        return;
+    }
+    let op = &kernel.values[v].op;
+    if let Op::Load { index, .. } = op {
+        if depends_on(kernel, *index, f.k_index) {
+            out.push(v);
+            // A gather's index may read loads too.
+            collect_leaves(kernel, *index, f, out, seen);
+            return;
+        }
+    }
+    if f.top.contains(&v.index()) {
+        out.push(v);
+        return;
+    }
+    for o in op.operands() {
+        collect_leaves(kernel, o, f, out, seen);
+    }
+}
