@@ -207,6 +207,9 @@ fn target_options_reach_the_manifest() {
     );
 }
 
+/// An array of a Mosaic manifest: its parameter, shape and buffer shape.
+type Array<'a> = (&'a str, [u32; 2], Option<[u32; 2]>);
+
 /// A matmul's Mosaic module is specialized to its launch: `--scalar` gives its dimensions
 /// and work items, which reach the manifest (the grid of output tiles and reduction steps,
 /// each array's buffer shape); a launch whose work items do not cover the output, an unknown
@@ -218,7 +221,7 @@ fn a_matmul_compiles_for_mosaic_at_the_launch_its_scalars_give() {
     let o = out.to_str().expect("utf-8 path");
     let kernel = "matmul_4bit_nf4_bs64_bf16_bias_t4x1";
     // M = 40, N = 300, K = 512: tiles of 16 x 128 outputs (bf16), 256 elements.
-    let scalars = |n_items: &str| {
+    let scalars = |n_items: &'static str| {
         [
             "m=40",
             "n=300",
@@ -246,7 +249,7 @@ fn a_matmul_compiles_for_mosaic_at_the_launch_its_scalars_give() {
         panic!("not a Mosaic launch: {:?}", m.launch);
     };
     assert_eq!(layout.grid, [3, 3, 2]);
-    let arrays: Vec<(&str, [u32; 2], Option<[u32; 2]>)> = layout
+    let arrays: Vec<Array> = layout
         .inputs
         .iter()
         .chain(&layout.outputs)

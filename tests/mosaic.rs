@@ -95,7 +95,7 @@ fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec
     // enough to decide its sum alone, so every element's weight shows in the result.
     let value = |next: &mut dyn FnMut() -> u32| {
         let r = next();
-        if r % 8 == 0 {
+        if r.is_multiple_of(8) {
             [1, 0x807f_ffff, 0x8000_0000, 0x0080_0000][(r >> 3) as usize % 4]
         } else {
             ((r >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0).to_bits()

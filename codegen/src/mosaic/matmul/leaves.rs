@@ -109,7 +109,7 @@ pub(super) fn classify(
                 Some(0) => Form::Element,
                 Some(1) => Form::Byte,
                 Some(s) if Some(s) == primary => {
-                    if s >= 32 || out.kk % (1 << s) != 0 || TK % (1 << s) != 0 {
+                    if s >= 32 || !kk.is_multiple_of(1 << s) || !TK.is_multiple_of(1 << s) {
                         return Err(refuse(
                             k,
                             &format!(

@@ -59,6 +59,9 @@ fn launch(
     (Shapes { grid, elements }, scalars)
 }
 
+/// An array of a Mosaic manifest: its parameter, shape and buffer shape.
+type Array<'a> = (&'a str, [u32; 2], Option<[u32; 2]>);
+
 const F32_BIAS: &str = "matmul_4bit_nf4_bs64_f32_bias_t1x4";
 const F32: &str = "matmul_4bit_nf4_bs64_f32_t1x4";
 
@@ -81,7 +84,7 @@ fn a_4bit_matmul_lowers_to_a_pipelined_grid() {
     let m = lower_with(&k, &shapes, &scalars).unwrap();
     // 3 x 3 tiles of 8 x 128 outputs, 2 steps of 256 over K.
     assert_eq!(m.manifest.grid, [3, 3, 2]);
-    let arrays: Vec<(&str, [u32; 2], Option<[u32; 2]>)> = m
+    let arrays: Vec<Array> = m
         .manifest
         .inputs
         .iter()

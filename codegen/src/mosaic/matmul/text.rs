@@ -337,11 +337,10 @@ pub(in crate::mosaic) fn print(p: &TileProgram) -> String {
     if m.ways == 1 {
         names[0] = format!("%v{total}");
     }
-    for j in 0..m.ways {
+    for (j, name) in names.iter().enumerate() {
         pr.line(format!("%w{j} = arith.constant {j} : index"));
         pr.line(format!(
-            "{} = vector.load %acc_scratch[%w{j}, %c0, %c0] : {acc_mem}, {tile}",
-            names[j as usize]
+            "{name} = vector.load %acc_scratch[%w{j}, %c0, %c0] : {acc_mem}, {tile}"
         ));
     }
     for (name, a, b) in super::halving_tree(names, &format!("%v{total}")) {

@@ -356,17 +356,15 @@ pub(in crate::mosaic) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram
     if m.ways == 1 {
         names[0] = format!("%v{total}");
     }
-    for j in 0..m.ways as usize {
+    for (j, name) in names.iter().enumerate() {
         body.line(format!(
-            "{}_one = stablehlo.slice %inner#1 [{j}:{}, 0:{}, 0:{}] : ({parts}) -> {one}",
-            names[j],
+            "{name}_one = stablehlo.slice %inner#1 [{j}:{}, 0:{}, 0:{}] : ({parts}) -> {one}",
             j + 1,
             m.tm,
             m.tn
         ));
         body.line(format!(
-            "{} = stablehlo.reshape {}_one : ({one}) -> {tile}",
-            names[j], names[j]
+            "{name} = stablehlo.reshape {name}_one : ({one}) -> {tile}"
         ));
     }
     for (name, a, b) in super::halving_tree(names, &format!("%v{total}")) {
