@@ -150,8 +150,8 @@ pub(super) enum VOp {
     /// rows' whole row of blocks).
     BlockCol,
     /// Entry `index` (a node of any shape, `i32`, below the table's length) of a `Table`
-    /// window, per element: a chain of selects over the entries (each broadcast), the last
-    /// entry's where none matches.
+    /// window, per element: a chain of selects over the entries (each broadcast), entry 0's
+    /// where none matches.
     TableGather {
         window: usize,
         index: usize,
@@ -292,25 +292,14 @@ pub(super) struct MatmulPlan {
     pub w: Vec<usize>,
     /// The nodes computed per step before the loop: `0 .. loop_start`.
     pub loop_start: usize,
-    /// The loop body's nodes, `loop_start .. total_start`, ending in the new partial `fma`.
+    /// The new partial (the `fma`), the last of the loop body's nodes (`loop_start ..
+    /// total_start`; the first three are the loop's `Staged` values).
     pub fma: usize,
     /// The nodes computed from the total at the last reduction step: `total_start ..`.
     pub total_start: usize,
 }
 
 impl Window {
-    /// Whether it is a matmul's window.
-    pub fn matmul(&self) -> bool {
-        matches!(
-            self.kind,
-            WindowKind::MmX
-                | WindowKind::MmWeight
-                | WindowKind::MmBlocks
-                | WindowKind::MmCols
-                | WindowKind::MmOut
-        )
-    }
-
     /// Whether its index map is `(r, c) -> (r, 0)`: a per-work-item or whole-chunk window.
     pub fn by_row(&self) -> bool {
         matches!(

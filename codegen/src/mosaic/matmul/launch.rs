@@ -4,7 +4,7 @@
 use qforge_ir::interp::{eval_binary, eval_cmp, eval_unary};
 use qforge_ir::{Dim, Kernel, Op, ParamId, ParamKind, Scalar, ScalarType, Stmt, Value};
 
-use super::statements::{depends_on, first_weight_load, index_form, Statements};
+use super::statements::{first_weight_load, index_form, Statements};
 use crate::error::Result;
 use crate::mosaic::{refuse, Shapes};
 
@@ -26,6 +26,10 @@ pub(super) enum Fit {
     /// `a * m + b`.
     Row(u32, u32),
 }
+
+/// The most accumulators (work items times accumulators per work item) the lowering
+/// evaluates: a `16384 x 16384` output in tiles of 4.
+const MAX_EVALUATED: u64 = 1 << 26;
 
 /// A matmul's dimensions at the launch and each accumulator's outputs.
 pub(super) struct Outputs {
@@ -82,9 +86,7 @@ pub(super) fn outputs(
         })
         .ok_or_else(|| refuse(k, "a matmul whose epilogue stores nothing"))?;
     let (m, n) = match (dims(x_buf).as_deref(), dims(y_buf).as_deref()) {
-        (Some(&[m, kx]), Some(&[my, n])) if kx == kk && my == m && m != 0 && n != 0 && kk != 0 => {
-            (m, n)
-        }
+        (Some(&[m, kx]), Some(&[my, n])) if kx == kk && my == m => (m, n),
         _ => {
             return Err(refuse(
                 k,
@@ -106,7 +108,7 @@ pub(super) fn outputs(
             ));
         }
     }
-    let k_free = |v: Value| !depends_on(k, v, f.k_index);
+    let k_free = |v: Value| f.k_free(v);
     // Each accumulator's outputs.
     let mut items: Vec<Vec<Item>> = vec![Vec::new(); f.accs.len()];
     let mut bases = Vec::new();
@@ -126,13 +128,35 @@ pub(super) fn outputs(
                 ))
             }
         };
-        let w_base = first_weight_load(k, b, f.k_index)
+        let w_base = first_weight_load(k, b, f)
             .and_then(|i| index_form(k, i, f.k_index, &k_free))
             .ok_or_else(|| refuse(k, "a weight factor without a load at (n * K + k) >> s"))?
             .0;
         bases.push((x_base, w_base));
     }
-    let mut stored = vec![false; m as usize * n as usize];
+    // Every work item is evaluated, and every output marked: a launch too large for that is
+    // refused before (a sane one has at most an output per work item and accumulator).
+    let evaluated = u64::from(shapes.grid) * f.accs.len() as u64;
+    let outputs = u64::from(m) * u64::from(n);
+    if m == 0 || n == 0 || kk == 0 {
+        return Err(refuse(
+            k,
+            &format!("an empty matmul (M = {m}, N = {n}, K = {kk})"),
+        ));
+    }
+    if evaluated > MAX_EVALUATED || outputs > evaluated {
+        return Err(refuse(
+            k,
+            &format!(
+                "a matmul launch of {} work items of {} accumulators for {m} x {n} outputs (the \
+                 lowering evaluates each work item: at most {MAX_EVALUATED} accumulators in \
+                 all, and at least one for each output)",
+                shapes.grid,
+                f.accs.len()
+            ),
+        ));
+    }
+    let mut stored = vec![false; outputs as usize];
     for w in 0..shapes.grid {
         for (t, (cond, body)) in f.epilogues.iter().enumerate() {
             if eval

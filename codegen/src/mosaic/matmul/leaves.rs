@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use qforge_ir::{Access, Kernel, Op, ParamId, ParamKind, Stmt, Value};
 
 use super::launch::{fit, Eval, Fit, Item, Outputs};
-use super::statements::{collect_leaves, depends_on, index_form, Statements};
+use super::statements::{collect_leaves, index_form, Statements};
 use super::TK;
 use crate::error::Result;
 use crate::mosaic::lowering::Lowering;
@@ -44,6 +44,8 @@ pub(in crate::mosaic) struct Part {
     pub(super) domain: Domain,
     /// The reduction's index.
     pub(super) k: Value,
+    /// The values that depend on it.
+    pub(super) on_k: std::rc::Rc<HashSet<usize>>,
     /// Accumulator 0's variable: the total, in the epilogue.
     pub(super) total_var: usize,
     /// The node of the total.
@@ -78,7 +80,7 @@ pub(super) fn classify(
     pairs: &HashMap<usize, Vec<(usize, Value)>>,
     eval: &mut Eval<'_>,
 ) -> Result<Leaves> {
-    let k_free = |v: Value| !depends_on(k, v, f.k_index);
+    let k_free = |v: Value| f.k_free(v);
     let kk = out.kk;
     // Accumulator 0's leaves: weight loads, and per-work-item values fitted over all
     // accumulators.
@@ -341,7 +343,7 @@ impl Lowering<'_> {
         let Some(p) = &self.matmul else {
             return false;
         };
-        let k_free = |x: Value| !depends_on(self.k, x, p.k);
+        let k_free = |x: Value| !p.on_k.contains(&x.index());
         let is_load = matches!(self.k.values[v].op, Op::Load { .. });
         !is_load
             && p.blocks.is_some_and(|(s, _)| {

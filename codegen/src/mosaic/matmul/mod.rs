@@ -171,6 +171,7 @@ pub(super) fn tile_program(
     let mut part = Part {
         domain: Domain::Out,
         k: f.k_index,
+        on_k: f.on_k.clone(),
         total_var: f.accs[0].0,
         total: 0,
         fits,

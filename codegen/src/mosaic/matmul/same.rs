@@ -45,7 +45,7 @@ pub(super) fn same_functions(
         }
         // Its weight's element indices `base + k` are at its own column's row.
         let mut bases = Vec::new();
-        element_bases(k, f.accs[t].2, f.k_index, &mut bases, &mut HashSet::new());
+        element_bases(k, f.accs[t].2, f, &mut bases, &mut HashSet::new());
         for base in bases {
             for it in &out.items[t] {
                 if eval.at(base, it.w) != Some(it.n.wrapping_mul(out.kk)) {

@@ -2,6 +2,7 @@
 //! `accumulate` and an `if` per accumulator; and the shapes of its indices.
 
 use std::collections::HashSet;
+use std::rc::Rc;
 
 use qforge_ir::{BinaryOp, Kernel, Op, ReduceOrder, Scalar, Stmt, Value};
 
@@ -22,6 +23,15 @@ pub(super) struct Statements<'k> {
     pub(super) epilogues: Vec<(Value, &'k [Stmt])>,
     /// The values defined outside the `accumulate` (per work item).
     pub(super) top: HashSet<usize>,
+    /// The values that depend on the reduction's index (through their operands), it included.
+    pub(super) on_k: Rc<HashSet<usize>>,
+}
+
+impl Statements<'_> {
+    /// Whether `v` is free of the reduction's index.
+    pub(super) fn k_free(&self, v: Value) -> bool {
+        !self.on_k.contains(&v.index())
+    }
 }
 
 /// The kernel's statements in the class's form: `let`s, one `accumulate`, then `let`s and one
@@ -40,9 +50,9 @@ pub(super) fn statements(k: &Kernel) -> Result<Statements<'_>> {
                 len,
                 order,
                 accs,
-                ..
+                body,
             } if acc.is_none() => {
-                acc = Some((*index, *len, *order, accs));
+                acc = Some((*index, *len, *order, accs, body));
             }
             Stmt::If {
                 cond,
@@ -58,7 +68,7 @@ pub(super) fn statements(k: &Kernel) -> Result<Statements<'_>> {
             }
         }
     }
-    let (k_index, len, order, accs) =
+    let (k_index, len, order, accs, body) =
         acc.ok_or_else(|| refuse(k, "a matmul without `accumulate`"))?;
     let reads = |body: &[Stmt], var: usize| {
         body.iter().any(|s| {
@@ -100,17 +110,23 @@ pub(super) fn statements(k: &Kernel) -> Result<Statements<'_>> {
         accs: accs.iter().map(|a| (a.var.index(), a.a, a.b)).collect(),
         epilogues,
         top,
+        on_k: Rc::new(dependent(k, k_index, body)),
     })
 }
 
-/// Whether `v` depends on `k` (through its operands).
-pub(super) fn depends_on(kernel: &Kernel, v: Value, k: Value) -> bool {
-    v == k
-        || kernel.values[v]
-            .op
-            .operands()
-            .iter()
-            .any(|&o| depends_on(kernel, o, k))
+/// The values of an `accumulate`'s `body` (only `let`s, in order) that depend on its index
+/// `k`, and `k`.
+fn dependent(kernel: &Kernel, k: Value, body: &[Stmt]) -> HashSet<usize> {
+    let mut on_k = HashSet::from([k.index()]);
+    for s in body {
+        if let Stmt::Let(v) = s {
+            let ops = kernel.values[*v].op.operands();
+            if ops.iter().any(|o| on_k.contains(&o.index())) {
+                on_k.insert(v.index());
+            }
+        }
+    }
+    on_k
 }
 
 /// `index` as `(base + k) >> s` with `base` free of `k` (`None` for 0): `(base, s)`.
@@ -139,22 +155,28 @@ pub(super) fn index_form(
     }
 }
 
-/// The index of the first load in `v`'s expression at an index that depends on `k`.
-pub(super) fn first_weight_load(kernel: &Kernel, v: Value, k: Value) -> Option<Value> {
-    match kernel.values[v].op {
-        Op::Load { index, .. } if depends_on(kernel, index, k) => Some(index),
-        ref op => op
-            .operands()
-            .into_iter()
-            .find_map(|o| first_weight_load(kernel, o, k)),
+/// The index of the first load in `v`'s expression (depth first) at an index that depends
+/// on the reduction's index.
+pub(super) fn first_weight_load(kernel: &Kernel, v: Value, f: &Statements<'_>) -> Option<Value> {
+    let mut stack = vec![v];
+    let mut seen = HashSet::new();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v.index()) {
+            continue;
+        }
+        match kernel.values[v].op {
+            Op::Load { index, .. } if !f.k_free(index) => return Some(index),
+            ref op => stack.extend(op.operands().into_iter().rev()),
+        }
     }
+    None
 }
 
 /// The bases of every element index `base + k` in `v`'s expression.
 pub(super) fn element_bases(
     kernel: &Kernel,
     v: Value,
-    k: Value,
+    f: &Statements<'_>,
     out: &mut Vec<Value>,
     seen: &mut HashSet<usize>,
 ) {
@@ -163,15 +185,15 @@ pub(super) fn element_bases(
     }
     let op = &kernel.values[v].op;
     if let Op::Binary(BinaryOp::Add, a, b) = *op {
-        let k_free = |x: Value| !depends_on(kernel, x, k);
-        if a == k && k_free(b) {
+        let k = f.k_index;
+        if a == k && f.k_free(b) {
             out.push(b);
-        } else if b == k && k_free(a) {
+        } else if b == k && f.k_free(a) {
             out.push(a);
         }
     }
     for o in op.operands() {
-        element_bases(kernel, o, k, out, seen);
+        element_bases(kernel, o, f, out, seen);
     }
 }
 
@@ -190,7 +212,7 @@ pub(super) fn collect_leaves(
     }
     let op = &kernel.values[v].op;
     if let Op::Load { index, .. } = op {
-        if depends_on(kernel, *index, f.k_index) {
+        if !f.k_free(*index) {
             out.push(v);
             // A gather's index may read loads too.
             collect_leaves(kernel, *index, f, out, seen);

@@ -212,3 +212,20 @@ fn a_matmul_step_must_fit_vmem() {
     let e = refusal(&library(F32), 1, 128, 64 * 16_000);
     assert!(e.contains("bytes of VMEM (at most 16777216"), "{e}");
 }
+
+#[test]
+fn a_matmul_refuses_empty_and_oversized_launches() {
+    let k = library(F32);
+    let e = refusal(&k, 0, 5, 128);
+    assert!(e.contains("an empty matmul (M = 0, N = 5, K = 128)"), "{e}");
+    // Every work item is evaluated: 2^26 work items of 4 accumulators are too many, refused
+    // before any is.
+    let (mut shapes, mut scalars) = launch(&k, (1, 4, 64), 3, 5, 128);
+    shapes.grid = 1 << 26;
+    scalars[3] = Some(shapes.grid);
+    let e = match lower_with(&k, &shapes, &scalars) {
+        Err(Error::Unsupported { op, .. }) => op,
+        _ => panic!("not refused"),
+    };
+    assert!(e.contains("the lowering evaluates each work item"), "{e}");
+}
