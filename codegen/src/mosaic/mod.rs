@@ -39,6 +39,12 @@
 //! [`Error::Unsupported`] naming the construct: other loops, other control flow, other
 //! variables assigned in the loop, `accumulate` and `reduce sum`.
 //!
+//! # The matmul class
+//!
+//! A kernel with a top-level `accumulate` whose work items compute `y[m, n]` (the fused
+//! 4-bit matmul's forward, the dense GEMMs of two `[rows, K]` operands) is lowered by
+//! `matmul/` instead, as a pipelined grid of output tiles and reduction steps; see its docs.
+//!
 //! # The module and its caller
 //!
 //! The Mosaic function takes the two grid indices (`i32`: rows step, lane block) and one VMEM
@@ -102,13 +108,14 @@ pub struct MosaicModule {
 pub struct Manifest {
     /// The kernel name; also the Mosaic function's name.
     pub kernel: String,
-    /// Grid steps over the rows (the first of `iteration_bounds`).
+    /// Grid steps over the rows (the first of `iteration_bounds`; a row-chunk program's,
+    /// 0 for a matmul: see `grid`).
     pub steps: u32,
     /// Rows per step.
     pub step_rows: u32,
-    /// Grid steps over the chunk (the second of `iteration_bounds`).
+    /// Grid steps over the chunk (the second of `iteration_bounds`; 0 for a matmul).
     pub lane_blocks: u32,
-    /// Columns of a chunk window per step.
+    /// Columns of a chunk window per step (0 for a matmul).
     pub lanes: u32,
     /// The grid (`iteration_bounds`): `[steps, lane_blocks]`, or a matmul's
     /// `[M / TM, N / TN, K / TK]`.
