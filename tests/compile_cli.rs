@@ -267,12 +267,42 @@ fn a_matmul_compiles_for_mosaic_at_the_launch_its_scalars_give() {
     );
     let mut args = vec!["compile", "--kernel", kernel, "--target", "mosaic", "-o", o];
     args.extend(scalars("n_items=2999"));
-    fails(&args, &[kernel, "stores no y[11099]"]);
+    fails(
+        &args,
+        &[
+            kernel,
+            "2999 work items of 4 accumulators, fewer than its 40 x 300 outputs",
+        ],
+    );
+    let mut args = vec!["compile", "--kernel", kernel, "--target", "mosaic", "-o", o];
+    args.extend(scalars("n_items=3000"));
+    *args.iter_mut().find(|a| **a == "n_tiles=300").unwrap() = "n_tiles=299";
+    fails(&args, &[kernel, "stores no y[299]"]);
     fails(
         &[
             "compile", "--kernel", kernel, "--target", "mosaic", "--scalar", "q=1", "-o", o,
         ],
-        &["--scalar q", "no integer scalar parameter q"],
+        &[
+            "--scalar q",
+            "has no integer parameter q (it has m, n, k, n_items",
+        ],
+    );
+    // Without --dim every integer parameter is named, each once.
+    fails(
+        &[
+            "compile", "--kernel", kernel, "--target", "mosaic", "--scalar", "m=40", "-o", o,
+        ],
+        &[
+            "--scalar gives no n, k, n_items, n_tiles, n_packed, n_blocks",
+            "--dim",
+        ],
+    );
+    fails(
+        &[
+            "compile", "--kernel", kernel, "--target", "mosaic", "--scalar", "m=40", "--scalar",
+            "m=41", "-o", o,
+        ],
+        &["--scalar m given twice"],
     );
     fails(
         &[

@@ -192,6 +192,46 @@ pub fn target(req: &Request) -> Result<(Target, Options)> {
     Ok((target, options))
 }
 
+/// `--scalar`'s names: each an integer scalar parameter of `kernel`, given once; and, without
+/// `--dim`, every such parameter (its default would be a launch the user did not ask for).
+fn check_scalars(kernel: &qforge_ir::Kernel, named: &[(String, u32)], dim: bool) -> Result<()> {
+    use qforge_ir::{ParamKind, ScalarType};
+    if named.is_empty() {
+        return Ok(());
+    }
+    let integers: Vec<&str> = kernel
+        .params
+        .iter()
+        .filter(|(_, p)| matches!(p.kind, ParamKind::Scalar(ScalarType::U32 | ScalarType::I32)))
+        .map(|(_, p)| p.name.as_str())
+        .collect();
+    for (i, (name, _)) in named.iter().enumerate() {
+        if !integers.contains(&name.as_str()) {
+            return Err(Error::Usage(format!(
+                "--scalar {name}: kernel '{}' has no integer parameter {name} (it has {})",
+                kernel.name,
+                integers.join(", ")
+            )));
+        }
+        if named[..i].iter().any(|(n, _)| n == name) {
+            return Err(Error::Usage(format!("--scalar {name} given twice")));
+        }
+    }
+    let missing: Vec<&str> = integers
+        .iter()
+        .filter(|p| !named.iter().any(|(n, _)| n == *p))
+        .copied()
+        .collect();
+    if !dim && !missing.is_empty() {
+        return Err(Error::Usage(format!(
+            "--scalar gives no {} of kernel '{}' (name each, or give --dim for the rest)",
+            missing.join(", "),
+            kernel.name
+        )));
+    }
+    Ok(())
+}
+
 /// `--scalar NAME=VALUE`'s name and value.
 fn named_scalar(s: &str) -> Result<(String, u32)> {
     s.split_once('=')
@@ -376,6 +416,9 @@ pub fn load(source: &Source) -> Result<Kernel> {
 pub fn compile(req: &Request) -> Result<Artifact> {
     let (target, options) = target(req)?;
     let kernel = load(&req.source)?;
+    if let Target::Mosaic { scalars, .. } = &target {
+        check_scalars(&kernel, scalars, req.dim.is_some())?;
+    }
     qforge_codegen::compile(&kernel, &target, &options).map_err(|e| match (e, &req.source) {
         (
             qforge_codegen::Error::Ir(qforge_ir::Error::Verify { kernel: k, errors }),

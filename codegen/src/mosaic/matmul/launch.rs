@@ -28,8 +28,8 @@ pub(super) enum Fit {
 }
 
 /// The most accumulators (work items times accumulators per work item) the lowering
-/// evaluates: a `16384 x 16384` output in tiles of 4.
-const MAX_EVALUATED: u64 = 1 << 26;
+/// evaluates (about 10 s on the 2-core VM): a `4096 x 4096` output.
+const MAX_EVALUATED: u64 = 1 << 24;
 
 /// A matmul's dimensions at the launch and each accumulator's outputs.
 pub(super) struct Outputs {
@@ -85,6 +85,7 @@ pub(super) fn outputs(
             _ => None,
         })
         .ok_or_else(|| refuse(k, "a matmul whose epilogue stores nothing"))?;
+    let y = &k.params[y_buf].name;
     let (m, n) = match (dims(x_buf).as_deref(), dims(y_buf).as_deref()) {
         (Some(&[m, kx]), Some(&[my, n])) if kx == kk && my == m => (m, n),
         _ => {
@@ -144,16 +145,23 @@ pub(super) fn outputs(
             &format!("an empty matmul (M = {m}, N = {n}, K = {kk})"),
         ));
     }
-    if evaluated > MAX_EVALUATED || outputs > evaluated {
+    let launch = format!(
+        "a matmul launch of {} work items of {} accumulators",
+        shapes.grid,
+        f.accs.len()
+    );
+    if evaluated > MAX_EVALUATED {
         return Err(refuse(
             k,
             &format!(
-                "a matmul launch of {} work items of {} accumulators for {m} x {n} outputs (the \
-                 lowering evaluates each work item: at most {MAX_EVALUATED} accumulators in \
-                 all, and at least one for each output)",
-                shapes.grid,
-                f.accs.len()
+                "{launch} (the lowering evaluates each: at most {MAX_EVALUATED} accumulators in all)"
             ),
+        ));
+    }
+    if outputs > evaluated {
+        return Err(refuse(
+            k,
+            &format!("{launch}, fewer than its {m} x {n} outputs"),
         ));
     }
     let mut stored = vec![false; outputs as usize];
@@ -193,7 +201,7 @@ pub(super) fn outputs(
                     k,
                     &format!(
                         "a matmul whose work item {w} (accumulator {t}) stores element {index} \
-                         of y, not its row's and column's once"
+                         of {y}, not its row's and column's once"
                     ),
                 ));
             }
@@ -204,7 +212,7 @@ pub(super) fn outputs(
         return Err(refuse(
             k,
             &format!(
-                "a matmul whose launch stores no y[{missing}] (a grid of {} work items)",
+                "a matmul whose launch stores no {y}[{missing}] (a grid of {} work items)",
                 shapes.grid
             ),
         ));

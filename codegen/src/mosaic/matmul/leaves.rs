@@ -33,9 +33,10 @@ pub(super) enum Form {
     Byte,
     /// `w[(n * K + k) >> s]`: one element per block of `2^s` (`s >= 2`).
     Blocks(u32),
-    /// A 32-bit table (`[1, len]`, whole in every step) read at a computed index: a nested
-    /// absmax's code, or its absmax per 256 blocks.
-    Gather,
+    /// A 32-bit table (`[1, len]`, whole in every step) read at a computed index, at most
+    /// the bound: a nested absmax's code (at an 8-bit code, 255), or its absmax per 256
+    /// blocks (at `(n * K + k) >> s`, `(N * K - 1) >> s`).
+    Gather(u64),
 }
 
 /// The leaves of the part being lowered (see [`Domain`]).
@@ -59,6 +60,11 @@ pub(in crate::mosaic) struct Part {
     pub(super) scalars: Vec<Option<u32>>,
     /// The shift of the weight's blocks and `K >> s`.
     pub(super) blocks: Option<(u32, u32)>,
+}
+
+/// Whether `p` is an unsigned 8-bit buffer (its values index a table of 256).
+fn byte_buffer(k: &Kernel, p: ParamId) -> bool {
+    matches!(&k.params[p].kind, ParamKind::Buffer { dtype, .. } if *dtype == qforge_ir::DType::U8)
 }
 
 /// How accumulator 0's leaves are read: each weight load's form, each per-work-item value's
@@ -106,7 +112,7 @@ pub(super) fn classify(
         .filter(|&s| s >= 2)
         .min();
     for &v in &leaves {
-        if let Op::Load { .. } = k.values[v].op {
+        if let Op::Load { index, .. } = k.values[v].op {
             let form = match shift_of(v) {
                 Some(0) => Form::Element,
                 Some(1) => Form::Byte,
@@ -122,7 +128,17 @@ pub(super) fn classify(
                     }
                     Form::Blocks(s)
                 }
-                _ => Form::Gather,
+                Some(s) => Form::Gather((u64::from(out.n) * u64::from(kk) - 1) >> s),
+                None => match k.values[index].op {
+                    Op::Load { buf, .. } if byte_buffer(k, buf) => Form::Gather(255),
+                    _ => {
+                        return Err(refuse(
+                            k,
+                            "a weight read at an index the lowering cannot bound (a table is \
+                             read at (n * K + k) >> s or at an 8-bit code)",
+                        ))
+                    }
+                },
             };
             forms.insert(v.index(), form);
         } else {
@@ -207,7 +223,7 @@ impl Lowering<'_> {
             Op::Load { .. } if weight => match p.forms.get(&v.index()) {
                 Some(Form::Blocks(_)) => Shape::WBlocks,
                 // The shape of its index.
-                Some(Form::Gather) => return Ok(None),
+                Some(Form::Gather(_)) => return Ok(None),
                 Some(_) => Shape::WTile,
                 None => {
                     return Err(refuse(
@@ -265,25 +281,8 @@ impl Lowering<'_> {
                 let col = self.push(VOp::BlockCol, Shape::WBlocks, Elt::I32);
                 self.push(VOp::Bin(Bin::AddI, first, col), Shape::WBlocks, Elt::I32)
             }
-            Op::Load { buf, index } if p.forms.get(&v.index()) == Some(&Form::Gather) => {
-                let w = self.scalar_table(buf)?;
-                let shape = self.natural_of(index)?;
-                let i = self.get(index, shape)?;
-                let elt = if self.program.windows[w].dtype == qforge_ir::DType::F32 {
-                    Elt::F32
-                } else {
-                    Elt::I32
-                };
-                self.push(
-                    VOp::TableGather {
-                        window: w,
-                        index: i,
-                    },
-                    shape,
-                    elt,
-                )
-            }
-            Op::Load { buf, index } => match (p.domain, p.forms.get(&v.index())) {
+            Op::Load { buf, index } => match (p.domain, p.forms.get(&v.index()).copied()) {
+                (_, Some(Form::Gather(bound))) => self.table_gather(buf, index, bound)?,
                 (Domain::Weight { .. }, Some(Form::Blocks(_))) => {
                     let w = self.matmul_window(buf, WindowKind::MmBlocks)?;
                     self.load_window(w, Shape::WBlocks)
@@ -293,7 +292,14 @@ impl Lowering<'_> {
                     self.load_window(w, Shape::WTile)
                 }
                 _ => {
-                    if p.fits.get(&index.index()) != Some(&Fit::Col(1, 0)) {
+                    // The output's column `n` (a constant 0 where `N = 1`).
+                    let n_is_one = self.program.matmul.as_ref().is_some_and(|m| m.n == 1);
+                    let column = match p.fits.get(&index.index()) {
+                        Some(Fit::Col(1, 0)) => true,
+                        Some(Fit::Uniform(0)) => n_is_one,
+                        _ => false,
+                    };
+                    if !column {
                         return Err(refuse(
                             self.k,
                             &format!(
@@ -336,6 +342,38 @@ impl Lowering<'_> {
             }
         };
         Ok(Some(node))
+    }
+
+    /// Entry `index` of table `buf`, per element of the index's natural shape, after checking
+    /// that the launch's table holds the `bound`: the IR's load would fault past its end, the
+    /// module's chain of selects would give entry 0.
+    fn table_gather(&mut self, buf: ParamId, index: Value, bound: u64) -> Result<usize> {
+        let len = self.shapes.elements.get(buf.index()).copied().unwrap_or(0);
+        if len as u64 <= bound {
+            return Err(refuse(
+                self.k,
+                &format!(
+                    "a matmul reading {} of {len} elements at indices up to {bound}",
+                    self.k.params[buf].name
+                ),
+            ));
+        }
+        let w = self.scalar_table(buf)?;
+        let shape = self.natural_of(index)?;
+        let i = self.get(index, shape)?;
+        let elt = if self.program.windows[w].dtype == qforge_ir::DType::F32 {
+            Elt::F32
+        } else {
+            Elt::I32
+        };
+        Ok(self.push(
+            VOp::TableGather {
+                window: w,
+                index: i,
+            },
+            shape,
+            elt,
+        ))
     }
 
     /// Whether `v` is a block's index `(n * K + k) >> s` of the weight's blocks (`s` theirs).

@@ -48,8 +48,8 @@ const VMEM_BUDGET: u64 = 16 << 20;
 /// The TPU rule for a matmul's tiles `(TM, TN, TK)` (`docs/backends/mosaic.md`): rows in the
 /// native tiling of the activations' and output's dtypes (8 sublanes for 32-bit arrays, 16
 /// for 16-bit, 32 for 8-bit), 128 lanes of outputs, 256 elements of the reduction (its byte
-/// tile is then 128 lanes); a dimension smaller than its tile is its own tile (a block may
-/// equal its array). The step's VMEM, [`step_vmem`], must fit [`VMEM_BUDGET`]: the two
+/// tile is then 128 lanes); `M` or `N` smaller than its tile is its own tile (a block may
+/// equal its array), `K` is padded to whole steps. The step's VMEM, [`step_vmem`], must fit [`VMEM_BUDGET`]: the two
 /// broadcast scratch buffers take `TK x TM x TN x 4` bytes each, so `TM` stays at the
 /// granularity (a larger `TM` shares each decoded weight among more rows: to be measured on
 /// a TPU).

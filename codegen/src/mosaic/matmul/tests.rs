@@ -45,10 +45,13 @@ fn launch(
             (ParamKind::Scalar(_), "n_tiles") => (Some(n_tiles), 0),
             (ParamKind::Scalar(_), "n_packed") => (Some((n * k).div_ceil(2)), 0),
             (ParamKind::Scalar(_), "n_blocks") => (Some((n * k).div_ceil(bs)), 0),
+            (ParamKind::Scalar(_), "n_nested") => (Some((n * k).div_ceil(bs).div_ceil(256)), 0),
             (ParamKind::Scalar(_), _) => (None, 0),
             (_, "x") => (None, m * k),
             (_, "packed") => (None, (n * k).div_ceil(2)),
-            (_, "absmax") => (None, (n * k).div_ceil(bs)),
+            (_, "absmax" | "qabsmax") => (None, (n * k).div_ceil(bs)),
+            (_, "nested_absmax") => (None, (n * k).div_ceil(bs).div_ceil(256)),
+            (_, "nested_code") => (None, 256),
             (_, "bias") => (None, n),
             _ => (None, m * n),
         };
@@ -227,5 +230,40 @@ fn a_matmul_refuses_empty_and_oversized_launches() {
         Err(Error::Unsupported { op, .. }) => op,
         _ => panic!("not refused"),
     };
-    assert!(e.contains("the lowering evaluates each work item"), "{e}");
+    assert!(
+        e.contains("(the lowering evaluates each: at most 16777216"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_matmul_of_one_column_reads_its_bias() {
+    // N = 1: the bias index is the constant 0, which is the output's column.
+    let k = library(F32_BIAS);
+    let (shapes, scalars) = launch(&k, (1, 4, 64), 5, 1, 128);
+    let m = lower_with(&k, &shapes, &scalars).unwrap();
+    assert!(m
+        .manifest
+        .inputs
+        .iter()
+        .any(|a| a.param == "bias" && a.buffer_shape == Some([1, 1])));
+}
+
+#[test]
+fn a_matmul_refuses_a_nested_absmax_shorter_than_its_blocks() {
+    // 300 x 512 weights: 2400 blocks, 10 nested ones.
+    let k = library("matmul_4bit_nf4_nested_bs64_f32_t1x4");
+    let (mut shapes, scalars) = launch(&k, (1, 4, 64), 3, 300, 512);
+    assert!(lower_with(&k, &shapes, &scalars).is_ok());
+    let nested = k
+        .params
+        .iter()
+        .position(|(_, p)| p.name == "nested_absmax")
+        .unwrap();
+    shapes.elements[nested] = 9;
+    let e = lower_with(&k, &shapes, &scalars).unwrap_err().to_string();
+    assert!(
+        e.contains("reading nested_absmax of 9 elements at indices up to 9"),
+        "{e}"
+    );
 }
