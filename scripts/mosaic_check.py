@@ -13,6 +13,7 @@ pipeline here, so a module it accepts compiles for that TPU (docs/backends/mosai
 """
 
 import json
+import math
 import os
 import sys
 import time
@@ -53,8 +54,9 @@ def qforge_kernel(text, manifest):
     lists them) returning its written buffers (the manifest's outputs): pads and reshapes each
     buffer into its array or arrays (bitcast to its `array_dtype`), runs the Mosaic kernel and
     keeps each output's first `elements` (bitcast back to its `dtype`). A matmul's arrays
-    (`buffer_shape` [r, c]) hold the buffer's first r * c elements as [r, c], zero-padded on
-    both dimensions; its outputs are their top-left [r, c]."""
+    hold the buffer's first elements as `buffer_shape` ([r, c], or 4-bit panels' [p, k, 16]),
+    zero-padded on every dimension to the array's `shape` with its leading dimensions merged
+    to that rank, then split as `shape`; its outputs are their top-left [r, c]."""
     ctx = mlir.make_ir_context()
     tpu.register_dialect(ctx)
     with ctx, ir.Location.unknown():
@@ -72,13 +74,16 @@ def qforge_kernel(text, manifest):
         arrays = []
         for a in manifest["inputs"]:
             buf = by_param[a["index"]].reshape(-1)
-            rows, cols = a["shape"]
+            shape = a["shape"]
             if a.get("buffer_shape"):
-                r, c = a["buffer_shape"]
-                grid = buf[: r * c].reshape(r, c)
-                array = jnp.pad(grid, ((0, rows - r), (0, cols - c)))
+                have = a["buffer_shape"]
+                cut = len(shape) + 1 - len(have)
+                merged = [math.prod(shape[:cut])] + shape[cut:]
+                grid = buf[: math.prod(have)].reshape(have)
+                array = jnp.pad(grid, [(0, m - h) for m, h in zip(merged, have)]).reshape(shape)
             else:
-                array = jnp.pad(buf, (0, rows * cols - a["elements"])).reshape(rows, cols)
+                size = math.prod(shape)
+                array = jnp.pad(buf, (0, size - a["elements"])).reshape(shape)
             arrays.append(jax.lax.bitcast_convert_type(array, jnp.dtype(array_dtype(a))))
         results = kernel(*arrays)
         flat = []

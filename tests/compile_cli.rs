@@ -191,18 +191,18 @@ fn target_options_reach_the_manifest() {
     let qforge::codegen::compile::Launch::Mosaic(layout) = &m.launch else {
         panic!("not a Mosaic launch: {:?}", m.launch);
     };
-    let arrays: Vec<(&str, [u32; 2], usize)> = layout
+    let arrays: Vec<(&str, Vec<u32>, usize)> = layout
         .inputs
         .iter()
         .chain(&layout.outputs)
-        .map(|a| (a.param.as_str(), a.shape, a.elements))
+        .map(|a| (a.param.as_str(), a.shape.clone(), a.elements))
         .collect();
     assert_eq!(
         arrays,
         [
-            ("packed", [32, 32], 7),
-            ("absmax", [32, 1], 7),
-            ("out", [32, 64], 7)
+            ("packed", vec![32, 32], 7),
+            ("absmax", vec![32, 1], 7),
+            ("out", vec![32, 64], 7)
         ]
     );
 }
@@ -253,7 +253,14 @@ fn a_matmul_compiles_for_mosaic_at_the_launch_its_scalars_give() {
         .inputs
         .iter()
         .chain(&layout.outputs)
-        .map(|a| (a.param.as_str(), a.shape, a.buffer_shape))
+        .map(|a| {
+            let two = |d: &[u32]| <[u32; 2]>::try_from(d).expect("a 2-D array");
+            (
+                a.param.as_str(),
+                two(&a.shape),
+                a.buffer_shape.as_deref().map(two),
+            )
+        })
         .collect();
     assert_eq!(
         arrays,

@@ -62,8 +62,9 @@ fn shapes_of(entry: &dyn CatalogEntry, kernel: &qforge::ir::Kernel, values: &[f3
     launch_of(entry, kernel, values).0
 }
 
-/// Arguments of a 4-bit matmul forward kernel of `_bsB` and `_tTMxTN` at `m x n x k`, by
-/// parameter name: activations and bias in `[-3, 3)` with subnormals, zeros and the smallest
+/// Arguments of a 4-bit matmul kernel of `_bsB` and `_tTMxTN` (an input gradient's of `_cC`
+/// too) at `m x n x k` (`W [N, K]`: the forward's `y` is `[m, n]`, the input gradient's `dx`
+/// `[m, k]`), by parameter name: activations and bias in `[-3, 3)` with subnormals, zeros and the smallest
 /// normal among them (one in eight), random codes, absmax in `[0.25, 4)` with an infinity, a
 /// NaN, a zero or a subnormal among the blocks of one in four rows. The conformance cases
 /// ([`twin::matmul_cases`]) bring the other edge values.
@@ -101,7 +102,15 @@ fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec
             ((r >> 8) as f32 / (1u32 << 24) as f32 * 6.0 - 3.0).to_bits()
         }
     };
-    let (n_tiles, n_blocks) = (n.div_ceil(tn), (n * k).div_ceil(bs));
+    let dx = kernel.name.contains("_dx_");
+    let n_tiles = if dx { k.div_ceil(tn) } else { n.div_ceil(tn) };
+    let n_blocks = (n * k).div_ceil(bs);
+    // The input gradient's layout: 4-bit panels of 32 columns, a scale per `_cC` columns.
+    let (n_panel_bytes, n_scales) = if dx {
+        (k.div_ceil(32) * n * 16, n * k / number("_c"))
+    } else {
+        (0, 0)
+    };
     let scalar = |v: usize| OwnedArg::Scalar(Scalar::U32(v as u32));
     kernel
         .params
@@ -115,11 +124,15 @@ fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec
             (ParamKind::Scalar(_), "n_packed") => scalar((n * k).div_ceil(2)),
             (ParamKind::Scalar(_), "n_blocks") => scalar(n_blocks),
             (ParamKind::Scalar(_), "n_nested") => scalar(n_blocks.div_ceil(256)),
+            (ParamKind::Scalar(_), "n_panel_bytes") => scalar(n_panel_bytes),
+            (ParamKind::Scalar(_), "n_scales") => scalar(n_scales),
             (ParamKind::Scalar(_), "offset") => OwnedArg::Scalar(Scalar::F32(0.125f32.to_bits())),
             (ParamKind::Buffer { dtype, .. }, name) => {
                 let count = match name {
-                    "x" => m * k,
+                    "x" | "dx" => m * k,
                     "packed" => (n * k).div_ceil(2),
+                    "panels" => n_panel_bytes,
+                    "absmax" | "qabsmax" if dx => n_scales,
                     "absmax" | "qabsmax" => n_blocks,
                     "nested_absmax" => n_blocks.div_ceil(256),
                     "nested_code" => 256,
@@ -128,7 +141,7 @@ fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec
                 };
                 let words: Vec<u32> = (0..count)
                     .map(|i| match name {
-                        "packed" | "qabsmax" => next(),
+                        "packed" | "panels" | "qabsmax" => next(),
                         // A special absmax (one in four rows of blocks) makes its
                         // outputs infinite or NaN, whatever the order; the nested
                         // absmax has none.
@@ -149,7 +162,7 @@ fn matmul_args(kernel: &qforge::ir::Kernel, m: usize, n: usize, k: usize) -> Vec
                         .collect(),
                     _ => words.iter().flat_map(|w| w.to_le_bytes()).collect(),
                 };
-                if name == "y" {
+                if name == "y" || name == "dx" {
                     OwnedArg::Write(vec![0; bytes.len()])
                 } else {
                     OwnedArg::Read(bytes)
@@ -1260,11 +1273,19 @@ mod twin {
     /// A matmul's cases: a reduction over one absmax block and over five (two reduction steps
     /// of 256 at blocksize 64), with edge values and with 4-bit ties (the conformance suite's
     /// lengths are not whole blocks, which the Mosaic matmul requires). At these launches
-    /// every dimension is smaller than its tile, so each is its own tile
-    /// ([`matmul_tiles_are_bit_exact_on_the_twin`] takes whole tiles).
-    fn matmul_cases(name: &str, bs: usize) -> Vec<(String, Vec<f32>)> {
+    /// most dimensions are smaller than their tile, so each is its own tile
+    /// ([`matmul_tiles_are_bit_exact_on_the_twin`] takes whole tiles); an input gradient's
+    /// columns are one or two scale chunks, two or four tiles at `c256`, whose reduction
+    /// over five blocks (1280) took 160 s of the interpreter: it runs with `all` (a
+    /// `QFORGE_MOSAIC_FILTER`).
+    fn matmul_cases(name: &str, bs: usize, all: bool) -> Vec<(String, Vec<f32>)> {
         let mut out = Vec::new();
-        for n in [bs, 5 * bs] {
+        let lengths = if name.contains("_dx_") && bs >= 256 && !all {
+            vec![bs]
+        } else {
+            vec![bs, 5 * bs]
+        };
+        for n in lengths {
             for kind in InputKind::ALL {
                 let label = format!("{name} K = {n}, {}", kind.label());
                 let seed = label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -1279,8 +1300,9 @@ mod twin {
     /// Whole tiles: the 4-bit matmul forward at `M = 9` (two row tiles of 8), `N = 129` (two
     /// column tiles of 128, the second one column) and `K = 64`, in `f32` with a bias; a
     /// nested absmax over 280 blocks (two nested blocks, the second from column 16 of row 6:
-    /// `N = 7`, `K = 2560`, ten reduction steps); and in `bf16` (row tiles of 16) at
-    /// `M = 17`.
+    /// `N = 7`, `K = 2560`, ten reduction steps); the input gradient over `N = 260` (two
+    /// steps, the second of 4) into `K = 192` columns (two tiles of 4 panels, the second's
+    /// last two past `K`); and in `bf16` (row tiles of 16) at `M = 17`.
     #[test]
     fn matmul_tiles_are_bit_exact_on_the_twin() {
         let Some(dev) = twin_device() else {
@@ -1291,9 +1313,10 @@ mod twin {
         let cases = [
             ("matmul_4bit_nf4_bs64_f32_bias_t1x4", 9, 129, 64),
             ("matmul_4bit_fp4_nested_bs64_f32_bias_t1x4", 2, 7, 2560),
+            ("matmul_4bit_dx_fp4_bs64_f32_c64_t1x4", 1, 260, 192),
             ("matmul_4bit_fp4_bs64_bf16_t4x1", 17, 129, 64),
         ];
-        for (name, m, n, k) in cases.into_iter().take(if filtered { 3 } else { 2 }) {
+        for (name, m, n, k) in cases.into_iter().take(if filtered { 4 } else { 3 }) {
             let kernel = super::library_kernel(name);
             let t = std::time::Instant::now();
             let args = super::matmul_args(&kernel, m, n, k);
@@ -1316,7 +1339,9 @@ mod twin {
         let mut work = Vec::new();
         for (entry, kernel) in ok.iter().filter(|(_, k)| k.name.contains(&filter)) {
             if super::is_matmul(kernel) {
-                for (label, values) in matmul_cases(&kernel.name, entry.blocksize()) {
+                for (label, values) in
+                    matmul_cases(&kernel.name, entry.blocksize(), !filter.is_empty())
+                {
                     work.push((entry, kernel, label, values));
                 }
                 continue;
@@ -1461,10 +1486,18 @@ fn every_lowered_kernel_compiles_with_libtpu() {
         write(&kernel.name, &m.text, &m.manifest);
     }
     // Matmuls of whole tiles: 8 x 128 outputs (16 x 128 for 16-bit arrays), 256 elements of
-    // the reduction per step, several steps of each.
+    // the reduction per step, several steps of each; input gradients of 4-bit panels with a
+    // scale per 64 columns (two a tile) and per 256 (a tile's in every other group).
     for (name, m, n, k) in [
         ("matmul_4bit_nf4_bs64_f32_bias_t1x4", 40, 300, 512),
         ("matmul_4bit_fp4_bs64_bf16_t4x1", 64, 384, 1024),
+        ("matmul_4bit_dx_fp4_bs64_f32_c64_t1x4", 40, 300, 512),
+        (
+            "matmul_4bit_dx_nf4_bs256_f32_wbf16_c256_t1x4",
+            16,
+            512,
+            1024,
+        ),
     ] {
         let kernel = library_kernel(name);
         let mut args = matmul_args(&kernel, m, n, k);
@@ -1617,6 +1650,6 @@ fn every_lowered_kernel_compiles_with_libtpu() {
         "the negative module was not tried on both generations"
     );
     for gen in ["v5e:1x1", "v6e:1x1"] {
-        assert_eq!(compiled.get(gen).map(|c| c.0), Some(ok.len() + 11), "{gen}");
+        assert_eq!(compiled.get(gen).map(|c| c.0), Some(ok.len() + 13), "{gen}");
     }
 }

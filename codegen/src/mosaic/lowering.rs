@@ -118,7 +118,9 @@ pub(super) fn by_param(mut p: TileProgram) -> TileProgram {
             VOp::Load { window }
             | VOp::Gather { window, .. }
             | VOp::Scalar { window }
-            | VOp::TableGather { window, .. } => {
+            | VOp::TableGather { window, .. }
+            | VOp::PanelBytes { window }
+            | VOp::ColScales { window } => {
                 *window = new[*window];
             }
             _ => {}
@@ -1238,6 +1240,12 @@ impl Lowering<'_> {
     /// Window `w`'s tile at `shape`, read: `f32` for an `f32` buffer, `bf16` and `f16` widened
     /// to `f32`, integers as `i32` lanes.
     pub(super) fn load_window(&mut self, w: usize, shape: Shape) -> usize {
+        self.load_with(w, shape, VOp::Load { window: w })
+    }
+
+    /// [`Self::load_window`] by `load`, an op reading window `w` as a `Load` does (its
+    /// elements as `f32`, or as `i32`: integers widened, 16-bit floats' bits).
+    pub(super) fn load_with(&mut self, w: usize, shape: Shape, load: VOp) -> usize {
         self.program.windows[w].read = true;
         let dtype = self.program.windows[w].dtype;
         let raw_elt = if dtype == DType::F32 {
@@ -1245,7 +1253,7 @@ impl Lowering<'_> {
         } else {
             Elt::I32
         };
-        let raw = self.push(VOp::Load { window: w }, shape, raw_elt);
+        let raw = self.push(load, shape, raw_elt);
         match dtype {
             DType::BF16 => self.bf16_to_f32(raw),
             DType::F16 => self.f16_to_f32(raw),

@@ -58,6 +58,7 @@
 //! (a scalar as a one-element buffer) into its array or arrays, passes the inputs, and keeps
 //! the first `elements` of each output (`scripts/mosaic_check.py` does this for `jax`).
 
+mod lint;
 mod lowering;
 mod matmul;
 mod ops;
@@ -134,8 +135,9 @@ pub struct ArrayLayout {
     /// Its index among the kernel's parameters.
     pub index: usize,
     /// `[rows, columns]`: the buffer's flat elements in row-major order, zero-padded (`[1, n]`
-    /// for a buffer read whole, `[1, 1]` for a scalar parameter's value).
-    pub shape: [u32; 2],
+    /// for a buffer read whole, `[1, 1]` for a scalar parameter's value); a matmul's 3-D
+    /// arrays (4-bit panels, column blocks) are `[lead, rows, columns]`.
+    pub shape: Vec<u32>,
     /// The buffer's element dtype as `numpy` spells it (`uint8`, `int8`, `bfloat16`,
     /// `float16`, `float32`, `uint32`, `int32`).
     pub dtype: String,
@@ -144,11 +146,12 @@ pub struct ArrayLayout {
     pub array_dtype: String,
     /// The buffer's element count (an output's first `elements` are the kernel's result).
     pub elements: usize,
-    /// A matmul's arrays: the buffer's first `elements` as `[rows, columns]`, zero-padded on
-    /// both dimensions to `shape` (an output's result is its top-left `[rows, columns]`);
-    /// absent for a flat buffer padded at its end.
+    /// A matmul's arrays: the buffer's first elements in this shape (`[rows, columns]`, or
+    /// 4-bit panels' `[panels, K, 16]`), zero-padded on every dimension to `shape` with its
+    /// leading dimensions merged to this rank, then split as `shape` (an output's result is
+    /// its top-left `[rows, columns]`); absent for a flat buffer padded at its end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub buffer_shape: Option<[u32; 2]>,
+    pub buffer_shape: Option<Vec<u32>>,
 }
 
 /// Lowers `kernel` for a launch of `shapes`: the Mosaic module, its twin and the manifest.
@@ -156,8 +159,9 @@ pub struct ArrayLayout {
 /// # Errors
 /// [`Error::Unsupported`] naming the first construct outside the row-chunk class (module
 /// docs), shapes for another number of parameters, or a grid that does not cover the chunk
-/// buffers; [`Error::Ir`] for a kernel that
-/// does not verify.
+/// buffers; [`Error::Ir`] for a kernel that does not verify; [`Error::Backend`] for a module
+/// that fails qforge's lint (`lint.rs`: window count, bounds and tiling, index-map and
+/// iteration-bound arity), a bug in the lowering.
 pub fn lower(kernel: &Kernel, shapes: &Shapes) -> Result<MosaicModule> {
     lower_with(kernel, shapes, &[])
 }
@@ -195,7 +199,7 @@ pub fn lower_with(
     let layout = |w: &Window| ArrayLayout {
         param: w.name.clone(),
         index: w.param,
-        shape: [program.array_rows(w), w.width],
+        shape: program.array_shape(w),
         dtype: numpy_dtype(w.dtype).to_string(),
         array_dtype: match w.dtype {
             DType::F16 => "uint16",
@@ -225,8 +229,13 @@ pub fn lower_with(
             .map(layout)
             .collect(),
     };
+    let text = text::print(&program);
+    lint::lint(&text, &manifest).map_err(|fault| Error::Backend {
+        backend: "mosaic",
+        message: format!("{}: the module fails qforge's lint: {fault}", kernel.name),
+    })?;
     Ok(MosaicModule {
-        text: text::print(&program),
+        text,
         twin: twin::print(kernel, shapes, &program),
         manifest,
     })

@@ -38,6 +38,11 @@ fn assert_has(text: &str, pieces: &[&str]) {
     }
 }
 
+/// A 2-D array's shape.
+pub(super) fn two(dims: &[u32]) -> [u32; 2] {
+    dims.try_into().expect("a 2-D array")
+}
+
 #[test]
 fn a_blockwise_dequantize_lowers_to_row_chunk_windows() {
     let k = library("dequantize_blockwise_dynamic_bs256_bf16");
@@ -49,7 +54,14 @@ fn a_blockwise_dequantize_lowers_to_row_chunk_windows() {
         .manifest
         .inputs
         .iter()
-        .map(|a| (a.param.as_str(), a.shape, a.dtype.as_str(), a.elements))
+        .map(|a| {
+            (
+                a.param.as_str(),
+                two(&a.shape),
+                a.dtype.as_str(),
+                a.elements,
+            )
+        })
         .collect();
     assert_eq!(
         ins,
@@ -141,7 +153,7 @@ fn a_4bit_dequantize_interleaves_its_two_codes() {
         .inputs
         .iter()
         .chain(&m.manifest.outputs)
-        .map(|a| (a.param.as_str(), a.shape))
+        .map(|a| (a.param.as_str(), two(&a.shape)))
         .collect();
     assert_eq!(
         shapes,
@@ -258,7 +270,7 @@ fn an_8bit_quantize_reduces_its_whole_chunk_and_stores_per_work_item() {
     let k = library("quantize_blockwise_dynamic_bs4096_bf16");
     let m = lower(&k, &launch(&k, 10000, 4096)).unwrap();
     let arrays = |a: &[super::ArrayLayout]| -> Vec<(String, [u32; 2])> {
-        a.iter().map(|a| (a.param.clone(), a.shape)).collect()
+        a.iter().map(|a| (a.param.clone(), two(&a.shape))).collect()
     };
     // `x` twice: per chunk element (512 lanes a step) and whole (the reduction's).
     assert_eq!(
@@ -394,7 +406,7 @@ fn a_nested_4bit_dequantize_gathers_its_scales_per_work_item() {
         .manifest
         .inputs
         .iter()
-        .map(|a| (a.param.as_str(), a.shape, a.elements))
+        .map(|a| (a.param.as_str(), two(&a.shape), a.elements))
         .collect();
     assert_eq!(
         ins,

@@ -10,6 +10,14 @@ use qforge_ir::DType;
 use super::tile::{Bin, Elt, Node, Pred, Shape, TileProgram, VOp, WindowKind};
 use super::STEP_ROWS;
 
+/// The name of node `i`'s window elements as loaded (see [`Printer::widen`]).
+pub(super) fn raw_name(i: usize, dtype: DType) -> String {
+    match dtype {
+        DType::F32 | DType::U32 | DType::I32 => format!("%v{i}"),
+        _ => format!("%v{i}_raw"),
+    }
+}
+
 /// The memref element type of a window of `dtype`: `f16` as its bits (`i16`), since libtpu
 /// neither stores `f16` vectors (v5e) nor casts them to `i16` (v6e).
 pub(super) fn mem_elt(dtype: DType) -> &'static str {
@@ -57,12 +65,33 @@ impl<'p> Printer<'p> {
         )
     }
 
+    /// `%v{i}` of type `ty` from [`raw_name`], a window's elements of `dtype` at `shape` as
+    /// loaded: 4-byte elements as they are (the raw name is `%v{i}`), 8-bit integers and
+    /// `f16` widened to `i32`, `bf16` as its bits.
+    pub(super) fn widen(&mut self, i: usize, dtype: DType, shape: Shape, ty: &str) {
+        let raw = self.vty(shape, mem_elt(dtype));
+        match dtype {
+            DType::F32 | DType::U32 | DType::I32 => {}
+            DType::U8 | DType::I8 | DType::F16 => {
+                let ext = if dtype == DType::I8 { "extsi" } else { "extui" };
+                self.line(format!("%v{i} = arith.{ext} %v{i}_raw : {raw} to {ty}"));
+            }
+            DType::BF16 => {
+                let half = self.vty(shape, "i16");
+                self.line(format!(
+                    "%v{i}_half = arith.bitcast %v{i}_raw : {raw} to {half}"
+                ));
+                self.line(format!("%v{i} = arith.extui %v{i}_half : {half} to {ty}"));
+            }
+        }
+    }
+
     pub(super) fn mem(&self, window: usize) -> String {
         let w = &self.p.windows[window];
+        let dims: Vec<String> = self.p.block_shape(w).iter().map(u32::to_string).collect();
         format!(
-            "memref<{}x{}x{}, #tpu.memory_space<vmem>>",
-            self.p.block_rows(w),
-            self.p.block_width(w),
+            "memref<{}x{}, #tpu.memory_space<vmem>>",
+            dims.join("x"),
             mem_elt(w.dtype)
         )
     }
@@ -111,26 +140,8 @@ impl<'p> Printer<'p> {
                 } else {
                     format!("vector.load {arg}[%c0, %c0] : {mem}, {raw}")
                 };
-                match dtype {
-                    DType::F32 | DType::U32 | DType::I32 => self.line(format!("%v{i} = {load}")),
-                    DType::U8 | DType::I8 => {
-                        let ext = if dtype == DType::U8 { "extui" } else { "extsi" };
-                        self.line(format!("%v{i}_raw = {load}"));
-                        self.line(format!("%v{i} = arith.{ext} %v{i}_raw : {raw} to {ty}"));
-                    }
-                    DType::F16 => {
-                        self.line(format!("%v{i}_raw = {load}"));
-                        self.line(format!("%v{i} = arith.extui %v{i}_raw : {raw} to {ty}"));
-                    }
-                    DType::BF16 => {
-                        let half = self.vty(n.shape, "i16");
-                        self.line(format!("%v{i}_raw = {load}"));
-                        self.line(format!(
-                            "%v{i}_half = arith.bitcast %v{i}_raw : {raw} to {half}"
-                        ));
-                        self.line(format!("%v{i} = arith.extui %v{i}_half : {half} to {ty}"));
-                    }
-                }
+                self.line(format!("{} = {load}", raw_name(i, dtype)));
+                self.widen(i, dtype, n.shape, &ty);
             }
             VOp::Const { bits, elt: e } => match e {
                 Elt::I32 => self.line(format!(
@@ -343,6 +354,8 @@ impl<'p> Printer<'p> {
             | VOp::OutRow
             | VOp::OutCol
             | VOp::Spread(_)
+            | VOp::PanelBytes { .. }
+            | VOp::ColScales { .. }
             | VOp::Staged(_) => super::matmul::text::node(self, i, n),
             VOp::Deinterleave(a, half) => {
                 // The inverse of `Interleave`: `[R, 2L]` as `[R, L, 2]`, slice `half` of the

@@ -8,6 +8,12 @@ use qforge_ir::DType;
 
 use super::STEP_ROWS;
 
+/// Columns of a 4-bit panel ([`WindowKind::MmPanels`]): the input gradient's layout,
+/// `qforge_kernels::matmul4::DX_PANEL`.
+pub(super) const PANEL: u32 = 32;
+/// Bytes of a panel's row: [`PANEL`] 4-bit codes.
+pub(super) const PANEL_BYTES: u32 = PANEL / 2;
+
 /// The shape of a value in one grid step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(super) enum Shape {
@@ -166,6 +172,17 @@ pub(super) enum VOp {
     Spread(usize),
     /// A value the matmul's loop provides (`Acc`): see [`Stage`].
     Staged(Stage),
+    /// The byte of each element of a weight in 4-bit panels (`WTile`, `i32`): column `n` of
+    /// the weight tile from panel `n / 32`'s byte `(n % 32) / 2` of row `k` (an
+    /// `MmPanels` window: each panel's `TK x 16` bytes turned, their rows repeated twice).
+    PanelBytes {
+        window: usize,
+    },
+    /// Each element's entry of a per-column-block buffer (`WTile`, the raw load): row `n >>
+    /// t` of an `MmColBlocks(t)` window, repeated over its `2^t` columns.
+    ColScales {
+        window: usize,
+    },
 }
 
 /// The values of a matmul's reduction loop (`super::matmul`).
@@ -239,6 +256,16 @@ pub enum WindowKind {
     MmCols,
     /// A matmul's output `[M, N]`: block `TM x TN` at `(i, j)`.
     MmOut,
+    /// A matmul's weight in 4-bit panels (the input gradient's layout): element `(n, k)` is
+    /// nibble `32 * ((n / 32) * K + k) + n % 32`, the high nibble first, so the buffer is
+    /// `[ceil(N / 32), K, 16]` bytes: block `P x TK x 16` at `(j, l, 0)`, `P = TN / 32`
+    /// panels.
+    MmPanels,
+    /// A matmul's per-column-block buffer (the input gradient's scales): entry `(n, k)` at
+    /// `(n >> t) * K + k`, the buffer `[ceil(N / 2^t), K]` split into groups of `G =
+    /// max(1, TN >> t)` rows, `[rows / G, G, K]`: block `1 x G x TK` holding tile `j`'s rows
+    /// at step `l`.
+    MmColBlocks(u32),
 }
 
 /// A value with its shape and element type.
@@ -363,6 +390,8 @@ impl TileProgram {
             WindowKind::MmX => self.columns(Shape::XTile),
             WindowKind::MmWeight => self.columns(Shape::WTile),
             WindowKind::MmCols | WindowKind::MmOut => self.columns(Shape::Acc),
+            WindowKind::MmPanels => PANEL_BYTES,
+            WindowKind::MmColBlocks(_) => self.columns(Shape::WTile),
         }
     }
 
@@ -373,6 +402,8 @@ impl TileProgram {
             _ if w.one_row() => 1,
             WindowKind::MmX | WindowKind::MmOut => self.rows_of(Shape::XTile),
             WindowKind::MmWeight | WindowKind::MmBlocks => self.rows_of(Shape::WTile),
+            WindowKind::MmPanels => self.columns(Shape::WTile),
+            WindowKind::MmColBlocks(t) => self.col_groups(t).0,
             _ => STEP_ROWS,
         }
     }
@@ -384,8 +415,53 @@ impl TileProgram {
             _ if w.one_row() => 1,
             (WindowKind::MmX | WindowKind::MmOut, Some(p)) => p.m.div_ceil(p.tm) * p.tm,
             (WindowKind::MmWeight | WindowKind::MmBlocks, Some(p)) => p.n.div_ceil(p.tn) * p.tn,
+            (WindowKind::MmPanels, Some(p)) => p.k.div_ceil(p.tk) * p.tk,
+            (WindowKind::MmColBlocks(t), _) => self.col_groups(t).0,
             _ => self.rows,
         }
+    }
+
+    /// A 3-D window's leading dimension, `(array, block)`: a matmul's panels (`[P, K, 16]`,
+    /// blocks of `TN / 32` panels) or column blocks (`[rows / G, G, K]`, blocks of one
+    /// group); `None` for the 2-D windows.
+    pub fn lead(&self, w: &Window) -> Option<(u32, u32)> {
+        let p = self.matmul.as_ref()?;
+        match w.kind {
+            WindowKind::MmPanels => {
+                let per = p.tn.div_ceil(PANEL);
+                Some((p.n.div_ceil(PANEL).div_ceil(per) * per, per))
+            }
+            WindowKind::MmColBlocks(t) => {
+                let (g, rows) = self.col_groups(t);
+                Some((rows.div_ceil(g), 1))
+            }
+            _ => None,
+        }
+    }
+
+    /// The shape of `w`'s array: `[rows, columns]`, or a 3-D window's `[lead, rows,
+    /// columns]` ([`Self::lead`]).
+    pub fn array_shape(&self, w: &Window) -> Vec<u32> {
+        let mut shape: Vec<u32> = self.lead(w).map(|l| l.0).into_iter().collect();
+        shape.extend([self.array_rows(w), w.width]);
+        shape
+    }
+
+    /// The shape of `w`'s block (`window_bounds`), as [`Self::array_shape`].
+    pub fn block_shape(&self, w: &Window) -> Vec<u32> {
+        let mut shape: Vec<u32> = self.lead(w).map(|l| l.1).into_iter().collect();
+        shape.extend([self.block_rows(w), self.block_width(w)]);
+        shape
+    }
+
+    /// An `MmColBlocks(t)` window's rows per group `G = max(1, TN >> t)` and the buffer's
+    /// rows `ceil(N / 2^t)`.
+    pub fn col_groups(&self, t: u32) -> (u32, u32) {
+        let Some(p) = &self.matmul else {
+            return (1, 1);
+        };
+        let rows = (u64::from(p.n).div_ceil(1u64 << t)) as u32;
+        ((p.tn >> t).max(1), rows)
     }
 
     /// Rows of a value of `shape` in one grid step: [`STEP_ROWS`], a matmul's `TM` or `TN`.

@@ -40,6 +40,14 @@ pub(super) struct Printer<'p> {
     pub(super) starts: Vec<(String, String)>,
 }
 
+/// The name of node `i`'s window elements as loaded (see [`Printer::widen`]).
+pub(super) fn raw_name(i: usize, dtype: DType) -> String {
+    match dtype {
+        DType::U32 | DType::I32 => format!("%v{i}"),
+        _ => format!("%v{i}_raw"),
+    }
+}
+
 impl<'p> Printer<'p> {
     pub(super) fn new(p: &'p TileProgram, indent: &'static str, arrays: Vec<String>) -> Self {
         Printer {
@@ -94,6 +102,34 @@ impl<'p> Printer<'p> {
         name.to_string()
     }
 
+    /// `%v{i}` of type `ty` from [`raw_name`], a window's raw elements of `dtype` at `shape`
+    /// (a 4-byte integer's raw tile is `%v{i}` itself: nothing to do).
+    pub(super) fn widen(&mut self, i: usize, dtype: DType, shape: Shape, ty: &str) {
+        let rt = self.tty(shape, raw(dtype));
+        match dtype {
+            DType::U32 | DType::I32 => {}
+            DType::F32 => self.line(format!(
+                "%v{i} = stablehlo.bitcast_convert %v{i}_raw : ({rt}) -> {ty}"
+            )),
+            DType::I8 => {
+                let s8 = self.tty(shape, "i8");
+                let s32 = self.tty(shape, "i32");
+                self.line(format!(
+                    "%v{i}_s8 = stablehlo.bitcast_convert %v{i}_raw : ({rt}) -> {s8}"
+                ));
+                self.line(format!(
+                    "%v{i}_s32 = stablehlo.convert %v{i}_s8 : ({s8}) -> {s32}"
+                ));
+                self.line(format!(
+                    "%v{i} = stablehlo.bitcast_convert %v{i}_s32 : ({s32}) -> {ty}"
+                ));
+            }
+            _ => self.line(format!(
+                "%v{i} = stablehlo.convert %v{i}_raw : ({rt}) -> {ty}"
+            )),
+        }
+    }
+
     pub(super) fn node(&mut self, i: usize, n: &Node) {
         let ty = self.tty(n.shape, elt(n.elt));
         match &n.op {
@@ -110,12 +146,7 @@ impl<'p> Printer<'p> {
                 let rt = self.tty(n.shape, raw(dtype));
                 let array = self.arrays[*window].clone();
                 // A 4-byte integer tile is already the node; others are converted from `_raw`.
-                let plain = matches!(dtype, DType::U32 | DType::I32);
-                let name = if plain {
-                    format!("%v{i}")
-                } else {
-                    format!("%v{i}_raw")
-                };
+                let name = raw_name(i, dtype);
                 if w.one_row() && !w.fixed() {
                     // The lane block of the one-row array, broadcast to the step's rows.
                     let r = raw(dtype);
@@ -131,28 +162,7 @@ impl<'p> Printer<'p> {
                         raw(dtype)
                     ));
                 }
-                match dtype {
-                    DType::U32 | DType::I32 => {}
-                    DType::F32 => self.line(format!(
-                        "%v{i} = stablehlo.bitcast_convert %v{i}_raw : ({rt}) -> {ty}"
-                    )),
-                    DType::I8 => {
-                        let s8 = self.tty(n.shape, "i8");
-                        let s32 = self.tty(n.shape, "i32");
-                        self.line(format!(
-                            "%v{i}_s8 = stablehlo.bitcast_convert %v{i}_raw : ({rt}) -> {s8}"
-                        ));
-                        self.line(format!(
-                            "%v{i}_s32 = stablehlo.convert %v{i}_s8 : ({s8}) -> {s32}"
-                        ));
-                        self.line(format!(
-                            "%v{i} = stablehlo.bitcast_convert %v{i}_s32 : ({s32}) -> {ty}"
-                        ));
-                    }
-                    _ => self.line(format!(
-                        "%v{i} = stablehlo.convert %v{i}_raw : ({rt}) -> {ty}"
-                    )),
-                }
+                self.widen(i, dtype, n.shape, &ty);
             }
             VOp::Const { bits, elt: e } => match e {
                 Elt::I32 => self.line(format!("%v{i} = stablehlo.constant dense<{bits}> : {ty}")),
@@ -351,6 +361,8 @@ impl<'p> Printer<'p> {
             | VOp::OutRow
             | VOp::OutCol
             | VOp::Spread(_)
+            | VOp::PanelBytes { .. }
+            | VOp::ColScales { .. }
             | VOp::Staged(_) => super::matmul::twin::node(self, i, n),
             VOp::Deinterleave(a, half) => {
                 let (l, e) = (self.p.lanes(), elt(n.elt));

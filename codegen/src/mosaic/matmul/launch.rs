@@ -21,8 +21,8 @@ pub(super) struct Item {
 pub(super) enum Fit {
     /// The same on every work item.
     Uniform(u32),
-    /// `a * n + b` (wrapping `u32`).
-    Col(u32, u32),
+    /// `a * (n >> shift) + b` (wrapping `u32`): a column, or a column's panel or block.
+    Col { a: u32, b: u32, shift: u32 },
     /// `a * m + b`.
     Row(u32, u32),
 }
@@ -45,7 +45,7 @@ pub(super) struct Outputs {
 }
 
 /// Evaluates every work item of the launch: each accumulator's row `m` (its activation
-/// index at `k = 0`, over `K`) and column `n` (its weight index at `k = 0`, over `K`) where
+/// index at `k = 0`, over `K`) and column `n` (its store's index less the row's first) where
 /// its guard holds; refuses a launch whose guarded stores are not `y[m * N + n]`, each output
 /// once, all of them.
 pub(super) fn outputs(
@@ -129,11 +129,13 @@ pub(super) fn outputs(
                 ))
             }
         };
-        let w_base = first_weight_load(k, b, f)
-            .and_then(|i| index_form(k, i, f.k_index, &k_free))
-            .ok_or_else(|| refuse(k, "a weight factor without a load at (n * K + k) >> s"))?
-            .0;
-        bases.push((x_base, w_base));
+        if first_weight_load(k, b, f).is_none() {
+            return Err(refuse(
+                k,
+                "a weight factor without a load at an index that depends on k",
+            ));
+        }
+        bases.push(x_base);
     }
     // Every work item is evaluated, and every output marked: a launch too large for that is
     // refused before (a sane one has at most an output per work item and accumulator).
@@ -174,8 +176,7 @@ pub(super) fn outputs(
             {
                 continue;
             }
-            let base = |e: &mut Eval, b: Option<Value>| b.map_or(Some(0), |b| e.at(b, w));
-            let (xb, wb) = (base(eval, bases[t].0), base(eval, bases[t].1));
+            let xb = bases[t].map_or(Some(0), |b| eval.at(b, w));
             let index = body
                 .iter()
                 .find_map(|s| match s {
@@ -183,18 +184,18 @@ pub(super) fn outputs(
                     _ => None,
                 })
                 .and_then(|i| eval.at(i, w));
-            let (Some(xb), Some(wb), Some(index)) = (xb, wb, index) else {
+            let (Some(xb), Some(index)) = (xb, index) else {
                 return Err(refuse(
                     k,
                     "a matmul whose indices are not computed from the work item",
                 ));
             };
-            let (mi, ni) = (xb / kk, wb / kk);
+            // The row is the activation's; the column what the store adds to the row's
+            // first output (the weight's loads are checked against it: `leaves`).
+            let (mi, ni) = (xb / kk, index % n);
             let ok = xb % kk == 0
-                && wb % kk == 0
                 && mi < m
-                && ni < n
-                && u64::from(index) == u64::from(mi) * u64::from(n) + u64::from(ni)
+                && index / n == mi
                 && !std::mem::replace(&mut stored[index as usize], true);
             if !ok {
                 return Err(refuse(
@@ -227,20 +228,24 @@ pub(super) fn outputs(
     })
 }
 
-/// The function `a * n + b`, `a * m + b` or constant through `points` (an output and the
-/// value there), if one is.
+/// The function `a * (n >> s) + b` (the smallest `s`), `a * m + b` or constant through
+/// `points` (an output and the value there), if one is.
 pub(super) fn fit(points: &[(Item, u32)]) -> Option<Fit> {
     let &(_, first) = points.first()?;
     if points.iter().all(|&(_, x)| x == first) {
         return Some(Fit::Uniform(first));
     }
     let line = |coord: &dyn Fn(&Item) -> u32| -> Option<(u32, u32)> {
-        let (i0, v0) = points[0];
-        let &(i1, v1) = points.iter().find(|(it, _)| coord(it) != coord(&i0))?;
-        let (c0, c1) = (coord(&i0), coord(&i1));
-        // Coordinates are below 2^32 and the values wrap: `a = (v1 - v0) / (c1 - c0)` where
-        // it divides, checked on every point.
-        let (dc, dv) = (c1.wrapping_sub(c0), v1.wrapping_sub(v0));
+        // Through the point of the smallest coordinate and the next coordinate's (`a` the
+        // values' wrapping difference over the coordinates', where it divides), checked on
+        // every point.
+        let &(i0, v0) = points.iter().min_by_key(|(it, _)| coord(it))?;
+        let c0 = coord(&i0);
+        let &(i1, v1) = points
+            .iter()
+            .filter(|(it, _)| coord(it) > c0)
+            .min_by_key(|(it, _)| coord(it))?;
+        let (dc, dv) = (coord(&i1) - c0, v1.wrapping_sub(v0));
         if dv % dc != 0 {
             return None;
         }
@@ -251,10 +256,10 @@ pub(super) fn fit(points: &[(Item, u32)]) -> Option<Fit> {
             .all(|(it, x)| a.wrapping_mul(coord(it)).wrapping_add(b) == *x)
             .then_some((a, b))
     };
-    if let Some((a, b)) = line(&|it: &Item| it.n) {
-        return Some(Fit::Col(a, b));
-    }
-    line(&|it: &Item| it.m).map(|(a, b)| Fit::Row(a, b))
+    let col = |shift: u32| line(&|it: &Item| it.n >> shift).map(|(a, b)| Fit::Col { a, b, shift });
+    col(0)
+        .or_else(|| line(&|it: &Item| it.m).map(|(a, b)| Fit::Row(a, b)))
+        .or_else(|| (1..32).find_map(col))
 }
 /// Evaluates per-work-item integer values of a kernel at one work item.
 pub(super) struct Eval<'k> {
@@ -272,6 +277,11 @@ impl<'k> Eval<'k> {
             w: 0,
             cache: vec![None; k.values.len()],
         }
+    }
+
+    /// The launch's integer scalars.
+    pub(super) fn scalars(&self) -> &'k [Option<u32>] {
+        self.scalars
     }
 
     /// `v` at work item `w`: `None` where it reads memory, a variable, the loop index or a

@@ -6,13 +6,15 @@ use std::collections::{HashMap, HashSet};
 use qforge_ir::{Access, Kernel, Op, ParamId, ParamKind, Stmt, Value};
 
 use super::launch::{fit, Eval, Fit, Item, Outputs};
-use super::statements::{collect_leaves, index_form, Statements};
+use super::statements::{affine, collect_leaves, index_form, Statements};
 use super::TK;
 use crate::error::Result;
 use crate::mosaic::lowering::Lowering;
 use crate::mosaic::ops::elt_of;
 use crate::mosaic::refuse;
-use crate::mosaic::tile::{Bin, Elt, Shape, TileProgram, VOp, Window, WindowKind};
+use crate::mosaic::tile::{
+    Bin, Elt, Shape, TileProgram, VOp, Window, WindowKind, PANEL, PANEL_BYTES,
+};
 
 /// Which part of the program is being lowered, and so what its leaves stand for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +39,12 @@ pub(super) enum Form {
     /// the bound: a nested absmax's code (at an 8-bit code, 255), or its absmax per 256
     /// blocks (at `(n * K + k) >> s`, `(N * K - 1) >> s`).
     Gather(u64),
+    /// `w[(32 * ((n >> 5) * K + k) + (n & 31)) >> 1]`: a byte of the 4-bit panels of the
+    /// input gradient's layout ([`WindowKind::MmPanels`]).
+    Panel,
+    /// `w[(n >> t) * K + k]`: one element per `2^t` columns of each `k` (the input
+    /// gradient's scales, [`WindowKind::MmColBlocks`]).
+    ColBlocks(u32),
 }
 
 /// The leaves of the part being lowered (see [`Domain`]).
@@ -86,7 +94,6 @@ pub(super) fn classify(
     pairs: &HashMap<usize, Vec<(usize, Value)>>,
     eval: &mut Eval<'_>,
 ) -> Result<Leaves> {
-    let k_free = |v: Value| f.k_free(v);
     let kk = out.kk;
     // Accumulator 0's leaves: weight loads, and per-work-item values fitted over all
     // accumulators.
@@ -99,48 +106,52 @@ pub(super) fn classify(
         }
     }
     let mut fits = HashMap::new();
-    let mut forms = HashMap::new();
+    // Each weight load's form, one over every accumulator's outputs: its `i`-th load is
+    // where accumulator 0's is (`same::same_functions` compared them op by op).
+    let by_acc: Vec<(usize, Vec<Value>)> = (0..f.accs.len())
+        .filter(|&t| !out.items[t].is_empty())
+        .map(|t| (t, weight_loads(k, f.accs[t].2, f)))
+        .collect();
+    let mut forms: HashMap<usize, Form> = HashMap::new();
+    for (i, &l0) in weight_loads(k, f.accs[0].2, f).iter().enumerate() {
+        let ith: Vec<(usize, Value)> = by_acc
+            .iter()
+            .filter_map(|(t, l)| Some((*t, *l.get(i)?)))
+            .collect();
+        forms.insert(l0.index(), load_form(k, f, &ith, out, eval)?);
+    }
     // The weight's blocks: the finest of its loads at `(n * K + k) >> s`, `s >= 2`; coarser
     // ones (a nested absmax per 256 blocks) are gathers at a block's index.
-    let shift_of = |v: Value| match k.values[v].op {
-        Op::Load { index, .. } => index_form(k, index, f.k_index, &k_free).map(|b| b.1),
-        _ => None,
-    };
-    let primary = leaves
-        .iter()
-        .filter_map(|&v| shift_of(v))
-        .filter(|&s| s >= 2)
+    let primary = forms
+        .values()
+        .filter_map(|f| match f {
+            Form::Blocks(s) => Some(*s),
+            _ => None,
+        })
         .min();
+    for form in forms.values_mut() {
+        if let Form::Blocks(s) = *form {
+            if Some(s) != primary {
+                *form = Form::Gather((u64::from(out.n) * u64::from(kk) - 1) >> s);
+            } else if !kk.is_multiple_of(1 << s) || !TK.is_multiple_of(1 << s) {
+                return Err(refuse(
+                    k,
+                    &format!(
+                        "a weight read per block of 2^{s} elements where K = {kk} (a block must \
+                         divide K, and {TK})"
+                    ),
+                ));
+            }
+        }
+    }
     for &v in &leaves {
-        if let Op::Load { index, .. } = k.values[v].op {
-            let form = match shift_of(v) {
-                Some(0) => Form::Element,
-                Some(1) => Form::Byte,
-                Some(s) if Some(s) == primary => {
-                    if s >= 32 || !kk.is_multiple_of(1 << s) || !TK.is_multiple_of(1 << s) {
-                        return Err(refuse(
-                            k,
-                            &format!(
-                                "a weight read per block of 2^{s} elements where K = {kk} (a \
-                                 block must divide K, and {TK})"
-                            ),
-                        ));
-                    }
-                    Form::Blocks(s)
-                }
-                Some(s) => Form::Gather((u64::from(out.n) * u64::from(kk) - 1) >> s),
-                None => match k.values[index].op {
-                    Op::Load { buf, .. } if byte_buffer(k, buf) => Form::Gather(255),
-                    _ => {
-                        return Err(refuse(
-                            k,
-                            "a weight read at an index the lowering cannot bound (a table is \
-                             read at (n * K + k) >> s or at an 8-bit code)",
-                        ))
-                    }
-                },
-            };
-            forms.insert(v.index(), form);
+        if let Op::Load { .. } = k.values[v].op {
+            if !forms.contains_key(&v.index()) {
+                return Err(refuse(
+                    k,
+                    "a matmul epilogue reading a buffer per element of k",
+                ));
+            }
         } else {
             let points: Vec<(Item, u32)> = pairs
                 .get(&v.index())
@@ -155,7 +166,7 @@ pub(super) fn classify(
                 refuse(
                     k,
                     &format!(
-                        "the per-work-item value %{} of a matmul, which is not a * m + b or a * n + b",
+                        "the per-work-item value %{} of a matmul, which is not a * m + b or a * (n >> s) + b",
                         v.index()
                     ),
                 )
@@ -166,6 +177,16 @@ pub(super) fn classify(
     let halves = forms.values().any(|f| *f == Form::Byte);
     if halves && forms.values().any(|f| *f == Form::Element) {
         return Err(refuse(k, "a weight read both per element and per byte"));
+    }
+    if halves
+        && forms
+            .values()
+            .any(|f| matches!(f, Form::Panel | Form::ColBlocks(_)))
+    {
+        return Err(refuse(
+            k,
+            "a weight read per byte of its rows and per panel or column block",
+        ));
     }
     if halves && out.kk % 2 == 1 {
         return Err(refuse(
@@ -178,6 +199,94 @@ pub(super) fn classify(
         forms,
         primary,
         halves,
+    })
+}
+
+/// The loads of `v`'s expression at indices that depend on `k` (depth first, each once),
+/// those in other loads' indices included.
+fn weight_loads(k: &Kernel, v: Value, f: &Statements<'_>) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut stack = vec![v];
+    let mut seen = HashSet::new();
+    while let Some(v) = stack.pop() {
+        if !seen.insert(v.index()) || f.k_free(v) {
+            continue;
+        }
+        if let Op::Load { .. } = k.values[v].op {
+            out.push(v);
+        }
+        stack.extend(k.values[v].op.operands().into_iter().rev());
+    }
+    out
+}
+
+/// The form of a weight load, `loads` its value in each accumulator: from its index as an
+/// [`Affine`] in `k`, whose base (its value at `k = 0`) is checked at every accumulator's
+/// every output against the form's; an index that is not affine must be an 8-bit code (a
+/// table of 256).
+fn load_form(
+    k: &Kernel,
+    f: &Statements<'_>,
+    loads: &[(usize, Value)],
+    out: &Outputs,
+    eval: &mut Eval<'_>,
+) -> Result<Form> {
+    let k_free = |x: Value| f.k_free(x);
+    let kk = out.kk;
+    let mut bases = Vec::new();
+    let mut form = None;
+    for &(t, v) in loads {
+        let Op::Load { index, .. } = k.values[v].op else {
+            unreachable!("weight_loads gives loads")
+        };
+        let Some(aff) = affine(k, index, f.k_index, &k_free, eval.scalars()) else {
+            return match k.values[index].op {
+                Op::Load { buf, .. } if byte_buffer(k, buf) => Ok(Form::Gather(255)),
+                _ => Err(refuse(
+                    k,
+                    "a weight read at an index the lowering cannot bound (a buffer is read at \
+                     an affine function of k, or a table at an 8-bit code)",
+                )),
+            };
+        };
+        for it in &out.items[t] {
+            let base = aff
+                .base(eval, it.w)
+                .ok_or_else(|| refuse(k, "a weight index not computed from the work item"))?;
+            // The index before the shift, at the reduction's last element, without wrapping.
+            let last = u64::from(base) + u64::from(aff.a) * u64::from(kk - 1);
+            if last >> 32 != 0 {
+                return Err(refuse(
+                    k,
+                    &format!("a weight index that wraps at column {} (K = {kk})", it.n),
+                ));
+            }
+            bases.push((u64::from(it.n), u64::from(base), last >> aff.shift));
+        }
+        form = Some((aff.a, aff.shift));
+    }
+    let (a, shift) = form.expect("an accumulator with outputs (`launch::outputs`)");
+    let kk = u64::from(kk);
+    let all = |want: &dyn Fn(u64) -> u64| bases.iter().all(|&(n, b, _)| b == want(n));
+    let bound = bases.iter().map(|b| b.2).max().unwrap_or(0);
+    Ok(match (a, shift) {
+        (1, 0) if all(&|n| n * kk) => Form::Element,
+        (1, 1) if all(&|n| n * kk) => Form::Byte,
+        (1, s) if all(&|n| n * kk) => Form::Blocks(s),
+        (32, 1) if all(&|n| 32 * (n >> 5) * kk + (n & 31)) => Form::Panel,
+        (1, 0) if let Some(t) = (1..32).find(|&t| all(&|n| (n >> t) * kk)) => Form::ColBlocks(t),
+        // A table read once per block of elements (a nested absmax).
+        (_, s) if s >= 2 => Form::Gather(bound),
+        _ => {
+            return Err(refuse(
+                k,
+                &format!(
+                    "a weight read at an index (a * k + base) >> {shift}, a = {a}, of none of \
+                     the matmul's forms at every output (n * K + k, its bytes or blocks, 4-bit \
+                     panels, column blocks)"
+                ),
+            ))
+        }
     })
 }
 
@@ -236,7 +345,7 @@ impl Lowering<'_> {
             _ if weight && self.block_index(v) => Shape::WBlocks,
             _ => match p.fits.get(&v.index()) {
                 Some(Fit::Uniform(_)) => Shape::Uniform,
-                Some(Fit::Col(..)) if weight => Shape::WRow,
+                Some(Fit::Col { .. }) if weight => Shape::WRow,
                 Some(Fit::Row(..)) if weight => {
                     return Err(refuse(
                         self.k,
@@ -287,6 +396,14 @@ impl Lowering<'_> {
                     let w = self.matmul_window(buf, WindowKind::MmBlocks)?;
                     self.load_window(w, Shape::WBlocks)
                 }
+                (Domain::Weight { .. }, Some(Form::Panel)) => {
+                    let w = self.matmul_window(buf, WindowKind::MmPanels)?;
+                    self.load_with(w, Shape::WTile, VOp::PanelBytes { window: w })
+                }
+                (Domain::Weight { .. }, Some(Form::ColBlocks(t))) => {
+                    let w = self.matmul_window(buf, WindowKind::MmColBlocks(t))?;
+                    self.load_with(w, Shape::WTile, VOp::ColScales { window: w })
+                }
                 (Domain::Weight { .. }, Some(_)) => {
                     let w = self.matmul_window(buf, WindowKind::MmWeight)?;
                     self.load_window(w, Shape::WTile)
@@ -295,7 +412,11 @@ impl Lowering<'_> {
                     // The output's column `n` (a constant 0 where `N = 1`).
                     let n_is_one = self.program.matmul.as_ref().is_some_and(|m| m.n == 1);
                     let column = match p.fits.get(&index.index()) {
-                        Some(Fit::Col(1, 0)) => true,
+                        Some(Fit::Col {
+                            a: 1,
+                            b: 0,
+                            shift: 0,
+                        }) => true,
                         Some(Fit::Uniform(0)) => n_is_one,
                         _ => false,
                     };
@@ -316,13 +437,13 @@ impl Lowering<'_> {
                 let Some(&fit) = p.fits.get(&v.index()) else {
                     return Ok(None);
                 };
-                let (coord, a, b) = match fit {
+                let (coord, a, b, shift) = match fit {
                     Fit::Uniform(c) => return Ok(Some(self.konst(c, elt_of(ty), at))),
-                    Fit::Col(a, b) if matches!(p.domain, Domain::Weight { .. }) => {
-                        (VOp::WeightRow, a, b)
+                    Fit::Col { a, b, shift } if matches!(p.domain, Domain::Weight { .. }) => {
+                        (VOp::WeightRow, a, b, shift)
                     }
-                    Fit::Col(a, b) => (VOp::OutCol, a, b),
-                    Fit::Row(a, b) => (VOp::OutRow, a, b),
+                    Fit::Col { a, b, shift } => (VOp::OutCol, a, b, shift),
+                    Fit::Row(a, b) => (VOp::OutRow, a, b, 0),
                 };
                 let shape = if coord == VOp::WeightRow {
                     Shape::WRow
@@ -330,6 +451,10 @@ impl Lowering<'_> {
                     Shape::Acc
                 };
                 let mut c = self.push(coord, shape, Elt::I32);
+                if shift != 0 {
+                    let s = self.konst(shift, Elt::I32, shape);
+                    c = self.push(VOp::Bin(Bin::ShrU, c, s), shape, Elt::I32);
+                }
                 if a != 1 {
                     let a = self.konst(a, Elt::I32, shape);
                     c = self.push(VOp::Bin(Bin::MulI, c, a), shape, Elt::I32);
@@ -411,6 +536,26 @@ impl Lowering<'_> {
             WindowKind::MmWeight => (kp >> shift, plan.n as usize * (plan.k >> shift) as usize),
             WindowKind::MmBlocks => (blocks, plan.n as usize * blocks as usize),
             WindowKind::MmCols => (np, plan.n as usize),
+            WindowKind::MmPanels => (
+                PANEL_BYTES,
+                (plan.n.div_ceil(PANEL) * PANEL_BYTES) as usize * plan.k as usize,
+            ),
+            WindowKind::MmColBlocks(t) => {
+                let (group, rows) = self.program.col_groups(t);
+                if group << t != plan.tn && 1 << t < plan.tn {
+                    return Err(refuse(
+                        self.k,
+                        &format!(
+                            "a matmul reading {} per {} columns, which do not divide its \
+                             {}-column tiles",
+                            param.name,
+                            1u32 << t,
+                            plan.tn
+                        ),
+                    ));
+                }
+                (kp, rows as usize * plan.k as usize)
+            }
             _ => (np, plan.m as usize * plan.n as usize),
         };
         let have = self.shapes.elements.get(p.index()).copied().unwrap_or(0);
@@ -446,17 +591,22 @@ impl Lowering<'_> {
     }
 }
 impl TileProgram {
-    /// The buffer a matmul's window holds as `[rows, columns]` (zero-padded on both to the
-    /// array's shape), or `None` for a flat buffer padded at its end.
-    pub fn buffer_shape(&self, w: &Window) -> Option<[u32; 2]> {
+    /// The shape of the buffer a matmul's window holds, `[rows, columns]` (`[panels, K, 16]`
+    /// for 4-bit panels): its first elements in that shape, zero-padded on every dimension to
+    /// the array's shape with the array's leading dimensions merged to the same rank (a
+    /// column-block buffer's `[rows, K]` in an array of `[rows / G, G, K]`); `None` for a
+    /// flat buffer padded at its end.
+    pub fn buffer_shape(&self, w: &Window) -> Option<Vec<u32>> {
         let p = self.matmul.as_ref()?;
         let shift = u32::from(p.halves);
         Some(match w.kind {
-            WindowKind::MmX => [p.m, p.k],
-            WindowKind::MmWeight => [p.n, p.k >> shift],
-            WindowKind::MmBlocks => [p.n, w.width],
-            WindowKind::MmCols => [1, p.n],
-            WindowKind::MmOut => [p.m, p.n],
+            WindowKind::MmX => vec![p.m, p.k],
+            WindowKind::MmWeight => vec![p.n, p.k >> shift],
+            WindowKind::MmBlocks => vec![p.n, w.width],
+            WindowKind::MmCols => vec![1, p.n],
+            WindowKind::MmOut => vec![p.m, p.n],
+            WindowKind::MmPanels => vec![p.n.div_ceil(PANEL), p.k, PANEL_BYTES],
+            WindowKind::MmColBlocks(t) => vec![self.col_groups(t).1, p.k],
             _ => return None,
         })
     }

@@ -7,7 +7,7 @@
 //! How the IR's work items map to outputs is not parsed but checked: at the launch (Mosaic
 //! modules are specialized to its shapes) every work item's per-work-item values are
 //! evaluated, which gives each accumulator's row `m` (its activation index at `k = 0`, over
-//! `K`) and column `n` (its weight index at `k = 0`, over `K`). The kernel is in the class when
+//! `K`) and column `n` (where its store falls in row `m`). The kernel is in the class when
 //! every guarded store is `y[m * N + n]`, each output once, all `M x N` of them, and every
 //! accumulator computes the same function of its own `(m, n)`: compared op by op, each
 //! per-work-item value fitted as `a * m + b` or `a * n + b` on every work item.
@@ -122,7 +122,7 @@ pub(super) fn tile_program(
     let f = statements::statements(k)?;
     let mut eval = launch::Eval::new(k, scalars);
     let out = launch::outputs(k, &f, shapes, scalars, &mut eval)?;
-    let pairs = same::same_functions(k, &f, &out, &mut eval)?;
+    let pairs = same::same_functions(k, &f, &out)?;
     let leaves::Leaves {
         fits,
         forms,

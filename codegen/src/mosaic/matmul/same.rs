@@ -1,23 +1,22 @@
 //! Whether a matmul's accumulators compute one function of their outputs (`super`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use qforge_ir::{Kernel, Op, Stmt, Value};
 
-use super::launch::{Eval, Outputs};
-use super::statements::{element_bases, Statements};
+use super::launch::Outputs;
+use super::statements::Statements;
 use crate::error::Result;
 use crate::mosaic::refuse;
 
 /// Checks that every accumulator with outputs computes the same function of its own
-/// `(m, n)` as accumulator 0, and that its weight's element indices `base + k` are at its
-/// column's row (`base = n * K`). Returns, for each per-work-item value of accumulator 0, the
+/// `(m, n)` as accumulator 0 (its weight's loads are checked against its column by
+/// `leaves::classify`). Returns, for each per-work-item value of accumulator 0, the
 /// values standing in its place in each accumulator: `(accumulator, value)`.
 pub(super) fn same_functions(
     k: &Kernel,
     f: &Statements<'_>,
     out: &Outputs,
-    eval: &mut Eval<'_>,
 ) -> Result<HashMap<usize, Vec<(usize, Value)>>> {
     // Accumulators 1.. compute the same function of their own (m, n) as accumulator 0:
     // the same ops, and per-work-item values that are one function of (m, n) over all
@@ -42,19 +41,6 @@ pub(super) fn same_functions(
                      than accumulator 0"
                 ),
             ));
-        }
-        // Its weight's element indices `base + k` are at its own column's row.
-        let mut bases = Vec::new();
-        element_bases(k, f.accs[t].2, f, &mut bases, &mut HashSet::new());
-        for base in bases {
-            for it in &out.items[t] {
-                if eval.at(base, it.w) != Some(it.n.wrapping_mul(out.kk)) {
-                    return Err(refuse(
-                        k,
-                        "a weight load at another row than the accumulator's output column",
-                    ));
-                }
-            }
         }
     }
     Ok(pairs)

@@ -155,6 +155,96 @@ pub(super) fn index_form(
     }
 }
 
+/// An index as `(sum of coef * term + konst + a * k) >> shift` (wrapping `u32` before the
+/// shift), each term a value free of `k`: how the weight's loads are addressed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Affine {
+    pub(super) terms: Vec<(Value, u32)>,
+    pub(super) konst: u32,
+    /// `k`'s coefficient.
+    pub(super) a: u32,
+    pub(super) shift: u32,
+}
+
+impl Affine {
+    /// The value before the shift at `k = 0` on work item `w`, if its terms evaluate.
+    pub(super) fn base(&self, eval: &mut super::launch::Eval<'_>, w: u32) -> Option<u32> {
+        self.terms.iter().try_fold(self.konst, |acc, &(t, c)| {
+            Some(acc.wrapping_add(c.wrapping_mul(eval.at(t, w)?)))
+        })
+    }
+}
+
+/// `index` as an [`Affine`] in `k`: shifts right by constants outermost, then sums, constant
+/// left shifts and products by a constant or a launch scalar (`scalars`) of `k` and of
+/// values free of it. `None` for any other form.
+pub(super) fn affine(
+    kernel: &Kernel,
+    index: Value,
+    k: Value,
+    k_free: &dyn Fn(Value) -> bool,
+    scalars: &[Option<u32>],
+) -> Option<Affine> {
+    let mut shift = 0u32;
+    let mut e = index;
+    while let Op::Binary(BinaryOp::Shr, a, c) = kernel.values[e].op {
+        let Op::Const(Scalar::U32(c)) = kernel.values[c].op else {
+            return None;
+        };
+        shift = shift.checked_add(c).filter(|s| *s < 32)?;
+        e = a;
+    }
+    let mut out = Affine {
+        terms: Vec::new(),
+        konst: 0,
+        a: 0,
+        shift,
+    };
+    linear(kernel, e, 1, k, k_free, scalars, &mut out).then_some(out)
+}
+
+/// Adds `coef * v` to `out` (see [`affine`]); false where `v` is not linear in `k`.
+fn linear(
+    kernel: &Kernel,
+    v: Value,
+    coef: u32,
+    k: Value,
+    k_free: &dyn Fn(Value) -> bool,
+    scalars: &[Option<u32>],
+    out: &mut Affine,
+) -> bool {
+    let constant = |x: Value| match kernel.values[x].op {
+        Op::Const(Scalar::U32(c)) => Some(c),
+        Op::Param(p) => scalars.get(p.index()).copied().flatten(),
+        _ => None,
+    };
+    if v == k {
+        out.a = out.a.wrapping_add(coef);
+        return true;
+    }
+    if k_free(v) {
+        match constant(v) {
+            Some(c) => out.konst = out.konst.wrapping_add(coef.wrapping_mul(c)),
+            None => out.terms.push((v, coef)),
+        }
+        return true;
+    }
+    let mut go = |x: Value, c: u32| linear(kernel, x, c, k, k_free, scalars, out);
+    match kernel.values[v].op {
+        Op::Binary(BinaryOp::Add, a, b) => go(a, coef) && go(b, coef),
+        Op::Binary(BinaryOp::Shl, a, b) => match constant(b) {
+            Some(c) if c < 32 => go(a, coef.wrapping_mul(1 << c)),
+            _ => false,
+        },
+        Op::Binary(BinaryOp::Mul, a, b) => match (constant(a), constant(b)) {
+            (_, Some(c)) => go(a, coef.wrapping_mul(c)),
+            (Some(c), _) => go(b, coef.wrapping_mul(c)),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// The index of the first load in `v`'s expression (depth first) at an index that depends
 /// on the reduction's index.
 pub(super) fn first_weight_load(kernel: &Kernel, v: Value, f: &Statements<'_>) -> Option<Value> {
@@ -170,31 +260,6 @@ pub(super) fn first_weight_load(kernel: &Kernel, v: Value, f: &Statements<'_>) -
         }
     }
     None
-}
-
-/// The bases of every element index `base + k` in `v`'s expression.
-pub(super) fn element_bases(
-    kernel: &Kernel,
-    v: Value,
-    f: &Statements<'_>,
-    out: &mut Vec<Value>,
-    seen: &mut HashSet<usize>,
-) {
-    if !seen.insert(v.index()) {
-        return;
-    }
-    let op = &kernel.values[v].op;
-    if let Op::Binary(BinaryOp::Add, a, b) = *op {
-        let k = f.k_index;
-        if a == k && f.k_free(b) {
-            out.push(b);
-        } else if b == k && f.k_free(a) {
-            out.push(a);
-        }
-    }
-    for o in op.operands() {
-        element_bases(kernel, o, f, out, seen);
-    }
 }
 
 /// The leaves of `v`'s expression: loads at an index that depends on `k` (whose indices are

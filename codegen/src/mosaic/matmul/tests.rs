@@ -4,6 +4,7 @@
 use qforge_ir::{Kernel, ParamKind};
 use qforge_kernels::KernelSpec;
 
+use crate::mosaic::tests::two;
 use crate::mosaic::{lower, lower_with, Shapes};
 use crate::Error;
 
@@ -24,8 +25,9 @@ fn mutant(name: &str, from: &[&str], to: &str) -> Kernel {
     qforge_ir::text::parse(&text).unwrap()
 }
 
-/// The launch of 4-bit matmul forward `kernel` (tiles `tm x tn`, blocks of `bs`) at
-/// `m x n x k`: its shapes and integer scalars, by parameter name.
+/// The launch of 4-bit matmul `kernel` (tiles `tm x tn`, blocks of `bs`) at `m x n x k`
+/// (`W [N, K]`: the forward's `y` is `[m, n]`, the input gradient's `dx` `[m, k]`): its
+/// shapes and integer scalars, by parameter name.
 fn launch(
     kernel: &Kernel,
     (tm, tn, bs): (usize, usize, usize),
@@ -33,7 +35,16 @@ fn launch(
     n: usize,
     k: usize,
 ) -> (Shapes, Vec<Option<u32>>) {
-    let n_tiles = n.div_ceil(tn);
+    let dx = kernel.name.contains("_dx_");
+    let n_tiles = if dx { k.div_ceil(tn) } else { n.div_ceil(tn) };
+    // The input gradient's scales: one per `chunk` columns of each weight row (the `_c`
+    // of its name).
+    let chunk: usize = kernel
+        .name
+        .split('_')
+        .find_map(|p| p.strip_prefix('c')?.parse().ok())
+        .unwrap_or(bs);
+    let (panel_bytes, scales) = (k.div_ceil(32) * n * 16, n * k / chunk);
     let mut scalars = Vec::new();
     let mut elements = Vec::new();
     for (_, p) in kernel.params.iter() {
@@ -46,8 +57,14 @@ fn launch(
             (ParamKind::Scalar(_), "n_packed") => (Some((n * k).div_ceil(2)), 0),
             (ParamKind::Scalar(_), "n_blocks") => (Some((n * k).div_ceil(bs)), 0),
             (ParamKind::Scalar(_), "n_nested") => (Some((n * k).div_ceil(bs).div_ceil(256)), 0),
+            (ParamKind::Scalar(_), "n_panel_bytes") => (Some(panel_bytes), 0),
+            (ParamKind::Scalar(_), "n_scales") => (Some(scales), 0),
             (ParamKind::Scalar(_), _) => (None, 0),
             (_, "x") => (None, m * k),
+            (_, "dy") => (None, m * n),
+            (_, "panels") => (None, panel_bytes),
+            (_, "absmax" | "qabsmax") if dx => (None, scales),
+            (_, "dx") => (None, m * k),
             (_, "packed") => (None, (n * k).div_ceil(2)),
             (_, "absmax" | "qabsmax") => (None, (n * k).div_ceil(bs)),
             (_, "nested_absmax") => (None, (n * k).div_ceil(bs).div_ceil(256)),
@@ -64,6 +81,8 @@ fn launch(
 
 /// An array of a Mosaic manifest: its parameter, shape and buffer shape.
 type Array<'a> = (&'a str, [u32; 2], Option<[u32; 2]>);
+/// [`Array`] of any rank.
+type ArrayN<'a> = (&'a str, Vec<u32>, Option<Vec<u32>>);
 
 const F32_BIAS: &str = "matmul_4bit_nf4_bs64_f32_bias_t1x4";
 const F32: &str = "matmul_4bit_nf4_bs64_f32_t1x4";
@@ -92,7 +111,13 @@ fn a_4bit_matmul_lowers_to_a_pipelined_grid() {
         .inputs
         .iter()
         .chain(&m.manifest.outputs)
-        .map(|a| (a.param.as_str(), a.shape, a.buffer_shape))
+        .map(|a| {
+            (
+                a.param.as_str(),
+                two(&a.shape),
+                a.buffer_shape.as_deref().map(two),
+            )
+        })
         .collect();
     assert_eq!(
         arrays,
@@ -190,7 +215,10 @@ fn a_matmul_refuses_other_indices() {
     // Accumulator 0's weight row is the output's row.
     let k = mutant(F32, &["%46: u32 = mul %29, %2"], "%46: u32 = mul %18, %2");
     let e = refusal(&k, 3, 5, 128);
-    assert!(e.contains("not its row's and column's once"), "{e}");
+    assert!(
+        e.contains("a weight read at an index (a * k + base) >> 1, a = 1, of none of"),
+        "{e}"
+    );
     // The bias at the output's row, in every accumulator.
     let k = mutant(
         F32_BIAS,
@@ -246,7 +274,7 @@ fn a_matmul_of_one_column_reads_its_bias() {
         .manifest
         .inputs
         .iter()
-        .any(|a| a.param == "bias" && a.buffer_shape == Some([1, 1])));
+        .any(|a| a.param == "bias" && a.buffer_shape == Some(vec![1, 1])));
 }
 
 #[test]
@@ -264,6 +292,101 @@ fn a_matmul_refuses_a_nested_absmax_shorter_than_its_blocks() {
     let e = lower_with(&k, &shapes, &scalars).unwrap_err().to_string();
     assert!(
         e.contains("reading nested_absmax of 9 elements at indices up to 9"),
+        "{e}"
+    );
+}
+
+const DX: &str = "matmul_4bit_dx_fp4_bs64_f32_c64_t1x4";
+
+#[test]
+fn a_4bit_input_gradient_reads_panels_and_column_blocks() {
+    let k = library(DX);
+    let (shapes, scalars) = launch(&k, (1, 4, 64), 20, 300, 320);
+    let m = lower_with(&k, &shapes, &scalars).unwrap();
+    // 3 x 3 tiles of 8 x 128 columns of dX, 2 steps of 256 over N = 300.
+    assert_eq!(m.manifest.grid, [3, 3, 2]);
+    let arrays: Vec<ArrayN> = m
+        .manifest
+        .inputs
+        .iter()
+        .chain(&m.manifest.outputs)
+        .map(|a| (a.param.as_str(), a.shape.clone(), a.buffer_shape.clone()))
+        .collect();
+    assert_eq!(
+        arrays,
+        [
+            ("dy", vec![24, 512], Some(vec![20, 300])),
+            // 10 panels of 300 rows of 16 bytes, in blocks of 4 panels.
+            ("panels", vec![12, 512, 16], Some(vec![10, 300, 16])),
+            // 5 rows of 64 columns' scales, in groups of 2 (a 128-column tile's).
+            ("absmax", vec![3, 2, 512], Some(vec![5, 300])),
+            ("dx", vec![24, 384], Some(vec![20, 320])),
+        ]
+    );
+    for piece in [
+        "%in_panels: memref<4x256x16xi8",
+        "%in_absmax: memref<1x2x256xf32",
+        "window_bounds = array<i64: 4, 256, 16>",
+        "window_bounds = array<i64: 1, 2, 256>",
+        "tpu.transpose",
+        "func.func @transform_panels(%arg0: i32, %arg1: i32, %arg2: i32) -> (i32, i32, i32)",
+        "return %arg1, %c0_i32, %arg2 : i32, i32, i32",
+    ] {
+        assert!(m.text.contains(piece), "{piece} not in\n{}", m.text);
+    }
+}
+
+#[test]
+fn an_input_gradient_reads_a_chunk_wider_than_a_tile_from_its_group() {
+    // One scale per 256 columns: tiles 2j and 2j + 1 read row j (the map shifts j * 128).
+    let k = library("matmul_4bit_dx_nf4_bs256_f32_wbf16_c256_t1x4");
+    let (shapes, scalars) = launch(&k, (1, 4, 256), 16, 512, 1024);
+    let m = lower_with(&k, &shapes, &scalars).unwrap();
+    for piece in [
+        "window_bounds = array<i64: 1, 1, 256>",
+        "%first = arith.muli %arg1, %tn : i32",
+        "%group = arith.shrui %first, %t : i32",
+        "return %group, %c0_i32, %arg2 : i32, i32, i32",
+    ] {
+        assert!(m.text.contains(piece), "{piece} not in the module");
+    }
+}
+
+#[test]
+fn an_input_gradient_refuses_other_panels_and_chunks() {
+    // Panels of 16 columns (a row's bytes 8 apart): a byte read at a computed index.
+    let mut k = library(DX);
+    let mut text = qforge_ir::text::print(&k);
+    for c in ["%55", "%76", "%97", "%118"] {
+        let from = format!("{c}: u32 = const 5");
+        assert!(text.contains(&from), "{from}");
+        text = text.replace(&from, &format!("{c}: u32 = const 4"));
+    }
+    k = qforge_ir::text::parse(&text).unwrap();
+    let (shapes, scalars) = launch(&k, (1, 4, 64), 3, 64, 128);
+    let e = match lower_with(&k, &shapes, &scalars) {
+        Err(Error::Unsupported { op, .. }) => op,
+        other => panic!("not refused: {:?}", other.map(|m| m.manifest)),
+    };
+    assert!(
+        e.contains("a weight read at an index (a * k + base) >> 1, a = 16, of none of"),
+        "{e}"
+    );
+    // Chunks of 64 columns in a tile of 96 (K = 96): the tile's rows are not whole chunks.
+    let k = library(DX);
+    let (mut shapes, scalars) = launch(&k, (1, 4, 64), 3, 64, 96);
+    let scales = k
+        .params
+        .iter()
+        .position(|(_, p)| p.name == "absmax")
+        .unwrap();
+    shapes.elements[scales] = 2 * 64;
+    let e = match lower_with(&k, &shapes, &scalars) {
+        Err(Error::Unsupported { op, .. }) => op,
+        other => panic!("not refused: {:?}", other.map(|m| m.manifest)),
+    };
+    assert!(
+        e.contains("reading absmax per 64 columns, which do not divide its 96-column tiles"),
         "{e}"
     );
 }

@@ -7,8 +7,10 @@
 
 use std::fmt::Write;
 
-use crate::mosaic::text::{elt, Printer};
-use crate::mosaic::tile::{Elt, Node, Shape, TileProgram, VOp, WindowKind};
+use qforge_ir::DType;
+
+use crate::mosaic::text::{elt, mem_elt, Printer};
+use crate::mosaic::tile::{Elt, Node, Shape, TileProgram, VOp, WindowKind, PANEL_BYTES};
 
 /// The scratch buffers' memref types: partials, activation columns, weight rows.
 fn scratch(p: &TileProgram) -> [String; 3] {
@@ -184,10 +186,118 @@ pub(in crate::mosaic) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
                 ));
             }
         }
+        VOp::PanelBytes { window } => panel_bytes(pr, i, window),
+        VOp::ColScales { window } => col_scales(pr, i, window),
         // Printed by `print` where the loop provides them.
         VOp::Staged(_) => {}
         _ => unreachable!("not a matmul op"),
     }
+}
+
+/// `%v{i}`, the byte of each element of the step's weight tile in 4-bit panels
+/// (`VOp::PanelBytes`): each panel's `TK x 16` bytes widened and turned (`16 x TK`), the
+/// panels stacked, every row repeated twice (columns `2b` and `2b + 1` share byte `b`).
+fn panel_bytes(pr: &mut Printer<'_>, i: usize, window: usize) {
+    let p = pr.p;
+    let m = p.matmul.as_ref().expect("a matmul");
+    let w = &p.windows[window];
+    let (per, tk, tn, b) = (p.lead(w).map_or(1, |l| l.1), m.tk, m.tn, PANEL_BYTES);
+    let arg = pr.args[window].0.clone().unwrap_or_default();
+    let mem = pr.mem(window);
+    let mut turned = Vec::new();
+    for q in 0..per {
+        for l in [
+            format!("%v{i}_c{q} = arith.constant {q} : index"),
+            format!("%v{i}_l{q} = vector.load {arg}[%v{i}_c{q}, %c0, %c0] : {mem}, vector<1x{tk}x{b}xi8>"),
+            format!("%v{i}_s{q} = vector.shape_cast %v{i}_l{q} : vector<1x{tk}x{b}xi8> to vector<{tk}x{b}xi8>"),
+            format!("%v{i}_e{q} = arith.extui %v{i}_s{q} : vector<{tk}x{b}xi8> to vector<{tk}x{b}xi32>"),
+            format!("%v{i}_t{q} = tpu.transpose %v{i}_e{q}, [1, 0] : vector<{tk}x{b}xi32> -> vector<{b}x{tk}xi32>"),
+        ] {
+            pr.line(l);
+        }
+        turned.push(format!("%v{i}_t{q}"));
+    }
+    let rows = b * per;
+    let stacked = if per == 1 {
+        turned[0].clone()
+    } else {
+        let tys = vec![format!("vector<{b}x{tk}xi32>"); per as usize];
+        pr.line(format!(
+            "%v{i}_cat = tpu.concatenate {} in 0 : {} -> vector<{rows}x{tk}xi32>",
+            turned.join(", "),
+            tys.join(", ")
+        ));
+        format!("%v{i}_cat")
+    };
+    let all = if 2 * rows == tn {
+        format!("%v{i}")
+    } else {
+        format!("%v{i}_all")
+    };
+    pr.line(format!(
+        "%v{i}_one = vector.shape_cast {stacked} : vector<{rows}x{tk}xi32> to vector<{rows}x1x{tk}xi32>"
+    ));
+    pr.line(format!(
+        "%v{i}_two = vector.broadcast %v{i}_one : vector<{rows}x1x{tk}xi32> to vector<{rows}x2x{tk}xi32>"
+    ));
+    pr.line(format!(
+        "{all} = vector.shape_cast %v{i}_two : vector<{rows}x2x{tk}xi32> to vector<{}x{tk}xi32>",
+        2 * rows
+    ));
+    if 2 * rows != tn {
+        pr.line(format!(
+            "%v{i} = vector.extract_strided_slice %v{i}_all {{offsets = [0, 0], sizes = [{tn}, {tk}], strides = [1, 1]}} : vector<{}x{tk}xi32> to vector<{tn}x{tk}xi32>",
+            2 * rows
+        ));
+    }
+}
+
+/// `%v{i}`, each element's entry of a column-block window (`VOp::ColScales`): the block's
+/// `G` rows, as 32-bit lanes (`f32`, or integers widened and 16-bit floats' bits as `i32`),
+/// each repeated over its `TN / G` rows of the tile.
+fn col_scales(pr: &mut Printer<'_>, i: usize, window: usize) {
+    let p = pr.p;
+    let m = p.matmul.as_ref().expect("a matmul");
+    let w = &p.windows[window];
+    let (tk, tn, dtype) = (m.tk, m.tn, w.dtype);
+    let g = p.block_rows(w);
+    let arg = pr.args[window].0.clone().unwrap_or_default();
+    let mem = pr.mem(window);
+    let me = mem_elt(dtype);
+    let e = if dtype == DType::F32 { "f32" } else { "i32" };
+    pr.line(format!(
+        "%v{i}_l = vector.load {arg}[%c0, %c0, %c0] : {mem}, vector<1x{g}x{tk}x{me}>"
+    ));
+    pr.line(format!(
+        "%v{i}_g = vector.shape_cast %v{i}_l : vector<1x{g}x{tk}x{me}> to vector<{g}x1x{tk}x{me}>"
+    ));
+    let one = format!("vector<{g}x1x{tk}x{e}>");
+    let rows = match dtype {
+        DType::F32 | DType::U32 | DType::I32 => format!("%v{i}_g"),
+        DType::BF16 => {
+            pr.line(format!(
+                "%v{i}_h = arith.bitcast %v{i}_g : vector<{g}x1x{tk}xbf16> to vector<{g}x1x{tk}xi16>"
+            ));
+            pr.line(format!(
+                "%v{i}_w = arith.extui %v{i}_h : vector<{g}x1x{tk}xi16> to {one}"
+            ));
+            format!("%v{i}_w")
+        }
+        _ => {
+            let ext = if dtype == DType::I8 { "extsi" } else { "extui" };
+            pr.line(format!(
+                "%v{i}_w = arith.{ext} %v{i}_g : vector<{g}x1x{tk}x{me}> to {one}"
+            ));
+            format!("%v{i}_w")
+        }
+    };
+    let rep = tn / g;
+    pr.line(format!(
+        "%v{i}_rep = vector.broadcast {rows} : {one} to vector<{g}x{rep}x{tk}x{e}>"
+    ));
+    pr.line(format!(
+        "%v{i} = vector.shape_cast %v{i}_rep : vector<{g}x{rep}x{tk}x{e}> to vector<{tn}x{tk}x{e}>"
+    ));
 }
 
 /// The Mosaic module of matmul program `p`.
@@ -202,12 +312,14 @@ pub(in crate::mosaic) fn print(p: &TileProgram) -> String {
     let mut args = vec![(None, None); p.windows.len()];
     let mut windows = Vec::new();
     let map = |kind: WindowKind| match kind {
-        WindowKind::MmX => "x",
-        WindowKind::MmWeight => "weight",
-        WindowKind::MmBlocks => "blocks",
-        WindowKind::MmCols => "cols",
-        WindowKind::MmOut => "out",
-        _ => "fixed",
+        WindowKind::MmX => "x".to_string(),
+        WindowKind::MmWeight => "weight".to_string(),
+        WindowKind::MmBlocks => "blocks".to_string(),
+        WindowKind::MmCols => "cols".to_string(),
+        WindowKind::MmOut => "out".to_string(),
+        WindowKind::MmPanels => "panels".to_string(),
+        WindowKind::MmColBlocks(t) => format!("colblocks{t}"),
+        _ => "fixed".to_string(),
     };
     for out in [false, true] {
         for (i, w) in p.windows.iter().enumerate() {
@@ -216,11 +328,11 @@ pub(in crate::mosaic) fn print(p: &TileProgram) -> String {
             }
             let name = format!("%{}_{}", if out { "out" } else { "in" }, w.name);
             params.push(format!("{name}: {}", pr.mem(i)));
+            let bounds: Vec<String> = p.block_shape(w).iter().map(u32::to_string).collect();
             windows.push(format!(
-                "{{transform_indices = @transform_{}, window_bounds = array<i64: {}, {}>}}",
+                "{{transform_indices = @transform_{}, window_bounds = array<i64: {}>}}",
                 map(w.kind),
-                p.block_rows(w),
-                p.block_width(w)
+                bounds.join(", ")
             ));
             if out {
                 args[i].1 = Some(name);
@@ -401,6 +513,46 @@ pub(in crate::mosaic) fn print(p: &TileProgram) -> String {
             "  func.func @transform_{name}(%arg0: i32, %arg1: i32, %arg2: i32) -> (i32, i32) {{\n    \
              %c0_i32 = arith.constant 0 : i32\n    return {r}, {c} : i32, i32\n  }}"
         );
+    }
+    // The 3-D windows' maps: panels `(j, l, 0)`; column blocks `(group of tile j, 0, l)`.
+    let mut three = Vec::new();
+    for w in &p.windows {
+        match w.kind {
+            WindowKind::MmPanels => three.push((
+                "panels".to_string(),
+                Vec::new(),
+                "%arg1, %arg2, %c0_i32".to_string(),
+            )),
+            WindowKind::MmColBlocks(t) if 1u64 << t > u64::from(m.tn) => three.push((
+                format!("colblocks{t}"),
+                vec![
+                    format!("%tn = arith.constant {} : i32", m.tn),
+                    "%first = arith.muli %arg1, %tn : i32".to_string(),
+                    format!("%t = arith.constant {t} : i32"),
+                    "%group = arith.shrui %first, %t : i32".to_string(),
+                ],
+                "%group, %c0_i32, %arg2".to_string(),
+            )),
+            WindowKind::MmColBlocks(t) => three.push((
+                format!("colblocks{t}"),
+                Vec::new(),
+                "%arg1, %c0_i32, %arg2".to_string(),
+            )),
+            _ => {}
+        }
+    }
+    three.sort();
+    three.dedup();
+    for (name, body, ret) in three {
+        let _ = writeln!(
+            out,
+            "  func.func @transform_{name}(%arg0: i32, %arg1: i32, %arg2: i32) -> (i32, i32, i32) {{\n    \
+             %c0_i32 = arith.constant 0 : i32"
+        );
+        for l in body {
+            let _ = writeln!(out, "    {l}");
+        }
+        let _ = writeln!(out, "    return {ret} : i32, i32, i32\n  }}");
     }
     out.push_str("}\n");
     out

@@ -9,8 +9,9 @@ use std::fmt::Write;
 
 use qforge_ir::Kernel;
 
+use crate::mosaic::tile::PANEL_BYTES;
 use crate::mosaic::tile::{Elt, Node, Shape, TileProgram, VOp, WindowKind};
-use crate::mosaic::twin::{elt, raw, signature, Printer};
+use crate::mosaic::twin::{elt, raw, raw_name, signature, Printer};
 use crate::mosaic::Shapes;
 
 /// The matmul's own ops (the others print as in the row-chunk class).
@@ -125,10 +126,131 @@ pub(in crate::mosaic) fn node(pr: &mut Printer<'_>, i: usize, n: &Node) {
                 1u32 << group
             ));
         }
+        VOp::PanelBytes { window } => panel_bytes(pr, i, window),
+        VOp::ColScales { window } => col_scales(pr, i, window),
         // Printed by `print` where the loop provides them.
         VOp::Staged(_) => {}
         _ => unreachable!("not a matmul op"),
     }
+}
+
+/// The type of a tensor of `dims` of element `e`.
+fn tensor(dims: &[u32], e: &str) -> String {
+    let d: Vec<String> = dims.iter().map(u32::to_string).collect();
+    format!("tensor<{}x{e}>", d.join("x"))
+}
+
+/// The module's `VOp::PanelBytes` (`text.rs`): the step's panels sliced, widened, turned to
+/// `[panel, byte, k]`, stacked and every row repeated twice.
+fn panel_bytes(pr: &mut Printer<'_>, i: usize, window: usize) {
+    let p = pr.p;
+    let m = p.matmul.as_ref().expect("a matmul");
+    let w = &p.windows[window];
+    let (per, tk, tn, b) = (p.lead(w).map_or(1, |l| l.1), m.tk, m.tn, PANEL_BYTES);
+    let array = pr.arrays[window].clone();
+    let at = tensor(&p.array_shape(w), "ui8");
+    let rows = b * per;
+    for l in [
+        format!("%v{i}_per = stablehlo.constant dense<{per}> : tensor<i32>"),
+        format!("%v{i}_lead = stablehlo.multiply %gj, %v{i}_per : tensor<i32>"),
+        format!(
+            "%v{i}_blk = stablehlo.dynamic_slice {array}, %v{i}_lead, %x_col, %c0, sizes = [{per}, {tk}, {b}] : ({at}, tensor<i32>, tensor<i32>, tensor<i32>) -> {}",
+            tensor(&[per, tk, b], "ui8")
+        ),
+        format!(
+            "%v{i}_wide = stablehlo.convert %v{i}_blk : ({}) -> {}",
+            tensor(&[per, tk, b], "ui8"),
+            tensor(&[per, tk, b], "ui32")
+        ),
+        format!(
+            "%v{i}_t = stablehlo.transpose %v{i}_wide, dims = [0, 2, 1] : ({}) -> {}",
+            tensor(&[per, tk, b], "ui32"),
+            tensor(&[per, b, tk], "ui32")
+        ),
+        format!(
+            "%v{i}_rows = stablehlo.reshape %v{i}_t : ({}) -> {}",
+            tensor(&[per, b, tk], "ui32"),
+            tensor(&[rows, tk], "ui32")
+        ),
+        format!(
+            "%v{i}_two = stablehlo.broadcast_in_dim %v{i}_rows, dims = [0, 2] : ({}) -> {}",
+            tensor(&[rows, tk], "ui32"),
+            tensor(&[rows, 2, tk], "ui32")
+        ),
+        format!(
+            "%v{i}_all = stablehlo.reshape %v{i}_two : ({}) -> {}",
+            tensor(&[rows, 2, tk], "ui32"),
+            tensor(&[2 * rows, tk], "ui32")
+        ),
+        format!(
+            "%v{i} = stablehlo.slice %v{i}_all [0:{tn}, 0:{tk}] : ({}) -> {}",
+            tensor(&[2 * rows, tk], "ui32"),
+            tensor(&[tn, tk], "ui32")
+        ),
+    ] {
+        pr.line(l);
+    }
+}
+
+/// The module's `VOp::ColScales` (`text.rs`): tile `j`'s group of rows at step `l`, each
+/// row repeated over its `TN / G` rows of the tile.
+fn col_scales(pr: &mut Printer<'_>, i: usize, window: usize) {
+    let p = pr.p;
+    let m = p.matmul.as_ref().expect("a matmul");
+    let w = &p.windows[window];
+    let WindowKind::MmColBlocks(t) = w.kind else {
+        unreachable!("a column-block window")
+    };
+    let (tk, tn, dtype) = (m.tk, m.tn, w.dtype);
+    let g = p.block_rows(w);
+    let rep = tn / g;
+    let r = raw(dtype);
+    let array = pr.arrays[window].clone();
+    let at = tensor(&p.array_shape(w), r);
+    if 1u64 << t > u64::from(tn) {
+        pr.line(format!(
+            "%v{i}_tn = stablehlo.constant dense<{tn}> : tensor<i32>"
+        ));
+        pr.line(format!(
+            "%v{i}_first = stablehlo.multiply %gj, %v{i}_tn : tensor<i32>"
+        ));
+        pr.line(format!(
+            "%v{i}_t = stablehlo.constant dense<{t}> : tensor<i32>"
+        ));
+        pr.line(format!(
+            "%v{i}_group = stablehlo.shift_right_logical %v{i}_first, %v{i}_t : tensor<i32>"
+        ));
+    } else {
+        pr.line(format!(
+            "%v{i}_group = stablehlo.add %gj, %c0 : tensor<i32>"
+        ));
+    }
+    let name = raw_name(i, dtype);
+    for l in [
+        format!(
+            "%v{i}_blk = stablehlo.dynamic_slice {array}, %v{i}_group, %c0, %x_col, sizes = [1, {g}, {tk}] : ({at}, tensor<i32>, tensor<i32>, tensor<i32>) -> {}",
+            tensor(&[1, g, tk], r)
+        ),
+        format!(
+            "%v{i}_g = stablehlo.reshape %v{i}_blk : ({}) -> {}",
+            tensor(&[1, g, tk], r),
+            tensor(&[g, 1, tk], r)
+        ),
+        format!(
+            "%v{i}_rep = stablehlo.broadcast_in_dim %v{i}_g, dims = [0, 1, 2] : ({}) -> {}",
+            tensor(&[g, 1, tk], r),
+            tensor(&[g, rep, tk], r)
+        ),
+        format!(
+            "{name} = stablehlo.reshape %v{i}_rep : ({}) -> {}",
+            tensor(&[g, rep, tk], r),
+            tensor(&[tn, tk], r)
+        ),
+    ] {
+        pr.line(l);
+    }
+    let ty = pr.tty(Shape::WTile, elt(pr.p.nodes[i].elt));
+    pr.widen(i, dtype, Shape::WTile, &ty);
 }
 
 /// The twin of matmul program `p` of `kernel` at `shapes`.
@@ -144,33 +266,54 @@ pub(in crate::mosaic) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram
         let r = raw(w.dtype);
         let n = shapes.elements.get(w.param).copied().unwrap_or(0);
         // A table (whole in every step) is the buffer as one row.
-        let [br, bc] = p.buffer_shape(w).unwrap_or([1, n as u32]);
-        let (ar, ac) = (p.array_rows(w), w.width);
+        let buffer = p.buffer_shape(w).unwrap_or(vec![1, n as u32]);
+        // The array with its leading dimensions merged to the buffer's rank.
+        let array = p.array_shape(w);
+        let cut = array.len() + 1 - buffer.len();
+        let mut merged = vec![array[..cut].iter().product::<u32>()];
+        merged.extend(&array[cut..]);
         let e = w.elements;
+        let ty = |dims: &[u32]| {
+            let d: Vec<String> = dims.iter().map(u32::to_string).collect();
+            format!("tensor<{}x{r}>", d.join("x"))
+        };
+        let (bt, mt) = (ty(&buffer), ty(&merged));
         head.line(format!(
             "%flat{i} = stablehlo.slice %arg{} [0:{e}] : (tensor<{n}x{r}>) -> tensor<{e}x{r}>",
             w.param
         ));
         head.line(format!(
-            "%buf{i} = stablehlo.reshape %flat{i} : (tensor<{e}x{r}>) -> tensor<{br}x{bc}x{r}>"
+            "%buf{i} = stablehlo.reshape %flat{i} : (tensor<{e}x{r}>) -> {bt}"
         ));
         head.line(format!(
             "%zero{i} = stablehlo.constant dense<0> : tensor<{r}>"
         ));
+        let zeros = vec!["0"; buffer.len()].join(", ");
+        let high: Vec<String> = merged
+            .iter()
+            .zip(&buffer)
+            .map(|(a, b)| (a - b).to_string())
+            .collect();
+        let padded = if merged == array {
+            format!("%array{i}")
+        } else {
+            format!("%merged{i}")
+        };
         head.line(format!(
-            "%array{i} = stablehlo.pad %buf{i}, %zero{i}, low = [0, 0], high = [{}, {}], interior = [0, 0] : (tensor<{br}x{bc}x{r}>, tensor<{r}>) -> tensor<{ar}x{ac}x{r}>",
-            ar - br,
-            ac - bc
+            "{padded} = stablehlo.pad %buf{i}, %zero{i}, low = [{zeros}], high = [{}], interior = [{zeros}] : ({bt}, tensor<{r}>) -> {mt}",
+            high.join(", ")
         ));
+        if merged != array {
+            head.line(format!(
+                "%array{i} = stablehlo.reshape {padded} : ({mt}) -> {}",
+                ty(&array)
+            ));
+        }
     }
     let array_ty = |w: usize| {
         let win = &p.windows[w];
-        format!(
-            "tensor<{}x{}x{}>",
-            p.array_rows(win),
-            win.width,
-            raw(win.dtype)
-        )
+        let d: Vec<String> = p.array_shape(win).iter().map(u32::to_string).collect();
+        format!("tensor<{}x{}>", d.join("x"), raw(win.dtype))
     };
     let outs: Vec<usize> = (0..p.windows.len())
         .filter(|&w| p.windows[w].written)
@@ -424,7 +567,9 @@ pub(in crate::mosaic) fn print(kernel: &Kernel, shapes: &Shapes, p: &TileProgram
             Some(slot) => {
                 let w = &p.windows[outs[slot]];
                 let r = raw(*dtype);
-                let [br, bc] = p.buffer_shape(w).expect("a matmul window");
+                let [br, bc] = p.buffer_shape(w).expect("a matmul window")[..] else {
+                    unreachable!("a matmul's output is [M, N]")
+                };
                 let _ = writeln!(
                     out,
                     "    %cut{i} = stablehlo.slice %loop#{} [0:{br}, 0:{bc}] : ({}) -> tensor<{br}x{bc}x{r}>",
