@@ -27,6 +27,12 @@ pub(super) enum Fit {
     Row(u32, u32),
 }
 
+/// A matmul's dimensions as messages name them: the class's `M`, `N`, `K` with what each is
+/// (an input gradient's output columns are its weight's `k`, its reduction the weight's `n`).
+pub(super) fn named_dims(m: u32, n: u32, k: u32) -> String {
+    format!("M = {m} rows, N = {n} output columns, K = {k} reduced")
+}
+
 /// The most accumulators (work items times accumulators per work item) the lowering
 /// evaluates (about 10 s on the 2-core VM): a `4096 x 4096` output.
 const MAX_EVALUATED: u64 = 1 << 24;
@@ -144,7 +150,18 @@ pub(super) fn outputs(
     if m == 0 || n == 0 || kk == 0 {
         return Err(refuse(
             k,
-            &format!("an empty matmul (M = {m}, N = {n}, K = {kk})"),
+            &format!("an empty matmul ({})", named_dims(m, n, kk)),
+        ));
+    }
+    // The IR's indices are `u32`: `m * K + k` and `m * N + n` must not wrap.
+    if u64::from(m) * u64::from(kk.max(n)) > 1 << 32 {
+        return Err(refuse(
+            k,
+            &format!(
+                "a matmul of {}: its activations or output have more than 2^32 elements \
+                 (indices are 32-bit)",
+                named_dims(m, n, kk)
+            ),
         ));
     }
     let launch = format!(
@@ -213,7 +230,9 @@ pub(super) fn outputs(
         return Err(refuse(
             k,
             &format!(
-                "a matmul whose launch stores no {y}[{missing}] (a grid of {} work items)",
+                "a matmul whose launch stores no {y}[{missing}] (a grid of {} work items: \
+                 each output must be stored by one; check the launch's tile and work-item \
+                 counts)",
                 shapes.grid
             ),
         ));

@@ -137,8 +137,8 @@ pub(super) fn classify(
                 return Err(refuse(
                     k,
                     &format!(
-                        "a weight read per block of 2^{s} elements where K = {kk} (a block must \
-                         divide K, and {TK})"
+                        "a weight read per block of 2^{s} elements where the reduction is \
+                         K = {kk} (a block must divide K, and {TK})"
                     ),
                 ));
             }
@@ -191,7 +191,7 @@ pub(super) fn classify(
     if halves && out.kk % 2 == 1 {
         return Err(refuse(
             k,
-            &format!("a weight read per byte with an odd K = {kk}"),
+            &format!("a weight read per byte with an odd reduction K = {kk}"),
         ));
     }
     Ok(Leaves {
@@ -232,8 +232,10 @@ fn load_form(
     eval: &mut Eval<'_>,
 ) -> Result<Form> {
     let k_free = |x: Value| f.k_free(x);
-    let kk = out.kk;
-    let mut bases = Vec::new();
+    let kk = u64::from(out.kk);
+    // Which forms every output's base fits so far (`chunks`: bit `t` for `(n >> t) * K`),
+    // and the largest index read.
+    let (mut row, mut panel, mut chunks, mut bound) = (true, true, !1u32, 0u64);
     let mut form = None;
     for &(t, v) in loads {
         let Op::Load { index, .. } = k.values[v].op else {
@@ -250,31 +252,36 @@ fn load_form(
             };
         };
         for it in &out.items[t] {
-            let base = aff
+            let b = aff
                 .base(eval, it.w)
                 .ok_or_else(|| refuse(k, "a weight index not computed from the work item"))?;
+            let (n, b) = (u64::from(it.n), u64::from(b));
             // The index before the shift, at the reduction's last element, without wrapping.
-            let last = u64::from(base) + u64::from(aff.a) * u64::from(kk - 1);
+            let last = b + u64::from(aff.a) * (kk - 1);
             if last >> 32 != 0 {
                 return Err(refuse(
                     k,
-                    &format!("a weight index that wraps at column {} (K = {kk})", it.n),
+                    &format!("a weight index past 2^32 at output column {n} (a reduction of {kk})"),
                 ));
             }
-            bases.push((u64::from(it.n), u64::from(base), last >> aff.shift));
+            bound = bound.max(last >> aff.shift);
+            row &= b == n * kk;
+            panel &= b == 32 * (n >> 5) * kk + (n & 31);
+            for c in 1..32 {
+                if chunks >> c & 1 == 1 && b != (n >> c) * kk {
+                    chunks &= !(1 << c);
+                }
+            }
         }
         form = Some((aff.a, aff.shift));
     }
     let (a, shift) = form.expect("an accumulator with outputs (`launch::outputs`)");
-    let kk = u64::from(kk);
-    let all = |want: &dyn Fn(u64) -> u64| bases.iter().all(|&(n, b, _)| b == want(n));
-    let bound = bases.iter().map(|b| b.2).max().unwrap_or(0);
     Ok(match (a, shift) {
-        (1, 0) if all(&|n| n * kk) => Form::Element,
-        (1, 1) if all(&|n| n * kk) => Form::Byte,
-        (1, s) if all(&|n| n * kk) => Form::Blocks(s),
-        (32, 1) if all(&|n| 32 * (n >> 5) * kk + (n & 31)) => Form::Panel,
-        (1, 0) if let Some(t) = (1..32).find(|&t| all(&|n| (n >> t) * kk)) => Form::ColBlocks(t),
+        (1, 0) if row => Form::Element,
+        (1, 1) if row => Form::Byte,
+        (1, s) if row => Form::Blocks(s),
+        (32, 1) if panel => Form::Panel,
+        (1, 0) if chunks != 0 => Form::ColBlocks(chunks.trailing_zeros()),
         // A table read once per block of elements (a nested absmax).
         (_, s) if s >= 2 => Form::Gather(bound),
         _ => {
@@ -546,11 +553,13 @@ impl Lowering<'_> {
                     return Err(refuse(
                         self.k,
                         &format!(
-                            "a matmul reading {} per {} columns, which do not divide its \
-                             {}-column tiles",
+                            "a matmul of {} output columns reading {} per {} columns: fewer \
+                             columns than a tile of 128 must be a multiple of {} (or at most {})",
+                            plan.n,
                             param.name,
                             1u32 << t,
-                            plan.tn
+                            1u32 << t,
+                            1u32 << t
                         ),
                     ));
                 }
@@ -564,8 +573,9 @@ impl Lowering<'_> {
             return Err(refuse(
                 self.k,
                 &format!(
-                    "a matmul's {} of {have} elements ({elements} needed at M = {}, N = {}, K = {})",
-                    param.name, plan.m, plan.n, plan.k
+                    "a matmul's {} of {have} elements ({elements} needed at {})",
+                    param.name,
+                    super::launch::named_dims(plan.m, plan.n, plan.k)
                 ),
             ));
         }

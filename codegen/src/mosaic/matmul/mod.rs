@@ -67,7 +67,7 @@ fn tiles(m: u32, n: u32, row_bytes: usize) -> (u32, u32, u32) {
 /// `f32` live while decoding.
 fn step_vmem(plan: &MatmulPlan) -> u64 {
     let (tm, tn, tk) = (u64::from(plan.tm), u64::from(plan.tn), u64::from(plan.tk));
-    let blocks = u64::from(plan.k >> plan.blocks_shift.unwrap_or(0));
+    let blocks = plan.blocks_shift.map_or(0, |s| u64::from(plan.k >> s));
     let scratch = (2 * tk + u64::from(plan.ways)) * tm * tn * 4;
     let windows = 2 * 4 * (tm * tk + tn * tk + tn * blocks + 2 * tm * tn);
     scratch + windows + 12 * tn * tk * 4
@@ -161,10 +161,12 @@ pub(super) fn tile_program(
         return Err(refuse(
             k,
             &format!(
-                "a matmul step of {} bytes of VMEM (at most {VMEM_BUDGET}: K = {kk} has {} absmax \
-                 blocks a row)",
+                "a matmul step of {} bytes of VMEM (at most {VMEM_BUDGET}) at {}{}",
                 step_vmem(plan),
-                kk >> plan.blocks_shift.unwrap_or(0)
+                launch::named_dims(m, n, kk),
+                plan.blocks_shift
+                    .map(|s| format!(": {} absmax blocks a row", kk >> s))
+                    .unwrap_or_default()
             ),
         ));
     }

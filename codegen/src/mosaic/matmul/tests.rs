@@ -173,7 +173,7 @@ fn a_matmul_refuses_blocks_across_rows() {
     let k = library(F32);
     let e = refusal(&k, 3, 5, 200);
     assert!(
-        e.contains("a weight read per block of 2^6 elements where K = 200"),
+        e.contains("a weight read per block of 2^6 elements where the reduction is K = 200"),
         "{e}"
     );
 }
@@ -248,7 +248,10 @@ fn a_matmul_step_must_fit_vmem() {
 fn a_matmul_refuses_empty_and_oversized_launches() {
     let k = library(F32);
     let e = refusal(&k, 0, 5, 128);
-    assert!(e.contains("an empty matmul (M = 0, N = 5, K = 128)"), "{e}");
+    assert!(
+        e.contains("an empty matmul (M = 0 rows, N = 5 output columns, K = 128 reduced)"),
+        "{e}"
+    );
     // Every work item is evaluated: 2^26 work items of 4 accumulators are too many, refused
     // before any is.
     let (mut shapes, mut scalars) = launch(&k, (1, 4, 64), 3, 5, 128);
@@ -386,7 +389,26 @@ fn an_input_gradient_refuses_other_panels_and_chunks() {
         other => panic!("not refused: {:?}", other.map(|m| m.manifest)),
     };
     assert!(
-        e.contains("reading absmax per 64 columns, which do not divide its 96-column tiles"),
+        e.contains("a matmul of 96 output columns reading absmax per 64 columns"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_input_gradient_over_a_long_reduction_fits_vmem_and_indices_must_not_wrap() {
+    // A reduction over 14336 weight rows: no absmax blocks in a step's windows (the scales
+    // are column blocks of one step's rows).
+    let k = library(DX);
+    let (shapes, scalars) = launch(&k, (1, 4, 64), 2, 14336, 128);
+    assert!(lower_with(&k, &shapes, &scalars).is_ok());
+    // dY of 4194304 x 1025 elements: `m * N + n` past 2^32.
+    let (shapes, scalars) = launch(&k, (1, 4, 64), 4_194_304, 1025, 4);
+    let e = match lower_with(&k, &shapes, &scalars) {
+        Err(Error::Unsupported { op, .. }) => op,
+        other => panic!("not refused: {:?}", other.map(|m| m.manifest)),
+    };
+    assert!(
+        e.contains("more than 2^32 elements (indices are 32-bit)"),
         "{e}"
     );
 }
