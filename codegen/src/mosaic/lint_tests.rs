@@ -67,6 +67,19 @@ fn fault(m: &MosaicModule, from: &str, to: &str) -> String {
     lint(&text, &m.manifest).expect_err("a broken module passes the lint")
 }
 
+/// The lint's fault in `m` with one window's memref block and `window_bounds` both changed
+/// from `from` to `to`.
+fn block(m: &MosaicModule, elt: &str, from: &[u32], to: &[u32]) -> String {
+    let x = |d: &[u32], sep: &str| d.iter().map(u32::to_string).collect::<Vec<_>>().join(sep);
+    let memref = |d: &[u32]| format!("memref<{}x{elt}", x(d, "x"));
+    let bounds = |d: &[u32]| format!("window_bounds = array<i64: {}>", x(d, ", "));
+    let text =
+        m.text
+            .replacen(&memref(from), &memref(to), 1)
+            .replacen(&bounds(from), &bounds(to), 1);
+    lint(&text, &m.manifest).expect_err("a broken module passes the lint")
+}
+
 #[test]
 fn lowered_modules_pass_the_lint() {
     for m in [dequantize(), input_gradient()] {
@@ -132,15 +145,7 @@ fn the_lint_names_each_broken_rule() {
         "{e}"
     );
     // The 8-bit codes in blocks of 8 rows (libtpu: E2002, `tests/mosaic.rs`).
-    let text = m
-        .text
-        .replacen("memref<32x256xi8", "memref<8x256xi8", 1)
-        .replacen(
-            "window_bounds = array<i64: 32, 256>",
-            "window_bounds = array<i64: 8, 256>",
-            1,
-        );
-    let e = lint(&text, &m.manifest).unwrap_err();
+    let e = block(&m, "i8", &[32, 256], &[8, 256]);
     assert!(
         e.contains("tiling: window 0 (q, i8) has block [8, 256] of array [32, 256]"),
         "{e}"
@@ -150,15 +155,7 @@ fn the_lint_names_each_broken_rule() {
 #[test]
 fn the_lint_checks_3d_windows() {
     let m = input_gradient();
-    let text = m
-        .text
-        .replacen("memref<4x256x16xi8", "memref<4x256x8xi8", 1)
-        .replacen(
-            "window_bounds = array<i64: 4, 256, 16>",
-            "window_bounds = array<i64: 4, 256, 8>",
-            1,
-        );
-    let e = lint(&text, &m.manifest).unwrap_err();
+    let e = block(&m, "i8", &[4, 256, 16], &[4, 256, 8]);
     assert!(
         e.contains("tiling: window 1 (panels, i8) has block [4, 256, 8] of array [12, 512, 16]"),
         "{e}"

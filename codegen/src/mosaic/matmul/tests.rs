@@ -87,9 +87,9 @@ type ArrayN<'a> = (&'a str, Vec<u32>, Option<Vec<u32>>);
 const F32_BIAS: &str = "matmul_4bit_nf4_bs64_f32_bias_t1x4";
 const F32: &str = "matmul_4bit_nf4_bs64_f32_t1x4";
 
-fn refusal(kernel: &Kernel, m: usize, n: usize, k: usize) -> String {
-    let (shapes, scalars) = launch(kernel, (1, 4, 64), m, n, k);
-    match lower_with(kernel, &shapes, &scalars) {
+/// Why `lower_with` refuses `kernel` at `shapes` and `scalars`.
+fn refused(kernel: &Kernel, shapes: &Shapes, scalars: &[Option<u32>]) -> String {
+    match lower_with(kernel, shapes, scalars) {
         Err(Error::Unsupported { op, .. }) => op,
         other => panic!(
             "{}: not refused: {:?}",
@@ -97,6 +97,11 @@ fn refusal(kernel: &Kernel, m: usize, n: usize, k: usize) -> String {
             other.map(|m| m.manifest)
         ),
     }
+}
+
+fn refusal(kernel: &Kernel, m: usize, n: usize, k: usize) -> String {
+    let (shapes, scalars) = launch(kernel, (1, 4, 64), m, n, k);
+    refused(kernel, &shapes, &scalars)
 }
 
 #[test]
@@ -184,10 +189,7 @@ fn a_matmul_refuses_a_launch_that_does_not_cover_the_output() {
     let (mut shapes, mut scalars) = launch(&k, (1, 4, 64), 3, 5, 128);
     shapes.grid -= 1;
     scalars[3] = Some(shapes.grid);
-    let e = match lower_with(&k, &shapes, &scalars) {
-        Err(Error::Unsupported { op, .. }) => op,
-        _ => panic!("not refused"),
-    };
+    let e = refused(&k, &shapes, &scalars);
     assert!(e.contains("stores no y[14]"), "{e}");
 }
 
@@ -257,10 +259,7 @@ fn a_matmul_refuses_empty_and_oversized_launches() {
     let (mut shapes, mut scalars) = launch(&k, (1, 4, 64), 3, 5, 128);
     shapes.grid = 1 << 26;
     scalars[3] = Some(shapes.grid);
-    let e = match lower_with(&k, &shapes, &scalars) {
-        Err(Error::Unsupported { op, .. }) => op,
-        _ => panic!("not refused"),
-    };
+    let e = refused(&k, &shapes, &scalars);
     assert!(
         e.contains("(the lowering evaluates each: at most 16777216"),
         "{e}"
@@ -367,10 +366,7 @@ fn an_input_gradient_refuses_other_panels_and_chunks() {
     }
     k = qforge_ir::text::parse(&text).unwrap();
     let (shapes, scalars) = launch(&k, (1, 4, 64), 3, 64, 128);
-    let e = match lower_with(&k, &shapes, &scalars) {
-        Err(Error::Unsupported { op, .. }) => op,
-        other => panic!("not refused: {:?}", other.map(|m| m.manifest)),
-    };
+    let e = refused(&k, &shapes, &scalars);
     assert!(
         e.contains("a weight read at an index (a * k + base) >> 1, a = 16, of none of"),
         "{e}"
@@ -384,10 +380,7 @@ fn an_input_gradient_refuses_other_panels_and_chunks() {
         .position(|(_, p)| p.name == "absmax")
         .unwrap();
     shapes.elements[scales] = 2 * 64;
-    let e = match lower_with(&k, &shapes, &scalars) {
-        Err(Error::Unsupported { op, .. }) => op,
-        other => panic!("not refused: {:?}", other.map(|m| m.manifest)),
-    };
+    let e = refused(&k, &shapes, &scalars);
     assert!(
         e.contains("a matmul of 96 output columns reading absmax per 64 columns"),
         "{e}"
@@ -403,10 +396,7 @@ fn an_input_gradient_over_a_long_reduction_fits_vmem_and_indices_must_not_wrap()
     assert!(lower_with(&k, &shapes, &scalars).is_ok());
     // dY of 4194304 x 1025 elements: `m * N + n` past 2^32.
     let (shapes, scalars) = launch(&k, (1, 4, 64), 4_194_304, 1025, 4);
-    let e = match lower_with(&k, &shapes, &scalars) {
-        Err(Error::Unsupported { op, .. }) => op,
-        other => panic!("not refused: {:?}", other.map(|m| m.manifest)),
-    };
+    let e = refused(&k, &shapes, &scalars);
     assert!(
         e.contains("more than 2^32 elements (indices are 32-bit)"),
         "{e}"
