@@ -1,7 +1,7 @@
 //! The exact sums across tensor-parallel shards: the order's partial chains continued from shard
 //! to shard (`docs/distributed.md`, option 1 of "The order question"): the row-parallel forward
-//! (`K_ORDER`'s 16 chains over `K`) and the column-parallel input gradient (`DX_ORDER`'s 8
-//! chains over `N`).
+//! (`K_ORDER`'s 16 chains over `K`) and the column-parallel input gradient (`DX_ORDER`'s one
+//! chain over `N`).
 //!
 //! [`K_ORDER`] (`Strided(16)`) fuses element `k` into partial `k % 16` in increasing `k`, then
 //! combines the 16 partials by the halving tree. A row-parallel shard owns a contiguous range of
@@ -27,7 +27,7 @@ pub(crate) enum ChainOf {
     /// [`super::K_ORDER`]'s 16 chains.
     Forward,
     /// `dX = dY @ dequant(W)`: outputs `(row, k)`, reduced over the shard's `n` in
-    /// [`super::DX_ORDER`]'s 8 chains.
+    /// [`super::DX_ORDER`]'s one chain.
     InputGradient,
 }
 

@@ -127,28 +127,19 @@ pub(crate) fn shrink(
 ///
 /// * CPU with 8 lanes or more (the LLVM backend, AVX2 or AVX-512): `tm x 32` with 16 lanes
 ///   (AVX-512), `tm x 16` with 8 (AVX2), `tm` the largest power of two up to `min(M, 8)` with
-///   16 lanes or `min(M, 2)` with 8: rows of `dY` against consecutive columns of `W`, which
+///   16 lanes or `min(M, 4)` with 8: rows of `dY` against consecutive columns of `W`, which
 ///   the backend runs with the columns as vector lanes and one group of registers per row
-///   (`codegen/src/llvm/outer.rs`: the weights of one `n` are contiguous bytes, decoded once
-///   for all rows, where a loop over `n` gathers them `K / 2` bytes apart; the tile's
-///   accumulators must be a power of two). The backend keeps 16 partial registers live (one of
-///   the 8 ways for 8 rows of 32 columns). 32 columns rather than 16 read 16 bytes of each
-///   weight row's cache line instead of 8: the lines of one `n` lie `K / 2` bytes apart, which
-///   for K = 4096 maps them all to 1/32 of the L2 cache's sets, so a 16-column tile's lines
-///   were evicted before the next tile reused them. Release build, 2 threads, f32, on the
-///   Sapphire-Rapids-class development VM, 8x16 against 8x32: K = N = 4096, M = 512 278 to
-///   204 ms; K = 4096, N = 11008, M = 512 1395 to 808 ms (4x64: 228 and 956 ms; 2x64 and
-///   1x64 slower; 16x16 333 ms). The codes are now read in the panel layout
-///   ([`crate::matmul4::panels`]: a tile's 16 bytes of consecutive rows are consecutive):
-///   8x32 at M = 512, K = N = 4096 92-99 ms (4x32 135, 16x16 125, 8x16 136, 2x32 200 ms), M =
-///   128 24.8 ms (was 50.7), M = 16 5.6 ms (6.7, the packing included); with the scales in
-///   their panel layout too and the band's fast forms proven before its loop
-///   (`codegen/src/llvm/band_proof.rs`), M = 512 74-80 ms and 193-212 ms at N = 11008 (394
-///   ms before). Measured on one
-///   thread at K = N = 4096: M = 1 f32 34 ms with 1x4 over `n` against 3.8 ms; M = 16 156 ms
-///   with 4x4, 65-84 ms with 1x16, 40-51 ms with 2x16 (before the way-major loop). With it
-///   (one thread, f32, the other core busy): 2x16 before against 8x16 now, M = 16 35.5 to
-///   14.9 ms, M = 128 323 to 163 ms, M = 512 1333 to 501 ms; 16x16 was no faster than 8x16.
+///   (`codegen/src/llvm/outer.rs`: the weights of one `n` are contiguous bytes of the panel
+///   layout, [`crate::matmul4::panels`], decoded once for all rows, each `dY` value
+///   broadcast; the tile's accumulators must be a power of two). In [`super::DX_ORDER`]'s one
+///   running sum per output, 8 x 32 is 16 sum registers and two decoded weight vectors per
+///   `n`; 4 x 16 with AVX2 is 8 of its 16 registers. Measured in one release build, 2 threads,
+///   f32, M = 512, K = N = 4096, on the Sapphire-Rapids-class development VM: 8x32 67 ms
+///   (16x16 78 ms: its 16 row pointers spill; 4x64 1.7 s, not investigated); AVX2
+///   code on the same VM (`CpuOptions::avx512 = false`) 4x16 159 ms (2x16 288, 4x32 224,
+///   8x16 217 ms). Before, in `DOT_ORDER`'s 8 partials, 8x32 took 74-83 ms and AVX2's 2x16
+///   346 ms (the band of one partial at a time passed over `dY` and the panels 8 times).
+///   32 columns rather than 16 read 16 bytes of each weight row's cache line instead of 8.
 ///   `tm` halves, then `tn`, while there would be fewer than 4 work items per thread.
 /// * Otherwise [`suggest_tile_sizes`] for `M x K` outputs.
 pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
@@ -157,7 +148,7 @@ pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCap
             let want = 4usize.saturating_mul(threads.max(1) as usize);
             let (m, k) = (m.max(1), k.max(1));
             // A power of two: the backend's lanes plan takes `tm x tn` accumulators only then.
-            let (rows, cols) = if lanes >= 16 { (8, 32) } else { (2, 16) };
+            let (rows, cols) = if lanes >= 16 { (8, 32) } else { (4, 16) };
             let tm = 1 << m.min(rows).ilog2();
             shrink((m, k), (tm, cols), want, true)
         }
@@ -701,7 +692,8 @@ mod tests {
         assert_eq!(t(16, 4096, avx2), (4, 2));
         assert_eq!(t(16, 4, avx2), (4, 2));
         assert_eq!(t(4, 4, avx2), (2, 1), "4 x 4 outputs: 8 work items at 2x1");
-        assert_eq!(back(16, 4096, avx2), (2, 16));
+        assert_eq!(back(16, 4096, avx2), (4, 16));
+        assert_eq!(back(3, 4096, avx2), (2, 16), "a power of two");
         let gpu = DeviceCaps::Gpu {
             parallel_threads: 65536,
         };

@@ -17,9 +17,9 @@
 //!   which the host op reproduces by choosing `weight_dtype` from the weight and `x` dtypes.
 //! * Activations are widened to `f32` exactly.
 //! * The reduction is one [`qforge_ir::Stmt::Accumulate`]: over `k` forward in [`K_ORDER`]
-//!   (element `i` fused with `fma` into partial `i % 16`), over `n` backward in [`DX_ORDER`]
-//!   (partial `i % 8`); the partials start at `-0.0` and are combined by the halving tree
-//!   (`p[j] += p[j + W/2]` for `j < W/2`, then `W/4`, ..., 1). Tiling over `M`, `N`
+//!   (element `i` fused with `fma` into partial `i % 16`; the partials start at `-0.0` and
+//!   are combined by the halving tree, `p[j] += p[j + W/2]` for `j < W/2`, then `W/4`, ...,
+//!   1), over `n` backward in [`DX_ORDER`] (one running sum from `-0.0`). Tiling over `M`, `N`
 //!   (forward) or `M`, `K` (backward) only changes which work item computes an element, never
 //!   its order, so every [`TileConfig`] gives identical bits.
 //! * Forward with bias: `sum + f32(bias[n])` (one `f32` add); then one rounding (nearest even)
@@ -91,10 +91,16 @@ use qforge_ir::{Error, Result};
 /// faster.
 pub const K_ORDER: ReduceOrder = ReduceOrder::Strided(16);
 
-/// The order of the backward (dX) N reduction: [`crate::DOT_ORDER`] (8 partials). Its CPU tile
-/// keeps the partials of two rows and 16 columns in registers (`outer.rs` of the LLVM backend),
-/// which 16 partials would double (the M = 16 input gradient took 4.5 times as long).
-pub const DX_ORDER: ReduceOrder = crate::DOT_ORDER;
+/// The order of the backward (dX) N reduction: `sequential`, one running sum per output (`p =
+/// fma(dY[m, n], w[n, k], p)` in increasing `n`, from `-0.0`), as a BLAS micro-kernel keeps it.
+/// The CPU tile runs its columns as vector lanes and broadcasts `dY` (`outer.rs` of the LLVM
+/// backend): every register holds 16 outputs' sums, so a tile of 8 rows and 32 columns decodes
+/// each weight once for 8 rows and reads `dY` and the panels in address order. It was
+/// [`crate::DOT_ORDER`] (8 partials) until issue 25: with 8 partials per output only one
+/// partial of the tile fitted the registers, so the tile passed over `dY` and the panels once
+/// per partial (M = 512, K = N = 4096 on the AVX-512 development VM: 83 -> 67 ms; with AVX2,
+/// 346 -> 159 ms).
+pub const DX_ORDER: ReduceOrder = ReduceOrder::Sequential;
 
 /// The largest tile side (outputs per work item = `tm * tn`, at most [`MAX_TILE_OUTPUTS`]): 64
 /// columns of the input gradient are 32 bytes of every weight row, half a cache line (see

@@ -270,16 +270,17 @@ impl Linear4bit {
     /// The exact column-parallel input gradient of this shard on `comm`'s rank, `dy_r` being
     /// this rank's columns of `dY` (`[..., N / D]`, f32, f16 or bf16): equal bit for bit to the
     /// unsharded `dX = dY @ dequant(W)` (`[..., K]`) on every rank. The sum over `N` crosses the
-    /// shards: rank `r` continues `DX_ORDER`'s 8 partial chains from rank `r - 1` (`chain.rs`),
-    /// so the ranks compute one after another (`D` all-gathers of `8 * M * K` floats per rank), and
-    /// every rank combines the last chains by the halving tree and rounds to `dY`'s dtype.
+    /// shards: rank `r` continues `DX_ORDER`'s running sums from rank `r - 1` (`chain.rs`), so
+    /// the ranks compute one after another (`D` all-gathers of `M * K` floats per rank), and
+    /// every rank rounds the last sums to `dY`'s dtype.
     /// `self` is shard `comm.rank()` of `comm.size()` ([`Linear4bit::column_shard`]).
     ///
     /// # Errors
-    /// [`Error::Invalid`] when the shard's row count is not a multiple of 8 (the chains would
-    /// not continue), `dy_r` is not a float tensor whose last dim is the shard's rows, a 16-bit
-    /// weight meets activations of another 16-bit dtype, or a count exceeds `u32`; device
-    /// errors (decoding a nested absmax, the chains kernel); the all-gathers' errors.
+    /// [`Error::Invalid`] when the shard's row count is not a multiple of `DX_ORDER`'s chains
+    /// (they would not continue; with its one chain every count is), `dy_r` is not a float
+    /// tensor whose last dim is the shard's rows, a 16-bit weight meets activations of another
+    /// 16-bit dtype, or a count exceeds `u32`; device errors (decoding a nested absmax, the
+    /// chains kernel); the all-gathers' errors.
     pub fn backward_input_column_parallel(
         &self,
         dev: &dyn Device,
@@ -317,9 +318,9 @@ impl Linear4bit {
         self.dx_from_chains(chains, dy_r)
     }
 
-    /// The end of the exact column-parallel dX: the last rank's `DX_ORDER` chains
-    /// (`8 * M * K` floats) combined by the halving tree, rounded to `dy_r`'s dtype, shaped
-    /// `[..., K]`.
+    /// The end of the exact column-parallel dX: the last rank's `DX_ORDER` chains (`M * K`
+    /// floats per chain) combined by the halving tree (none for one chain), rounded to
+    /// `dy_r`'s dtype, shaped `[..., K]`.
     pub(crate) fn dx_from_chains(
         &self,
         mut chains: Vec<f32>,

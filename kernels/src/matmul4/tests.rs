@@ -1,6 +1,6 @@
 //! The fused 4-bit matmul kernels on the interpreter against a plain Rust model written from
 //! the module docs (decode `table[nibble] * absmax`, `mul_add` into partial `i % 16` forward
-//! and `i % 8` backward, halving tree, bias, one rounding), and the tile property: every tile
+//! and one running sum backward, halving tree, bias, one rounding), and the tile property: every tile
 //! gives the same bits.
 
 use crate::matmul4::panels::{panels_of, scale_chunk, scales_of};
@@ -102,10 +102,10 @@ impl Problem {
         let mut y = Vec::new();
         for mi in 0..self.m {
             for o in 0..outs {
-                // 16 partials forward (K_ORDER), 8 backward (DX_ORDER).
+                // 16 partials forward (K_ORDER), one running sum backward (DX_ORDER).
                 let w_parts = match spec.direction {
                     Direction::Forward { .. } => 16,
-                    Direction::BackwardInput { .. } => 8,
+                    Direction::BackwardInput { .. } => 1,
                 };
                 let mut p = [-0.0f32; 16];
                 for i in 0..len {

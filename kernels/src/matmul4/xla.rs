@@ -181,8 +181,8 @@ impl Linear4bit {
     /// The exact column-parallel input gradient on `engine`, `dy_r[r]` being rank `r`'s
     /// columns of `dY` (`[..., N / D]`): equal bit for bit to the unsharded
     /// [`Linear4bit::backward_input`] for inputs without subnormals. As
-    /// [`Linear4bit::backward_input_column_parallel`], rank `r` continues `DX_ORDER`'s 8
-    /// chains from rank `r - 1`. A double-quantized absmax is decoded on `dev` first.
+    /// [`Linear4bit::backward_input_column_parallel`], rank `r` continues `DX_ORDER`'s
+    /// running sums from rank `r - 1`. A double-quantized absmax is decoded on `dev` first.
     ///
     /// # Errors
     /// As [`Linear4bit::backward_input_column_parallel`]; one input per shard missing; as
