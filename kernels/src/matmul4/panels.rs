@@ -128,24 +128,56 @@ pub(crate) fn panels_of(packed: &[u8], n: usize, k: usize, threads: usize) -> Ve
     let per_thread = panels.div_ceil(threads.clamp(1, panels));
     std::thread::scope(|s| {
         for (chunk, dst) in out.chunks_mut(per_thread * panel_len).enumerate() {
-            s.spawn(move || {
-                for (j, panel) in dst.chunks_mut(panel_len).enumerate() {
-                    fill_panel(packed, n, k, chunk * per_thread + j, panel);
-                }
-            });
+            s.spawn(move || fill_panels(packed, n, k, chunk * per_thread, dst));
         }
     });
     out
 }
 
-/// Fills panel `p` (`n` rows of [`ROW_BYTES`]) from the flat packing.
-fn fill_panel(packed: &[u8], n: usize, k: usize, p: usize, panel: &mut [u8]) {
+/// Weight rows [`fill_panels`] copies into one panel before it moves to the next.
+const ROWS_PER_VISIT: usize = 16;
+
+/// Fills the whole panels in `dst` (each `n` rows of [`ROW_BYTES`]), the first being panel
+/// `first`, from the flat packing. With `K` even every row starts on a byte: the rows go by in
+/// blocks of [`ROWS_PER_VISIT`], each block's 16 bytes per panel copied into one panel after
+/// the other, so that a panel receives 256 consecutive bytes per visit (a 4096 x 4096 weight
+/// on 2 threads of the development VM: 1.1-1.7 ms, against 2.7-3.8 ms panel by panel, where
+/// each row's 16 bytes were read from rows 2 KiB apart).
+fn fill_panels(packed: &[u8], n: usize, k: usize, first: usize, dst: &mut [u8]) {
+    let panel_len = n * ROW_BYTES;
+    if k % 2 == 1 {
+        for (j, panel) in dst.chunks_mut(panel_len).enumerate() {
+            fill_odd_panel(packed, n, k, first + j, panel);
+        }
+        return;
+    }
+    for (block, rows) in packed.chunks(ROWS_PER_VISIT * k / 2).enumerate() {
+        let block_at = block * ROWS_PER_VISIT * ROW_BYTES;
+        for (j, panel) in dst.chunks_mut(panel_len).enumerate() {
+            for (r, src) in rows.chunks_exact(k / 2).enumerate() {
+                // The panel's columns of this row: 16 bytes, fewer in a last partial panel
+                // (whose bytes past `K` stay zero).
+                let codes = src.get((first + j) * ROW_BYTES..).unwrap_or(&[]);
+                let at = block_at + r * ROW_BYTES;
+                let at = &mut panel[at..at + ROW_BYTES];
+                match codes.get(..ROW_BYTES) {
+                    Some(full) => at.copy_from_slice(full),
+                    None => at[..codes.len()].copy_from_slice(codes),
+                }
+            }
+        }
+    }
+}
+
+/// Fills panel `p` (`n` rows of [`ROW_BYTES`]) from the flat packing of a weight with an odd
+/// `K`, code by code where a row starts inside a byte.
+fn fill_odd_panel(packed: &[u8], n: usize, k: usize, p: usize, panel: &mut [u8]) {
     let k0 = p * DX_PANEL as usize;
     let cols = (k - k0).min(DX_PANEL as usize);
     for (row, dst) in panel.chunks_mut(ROW_BYTES).enumerate() {
         let e0 = row * k + k0;
         if e0.is_multiple_of(2) {
-            // Byte-aligned (always when K is even): the row's bytes as they are.
+            // Byte-aligned: the row's bytes as they are.
             let src = &packed[e0 / 2..(e0 + cols).div_ceil(2)];
             dst[..src.len()].copy_from_slice(src);
             if cols % 2 == 1 {
@@ -180,7 +212,17 @@ mod tests {
     /// that is full or partial, on one thread and several.
     #[test]
     fn every_code_lands_at_its_documented_nibble() {
-        for (n, k) in [(3usize, 64usize), (5, 33), (4, 7), (2, 96), (7, 45), (1, 1)] {
+        // More than `ROWS_PER_VISIT` rows too: a block of 16 rows, then a partial one.
+        for (n, k) in [
+            (3usize, 64usize),
+            (5, 33),
+            (4, 7),
+            (2, 96),
+            (7, 45),
+            (1, 1),
+            (37, 70),
+            (20, 64),
+        ] {
             let packed: Vec<u8> = (0..(n * k).div_ceil(2))
                 .map(|i| (i * 37 + 11) as u8)
                 .collect();
