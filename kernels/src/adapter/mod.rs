@@ -11,7 +11,7 @@ mod schedule;
 pub use pass::{AdapterCache, AdapterGrads};
 pub use schedule::{AfaSchedule, AfaShape};
 
-use crate::normal_ppf;
+use crate::normal::scaled_ppf_f32;
 use qforge_ir::routines::philox::philox4x32_10_host;
 use qforge_ir::DType;
 
@@ -37,14 +37,15 @@ pub struct BottleneckAdapter {
 /// `n` values of `N(0, std^2)`, deterministic in `seed`: value `j` is
 /// `std * Phi^-1(((bits >> 8) + 0.5) * 2^-24)` with `bits` word `j % 4` of
 /// `Philox4x32-10(counter = [j / 4, 0, 0, 0], key = [seed low, seed high])` (never 0 or 1, so
-/// always finite), computed in `f64` and rounded once to `f32`.
+/// always finite), computed in `f64` ([`crate::normal_ppf`]) and rounded once to `f32`
+/// ([`scaled_ppf_f32`] gives these bits about ten times faster).
 pub fn normal_f32(n: usize, std: f64, seed: u64) -> Vec<f32> {
     let key = [seed as u32, (seed >> 32) as u32];
     (0..n)
         .map(|j| {
             let words = philox4x32_10_host([(j / 4) as u32, (j >> 34) as u32, 0, 0], key);
             let u = ((words[j % 4] >> 8) as f64 + 0.5) / 16_777_216.0;
-            (std * normal_ppf(u)) as f32
+            scaled_ppf_f32(u, std)
         })
         .collect()
 }
