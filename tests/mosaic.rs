@@ -1270,9 +1270,11 @@ mod twin {
         filtered || (bs == 64 && (!f16 || several)) || (bs == 256 && several && !f16 && !variant)
     }
 
-    /// A matmul's cases: a reduction over one absmax block and over five (two reduction steps
-    /// of 256 at blocksize 64), with edge values and with 4-bit ties (the conformance suite's
-    /// lengths are not whole blocks, which the Mosaic matmul requires). At these launches
+    /// A matmul's cases: a reduction over one absmax block with edge values and with 4-bit
+    /// ties, and over five (two reduction steps of 256 at blocksize 64) with edge values (the
+    /// conformance suite's lengths are not whole blocks, which the Mosaic matmul requires; the
+    /// ties over five blocks, 90 s of the interpreter's time in all, the `f32` input gradients'
+    /// 12 to 21 s each, run with `all`). At these launches
     /// most dimensions are smaller than their tile, so each is its own tile
     /// ([`matmul_tiles_are_bit_exact_on_the_twin`] takes whole tiles); an input gradient's
     /// columns are one or two scale chunks, two or four tiles at `c256`, whose reduction
@@ -1286,7 +1288,12 @@ mod twin {
             vec![bs, 5 * bs]
         };
         for n in lengths {
-            for kind in InputKind::ALL {
+            let kinds: &[InputKind] = if n > bs && !all {
+                &[InputKind::EdgeValues]
+            } else {
+                &InputKind::ALL
+            };
+            for &kind in kinds {
                 let label = format!("{name} K = {n}, {}", kind.label());
                 let seed = label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
                     (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
