@@ -14,6 +14,7 @@ mod grad_reduce;
 mod model;
 mod report;
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -175,15 +176,29 @@ impl Data {
     }
 }
 
-/// `f32 [rows, d]` from rows `at..at + rows` (wrapping) of a row-major `[n, d]` array.
-fn batch_of(v: &[f32], d: usize, at: usize, rows: usize) -> Result<HostTensor> {
+/// Rows `at..at + rows` (wrapping) of a row-major `[n, d]` array: borrowed where they do not
+/// wrap.
+fn rows_of(v: &[f32], d: usize, at: usize, rows: usize) -> Cow<'_, [f32]> {
     let n = v.len() / d;
+    let first = at % n;
+    if first + rows <= n {
+        return Cow::Borrowed(&v[first * d..(first + rows) * d]);
+    }
     let mut out = Vec::with_capacity(rows * d);
     for i in 0..rows {
         let r = (at + i) % n;
         out.extend_from_slice(&v[r * d..(r + 1) * d]);
     }
-    Ok(HostTensor::from_f32_as(DType::F32, vec![rows, d], &out)?)
+    Cow::Owned(out)
+}
+
+/// `f32 [rows, d]` from rows `at..at + rows` (wrapping) of a row-major `[n, d]` array.
+fn batch_of(v: &[f32], d: usize, at: usize, rows: usize) -> Result<HostTensor> {
+    Ok(HostTensor::from_f32_as(
+        DType::F32,
+        vec![rows, d],
+        &rows_of(v, d, at, rows),
+    )?)
 }
 
 /// `sum (y - t)^2` and `sum t^2` in f64.
@@ -212,22 +227,31 @@ fn params(adapters: &[(usize, BottleneckAdapter)]) -> (Vec<String>, Vec<HostTens
     (names, tensors)
 }
 
-/// The adapters back from the flat parameter list.
-fn adapters_from(layers: &[usize], p: &[HostTensor]) -> Vec<(usize, BottleneckAdapter)> {
+/// The adapters back from the flat parameter list (four tensors a layer, as [`params`] lists
+/// them), moved.
+fn adapters_from(layers: &[usize], p: Vec<HostTensor>) -> Vec<(usize, BottleneckAdapter)> {
+    let mut p = p.into_iter();
     layers
         .iter()
-        .zip(p.chunks_exact(4))
-        .map(|(l, c)| {
-            (
+        .map_while(|l| {
+            Some((
                 *l,
                 BottleneckAdapter {
-                    down_weight: c[0].clone(),
-                    down_bias: c[1].clone(),
-                    up_weight: c[2].clone(),
-                    up_bias: c[3].clone(),
+                    down_weight: p.next()?,
+                    down_bias: p.next()?,
+                    up_weight: p.next()?,
+                    up_bias: p.next()?,
                 },
-            )
+            ))
         })
+        .collect()
+}
+
+/// The flat parameter list of `adapters` ([`params`]' order), moved.
+fn into_params(adapters: Vec<(usize, BottleneckAdapter)>) -> Vec<HostTensor> {
+    adapters
+        .into_iter()
+        .flat_map(|(_, a)| [a.down_weight, a.down_bias, a.up_weight, a.up_bias])
         .collect()
 }
 
@@ -404,7 +428,8 @@ pub fn run_data_parallel(
     for step in 0..o.steps {
         let dev: &dyn Device = &step_dev;
         let beta = schedule.beta(step);
-        let current = adapters_from(&layers, &p);
+        // The adapters own the parameters for the passes, the optimizer for its step.
+        let current = adapters_from(&layers, std::mem::take(&mut p));
         let at = (step as usize * o.batch) % o.train_rows;
         let micro = o.batch / o.micro_batches;
         let per_rank = o.micro_batches / comm.size();
@@ -417,20 +442,25 @@ pub fn run_data_parallel(
             };
             for (data, (_, a)) in train.iter().zip(&current) {
                 let h = batch_of(&data.h, d, at, micro)?;
-                let t = batch_of(&data.t, d, at, micro)?.to_f32()?;
+                let t = rows_of(&data.t, d, at, micro);
                 let (y, cache) = a.forward(dev, o.act, &h, beta)?;
                 let yv = y.to_f32()?;
                 // The mean over the whole batch: micro-batch gradients add up to it.
                 let scale = 2.0 / (o.batch * d * train.len()) as f32;
-                let dy: Vec<f32> = yv.iter().zip(&t).map(|(a, b)| (a - b) * scale).collect();
+                let dy = yv
+                    .iter()
+                    .zip(t.iter())
+                    .flat_map(|(a, b)| ((a - b) * scale).to_le_bytes())
+                    .collect();
                 mb.sq += squared(&yv, &t).0;
-                let dy = HostTensor::from_f32_as(DType::F32, y.shape.clone(), &dy)?;
+                let dy = HostTensor::new(DType::F32, y.shape.clone(), dy)?;
                 let g = a.backward(dev, o.act, &h, &cache, &dy, beta)?;
                 mb.grads
                     .extend([g.down_weight, g.down_bias, g.up_weight, g.up_bias]);
             }
             local.push(mb);
         }
+        p = into_params(current);
         let (sq, grads) = grad_reduce::all_reduce_in_order(comm, &local, &shapes)?;
         let count = o.batch * d * train.len();
         let loss = sq / count as f64;
@@ -452,7 +482,7 @@ pub fn run_data_parallel(
     }
     let seconds = started.elapsed().as_secs_f64();
     let step_split = report::StepSplit::new(&step_dev.profile(), seconds, o.steps);
-    let trained = adapters_from(&layers, &p);
+    let trained = adapters_from(&layers, p.clone());
     let beta_end = schedule.beta(o.steps);
     let err_after = rel_error(&eval, d, |i, h| {
         Ok(trained[i].1.forward(dev, o.act, h, beta_end)?.0.to_f32()?)
@@ -636,4 +666,52 @@ pub fn write_outputs(dir: &Path, report: &FinetuneReport, merged: &[MergedLayer]
         }
     }
     written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{adapters_from, into_params, rows_of};
+    use qforge_ir::DType;
+    use qforge_runtime::HostTensor;
+    use std::borrow::Cow;
+
+    /// Rows that do not wrap are borrowed, rows that do are copied in order: both as the row
+    /// `(at + i) % n` loop gives them.
+    #[test]
+    fn rows_of_is_the_wrapping_row_loop() {
+        let (n, d) = (5, 3);
+        let v: Vec<f32> = (0..n * d).map(|i| i as f32).collect();
+        for (at, rows) in [
+            (0, 5),
+            (1, 3),
+            (2, 3),
+            (3, 3),
+            (4, 1),
+            (4, 5),
+            (7, 2),
+            (9, 4),
+        ] {
+            let want: Vec<f32> = (0..rows)
+                .flat_map(|i| v[(at + i) % n * d..((at + i) % n + 1) * d].to_vec())
+                .collect();
+            let got = rows_of(&v, d, at, rows);
+            assert_eq!(*got, want[..], "at {at}, {rows} rows");
+            let wraps = at % n + rows > n;
+            assert_eq!(matches!(got, Cow::Owned(_)), wraps, "at {at}, {rows} rows");
+        }
+    }
+
+    /// The flat parameter list and the adapters move into each other without a change.
+    #[test]
+    fn adapters_and_params_round_trip() {
+        let p: Vec<HostTensor> = (0..8)
+            .map(|i| HostTensor::from_f32_as(DType::F32, vec![i + 1], &vec![i as f32; i + 1]))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let adapters = adapters_from(&[3, 5], p.clone());
+        assert_eq!(adapters.len(), 2);
+        assert_eq!((adapters[0].0, adapters[1].0), (3, 5));
+        assert_eq!(adapters[1].1.down_bias, p[5]);
+        assert_eq!(into_params(adapters), p);
+    }
 }

@@ -307,6 +307,10 @@ fn chunk_partials(
     Ok(parts)
 }
 
+/// Runs `f(p, g, elements, blocks)` on each run of `chunk` elements of `params` and `grads`,
+/// `p` a copy of the parameter's elements written back when `f` succeeds. A parameter of one
+/// chunk is passed whole (its shape kept) and its gradient as it is: the finetuning adapters'
+/// parameters, each one chunk, were copied three times a step.
 fn for_chunks(
     params: &mut HostTensor,
     grads: &HostTensor,
@@ -314,6 +318,12 @@ fn for_chunks(
     mut f: impl FnMut(&mut HostTensor, &HostTensor, Range<usize>, Range<usize>) -> Result<()>,
 ) -> Result<()> {
     let n = params.numel();
+    if n > 0 && n <= chunk {
+        let mut p = params.clone();
+        f(&mut p, grads, 0..n, 0..n.div_ceil(BLOCK))?;
+        *params = p;
+        return Ok(());
+    }
     let size = params.dtype.size_bytes();
     let mut start = 0;
     while start < n {
