@@ -146,7 +146,7 @@ impl AotDevice {
             #[cfg(feature = "compiler")]
             reported: ReportOnce::default(),
             options: CpuOptions::default(),
-            pool: launch::Pool::new(),
+            pool: launch::Pool::default(),
         })
     }
 

@@ -83,7 +83,7 @@ impl CpuDevice {
             cache: Mutex::new(HashMap::new()),
             options,
             bounds_checks: true,
-            pool: launch::Pool::new(),
+            pool: launch::Pool::default(),
         })
     }
 
@@ -137,7 +137,7 @@ impl CpuDevice {
             cache: Mutex::new(HashMap::new()),
             options,
             bounds_checks: true,
-            pool: launch::Pool::new(),
+            pool: launch::Pool::default(),
         })
     }
 
@@ -156,7 +156,7 @@ impl CpuDevice {
             cache: Mutex::new(HashMap::new()),
             options,
             bounds_checks: false,
-            pool: launch::Pool::new(),
+            pool: launch::Pool::default(),
         })
     }
 

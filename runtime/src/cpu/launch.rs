@@ -2,7 +2,6 @@
 //! contiguous chunks, which the calling thread and the device's pool threads take one at a time.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
 use qforge_ir::{bind, Arg, Binding};
 
@@ -10,9 +9,7 @@ use super::entry::Compiled;
 use super::CpuOptions;
 use crate::error::{Error, Result};
 
-/// The threads of a device's multi-threaded launches, started on the first one and kept for
-/// the life of the device (a launch then costs a wake-up, not a thread start).
-pub(crate) type Pool = OnceLock<std::result::Result<rayon::ThreadPool, String>>;
+pub(crate) use super::pool::Pool;
 
 /// Chunks per thread of a multi-threaded launch: idle threads take the next chunk, so a thread
 /// that is slowed down (another process, a busy core) delays the launch by about one chunk.
@@ -56,41 +53,21 @@ pub(crate) fn launch(
         unsafe { compiled.entry.run(&slots, begin, end) };
         status
     };
-    let pool = (threads > 1)
-        .then(|| {
-            pool.get_or_init(|| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(pool_threads(options) - 1)
-                    .thread_name(|i| format!("qforge-cpu-{i}"))
-                    .build()
-                    .map_err(|e| e.to_string())
-            })
-            .as_ref()
-            .ok()
-        })
-        .flatten();
-    let first_failure = match pool {
-        // One thread, or no pool (the system refused its threads): the caller runs everything.
-        None => run_chunk((0, grid)),
-        Some(pool) => {
-            // Every thread, the caller included, takes the next chunk until none is left; the
-            // smallest failing status wins (each chunk reports its first failing item).
-            let chunks = chunks(grid, threads * CHUNKS_PER_THREAD);
-            let next = AtomicUsize::new(0);
-            let failure = FirstFailure::default();
-            let work = || {
-                while let Some(&c) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    failure.record(run_chunk(c));
-                }
-            };
-            pool.in_place_scope(|scope| {
-                for _ in 1..threads {
-                    scope.spawn(|_| work());
-                }
-                work();
-            });
-            failure.status()
-        }
+    let first_failure = if threads > 1 {
+        // Every thread, the caller included, takes the next chunk until none is left; the
+        // smallest failing status wins (each chunk reports its first failing item).
+        let chunks = chunks(grid, threads * CHUNKS_PER_THREAD);
+        let next = AtomicUsize::new(0);
+        let failure = FirstFailure::default();
+        let work = || {
+            while let Some(&c) = chunks.get(next.fetch_add(1, Ordering::Relaxed)) {
+                failure.record(run_chunk(c));
+            }
+        };
+        pool.run(pool_threads(options) - 1, threads - 1, &work);
+        failure.status()
+    } else {
+        run_chunk((0, grid))
     };
     match first_failure {
         0 => Ok(()),

@@ -18,6 +18,7 @@ mod libcalls;
 mod llvm_jit;
 #[cfg(feature = "llvm")]
 mod orc;
+mod pool;
 
 #[cfg(feature = "compiler")]
 pub use jit_device::CpuDevice;
