@@ -62,7 +62,7 @@ impl DeviceCaps {
 ///   (the LLVM backend's 64-element groups hold 4x more values per output, so 8x4 spills),
 ///   `tm = 5` there from M = 64 (20 accumulator registers of 32; at most 4 of 64 rows wasted
 ///   on the last tile), and `tm = min(M, 4)`, `tn = 2` with 8 (LLVM with AVX2: 16 `ymm`
-///   registers).
+///   registers), `tm = 8` there from M = 64.
 ///   Measured with `QFORGE_MATMUL_TILE` on the 2-core development machine at K = N = 4096:
 ///   M = 1 runs fastest with 1x4 (1x1..1x16 within 15%), M = 16 with 8x4 on Cranelift (20 ms,
 ///   against 55 ms for 4x1 and 99 ms for 1x4) and 4x4 on LLVM with AVX-512 (4.0-5.0 ms against
@@ -73,7 +73,11 @@ impl DeviceCaps {
 ///   66.7-69.0 against 71.6-72.1 ms, bf16 94 against 101 ms; M = 2048, K = 4096, N = 11008
 ///   740 against 797 ms; M = 128 16.7 against 17.8 ms (K = N = 4096) and 43.7 against 47.6 ms
 ///   (K = 11008); M = 16 2.51 against 2.22 ms, so 4 rows below M = 64. 6x4, 6x3, 7x3, 5x3,
-///   8x3 and 8x2 were slower than 5x4 at M = 512. The tile shrinks (`tn`
+///   8x3 and 8x2 were slower than 5x4 at M = 512. On Zen 3 (AVX2, 2 threads, release,
+///   interleaved runs, K = N = 4096 unless said) 8x2 against 4x2: f32 M = 128 71.0 against
+///   75.5 ms, M = 512 285 against 305 ms (K = 11008: 787 against 827), M = 2048 1176 against
+///   1245 ms; bf16 M = 128 78.8 against 78.9, M = 512 310 against 341 ms (6x2 was as fast
+///   in f32 and slower in bf16 at M = 128; 3x2 and 2x2 slower). The tile shrinks (`tn`
 ///   first) while there would be fewer than 4 work items per thread.
 /// * GPU: one thread keeps 16 scalar partials per output (`K_ORDER`); `tm = min(M, 4)`, `tn = 1`, shrunk
 ///   while there would be fewer work items than half the resident threads.
@@ -86,6 +90,7 @@ pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> Til
             let (rows, cols) = match lanes {
                 16.. if m >= 64 => (5, 4),
                 16.. => (4, 4),
+                8..=15 if m >= 64 => (8, 2),
                 8..=15 => (4, 2),
                 _ => (8, 4),
             };
@@ -126,20 +131,27 @@ pub(crate) fn shrink(
 /// on a device. Tiles never change results, only speed.
 ///
 /// * CPU with 8 lanes or more (the LLVM backend, AVX2 or AVX-512): `tm x 32` with 16 lanes
-///   (AVX-512), `tm x 16` with 8 (AVX2), `tm` the largest power of two up to `min(M, 8)` with
-///   16 lanes or `min(M, 4)` with 8: rows of `dY` against consecutive columns of `W`, which
+///   (AVX-512), `tm x 16` with 8 (AVX2), `tm` the largest power of two up to `min(M, 8)`: rows
+///   of `dY` against consecutive columns of `W`, which
 ///   the backend runs with the columns as vector lanes and one group of registers per row
 ///   (`codegen/src/llvm/outer.rs`: the weights of one `n` are contiguous bytes of the panel
 ///   layout, [`crate::matmul4::panels`], decoded once for all rows, each `dY` value
 ///   broadcast; the tile's accumulators must be a power of two). In [`super::DX_ORDER`]'s one
 ///   running sum per output, 8 x 32 is 16 sum registers and two decoded weight vectors per
-///   `n`; 4 x 16 with AVX2 is 8 of its 16 registers. Measured in one release build, 2 threads,
+///   `n`; 8 x 16 with AVX2 is all 16 of its registers (LLVM spills some, and it is still the
+///   fastest there at every M measured, below). Measured in one release build, 2 threads,
 ///   f32, M = 512, K = N = 4096, on the Sapphire-Rapids-class development VM: 8x32 67 ms
 ///   (16x16 78 ms: its 16 row pointers spill; 4x64 1.7 s, not investigated); AVX2
 ///   code on the same VM (`CpuOptions::avx512 = false`) 4x16 159 ms (2x16 288, 4x32 224,
 ///   8x16 217 ms). Before, in `DOT_ORDER`'s 8 partials, 8x32 took 74-83 ms and AVX2's 2x16
 ///   346 ms (the band of one partial at a time passed over `dY` and the panels 8 times).
 ///   32 columns rather than 16 read 16 bytes of each weight row's cache line instead of 8.
+///   On Zen 3 itself (AVX2, 2 threads, release, interleaved runs) 4x16 was slower: 8x16
+///   against 4x16, f32, K = N = 4096: M = 128 58.4 against 82.3 ms, M = 512 233 against 327
+///   ms, M = 2048 978 against 1302 ms; (K, N) = (4096, 11008) and (11008, 4096) at M = 128
+///   and 512 1.3-1.45x faster; bf16 1.15-1.45x faster at M = 128 and 512 (8x8 within 7% of
+///   8x16 there, 8x32 and 4x32 slower); at M = 16, K = N = 4096 f32 11.4-11.6 against
+///   13.3-13.4 ms (8x8 the same as 8x16), bf16 14.3 against 17.6 ms.
 ///   `tm` halves, then `tn`, while there would be fewer than 4 work items per thread.
 /// * Otherwise [`suggest_tile_sizes`] for `M x K` outputs.
 pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
@@ -148,8 +160,8 @@ pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCap
             let want = 4usize.saturating_mul(threads.max(1) as usize);
             let (m, k) = (m.max(1), k.max(1));
             // A power of two: the backend's lanes plan takes `tm x tn` accumulators only then.
-            let (rows, cols) = if lanes >= 16 { (8, 32) } else { (4, 16) };
-            let tm = 1 << m.min(rows).ilog2();
+            let cols = if lanes >= 16 { 32 } else { 16 };
+            let tm = 1 << m.min(8).ilog2();
             shrink((m, k), (tm, cols), want, true)
         }
         _ => suggest_tile_sizes(m, k, n, caps),
@@ -692,7 +704,8 @@ mod tests {
         assert_eq!(t(16, 4096, avx2), (4, 2));
         assert_eq!(t(16, 4, avx2), (4, 2));
         assert_eq!(t(4, 4, avx2), (2, 1), "4 x 4 outputs: 8 work items at 2x1");
-        assert_eq!(back(16, 4096, avx2), (4, 16));
+        assert_eq!(t(64, 4096, avx2), (8, 2));
+        assert_eq!(back(16, 4096, avx2), (8, 16));
         assert_eq!(back(3, 4096, avx2), (2, 16), "a power of two");
         let gpu = DeviceCaps::Gpu {
             parallel_threads: 65536,
