@@ -431,9 +431,9 @@ fn plan(caps: DeviceCaps, (m, n, l, dtype): (u32, u32, u32, DType), a: Layout, b
 
 /// The tile of the column-lanes plan on a CPU with `lanes >= 4`: the input gradient's tile
 /// ([`suggest_backward_tile_sizes`], 8 x 32 with 16 lanes, 8 x 16 with 8, rows the largest power
-/// of two up to M) with 8 lanes or more (the LLVM backend; on Zen 3
-/// the adapter's six products took the same time with 8 x 16 as with the 4 x 16 of before, 28-32
-/// ms), `min(M, 4)` x 8 with 4 (the Cranelift
+/// of two up to M) with 8 lanes or more (the LLVM backend; on Zen 3 `adapter_fwd_bwd` took 28-32
+/// ms with 8 x 16 and with the 4 x 16 of before, and the MiniLM finetune's adapter GEMMs
+/// 2.6-3.6 ms a step with 8 x 16, 4 x 16 and 8 x 8 alike), `min(M, 4)` x 8 with 4 (the Cranelift
 /// backend's 128-bit vectors: 8 sums and the operands fit its 16 registers), then no wider than `N`
 /// rounded up to the lanes (at `N = 16`, 8 x 16: a 32-column tile would hold 16 columns past the
 /// end, which are not consecutive, so every work item would take the scalar path).
