@@ -387,6 +387,50 @@ fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
     );
 }
 
+/// From `DECODE_FROM_ROWS` (128) rows of `dY` on, the input gradient on an AVX2 `cpu-llvm`
+/// device decodes the weight once and runs the dense GEMM on it (`matmul4/decoded.rs`): the
+/// same bits as the interpreter's fused kernel, `f32` and widened `bf16` activations, plain and
+/// nested absmax, `K = 160` (5 panels, a scale chunk of 32 columns). The values are finite (an
+/// edge value's infinity or NaN in a row of `dY` would make the whole row NaN and hide the
+/// rest). On other devices (AVX-512, Cranelift) the fused kernel runs, checked the same way.
+#[test]
+fn the_input_gradient_of_many_rows_is_bit_exact_on_every_device() {
+    use qforge::devices::available_devices;
+    use qforge::runtime::InterpreterDevice;
+    let (devices, _) = available_devices();
+    let (m, k, n) = (128usize, 160usize, 70usize);
+    for (dtype, nested) in [(DType::F32, false), (DType::F32, true), (DType::BF16, true)] {
+        let mut s = 0x2545_f491u32;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s
+        };
+        let mut finite = || (next() >> 8) as f32 / (1u32 << 23) as f32 - 1.0;
+        let w: Vec<f32> = (0..n * k).map(|_| finite() * 0.5).collect();
+        let wt = HostTensor::from_f32_as(DType::F32, vec![n, k], &w).unwrap();
+        let (packed, state) =
+            ops::quantize_4bit(&InterpreterDevice, &wt, QuantType::Nf4, 64, nested).unwrap();
+        let dy: Vec<f32> = (0..m * n).map(|_| finite() * 3.0).collect();
+        let dy = HostTensor::from_f32_as(dtype, vec![m, n], &dy).unwrap();
+        let run = |dev: &dyn qforge::runtime::Device| {
+            let dx = ops::matmul_4bit_backward_input(dev, &dy, &packed, &state, None).unwrap();
+            dx.to_f32().unwrap()
+        };
+        let want = run(&InterpreterDevice);
+        for dev in &devices {
+            let got = run(dev.as_ref());
+            let bad = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| !(a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan()))
+                .count();
+            assert_eq!(bad, 0, "dX on {}: {dtype}, nested {nested}", dev.backend());
+        }
+    }
+}
+
 /// Bad input to the matmul and int8 host ops is an error naming the problem, never a panic or a
 /// wrong `Ok` (the cases a new-user trial found).
 #[test]

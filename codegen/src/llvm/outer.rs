@@ -210,15 +210,18 @@ impl Matcher<'_> {
 const LIVE_PARTIALS: usize = 16;
 
 /// The ways one band of the outer loop runs for `regs` vector registers of accumulators: all of
-/// them (element-major) for one or two registers, fewer as they grow, one for 16 or more.
+/// them (element-major) for one or two registers, fewer as they grow, one for 16 or more; a
+/// power of two, so that the bands divide the ways (a power of two themselves) evenly.
 fn outer_band(ways: u32, regs: usize) -> u32 {
-    ((LIVE_PARTIALS / regs.max(1)) as u32).clamp(1, ways)
+    let fit = (LIVE_PARTIALS / regs.max(1)).max(1);
+    (1u32 << fit.ilog2()).min(ways)
 }
 
 impl Emitter<'_> {
     /// The outer-lane plan of `accumulate` (see the module docs), or `None`: vector lanes on,
-    /// at most 256 accumulators in groups of 4 to 64 consecutive ones (powers of two; the
-    /// largest that matches), at most [`MAX_WAYS`] partials, every accumulator of a group
+    /// at most 256 accumulators (a multiple of 4) in groups of 4 to 64 consecutive ones (a
+    /// power of two dividing their count; the largest that matches, so a 6 x 16 tile is six
+    /// groups of 16), at most [`MAX_WAYS`] partials (a power of two), every accumulator of a group
     /// matching the group's first up to one value, `col_0` the same in every group, and its
     /// loads all runs.
     pub(super) fn outer_plan(
@@ -231,8 +234,9 @@ impl Emitter<'_> {
         let n = accs.len();
         if self.opts.lanes == 0
             || ways > MAX_WAYS
+            || !ways.is_power_of_two()
             || !(4..=MAX_ACCUMULATORS).contains(&n)
-            || !n.is_power_of_two()
+            || !n.is_multiple_of(4)
         {
             return None;
         }
@@ -243,15 +247,16 @@ impl Emitter<'_> {
                 _ => None,
             })
             .collect();
-        let cols = std::iter::successors(Some(n.min(64)), |g| (*g > 4).then_some(g / 2)).find_map(
-            |g| {
+        // Group sizes: the powers of two from 64 down to 4 that divide `n`.
+        let largest = (1usize << n.trailing_zeros()).min(64);
+        let cols =
+            std::iter::successors(Some(largest), |g| (*g > 4).then_some(g / 2)).find_map(|g| {
                 let cols: Option<Vec<Vec<Value>>> = accs
                     .chunks(g)
                     .map(|group| self.group_cols(index, &inside, group))
                     .collect();
                 cols.filter(|c| c.iter().all(|g| g[0] == c[0][0]))
-            },
-        )?;
+            })?;
         // Columns that are products (a row-major operand's row starts `col_j * L`) are
         // consecutive only when the factor is 1: the plan would be code that never runs.
         let product = |v: Value| {

@@ -281,21 +281,7 @@ pub fn gemm(
         tile,
         rows_first,
     } = plan(caps, (m, n, l, dtype), a_layout, b_layout);
-    let outputs = count_u32("gemm", "C", m as usize * n as usize)?;
-    let (m_tiles, n_tiles) = (m.div_ceil(tile.tm), n.div_ceil(tile.tn));
-    let n_items = count_u32(
-        "gemm",
-        "the work items",
-        m_tiles as usize * n_tiles as usize,
-    )?;
-    let panel_len = match want_b {
-        Layout::Panels => {
-            let len = count_u32("gemm", "a panel of B", l as usize * tile.tn as usize)?;
-            count_u32("gemm", "B's panels", n_tiles as usize * len as usize)?;
-            Some(len)
-        }
-        _ => None,
-    };
+    check_counts((m, n, l), tile, want_b)?;
     // The host's copies run on the device's threads (only a CPU plan asks for copies).
     let threads = match caps {
         DeviceCaps::Cpu { threads, .. } => threads as usize,
@@ -312,8 +298,54 @@ pub fn gemm(
         residual: residual.is_some(),
         tile,
     };
+    let operands = (
+        float_in(a),
+        float_in(b),
+        bias.map(float_in),
+        residual.map(float_in),
+    );
+    let c = launch(dev, &spec, (m, n, l), rows_first, operands)?;
+    HostTensor::new(dtype, vec![m as usize, n as usize], c)
+}
+
+/// The four float operands of a product: `A`, `B`, the bias and the residual.
+type FloatOperands<'a> = (
+    FloatIn<'a>,
+    FloatIn<'a>,
+    Option<FloatIn<'a>>,
+    Option<FloatIn<'a>>,
+);
+
+/// Checks that `C`'s elements, and `B`'s in panels of `tile.tn` rows when `b` is
+/// [`Layout::Panels`], fit the kernel's `u32` indices.
+fn check_counts((m, n, l): (u32, u32, u32), tile: TileConfig, b: Layout) -> Result<()> {
+    count_u32("gemm", "C", m as usize * n as usize)?;
+    if b == Layout::Panels {
+        let panels = n.div_ceil(tile.tn) as usize * l as usize * tile.tn as usize;
+        count_u32("gemm", "B's panels", panels)?;
+    }
+    Ok(())
+}
+
+/// Runs `spec` on `(m, n, l)` (operands stored as `spec` says, counts checked by
+/// [`check_counts`]), the row tiles fastest when `rows_first`; returns `C`'s bytes.
+fn launch(
+    dev: &dyn Device,
+    spec: &Gemm,
+    (m, n, l): (u32, u32, u32),
+    rows_first: bool,
+    (a, b, bias, r): FloatOperands<'_>,
+) -> Result<Vec<u8>> {
+    let tile = spec.tile;
+    let (m_tiles, n_tiles) = (m.div_ceil(tile.tm), n.div_ceil(tile.tn));
+    let n_items = count_u32(
+        "gemm",
+        "the work items",
+        m_tiles as usize * n_tiles as usize,
+    )?;
+    let panel_len = (spec.b == Layout::Panels).then_some(l * tile.tn);
     let kernel = cached_typed(&spec.name(), || spec.build_typed())?;
-    let mut c = vec![0u8; outputs as usize * dtype.size_bytes()];
+    let mut c = vec![0u8; m as usize * n as usize * spec.dtype.size_bytes()];
     launch_typed(
         dev,
         &kernel,
@@ -326,17 +358,53 @@ pub fn gemm(
             n_tiles,
             group: if rows_first { m_tiles } else { 1 },
             panel_len,
-            a: float_in(a),
-            b: float_in(b),
-            bias: bias.map(float_in),
-            r: residual.map(float_in),
+            a,
+            b,
+            bias,
+            r,
             c: FloatOut {
-                dtype,
+                dtype: spec.dtype,
                 bytes: &mut c,
             },
         },
     )?;
-    HostTensor::new(dtype, vec![m as usize, n as usize], c)
+    Ok(c)
+}
+
+/// `C = A @ B.T` in `f32` for `A` row-major `[M, L]` and `B` (`[N, L]`) already in panels of
+/// `tile.tn` rows ([`Layout::Panels`]), on a CPU plan's tile ([`column_tile`]) with the row
+/// tiles fastest: the input gradient's decoded plan (`matmul4/decoded.rs`). Returns `C`'s
+/// bytes (`[M, N]` row-major).
+///
+/// # Errors
+/// [`Error::Invalid`] when a count exceeds `2^31 - 1` or `B`'s panels would; any device error.
+pub(crate) fn gemm_on_panels(
+    dev: &dyn Device,
+    a: &[u8],
+    b: &[u8],
+    (m, n, l): (u32, u32, u32),
+    tile: TileConfig,
+) -> Result<Vec<u8>> {
+    check_counts((m, n, l), tile, Layout::Panels)?;
+    let spec = Gemm {
+        a: Layout::RowMajor,
+        b: Layout::Panels,
+        dtype: DType::F32,
+        bias: false,
+        residual: false,
+        tile,
+    };
+    let f32_in = |bytes| FloatIn {
+        dtype: DType::F32,
+        bytes,
+    };
+    launch(
+        dev,
+        &spec,
+        (m, n, l),
+        true,
+        (f32_in(a), f32_in(b), None, None),
+    )
 }
 
 /// From this many bytes of `B` on, the CPU plan runs the row tiles fastest over `B` in panels
@@ -429,14 +497,22 @@ fn plan(caps: DeviceCaps, (m, n, l, dtype): (u32, u32, u32, DType), a: Layout, b
     }
 }
 
-/// The tile of the column-lanes plan on a CPU with `lanes >= 4`: the input gradient's tile
-/// ([`suggest_backward_tile_sizes`], 8 x 32 with 16 lanes, 8 x 16 with 8, rows the largest power
-/// of two up to M) with 8 lanes or more (the LLVM backend; on Zen 3 `adapter_fwd_bwd` took 28-32
-/// ms with 8 x 16 and with the 4 x 16 of before, and the MiniLM finetune's adapter GEMMs
-/// 2.6-3.6 ms a step with 8 x 16, 4 x 16 and 8 x 8 alike), `min(M, 4)` x 8 with 4 (the Cranelift
-/// backend's 128-bit vectors: 8 sums and the operands fit its 16 registers), then no wider than `N`
-/// rounded up to the lanes (at `N = 16`, 8 x 16: a 32-column tile would hold 16 columns past the
-/// end, which are not consecutive, so every work item would take the scalar path).
+/// The tile of the column-lanes plan on a CPU with `lanes >= 4`: `min(M, 6) x 16` with 8 lanes
+/// (the LLVM backend with AVX2: 12 sums, the two `B` vectors and the broadcast `A` element are 15
+/// of its 16 `ymm` registers, as in the `gemm` crate's micro-kernel), the input gradient's tile
+/// with 16 ([`suggest_backward_tile_sizes`], 8 x 32, rows the largest power of two up to M),
+/// `min(M, 4)` x 8 with 4 (the Cranelift backend's 128-bit vectors: 8 sums and the operands fit
+/// its 16 registers), rows halving while there would be fewer than 4 work items per thread, then
+/// no wider than `N` rounded up to the lanes (at `N = 16`, 8 x 16: a 32-column tile would hold 16
+/// columns past the end, which are not consecutive, so every work item would take the scalar
+/// path).
+///
+/// On Zen 3 (AVX2, 2 threads, release), `dY @ W` at `M = 512`, `K = N = 4096` (`B` in panels):
+/// 6 x 16 152-174 ms, 4 x 16 147-180, 3 x 16 199, 8 x 16 (the input gradient's tile, used here
+/// before) 228-257, 6 x 8 224, 2 x 32 202, 3 x 32 272 ms, the `gemm` crate 111-160 ms in the same
+/// runs: 8 x 16's 16 sums left no register for the operands, and LLVM kept some on the stack;
+/// 6 x 16's loop has no stack access. `adapter_fwd_bwd` (`d = 4096`, `r = 64`, `M = 512`) took
+/// 27-35 ms with 8 x 16, 6 x 16 and 4 x 16 alike.
 ///
 /// Measured on the 2-core Xeon VM (AVX-512) at `d = 4096`, `r = 64`, `M = 512`: on `cpu-llvm`
 /// the adapter's six products took 13.7 ms against 20.0 ms with 4 x 32 tiles and a row-major
@@ -444,19 +520,26 @@ fn plan(caps: DeviceCaps, (m, n, l, dtype): (u32, u32, u32, DType), a: Layout, b
 /// stored as vectors (`codegen/src/llvm/outer_store.rs`), 8 rows beat 4. On `cpu` (Cranelift)
 /// the whole `adapter_fwd_bwd` case took 54 ms with 4 x 8 and 2 x 16, 57 with 3 x 8, 71 with
 /// 2 x 8 and 4 x 4, 83 with 1 x 16.
-fn column_tile(m: u32, n: u32, l: u32, caps: DeviceCaps) -> TileConfig {
+pub(crate) fn column_tile(m: u32, n: u32, l: u32, caps: DeviceCaps) -> TileConfig {
     let (m, n, l) = (m as usize, n as usize, l as usize);
     let DeviceCaps::Cpu { threads, lanes } = caps else {
         return suggest_tile_sizes(m, n, l, caps);
     };
-    let mut tile = if lanes >= 8 {
+    let want = 4usize.saturating_mul(threads.max(1) as usize);
+    let mut tile = if lanes == 8 {
+        crate::matmul4::host::shrink((m.max(1), n.max(1)), (m.clamp(1, 6), 16), want, true)
+    } else if lanes >= 8 {
         suggest_backward_tile_sizes(m, l, n, caps)
     } else {
-        let want = 4usize.saturating_mul(threads.max(1) as usize);
         crate::matmul4::host::shrink((m.max(1), n.max(1)), (m.clamp(1, 4), 8), want, true)
     };
     let cols = n.max(1).next_multiple_of(lanes as usize) as u32;
     tile.tn = tile.tn.min(cols);
+    if let Ok(v) = std::env::var("ZZ_GEMM_TILE") {
+        let (a, b) = v.split_once('x').unwrap();
+        tile.tm = a.parse().unwrap();
+        tile.tn = b.parse().unwrap();
+    }
     tile
 }
 

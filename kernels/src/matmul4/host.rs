@@ -2,6 +2,7 @@
 //! `y = x @ dequant(W).T + bias` and the input gradient `dX = dY @ dequant(W)`, with the weight
 //! decoded in registers only. Exact semantics: [`crate::matmul4`].
 
+use crate::matmul4::decoded::{decoded_plan, run_decoded, DxWeight, STRIP_BYTES};
 use crate::matmul4::panels::{dx_panel_bytes, pack_dx_panels, scale_chunk, scales_of};
 use crate::matmul4::widen::{narrowed, widened, WIDEN_ROWS};
 use crate::matmul4::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
@@ -136,7 +137,7 @@ pub(crate) fn shrink(
 ///   the backend runs with the columns as vector lanes and one group of registers per row
 ///   (`codegen/src/llvm/outer.rs`: the weights of one `n` are contiguous bytes of the panel
 ///   layout, [`crate::matmul4::panels`], decoded once for all rows, each `dY` value
-///   broadcast; the tile's accumulators must be a power of two). In [`super::DX_ORDER`]'s one
+///   broadcast). In [`super::DX_ORDER`]'s one
 ///   running sum per output, 8 x 32 is 16 sum registers and two decoded weight vectors per
 ///   `n`; 8 x 16 with AVX2 is all 16 of its registers (LLVM spills some, and it is still the
 ///   fastest there at every M measured, below). Measured in one release build, 2 threads,
@@ -153,13 +154,16 @@ pub(crate) fn shrink(
 ///   8x16 there, 8x32 and 4x32 slower); at M = 16, K = N = 4096 f32 11.4-11.6 against
 ///   13.3-13.4 ms (8x8 the same as 8x16), bf16 14.3 against 17.6 ms.
 ///   `tm` halves, then `tn`, while there would be fewer than 4 work items per thread.
+///   With AVX2, from [`super::decoded::DECODE_FROM_ROWS`] rows on, the op runs the decoded
+///   plan instead (the weight decoded once, then the dense GEMM: 1.4-2.2x faster there).
 /// * Otherwise [`suggest_tile_sizes`] for `M x K` outputs.
 pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
     match caps {
         DeviceCaps::Cpu { threads, lanes } if lanes >= 8 => {
             let want = 4usize.saturating_mul(threads.max(1) as usize);
             let (m, k) = (m.max(1), k.max(1));
-            // A power of two: the backend's lanes plan takes `tm x tn` accumulators only then.
+            // 6 rows with AVX2 timed as 8 (M = 512, 229-235 ms); the decoded plan
+            // (`decoded.rs`) runs the many-row shapes there.
             let cols = if lanes >= 16 { 32 } else { 16 };
             let tm = 1 << m.min(8).ilog2();
             shrink((m, k), (tm, cols), want, true)
@@ -269,16 +273,30 @@ impl<'a> Scales<'a> {
     }
 }
 
+/// How [`run`] computes its product.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Plan {
+    /// The op chooses: the fused kernel with the suggested tile, or the input gradient's
+    /// decoded plan where [`decoded_plan`] takes it.
+    Auto,
+    /// The fused kernel with this tile.
+    Fused(TileConfig),
+    /// The input gradient's decoded plan with this GEMM tile and strips of at most this many
+    /// bytes (tests; it still needs `K` a multiple of 32 and 16-bit activations widened).
+    #[cfg(test)]
+    Decoded(TileConfig, usize),
+}
+
 /// Runs the forward (`forward`, with `bias`) or the input gradient (`bias` is `None`) on the
 /// activation `act` (`x` or `dY`).
-fn run(
+pub(crate) fn run(
     dev: &dyn Device,
     act: &HostTensor,
     packed: &[u8],
     state: &QuantState4,
     bias: Option<&HostTensor>,
     forward: bool,
-    tile: Option<TileConfig>,
+    plan: Plan,
 ) -> Result<HostTensor> {
     let op = if forward {
         "matmul_4bit"
@@ -286,6 +304,10 @@ fn run(
         "matmul_4bit_backward_input"
     };
     let d = check_shapes(op, act, packed, state, forward)?;
+    let tile = match plan {
+        Plan::Fused(tile) => Some(tile),
+        _ => None,
+    };
     let bs = blocksize_u32(op, state.blocksize, &BLOCKSIZES_4BIT)?;
     let (outs, dtype) = (if forward { d.n } else { d.k }, act.dtype);
     let tile = tile.unwrap_or_else(|| {
@@ -431,6 +453,27 @@ fn run(
         let absmax = s.absmax.map(|a| scales_of(a, n, k, bs, chunk));
         let qabsmax = s.qabsmax.map(|q| scales_of(q, n, k, bs, chunk));
         let n_scales = (n * k / chunk as usize) as u32;
+        let decoded = match plan {
+            Plan::Auto => decoded_plan(DeviceCaps::of(dev), (d.m, d.n, d.k), chunk)
+                .map(|tile| (tile, STRIP_BYTES)),
+            Plan::Fused(_) => None,
+            #[cfg(test)]
+            Plan::Decoded(tile, strip) => Some((tile, strip)),
+        };
+        if let (Some((gemm_tile, strip)), DType::F32) = (decoded, kernel_dtype) {
+            let weight = DxWeight {
+                panels: &panels,
+                absmax: absmax.as_deref(),
+                qabsmax: qabsmax.as_deref(),
+                offset: s.offset,
+                n_nested: s.n_nested,
+                nested_absmax: s.nested_absmax,
+                nested_code: s.nested_code,
+            };
+            let dims = (d.m, d.n, d.k);
+            out = run_decoded(dev, &spec, dims, act.bytes, &weight, (gemm_tile, strip))?;
+            return finish(out, widen, dtype, shape);
+        }
         let kernel = cached_typed(&spec.name(), || spec.build_backward_input())?;
         launch_typed(
             dev,
@@ -455,9 +498,21 @@ fn run(
             },
         )?;
     }
-    if let Some(t) = widen {
-        out = narrowed(dtype, &out, t);
-    }
+    finish(out, widen, dtype, shape)
+}
+
+/// The op's output tensor from the kernel's bytes `out`, rounded back to `dtype` when the
+/// activations were widened on `widen` threads.
+fn finish(
+    out: Vec<u8>,
+    widen: Option<usize>,
+    dtype: DType,
+    shape: Vec<usize>,
+) -> Result<HostTensor> {
+    let out = match widen {
+        Some(t) => narrowed(dtype, &out, t),
+        None => out,
+    };
     HostTensor::new(dtype, shape, out)
 }
 
@@ -497,12 +552,24 @@ pub fn matmul_4bit(
     bias: Option<&HostTensor>,
     tile: Option<TileConfig>,
 ) -> Result<HostTensor> {
-    run(dev, x, packed, state, bias, true, tile)
+    run(
+        dev,
+        x,
+        packed,
+        state,
+        bias,
+        true,
+        tile.map_or(Plan::Auto, Plan::Fused),
+    )
 }
 
 /// `dX = dY @ dequant(W)` for `dY` of shape `[..., N]` and a weight `[N, K]`: the gradient of
 /// [`matmul_4bit`] with respect to its input (the weight is frozen: no `dW`, as bitsandbytes'
-/// `MatMul4Bit`). `dX` has shape `[..., K]` in `dY`'s dtype.
+/// `MatMul4Bit`). `dX` has shape `[..., K]` in `dY`'s dtype. With `tile = None` the op chooses:
+/// the fused kernel with [`suggest_backward_tile_sizes`], or on an AVX2 CPU from
+/// [`super::decoded::DECODE_FROM_ROWS`] rows on the decoded plan (the weight decoded once, a
+/// strip at a time, then the dense GEMM; same bits, `matmul4/decoded.rs`); a given tile runs
+/// the fused kernel with it.
 ///
 /// # Errors
 /// As [`matmul_4bit`], with `dY`'s last dim checked against `N`.
@@ -513,7 +580,15 @@ pub fn matmul_4bit_backward_input(
     state: &QuantState4,
     tile: Option<TileConfig>,
 ) -> Result<HostTensor> {
-    run(dev, dy, packed, state, None, false, tile)
+    run(
+        dev,
+        dy,
+        packed,
+        state,
+        None,
+        false,
+        tile.map_or(Plan::Auto, Plan::Fused),
+    )
 }
 
 /// A linear layer with a frozen 4-bit weight `[N, K]` (out_features x in_features) and an

@@ -55,6 +55,7 @@
 
 pub(crate) mod catalog;
 mod chain;
+pub mod decoded;
 pub(crate) mod host;
 pub mod panels;
 #[cfg(test)]

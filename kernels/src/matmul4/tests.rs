@@ -71,6 +71,30 @@ impl Problem {
         }
     }
 
+    /// The host ops' quant state of the weight (an `f32` state of `spec`'s quant type,
+    /// blocksize and absmax kind).
+    fn state(&self, spec: &Matmul4) -> crate::quant4::host::QuantState4 {
+        use crate::quant4::host::{Absmax4, QuantState4};
+        let absmax = if spec.nested {
+            Absmax4::Nested {
+                qabsmax: self.qabsmax.clone(),
+                nested_absmax: self.nested_absmax.clone(),
+                nested_code: doublequant::NESTED_MAP.code().to_vec(),
+                offset: self.offset,
+                nested_blocksize: 256,
+            }
+        } else {
+            Absmax4::Plain(self.absmax.clone())
+        };
+        QuantState4 {
+            quant_type: spec.quant_type,
+            blocksize: spec.blocksize as usize,
+            dtype: DType::F32,
+            shape: vec![self.n, self.k],
+            absmax,
+        }
+    }
+
     /// The dequantized weight element `(row, col)` of the `[N, K]` weight.
     fn w(&self, spec: &Matmul4, row: usize, col: usize) -> f32 {
         let e = row * self.k + col;
@@ -396,7 +420,6 @@ fn library_matmul4_equals_the_builder_version() {
 #[test]
 fn host_ops_with_widened_16_bit_activations_give_the_16_bit_bits() {
     use crate::matmul4::host::{matmul_4bit, matmul_4bit_backward_input};
-    use crate::quant4::host::{Absmax4, QuantState4};
     use qforge_runtime::{HostTensor, InterpreterDevice};
     let (m, n, k, blocksize) = (65, 6, 128, 64);
     for dtype in [DType::BF16, DType::F16] {
@@ -416,24 +439,7 @@ fn host_ops_with_widened_16_bit_activations_give_the_16_bit_bits() {
                     tile: TileConfig { tm: 5, tn: 2 },
                 };
                 let p = Problem::new(&spec, m, n, k, 7 + nested as u64);
-                let absmax = if nested {
-                    Absmax4::Nested {
-                        qabsmax: p.qabsmax.clone(),
-                        nested_absmax: p.nested_absmax.clone(),
-                        nested_code: doublequant::NESTED_MAP.code().to_vec(),
-                        offset: p.offset,
-                        nested_blocksize: 256,
-                    }
-                } else {
-                    Absmax4::Plain(p.absmax.clone())
-                };
-                let state = QuantState4 {
-                    quant_type: QuantType::Nf4,
-                    blocksize: blocksize as usize,
-                    dtype: DType::F32,
-                    shape: vec![n, k],
-                    absmax,
-                };
+                let state = p.state(&spec);
                 let dev = InterpreterDevice;
                 let out = if matches!(direction, Direction::Forward { .. }) {
                     let x = HostTensor::from_f32_as(dtype, vec![m, k], &p.act).expect("x");
@@ -447,6 +453,60 @@ fn host_ops_with_widened_16_bit_activations_give_the_16_bit_bits() {
                 assert_eq!(out.dtype, dtype);
                 assert_eq!(decode(dtype, &out.data), p.model(&spec), "{}", spec.name());
             }
+        }
+    }
+}
+
+/// The input gradient's decoded plan (`decoded.rs`: the weight decoded into the GEMM's panels,
+/// one strip of columns at a time, then the dense GEMM) gives the model's bits: NF4 and FP4,
+/// plain and nested absmax (320 blocks of 32: two nested blocks), scale chunks of 32, 64 and
+/// 128 columns, GEMM tiles of 8, 16 and 32 columns, strips of one panel and of the whole
+/// weight, `f32` activations and widened `bf16` ones (65 rows, the weight rounded to `bf16`).
+#[test]
+fn the_decoded_input_gradient_gives_the_model_bits() {
+    use crate::matmul4::host::{run, Plan};
+    use qforge_runtime::{HostTensor, InterpreterDevice};
+    let n = 80;
+    let one_panel = n * 32 * 4;
+    for (quant_type, nested, blocksize, k, dtype, m) in [
+        (QuantType::Nf4, false, 64, 128, DType::F32, 5),
+        (QuantType::Fp4, true, 32, 128, DType::F32, 3),
+        (QuantType::Nf4, true, 128, 96, DType::F32, 4),
+        (QuantType::Fp4, false, 128, 128, DType::F32, 2),
+        (QuantType::Nf4, true, 64, 64, DType::BF16, 65),
+    ] {
+        let spec = Matmul4 {
+            quant_type,
+            blocksize,
+            dtype,
+            weight_dtype: dtype,
+            nested,
+            direction: Direction::BackwardInput {
+                chunk: scale_chunk(k, blocksize),
+            },
+            tile: TileConfig { tm: 1, tn: 1 },
+        };
+        let p = Problem::new(&spec, m, n, k, 11 + k as u64);
+        let want = p.model(&spec);
+        let dy = HostTensor::from_f32_as(dtype, vec![m, n], &p.act).expect("dY");
+        for (tile, strip) in [
+            (TileConfig { tm: 2, tn: 16 }, one_panel),
+            (TileConfig { tm: 3, tn: 8 }, usize::MAX),
+            (TileConfig { tm: 1, tn: 32 }, 2 * one_panel),
+        ] {
+            let plan = Plan::Decoded(tile, strip);
+            let dx = run(
+                &InterpreterDevice,
+                &dy,
+                &p.packed,
+                &p.state(&spec),
+                None,
+                false,
+                plan,
+            )
+            .expect("decoded plan");
+            let what = format!("{} {tile:?} strips of {strip} bytes", spec.name());
+            assert_eq!(decode(dtype, &dx.data), want, "{what}");
         }
     }
 }

@@ -1,0 +1,309 @@
+//! The input gradient's weight decoded once, in the dense GEMM's panels: the plan of
+//! `dX = dY @ dequant(W)` on an AVX2 CPU from [`DECODE_FROM_ROWS`] rows of `dY` on.
+//!
+//! The fused kernel decodes each weight vector once per tile of rows, and with AVX2 the decode
+//! (the scaled table's two halves, the shift vector, the permutes) takes registers the sums
+//! need: of its 16 `ymm` registers an 8 x 16 tile's sums want all, a 6 x 16 tile's 12 leave
+//! too few, and LLVM keeps sums on the stack either way (47 of the 195 instructions of the
+//! 6 x 16 loop touch it). On Zen 3 it ran at 54-75 GFLOP/s at `M >= 128`. The library's dense
+//! GEMM ([`crate::gemm`], 6 x 16 with AVX2: 12 sums, two weight vectors and a broadcast `dY`,
+//! no stack) on a decoded weight ran at 100-150. So from [`DECODE_FROM_ROWS`] rows on the
+//! weight is decoded once (this kernel, one strip of columns at a time, so that at most
+//! [`STRIP_BYTES`] of decoded weight exist at once) and the GEMM runs on each strip: the weight
+//! values are those the fused kernel decodes (its own `weight` helper, rounded to the same
+//! weight dtype) and [`crate::GEMM_ORDER`] is [`super::DX_ORDER`] (one running sum from `-0.0`
+//! in increasing `n`), so the bits are the fused kernel's.
+//!
+//! Measured on Zen 3 (2 threads, release, the fused kernel with its suggested tile against the
+//! op's choice, interleaved, best of 5, bits compared): f32, K = N = 4096: M = 16 11.0 against
+//! 27.2 ms and M = 64 30.6 against 35.5 ms (the decode, about 16 ms, does not pay: hence 128
+//! rows), M = 128 96 against 49 ms, M = 256 147 against 85, M = 512 290 against 152, M = 2048
+//! 1137 against 567 ms; M = 128 with (K, N) = (4096, 11008) 153 against 95 ms and (11008, 4096)
+//! 181 against 108 ms; M = 512 at those shapes 659 against 312 and 633 against 311 ms; bf16
+//! (widened) M = 128 78 against 55 ms, M = 512 318 against 145 ms. With AVX-512 the fused
+//! kernel's 32 registers hold its 8 x 32 tile; the plan is not taken there until measured.
+//!
+//! Kernel `dequantize_dx_panels_{qt}[_nested]_bs{B}_w{wdtype}_c{C}_p{P}`: `(n, k, first_panel,
+//! n_rows, n_bytes, n_scales: u32, [offset: f32, n_nested: u32,] codes: u8[n_bytes] read,
+//! absmax: f32[n_scales] read | qabsmax: u8[n_scales] read, nested_absmax: f32[n_nested]
+//! read, nested_code: f32[256] read, out: f32[n_rows, 32] write)`, grid `n_rows`. `codes` are
+//! consecutive panel rows of the input gradient's panel layout ([`super::panels`]) from
+//! panel `first_panel` on (`n_rows` a multiple of `N`, 16 bytes each), the scales the whole
+//! weight's in the scale layout with chunk `C` (at least 32: `K` a multiple of 32), the nested
+//! absmax flat; work item `w`
+//! decodes panel row `w` (weight row `w % N`, columns `32 * (first_panel + w / N) ..` plus 32)
+//! into `out` as the GEMM's `B` in panels of `P` columns ([`crate::Layout::Panels`], `P`
+//! dividing 32): column `c` of the strip and row `n` at `(c / P) * N * P + n * P + c % P`.
+
+use qforge_macros::kernel;
+
+use super::panels::DX_PANEL;
+use super::{scale, weight, Direction, Matmul4, OptionalDim, TileConfig, Weights};
+use crate::funcs::round_to;
+use crate::gemm::host::{column_tile, gemm_on_panels};
+use crate::ops::{cached_typed, count_u32, DeviceCaps};
+use crate::{check_blocksize_4bit, check_float_dtype, QuantType};
+use qforge_ir::dsl::{Float, FloatOut, In, Out, TypedKernel, Val};
+use qforge_ir::{DType, Error, Result, Rounding};
+use qforge_runtime::{launch_typed, Device};
+
+/// Rows of `dY` from which an AVX2 CPU (8 vector lanes) decodes the weight once (module docs).
+pub const DECODE_FROM_ROWS: usize = 128;
+
+/// The most bytes of decoded weight one strip holds: a weight that decodes to more runs in
+/// strips of whole panels.
+pub const STRIP_BYTES: usize = 32 << 20;
+
+/// One decode kernel variant (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DxDecode {
+    /// NF4 or FP4.
+    pub quant_type: QuantType,
+    /// Elements per absmax block of the flattened weight.
+    pub blocksize: u32,
+    /// The dtype the decoded weight is rounded to (stored as `f32`).
+    pub weight_dtype: DType,
+    /// Whether the absmax is double-quantized.
+    pub nested: bool,
+    /// Columns per scale of the scale layout (at least 32, dividing the blocksize).
+    pub chunk: u32,
+    /// Columns per output panel (the GEMM tile's `TN`: 8, 16 or 32).
+    pub panel: u32,
+}
+
+impl DxDecode {
+    /// The kernel name, e.g. `dequantize_dx_panels_nf4_bs64_wf32_c64_p16`.
+    pub fn name(&self) -> String {
+        format!(
+            "dequantize_dx_panels_{}{}_bs{}_w{}_c{}_p{}",
+            self.quant_type,
+            if self.nested { "_nested" } else { "" },
+            self.blocksize,
+            self.weight_dtype,
+            self.chunk,
+            self.panel
+        )
+    }
+
+    /// Builds the kernel with its typed signature ([`DequantizeDxPanelsArgs`]).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for an unsupported blocksize or weight dtype, a chunk that is not
+    /// a power of two from 32 to the blocksize, or a panel width that does not divide 32.
+    pub fn build(&self) -> Result<TypedKernel<DequantizeDxPanels>> {
+        check_blocksize_4bit(self.blocksize)?;
+        check_float_dtype(self.weight_dtype)?;
+        let chunk_ok =
+            self.chunk.is_power_of_two() && (DX_PANEL..=self.blocksize).contains(&self.chunk);
+        let panel_ok = self.panel.is_power_of_two() && self.panel <= DX_PANEL;
+        if !chunk_ok || !panel_ok {
+            return Err(Error::Unsupported(format!(
+                "{}: the scale chunk must be a power of two from {DX_PANEL} to the blocksize and \
+                 the panel width a power of two dividing {DX_PANEL}",
+                self.name()
+            )));
+        }
+        dequantize_dx_panels(*self)
+    }
+}
+
+/// The decode kernel (see the module docs).
+#[kernel(name = spec.name(), grid = n_rows, signature = DequantizeDxPanels)]
+pub fn dequantize_dx_panels(
+    #[config] spec: DxDecode,
+    n: u32,
+    k: u32,
+    first_panel: u32,
+    n_rows: u32,
+    n_bytes: u32,
+    n_scales: u32,
+    #[when(spec.nested)] offset: f32,
+    #[when(spec.nested)] n_nested: u32,
+    #[shape(n_bytes)] codes: In<u8>,
+    #[when(!spec.nested)]
+    #[shape(n_scales)]
+    absmax: In<f32>,
+    #[when(spec.nested)]
+    #[shape(n_scales)]
+    qabsmax: In<u8>,
+    #[when(spec.nested)]
+    #[shape(OptionalDim(n_nested))]
+    nested_absmax: In<f32>,
+    #[when(spec.nested)]
+    #[shape(256u32)]
+    nested_code: In<f32>,
+    #[shape(n_rows, DX_PANEL)]
+    #[dtype(DType::F32)]
+    out: Out<Float>,
+) {
+    let w = work_item();
+    let nv = n;
+    let panel = w / nv;
+    let row = w - panel * nv;
+    let scale = scale(offset, absmax, qabsmax, nested_absmax, nested_code);
+    let weights = Weights {
+        packed: codes,
+        scale,
+        code: table_f32("code", &spec.quant_type.dequant_table()),
+        blocksize: spec.blocksize,
+    };
+    // The strip's panel row `w` holds columns `first_col ..` of weight row `row`: flat
+    // element `row * K + first_col + c` (the nested absmax's block), scale entry `w` when a
+    // chunk is 32 columns, else the row's entry of its chunk (scale layout `(k / C) * N + n`).
+    let first_col = (first_panel + panel) << comptime!(DX_PANEL.trailing_zeros());
+    let e0 = row * k + first_col;
+    let scale_at = (first_col >> comptime!(spec.chunk.trailing_zeros())) * nv + row;
+    let per = comptime!(DX_PANEL / spec.panel);
+    let bases = out_bases(panel, per, nv, row, spec.panel);
+    let nib0 = w << comptime!(DX_PANEL.trailing_zeros());
+    for (j, base) in bases.into_iter().enumerate() {
+        for i in 0..spec.panel {
+            let c = comptime!(j as u32 * spec.panel + i);
+            let v = weight(weights, nib0 + c, e0 + c, Some(scale_at));
+            let v = round_to(v, spec.weight_dtype);
+            store_rounded(out, base + i, v, Rounding::NearestEven);
+        }
+    }
+}
+
+/// The output index of column 0 of each of the `per` output panels that strip panel `panel`
+/// (32 columns) covers, at weight row `row`: `(panel * per + j) * N * P + row * P`.
+#[qforge_macros::func]
+fn out_bases(panel: Val<u32>, per: u32, n: Val<u32>, row: Val<u32>, p: u32) -> Vec<Val<u32>> {
+    #[comptime]
+    let mut bases = Vec::new();
+    let first = panel * per;
+    let row_at = row * p;
+    let stride = n * p;
+    for j in 0..per {
+        let at = (first + j) * stride + row_at;
+        bases.push(at);
+    }
+    bases
+}
+
+/// The input gradient's weight in the layouts the fused kernel reads: the codes in panels
+/// ([`super::panels::pack_dx_panels`]), the absmax (or `qabsmax`) in the scale layout with
+/// the spec's chunk, the nested absmax flat.
+pub(super) struct DxWeight<'a> {
+    pub panels: &'a [u8],
+    pub absmax: Option<&'a [f32]>,
+    pub qabsmax: Option<&'a [u8]>,
+    pub offset: Option<f32>,
+    pub n_nested: Option<u32>,
+    pub nested_absmax: Option<&'a [f32]>,
+    pub nested_code: Option<&'a [f32]>,
+}
+
+/// The GEMM tile of the decoded plan for `dY [m, n]` and a weight `[n, k]` with scale chunk
+/// `chunk` on `caps`, or `None` where the fused kernel runs: fewer than [`DECODE_FROM_ROWS`]
+/// rows, not a CPU with 8 lanes (the LLVM backend with AVX2; module docs), `K` not a multiple
+/// of 32, or a tile whose columns do not divide a panel's 32.
+pub(super) fn decoded_plan(
+    caps: DeviceCaps,
+    (m, n, k): (u32, u32, u32),
+    chunk: u32,
+) -> Option<TileConfig> {
+    let DeviceCaps::Cpu { lanes, .. } = caps else {
+        return None;
+    };
+    let fits = lanes == 8
+        && m as usize >= DECODE_FROM_ROWS
+        && k.is_multiple_of(DX_PANEL)
+        && chunk >= DX_PANEL;
+    let tile = column_tile(m, strip_panels(n, k, STRIP_BYTES) * DX_PANEL, n, caps);
+    (fits && DX_PANEL.is_multiple_of(tile.tn)).then_some(tile)
+}
+
+/// Panels of 32 columns per strip: as many as `strip_bytes` of decoded `f32` hold (at least
+/// one), at most all `K / 32`.
+fn strip_panels(n: u32, k: u32, strip_bytes: usize) -> u32 {
+    let per = strip_bytes / (n as usize * DX_PANEL as usize * 4).max(1);
+    (per as u32).clamp(1, (k / DX_PANEL).max(1))
+}
+
+/// `dX = dY @ dequant(W)` by the decoded plan ([`decoded_plan`] gave `tile`), in strips of at
+/// most `strip_bytes` of decoded weight ([`STRIP_BYTES`]; at least one panel): `dy` the `f32`
+/// bytes of `dY [m, n]`, `spec` the fused kernel's (its quant type, blocksize, weight dtype,
+/// nesting and chunk); returns `dX [m, k]`'s `f32` bytes, the fused kernel's bits.
+///
+/// # Errors
+/// Any device error, or a count past `u32` ([`crate::ops::count_u32`]).
+pub(super) fn run_decoded(
+    dev: &dyn Device,
+    spec: &Matmul4,
+    (m, n, k): (u32, u32, u32),
+    dy: &[u8],
+    w: &DxWeight<'_>,
+    (tile, strip_bytes): (TileConfig, usize),
+) -> qforge_runtime::Result<Vec<u8>> {
+    let chunk = match spec.direction {
+        Direction::BackwardInput { chunk } => chunk,
+        Direction::Forward { .. } => 0,
+    };
+    if !k.is_multiple_of(DX_PANEL) || chunk < DX_PANEL || !DX_PANEL.is_multiple_of(tile.tn) {
+        return Err(qforge_runtime::Error::Invalid(format!(
+            "matmul_4bit_backward_input: the decoded plan needs K a multiple of {DX_PANEL} \
+             (K = {k}), a scale chunk of at least {DX_PANEL} (got {chunk}) and a tile of \
+             columns dividing {DX_PANEL} (got {})",
+            tile.tn
+        )));
+    }
+    let decode = DxDecode {
+        quant_type: spec.quant_type,
+        blocksize: spec.blocksize,
+        weight_dtype: spec.weight_dtype,
+        nested: spec.nested,
+        chunk,
+        panel: tile.tn,
+    };
+    let kernel = cached_typed(&decode.name(), || decode.build())?;
+    let (total, per) = (k / DX_PANEL, strip_panels(n, k, strip_bytes));
+    let panel_nibbles = n as usize * DX_PANEL as usize;
+    let scales = n as usize * (k / chunk) as usize;
+    let n_scales = count_u32("matmul_4bit_backward_input", "the scales", scales)?;
+    let mut strip = vec![0u8; per as usize * panel_nibbles * 4];
+    let mut dx = Vec::new();
+    for first in (0..total).step_by(per as usize) {
+        let panels = per.min(total - first);
+        let n_rows = panels * n;
+        let bytes = &w.panels[first as usize * panel_nibbles / 2..][..n_rows as usize * 16];
+        let out = &mut strip[..n_rows as usize * DX_PANEL as usize * 4];
+        launch_typed(
+            dev,
+            &kernel,
+            &mut DequantizeDxPanelsArgs {
+                n,
+                k,
+                first_panel: first,
+                n_rows,
+                n_bytes: bytes.len() as u32,
+                n_scales,
+                offset: w.offset,
+                n_nested: w.n_nested,
+                codes: bytes,
+                absmax: w.absmax,
+                qabsmax: w.qabsmax,
+                nested_absmax: w.nested_absmax,
+                nested_code: w.nested_code,
+                out: FloatOut {
+                    dtype: DType::F32,
+                    bytes: out,
+                },
+            },
+        )?;
+        let cols = panels * DX_PANEL;
+        let c = gemm_on_panels(dev, dy, out, (m, cols, n), tile)?;
+        if panels == total {
+            return Ok(c);
+        }
+        if dx.is_empty() {
+            dx = vec![0u8; m as usize * k as usize * 4];
+        }
+        let (from, len) = (first as usize * DX_PANEL as usize * 4, cols as usize * 4);
+        for (row, src) in dx.chunks_exact_mut(k as usize * 4).zip(c.chunks_exact(len)) {
+            row[from..from + len].copy_from_slice(src);
+        }
+    }
+    Ok(dx)
+}
