@@ -391,14 +391,14 @@ pub(crate) fn run(
         "the work items",
         d.m.div_ceil(tile.tm) as usize * n_tiles as usize,
     )?;
-    let mut out = vec![0u8; d.m as usize * outs as usize * kernel_dtype.size_bytes()];
+    let out_len = d.m as usize * outs as usize * kernel_dtype.size_bytes();
     let mut shape = act.shape.clone();
     if let Some(last) = shape.last_mut() {
         *last = outs as usize;
     }
     let n_nested = state.absmax.check_len(op, n_blocks)?;
     if d.m == 0 {
-        return HostTensor::new(dtype, shape, out);
+        return HostTensor::new(dtype, shape, Vec::new());
     }
     let s = Scales::of(&state.absmax, n_nested);
     let act = FloatIn {
@@ -409,11 +409,8 @@ pub(crate) fn run(
         dtype: kernel_dtype,
         bytes: bias_wide.as_deref().unwrap_or(&b.data),
     });
-    let result = FloatOut {
-        dtype: kernel_dtype,
-        bytes: &mut out,
-    };
-    if forward {
+    let out = if forward {
+        let mut out = vec![0u8; out_len];
         let kernel = cached_typed(&spec.name(), || spec.build_forward())?;
         launch_typed(
             dev,
@@ -435,9 +432,13 @@ pub(crate) fn run(
                 nested_absmax: s.nested_absmax,
                 nested_code: s.nested_code,
                 bias,
-                y: result,
+                y: FloatOut {
+                    dtype: kernel_dtype,
+                    bytes: &mut out,
+                },
             },
         )?;
+        out
     } else {
         // The codes in the input gradient's panel layout (`panels.rs`), nibble indices in u32.
         let panel_bytes = dx_panel_bytes(d.n as usize, d.k as usize);
@@ -471,9 +472,10 @@ pub(crate) fn run(
                 nested_code: s.nested_code,
             };
             let dims = (d.m, d.n, d.k);
-            out = run_decoded(dev, &spec, dims, act.bytes, &weight, (gemm_tile, strip))?;
-            return finish(out, widen, dtype, shape);
+            let dx = run_decoded(dev, &spec, dims, act.bytes, &weight, (gemm_tile, strip))?;
+            return finish(dx, widen, dtype, shape);
         }
+        let mut out = vec![0u8; out_len];
         let kernel = cached_typed(&spec.name(), || spec.build_backward_input())?;
         launch_typed(
             dev,
@@ -494,10 +496,14 @@ pub(crate) fn run(
                 qabsmax: qabsmax.as_deref(),
                 nested_absmax: s.nested_absmax,
                 nested_code: s.nested_code,
-                dx: result,
+                dx: FloatOut {
+                    dtype: kernel_dtype,
+                    bytes: &mut out,
+                },
             },
         )?;
-    }
+        out
+    };
     finish(out, widen, dtype, shape)
 }
 
