@@ -535,11 +535,6 @@ pub(crate) fn column_tile(m: u32, n: u32, l: u32, caps: DeviceCaps) -> TileConfi
     };
     let cols = n.max(1).next_multiple_of(lanes as usize) as u32;
     tile.tn = tile.tn.min(cols);
-    if let Ok(v) = std::env::var("ZZ_GEMM_TILE") {
-        let (a, b) = v.split_once('x').unwrap();
-        tile.tm = a.parse().unwrap();
-        tile.tn = b.parse().unwrap();
-    }
     tile
 }
 
