@@ -154,6 +154,7 @@ fn llvm_takes_column_lanes_only_for_columns() {
             dtype: DType::F32,
             bias: false,
             residual: false,
+            partials: 1,
             tile: TileConfig { tm, tn: 16 },
         };
         let text = lower(&spec.build().unwrap(), &options).unwrap();

@@ -387,14 +387,16 @@ fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
     );
 }
 
-/// From `DECODE_FROM_ROWS` (128) rows of `dY` on, the input gradient on an AVX2 `cpu-llvm`
-/// device decodes the weight once and runs the dense GEMM on it (`matmul4/decoded.rs`): the
-/// same bits as the interpreter's fused kernel, `f32` and widened `bf16` activations, plain and
-/// nested absmax, `K = 160` (5 panels, a scale chunk of 32 columns). The values are finite (an
-/// edge value's infinity or NaN in a row of `dY` would make the whole row NaN and hide the
-/// rest). On other devices (AVX-512, Cranelift) the fused kernel runs, checked the same way.
+/// From 128 rows on, the forward and the input gradient on an AVX2 `cpu-llvm` device decode the
+/// weight once and run the dense GEMM on it (`matmul4/decoded_forward.rs`: `x` and the weight
+/// partial-major, 16 partials; `matmul4/decoded.rs`): the same bits as the interpreter's fused
+/// kernels, `f32` and widened `bf16` activations, plain and nested absmax, a bias, `K = 160`
+/// (10 groups of 16, 5 panels of 32, a scale chunk of 32 columns), `N = 70` (a partial last
+/// panel). The values are finite (an edge value's infinity or NaN in a row would make the whole
+/// output row NaN and hide the rest). On other devices (AVX-512, Cranelift) the fused kernels
+/// run, checked the same way.
 #[test]
-fn the_input_gradient_of_many_rows_is_bit_exact_on_every_device() {
+fn many_rows_are_bit_exact_on_every_device() {
     use qforge::devices::available_devices;
     use qforge::runtime::InterpreterDevice;
     let (devices, _) = available_devices();
@@ -412,21 +414,33 @@ fn the_input_gradient_of_many_rows_is_bit_exact_on_every_device() {
         let wt = HostTensor::from_f32_as(DType::F32, vec![n, k], &w).unwrap();
         let (packed, state) =
             ops::quantize_4bit(&InterpreterDevice, &wt, QuantType::Nf4, 64, nested).unwrap();
+        let x: Vec<f32> = (0..m * k).map(|_| finite() * 3.0).collect();
+        let x = HostTensor::from_f32_as(dtype, vec![m, k], &x).unwrap();
+        let bias: Vec<f32> = (0..n).map(|_| finite()).collect();
+        let bias = HostTensor::from_f32_as(dtype, vec![n], &bias).unwrap();
         let dy: Vec<f32> = (0..m * n).map(|_| finite() * 3.0).collect();
         let dy = HostTensor::from_f32_as(dtype, vec![m, n], &dy).unwrap();
         let run = |dev: &dyn qforge::runtime::Device| {
+            let y = ops::matmul_4bit(dev, &x, &packed, &state, Some(&bias), None).unwrap();
             let dx = ops::matmul_4bit_backward_input(dev, &dy, &packed, &state, None).unwrap();
-            dx.to_f32().unwrap()
+            (y.to_f32().unwrap(), dx.to_f32().unwrap())
         };
         let want = run(&InterpreterDevice);
         for dev in &devices {
             let got = run(dev.as_ref());
-            let bad = got
-                .iter()
-                .zip(&want)
-                .filter(|(a, b)| !(a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan()))
-                .count();
-            assert_eq!(bad, 0, "dX on {}: {dtype}, nested {nested}", dev.backend());
+            for (what, got, want) in [("y", &got.0, &want.0), ("dX", &got.1, &want.1)] {
+                let bad = got
+                    .iter()
+                    .zip(want)
+                    .filter(|(a, b)| !(a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan()))
+                    .count();
+                assert_eq!(
+                    bad,
+                    0,
+                    "{what} on {}: {dtype}, nested {nested}",
+                    dev.backend()
+                );
+            }
         }
     }
 }

@@ -8,16 +8,16 @@
 //!
 //! A kernel run is one call of the library's host op ([`matmul_4bit`] /
 //! [`matmul_4bit_backward_input`]), so it times what a `Linear4bit` layer costs, the output's
-//! allocation included, with the tile of [`suggest_tile_sizes`] for the forward and the op's
-//! own choice for the input gradient (its fused kernel's tile, or on an AVX2 CPU from 128 rows
-//! its decoded plan, `matmul4/decoded.rs`); `QFORGE_MATMUL_TILE=TMxTN` and
-//! `QFORGE_MATMUL_DX_TILE=TMxTN` run the fused kernels with that tile, for tuning. The `gemm` crate has no bf16
-//! GEMM: bf16 rows are compared with the f32 one too.
+//! allocation included, with the op's own choice of plan (its fused kernel with the tile of
+//! `suggest_tile_sizes` or `suggest_backward_tile_sizes`, or on an AVX2 CPU from 128 rows its
+//! decoded plan, `matmul4/decoded_forward.rs` and `matmul4/decoded.rs`);
+//! `QFORGE_MATMUL_TILE=TMxTN` and `QFORGE_MATMUL_DX_TILE=TMxTN` run the fused kernels with that
+//! tile, for tuning. The `gemm` crate has no bf16 GEMM: bf16 rows are compared with the f32
+//! one too.
 
 use qforge_ir::DType;
 use qforge_kernels::ops::{
-    dequantize_4bit, matmul_4bit, matmul_4bit_backward_input, suggest_tile_sizes, Absmax4,
-    DeviceCaps, QuantState4,
+    dequantize_4bit, matmul_4bit, matmul_4bit_backward_input, Absmax4, QuantState4,
 };
 use qforge_kernels::{QuantType, TileConfig};
 use qforge_runtime::{Device, HostTensor};
@@ -197,15 +197,13 @@ impl TrainInputs {
     /// A bad tile override; any error of the host op.
     pub fn run(&self, dev: &dyn Device) -> Result<HostTensor> {
         let s = &self.shape;
-        let caps = DeviceCaps::of(dev);
+        // Without an override the op chooses (its decoded plans included).
         Ok(match s.direction {
             TrainDirection::Forward => {
-                let tile = tile_override("QFORGE_MATMUL_TILE")?
-                    .unwrap_or_else(|| suggest_tile_sizes(s.m, s.n, s.k, caps));
-                matmul_4bit(dev, &self.act, &self.packed, &self.state, None, Some(tile))?
+                let tile = tile_override("QFORGE_MATMUL_TILE")?;
+                matmul_4bit(dev, &self.act, &self.packed, &self.state, None, tile)?
             }
             TrainDirection::BackwardInput => {
-                // Without an override the op chooses (its decoded plan included).
                 let tile = tile_override("QFORGE_MATMUL_DX_TILE")?;
                 matmul_4bit_backward_input(dev, &self.act, &self.packed, &self.state, tile)?
             }

@@ -66,7 +66,7 @@ const THREADED_COPY_FROM_BYTES: usize = 256 << 10;
 
 /// `dst` cut into runs of whole `row_bytes` rows, one run per thread (up to `threads`, one
 /// below [`THREADED_COPY_FROM_BYTES`]); `fill(first_row, run)` fills each run.
-fn fill_rows(
+pub(crate) fn fill_rows(
     dst: &mut [u8],
     row_bytes: usize,
     threads: usize,
@@ -296,6 +296,7 @@ pub fn gemm(
         dtype,
         bias: bias.is_some(),
         residual: residual.is_some(),
+        partials: 1,
         tile,
     };
     let operands = (
@@ -371,27 +372,28 @@ fn launch(
     Ok(c)
 }
 
-/// `C = A @ B.T` in `f32` for `A` row-major `[M, L]` and `B` (`[N, L]`) already in panels of
-/// `tile.tn` rows ([`Layout::Panels`]), on a CPU plan's tile ([`column_tile`]) with the row
-/// tiles fastest: the input gradient's decoded plan (`matmul4/decoded.rs`). Returns `C`'s
-/// bytes (`[M, N]` row-major).
+/// `C = A @ B.T (+ bias)` in `f32` for `A` row-major `[M, L]` and `B` (`[N, L]`) already in
+/// panels of `tile.tn` rows ([`Layout::Panels`]), with `partials` partials (1, or both operands
+/// partial-major: [`Gemm::partials`]), on a CPU plan's tile ([`column_tile`]) with the row tiles
+/// fastest: the 4-bit matmul's decoded plans (`matmul4/decoded.rs`, `decoded_forward.rs`).
+/// Returns `C`'s bytes (`[M, N]` row-major).
 ///
 /// # Errors
 /// [`Error::Invalid`] when a count exceeds `2^31 - 1` or `B`'s panels would; any device error.
 pub(crate) fn gemm_on_panels(
     dev: &dyn Device,
-    a: &[u8],
-    b: &[u8],
+    (a, b, bias): (&[u8], &[u8], Option<&[u8]>),
     (m, n, l): (u32, u32, u32),
-    tile: TileConfig,
+    (tile, partials): (TileConfig, u32),
 ) -> Result<Vec<u8>> {
     check_counts((m, n, l), tile, Layout::Panels)?;
     let spec = Gemm {
         a: Layout::RowMajor,
         b: Layout::Panels,
         dtype: DType::F32,
-        bias: false,
+        bias: bias.is_some(),
         residual: false,
+        partials,
         tile,
     };
     let f32_in = |bytes| FloatIn {
@@ -403,7 +405,7 @@ pub(crate) fn gemm_on_panels(
         &spec,
         (m, n, l),
         true,
-        (f32_in(a), f32_in(b), None, None),
+        (f32_in(a), f32_in(b), bias.map(f32_in), None),
     )
 }
 

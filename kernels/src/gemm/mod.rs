@@ -15,13 +15,15 @@
 //!
 //! Semantics, per output: operands widened exactly to `f32`; the sum over `l` is one
 //! [`qforge_ir::Stmt::Accumulate`] in [`GEMM_ORDER`] (`sequential`: `p = fma(A[i, l], B[j, l], p)`
-//! for `l` in increasing order from `p = -0.0`), so tiling never changes a bit; with a bias, one `f32`
+//! for `l` in increasing order from `p = -0.0`; with [`Gemm::partials`] `W > 1`, `strided W` over
+//! operands stored partial-major), so tiling never changes a bit; with a bias, one `f32`
 //! add of `f32(bias[j])`; with a residual, then one `f32` add of `f32(R[i, j])`; one rounding
 //! (nearest even) to the output dtype. For `f32` this is PyTorch's `h + (a @ W.T + b)`: each
 //! add rounds once, in that order.
 //!
-//! Parameters (scalars first, then buffers): `gemm_{a}{b}_{dtype}[_bias][_res]_t{TM}x{TN}` with
-//! `{a}` = `n` (row-major) or `t` (transposed), `{b}` the same or `p` ([`Layout::Panels`]):
+//! Parameters (scalars first, then buffers):
+//! `gemm_{a}{b}_{dtype}[_bias][_res][_strided{W}]_t{TM}x{TN}` with `{a}` = `n` (row-major) or
+//! `t` (transposed), `{b}` the same or `p` ([`Layout::Panels`]), `W` the partials when above 1:
 //! `(m, n, l, n_items, m_tiles, n_tiles, group: u32, [panel_len: u32,] a: dtype[m*l] read,
 //! b: dtype[n*l] read (panels: `[n_tiles, panel_len]`), [bias: dtype[n] read,] [r: dtype[m, n]
 //! read,] c: dtype[m, n] write)`, grid `n_items = m_tiles * n_tiles` with `m_tiles =
@@ -48,7 +50,7 @@ use crate::matmul4::TileConfig;
 use crate::tile::{
     accumulate_tile, load_rows, store_sums, work_tile_grouped, Factors, Row, TileFactors,
 };
-use qforge_ir::dsl::{Buf, Float, In, Out, TypedKernel, Val};
+use qforge_ir::dsl::{self, Buf, Float, In, Out, TypedKernel, Val};
 use qforge_ir::KernelBuilder;
 use qforge_ir::Result;
 use qforge_ir::{DType, Kernel};
@@ -104,15 +106,36 @@ pub struct Gemm {
     /// Whether a residual `R: [M, N]` is added last (`y = h + up(..)` of a serial adapter, or
     /// `dh = dY + dZ @ W`).
     pub residual: bool,
+    /// Partials of the sum over `l`: 1 for [`GEMM_ORDER`], or a power of two `W` from 2 to
+    /// [`MAX_PARTIALS`] for `strided W` over operands stored **partial-major**.
+    ///
+    /// With `W > 1`, `L` must be a multiple of `W` and both operands' `l` axis is stored
+    /// permuted: logical element `l` at stored position `(l % W) * (L / W) + l / W`, so each
+    /// partial's elements are one contiguous run. Each output is then `strided W` of the
+    /// logical operands (`docs/semantics.md`): partial `p` is one sequential `fma` chain from
+    /// `-0.0` over its run, the halving tree adds the partials. With `W = 16` this is the 4-bit
+    /// forward's [`crate::matmul4::K_ORDER`], so a dense product on its decoded weight gives the
+    /// fused kernel's bits (`matmul4/decoded_forward.rs`), while each partial runs the
+    /// column-lanes loop of a sequential product. Row-major and panel storage only.
+    pub partials: u32,
     /// Outputs per work item.
     pub tile: TileConfig,
 }
 
+/// The most partials of a [`Gemm`] (`strided 16`, the 4-bit forward's order).
+pub const MAX_PARTIALS: u32 = 16;
+
 impl Gemm {
-    /// The kernel name, e.g. `gemm_nn_f32_bias_t1x4`, `gemm_nt_f32_res_t2x2`.
+    /// The kernel name, e.g. `gemm_nn_f32_bias_t1x4`, `gemm_nt_f32_res_t2x2`, and with
+    /// partial-major operands `gemm_np_f32_bias_strided16_t6x16`.
     pub fn name(&self) -> String {
+        let order = if self.partials > 1 {
+            format!("_strided{}", self.partials)
+        } else {
+            String::new()
+        };
         format!(
-            "gemm_{}{}_{}{}{}_t{}x{}",
+            "gemm_{}{}_{}{}{}{order}_t{}x{}",
             self.a.letter(),
             self.b.letter(),
             self.dtype,
@@ -134,8 +157,9 @@ impl Gemm {
     /// Builds the kernel with its typed signature ([`GemmKernelArgs`] names its arguments).
     ///
     /// # Errors
-    /// [`crate::Error::Unsupported`] for a non-float dtype, an invalid tile or `A` in
-    /// [`Layout::Panels`].
+    /// [`crate::Error::Unsupported`] for a non-float dtype, an invalid tile, `A` in
+    /// [`Layout::Panels`], or partials that are not a power of two up to [`MAX_PARTIALS`]
+    /// (more than one with a transposed operand).
     pub fn build_typed(&self) -> Result<TypedKernel<GemmKernel>> {
         check_float_dtype(self.dtype)?;
         self.tile.check()?;
@@ -143,6 +167,18 @@ impl Gemm {
             return Err(qforge_ir::Error::Unsupported(format!(
                 "{}: A cannot be stored in panels (only B is)",
                 self.name()
+            )));
+        }
+        let transposed = self.a == Layout::Transposed || self.b == Layout::Transposed;
+        let partials_ok = self.partials.is_power_of_two()
+            && self.partials <= MAX_PARTIALS
+            && (self.partials == 1 || !transposed);
+        if !partials_ok {
+            return Err(qforge_ir::Error::Unsupported(format!(
+                "{}: the partials must be a power of two up to {MAX_PARTIALS}, and 1 with a \
+                 transposed operand (got {})",
+                self.name(),
+                self.partials
             )));
         }
         gemm_kernel(*self)
@@ -172,6 +208,7 @@ impl Layout {
 }
 
 /// One operand's tile rows: where each starts, and how to step along `L`.
+#[derive(Clone)]
 struct Operand {
     buf: Buf<In<Float>>,
     layout: Layout,
@@ -251,6 +288,65 @@ fn load_operand(op: &Operand, l: Val<u32>) -> Vec<Val<f32>> {
     loads
 }
 
+/// `op` read from stored position `shift` on: element `(r, l)` of the result is `(r, l + shift)`
+/// of `op` (row-major or panels; the shift folded into the row starts or the panel base, so the
+/// loads keep the form the CPU backends' column-lanes loop recognizes).
+///
+/// # Errors
+/// [`qforge_ir::Error::Unsupported`] for a transposed operand.
+fn shifted(b: &mut KernelBuilder, op: &Operand, shift: Val<u32>) -> Result<Operand> {
+    let mut out = op.clone();
+    match op.layout {
+        Layout::RowMajor => {
+            out.offsets = op.offsets.iter().map(|o| dsl::add(b, *o, shift)).collect();
+        }
+        Layout::Panels => {
+            let step = dsl::mul(b, shift, op.stride);
+            out.panel_base = op.panel_base.map(|p| dsl::add(b, p, step));
+        }
+        Layout::Transposed => {
+            return Err(qforge_ir::Error::Unsupported(
+                "a transposed operand cannot be partial-major".into(),
+            ))
+        }
+    }
+    Ok(out)
+}
+
+/// `accs = sum_l A[r, l] * B[o, l]` in `strided W` (`W = partials`) over partial-major
+/// operands ([`Gemm::partials`]): `W` sequential accumulates of `L / W` elements each, partial
+/// `p` over stored positions `p * L / W ..`, then each output's halving tree (`q[j] += q[j + w]`
+/// for `w = W / 2, .., 1`). A builder fragment in the helper calling convention.
+///
+/// # Errors
+/// A helper's error.
+fn accumulate_partial_major(
+    b: &mut KernelBuilder,
+    len: Val<u32>,
+    partials: u32,
+    accs: &[qforge_ir::dsl::Var<f32>],
+    Operands(a, w): &Operands,
+) -> Result<()> {
+    let run = dsl::shr(b, len, partials.trailing_zeros());
+    let mut sums = Vec::with_capacity(partials as usize);
+    for p in 0..partials {
+        let shift = dsl::mul(b, run, p);
+        let ops = Operands(shifted(b, a, shift)?, shifted(b, w, shift)?);
+        let part = vars::<f32>(b, accs.len(), &format!("part{p}_"))?;
+        accumulate_tile(b, run, qforge_ir::ReduceOrder::Sequential, &part, &ops)?;
+        sums.push(part);
+    }
+    for (o, acc) in accs.iter().enumerate() {
+        let mut q: Vec<Val<f32>> = sums.iter().map(|s| dsl::read(b, s[o])).collect();
+        while q.len() > 1 {
+            let half = q.len() / 2;
+            q = (0..half).map(|j| dsl::add(b, q[j], q[j + half])).collect();
+        }
+        dsl::assign(b, *acc, q[0]);
+    }
+    Ok(())
+}
+
 /// The two operands of a tile's products.
 struct Operands(Operand, Operand);
 
@@ -303,7 +399,12 @@ pub fn gemm_kernel(
     let accs = vars::<f32>(comptime!(rows.len() * outs.len()), "acc");
     let a_op = operand(a, spec.a, &rows, mv, lv);
     let b_op = operand(b, spec.b, &outs, nv, lv);
-    accumulate_tile(lv, GEMM_ORDER, &accs, &Operands(a_op, b_op));
+    let ops = Operands(a_op, b_op);
+    if spec.partials == 1 {
+        accumulate_tile(lv, GEMM_ORDER, &accs, &ops);
+    } else {
+        accumulate_partial_major(lv, spec.partials, &accs, &ops);
+    }
     store_sums(c, nv, &rows, &outs, &accs, bias, r);
 }
 
@@ -319,6 +420,7 @@ impl Gemm {
             dtype,
             bias,
             residual,
+            partials: 1,
             tile: TileConfig { tm: 2, tn: 4 },
         };
         use Layout::{Panels as P, RowMajor as N, Transposed as T};

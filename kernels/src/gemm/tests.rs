@@ -143,6 +143,7 @@ fn every_layout_dtype_and_tile_matches_the_model() {
                             dtype,
                             bias: bias_on,
                             residual: res_on,
+                            partials: 1,
                             tile: TileConfig { tm, tn },
                         };
                         let ops = (&a[..], &b[..], &bias[..], &res[..]);
@@ -154,6 +155,100 @@ fn every_layout_dtype_and_tile_matches_the_model() {
             }
         }
     }
+}
+
+/// `strided W` of the logical operands (`W = g.partials`): partial `l % W` fused in increasing
+/// `l` from `-0.0`, the halving tree, then the bias and the residual (`docs/semantics.md`).
+fn strided_model(
+    g: &Gemm,
+    (a, b, bias, res): (&[f32], &[f32], &[f32], &[f32]),
+    (m, n, l): (usize, usize, usize),
+) -> Vec<u32> {
+    let w = g.partials as usize;
+    let mut c = Vec::with_capacity(m * n);
+    for i in 0..m {
+        for j in 0..n {
+            let mut p = vec![-0.0f32; w];
+            for k in 0..l {
+                p[k % w] = a[i * l + k].mul_add(b[j * l + k], p[k % w]);
+            }
+            while p.len() > 1 {
+                let half = p.len() / 2;
+                p = (0..half).map(|q| p[q] + p[q + half]).collect();
+            }
+            let mut s = if g.bias { p[0] + bias[j] } else { p[0] };
+            if g.residual {
+                s += res[i * n + j];
+            }
+            c.push(round(g.dtype, s).to_bits());
+        }
+    }
+    c
+}
+
+/// Partial-major operands ([`Gemm::partials`]): `A` row-major and `B` row-major or in panels,
+/// each row's columns stored partial-major, give `strided W` of the logical operands at every
+/// tile, dtype, bias and residual, for `W` = 2, 4 and 16 (the 4-bit forward's), `L` = 0 (every
+/// output `-0.0`, or the bias) and `L` of one and of several elements per partial; a
+/// transposed operand and a partial count that is not a power of two up to 16 are refused.
+#[test]
+fn partial_major_operands_give_the_strided_order() {
+    let partial_major = |v: &[f32], rows: usize, l: usize, w: usize| -> Vec<f32> {
+        let mut out = vec![0.0; v.len()];
+        for r in 0..rows {
+            for c in 0..l {
+                out[r * l + (c % w) * (l / w) + c / w] = v[r * l + c];
+            }
+        }
+        out
+    };
+    for lb in [Layout::RowMajor, Layout::Panels] {
+        for dtype in [DType::F32, DType::BF16] {
+            for (w, m, n, l) in [(16, 3, 5, 48), (16, 7, 9, 16), (4, 5, 3, 12), (2, 2, 2, 0)] {
+                let (a, b, bias, res) = (
+                    data(dtype, m * l, 3),
+                    data(dtype, n * l, 5),
+                    data(dtype, n, 7),
+                    data(dtype, m * n, 9),
+                );
+                let (ap, bp) = (partial_major(&a, m, l, w), partial_major(&b, n, l, w));
+                for (bias_on, res_on) in [(false, false), (true, true)] {
+                    for (tm, tn, group) in [(1u32, 1u32, 1u32), (2, 4, 2), (3, 8, 0)] {
+                        let g = Gemm {
+                            a: Layout::RowMajor,
+                            b: lb,
+                            dtype,
+                            bias: bias_on,
+                            residual: res_on,
+                            partials: w as u32,
+                            tile: TileConfig { tm, tn },
+                        };
+                        let got = launch(&g, (&ap, &bp, &bias, &res), (m, n, l), group);
+                        let want = strided_model(&g, (&a, &b, &bias, &res), (m, n, l));
+                        assert_eq!(got, want, "{} at {m}x{n}x{l}", g.name());
+                    }
+                }
+            }
+        }
+    }
+    let refused = |a, b, partials| {
+        let g = Gemm {
+            a,
+            b,
+            dtype: DType::F32,
+            bias: false,
+            residual: false,
+            partials,
+            tile: TileConfig { tm: 1, tn: 1 },
+        };
+        g.build().is_err()
+    };
+    assert!(refused(Layout::Transposed, Layout::Panels, 16));
+    assert!(refused(Layout::RowMajor, Layout::Transposed, 2));
+    assert!(refused(Layout::RowMajor, Layout::Panels, 3));
+    assert!(refused(Layout::RowMajor, Layout::Panels, 32));
+    assert!(refused(Layout::RowMajor, Layout::Panels, 0));
+    assert!(!refused(Layout::RowMajor, Layout::Panels, 16));
 }
 
 #[test]
@@ -170,6 +265,7 @@ fn linear_layer_gradients_from_one_kernel_match_f64() {
         dtype: DType::F32,
         bias: false,
         residual: false,
+        partials: 1,
         tile,
     };
     let f = |v: u32| f32::from_bits(v) as f64;
@@ -233,6 +329,7 @@ fn bad_specs_are_refused() {
         dtype,
         bias: false,
         residual: false,
+        partials: 1,
         tile: TileConfig { tm, tn: 1 },
     };
     let e = spec_error(spec_build(&spec(P, DType::F32, 1)));

@@ -41,7 +41,7 @@ use super::panels::DX_PANEL;
 use super::{scale, weight, Direction, Matmul4, OptionalDim, TileConfig, Weights};
 use crate::funcs::round_to;
 use crate::gemm::host::{column_tile, gemm_on_panels};
-use crate::ops::{cached_typed, count_u32, DeviceCaps};
+use crate::ops::{cached_typed, DeviceCaps};
 use crate::{check_blocksize_4bit, check_float_dtype, QuantType};
 use qforge_ir::dsl::{Float, FloatOut, In, Out, TypedKernel, Val};
 use qforge_ir::{DType, Error, Result, Rounding};
@@ -50,9 +50,14 @@ use qforge_runtime::{launch_typed, Device};
 /// Rows of `dY` from which an AVX2 CPU (8 vector lanes) decodes the weight once (module docs).
 pub const DECODE_FROM_ROWS: usize = 128;
 
-/// The most bytes of decoded weight one strip holds: a weight that decodes to more runs in
-/// strips of whole panels.
-pub const STRIP_BYTES: usize = 32 << 20;
+/// The most bytes of decoded weight one strip holds (both decoded plans): a weight that decodes
+/// to more runs in strips of whole panels. A small strip is still in the cache when its GEMM
+/// reads it, and its buffer's first touch costs few page faults (about 12 ms for a fresh 32 MiB
+/// on the Zen 3 VM). There, interleaved, K = N = 4096, f32 (one process per strip size, against
+/// the fused kernel in the same runs): the input gradient at M = 128 took 49.0 ms with 32 MiB
+/// strips and 36.2 ms with 4 MiB (M = 512: 129.5 and 117.7 ms); the forward at M = 128 67.5 ms
+/// with 32 MiB, 56.9 with 8, 53.3 with 4 and 53.9 with 2 (M = 512: 143-193 ms with each).
+pub const STRIP_BYTES: usize = 4 << 20;
 
 /// One decode kernel variant (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -182,11 +187,13 @@ fn out_bases(panel: Val<u32>, per: u32, n: Val<u32>, row: Val<u32>, p: u32) -> V
     bases
 }
 
-/// The input gradient's weight in the layouts the fused kernel reads: the codes in panels
-/// ([`super::panels::pack_dx_panels`]), the absmax (or `qabsmax`) in the scale layout with
-/// the spec's chunk, the nested absmax flat.
-pub(super) struct DxWeight<'a> {
-    pub panels: &'a [u8],
+/// The 4-bit weight in the layouts a fused kernel reads: for the input gradient the codes in
+/// panels ([`super::panels::pack_dx_panels`]) and the absmax (or `qabsmax`) in the scale layout
+/// with the spec's chunk, for the forward bitsandbytes' codes and flat absmax; the nested absmax
+/// flat. `n_scales` entries of `absmax` (or `qabsmax`).
+pub(super) struct DecodeInput<'a> {
+    pub codes: &'a [u8],
+    pub n_scales: u32,
     pub absmax: Option<&'a [f32]>,
     pub qabsmax: Option<&'a [u8]>,
     pub offset: Option<f32>,
@@ -219,7 +226,7 @@ pub(super) fn decoded_plan(
 /// one), at most all `K / 32`.
 fn strip_panels(n: u32, k: u32, strip_bytes: usize) -> u32 {
     let per = strip_bytes / (n as usize * DX_PANEL as usize * 4).max(1);
-    (per as u32).clamp(1, (k / DX_PANEL).max(1))
+    per.clamp(1, (k / DX_PANEL).max(1) as usize) as u32
 }
 
 /// `dX = dY @ dequant(W)` by the decoded plan ([`decoded_plan`] gave `tile`), in strips of at
@@ -234,7 +241,7 @@ pub(super) fn run_decoded(
     spec: &Matmul4,
     (m, n, k): (u32, u32, u32),
     dy: &[u8],
-    w: &DxWeight<'_>,
+    w: &DecodeInput<'_>,
     (tile, strip_bytes): (TileConfig, usize),
 ) -> qforge_runtime::Result<Vec<u8>> {
     let chunk = match spec.direction {
@@ -260,14 +267,12 @@ pub(super) fn run_decoded(
     let kernel = cached_typed(&decode.name(), || decode.build())?;
     let (total, per) = (k / DX_PANEL, strip_panels(n, k, strip_bytes));
     let panel_nibbles = n as usize * DX_PANEL as usize;
-    let scales = n as usize * (k / chunk) as usize;
-    let n_scales = count_u32("matmul_4bit_backward_input", "the scales", scales)?;
     let mut strip = vec![0u8; per as usize * panel_nibbles * 4];
     let mut dx = Vec::new();
     for first in (0..total).step_by(per as usize) {
         let panels = per.min(total - first);
         let n_rows = panels * n;
-        let bytes = &w.panels[first as usize * panel_nibbles / 2..][..n_rows as usize * 16];
+        let bytes = &w.codes[first as usize * panel_nibbles / 2..][..n_rows as usize * 16];
         let out = &mut strip[..n_rows as usize * DX_PANEL as usize * 4];
         launch_typed(
             dev,
@@ -278,7 +283,7 @@ pub(super) fn run_decoded(
                 first_panel: first,
                 n_rows,
                 n_bytes: bytes.len() as u32,
-                n_scales,
+                n_scales: w.n_scales,
                 offset: w.offset,
                 n_nested: w.n_nested,
                 codes: bytes,
@@ -293,17 +298,31 @@ pub(super) fn run_decoded(
             },
         )?;
         let cols = panels * DX_PANEL;
-        let c = gemm_on_panels(dev, dy, out, (m, cols, n), tile)?;
+        let c = gemm_on_panels(dev, (dy, out, None), (m, cols, n), (tile, 1))?;
         if panels == total {
             return Ok(c);
         }
-        if dx.is_empty() {
-            dx = vec![0u8; m as usize * k as usize * 4];
-        }
-        let (from, len) = (first as usize * DX_PANEL as usize * 4, cols as usize * 4);
-        for (row, src) in dx.chunks_exact_mut(k as usize * 4).zip(c.chunks_exact(len)) {
-            row[from..from + len].copy_from_slice(src);
-        }
+        place_columns(&mut dx, &c, (m, k), (first * DX_PANEL, cols));
     }
     Ok(dx)
+}
+
+/// Writes the `f32` strip `c [m, cols]` as columns `first ..` of `dst [m, total]` (allocated,
+/// zeroed, when empty): a plan's strip of outputs into the whole output.
+pub(super) fn place_columns(
+    dst: &mut Vec<u8>,
+    c: &[u8],
+    (m, total): (u32, u32),
+    (first, cols): (u32, u32),
+) {
+    if dst.is_empty() {
+        *dst = vec![0u8; m as usize * total as usize * 4];
+    }
+    let (from, len) = (first as usize * 4, cols as usize * 4);
+    for (row, src) in dst
+        .chunks_exact_mut(total as usize * 4)
+        .zip(c.chunks_exact(len))
+    {
+        row[from..from + len].copy_from_slice(src);
+    }
 }

@@ -2,7 +2,8 @@
 //! `y = x @ dequant(W).T + bias` and the input gradient `dX = dY @ dequant(W)`, with the weight
 //! decoded in registers only. Exact semantics: [`crate::matmul4`].
 
-use crate::matmul4::decoded::{decoded_plan, run_decoded, DxWeight, STRIP_BYTES};
+use crate::matmul4::decoded::{decoded_plan, run_decoded, DecodeInput, STRIP_BYTES};
+use crate::matmul4::decoded_forward::{forward_plan, run_forward_decoded};
 use crate::matmul4::panels::{dx_panel_bytes, pack_dx_panels, scale_chunk, scales_of};
 use crate::matmul4::widen::{narrowed, widened, WIDEN_ROWS};
 use crate::matmul4::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
@@ -79,7 +80,10 @@ impl DeviceCaps {
 ///   75.5 ms, M = 512 285 against 305 ms (K = 11008: 787 against 827), M = 2048 1176 against
 ///   1245 ms; bf16 M = 128 78.8 against 78.9, M = 512 310 against 341 ms (6x2 was as fast
 ///   in f32 and slower in bf16 at M = 128; 3x2 and 2x2 slower). The tile shrinks (`tn`
-///   first) while there would be fewer than 4 work items per thread.
+///   first) while there would be fewer than 4 work items per thread. With AVX2, from
+///   [`super::decoded_forward::FORWARD_DECODE_FROM_ROWS`] rows on, `matmul_4bit` with
+///   `tile = None` runs the decoded plan instead (the weight decoded once, then the dense
+///   GEMM with 16 partials: 1.4-2.5x faster there, same bits).
 /// * GPU: one thread keeps 16 scalar partials per output (`K_ORDER`); `tm = min(M, 4)`, `tn = 1`, shrunk
 ///   while there would be fewer work items than half the resident threads.
 pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
@@ -276,13 +280,14 @@ impl<'a> Scales<'a> {
 /// How [`run`] computes its product.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Plan {
-    /// The op chooses: the fused kernel with the suggested tile, or the input gradient's
-    /// decoded plan where [`decoded_plan`] takes it.
+    /// The op chooses: the fused kernel with the suggested tile, or a decoded plan where
+    /// [`forward_plan`] (forward) or [`decoded_plan`] (input gradient) takes it.
     Auto,
     /// The fused kernel with this tile.
     Fused(TileConfig),
-    /// The input gradient's decoded plan with this GEMM tile and strips of at most this many
-    /// bytes (tests; it still needs `K` a multiple of 32 and 16-bit activations widened).
+    /// The decoded plan with this GEMM tile and strips of at most this many bytes (tests; it
+    /// still needs `K` a multiple of 16 (forward) or 32 (input gradient) and 16-bit activations
+    /// widened).
     #[cfg(test)]
     Decoded(TileConfig, usize),
 }
@@ -409,7 +414,42 @@ pub(crate) fn run(
         dtype: kernel_dtype,
         bytes: bias_wide.as_deref().unwrap_or(&b.data),
     });
-    let out = if forward {
+    let decoded = match plan {
+        Plan::Auto if forward => forward_plan(DeviceCaps::of(dev), (d.m, d.n, d.k)),
+        Plan::Auto => decoded_plan(DeviceCaps::of(dev), (d.m, d.n, d.k), chunk),
+        Plan::Fused(_) => None,
+        #[cfg(test)]
+        Plan::Decoded(tile, _) => Some(tile),
+    };
+    let strip = match plan {
+        #[cfg(test)]
+        Plan::Decoded(_, strip) => strip,
+        _ => STRIP_BYTES,
+    };
+    let decoded = decoded.filter(|_| kernel_dtype == DType::F32);
+    let out = if let (true, Some(gemm_tile)) = (forward, decoded) {
+        let weight = DecodeInput {
+            codes: packed,
+            n_scales: n_blocks,
+            absmax: s.absmax,
+            qabsmax: s.qabsmax,
+            offset: s.offset,
+            n_nested: s.n_nested,
+            nested_absmax: s.nested_absmax,
+            nested_code: s.nested_code,
+        };
+        let threads = threads.unwrap_or(1);
+        let dims = (d.m, d.n, d.k);
+        let operands = (act.bytes, bias.map(|b| b.bytes));
+        run_forward_decoded(
+            dev,
+            &spec,
+            dims,
+            operands,
+            &weight,
+            (gemm_tile, strip, threads),
+        )?
+    } else if forward {
         let mut out = vec![0u8; out_len];
         let kernel = cached_typed(&spec.name(), || spec.build_forward())?;
         launch_typed(
@@ -454,16 +494,10 @@ pub(crate) fn run(
         let absmax = s.absmax.map(|a| scales_of(a, n, k, bs, chunk));
         let qabsmax = s.qabsmax.map(|q| scales_of(q, n, k, bs, chunk));
         let n_scales = (n * k / chunk as usize) as u32;
-        let decoded = match plan {
-            Plan::Auto => decoded_plan(DeviceCaps::of(dev), (d.m, d.n, d.k), chunk)
-                .map(|tile| (tile, STRIP_BYTES)),
-            Plan::Fused(_) => None,
-            #[cfg(test)]
-            Plan::Decoded(tile, strip) => Some((tile, strip)),
-        };
-        if let (Some((gemm_tile, strip)), DType::F32) = (decoded, kernel_dtype) {
-            let weight = DxWeight {
-                panels: &panels,
+        if let Some(gemm_tile) = decoded {
+            let weight = DecodeInput {
+                codes: &panels,
+                n_scales,
                 absmax: absmax.as_deref(),
                 qabsmax: qabsmax.as_deref(),
                 offset: s.offset,
@@ -541,9 +575,12 @@ pub(crate) fn weight_dtype(op: &str, weight: DType, act: DType) -> Result<DType>
 
 /// `y = x @ dequant(W).T (+ bias)` for `x` of shape `[..., K]` (f32, f16 or bf16) and a weight
 /// `[N, K]` quantized by [`crate::ops::quantize_4bit`] (NF4 or FP4, any blocksize, plain or
-/// double-quantized absmax), giving `y` of shape `[..., N]` in `x`'s dtype. The weight is
-/// decoded inside the kernel only. `tile` overrides [`suggest_tile_sizes`] (results never
-/// depend on it).
+/// double-quantized absmax), giving `y` of shape `[..., N]` in `x`'s dtype. With `tile = None`
+/// the op chooses: the fused kernel with [`suggest_tile_sizes`] (the weight decoded inside the
+/// kernel only), or on an AVX2 CPU from [`super::decoded_forward::FORWARD_DECODE_FROM_ROWS`] rows
+/// on the decoded plan (`x` and the weight partial-major, the weight decoded once a strip at a
+/// time, then the dense GEMM in `K_ORDER`; same bits, `matmul4/decoded_forward.rs`); a given
+/// tile runs the fused kernel with it (results never depend on the plan or the tile).
 ///
 /// # Errors
 /// [`Error::Invalid`] naming the problem when the state is not a non-empty 2-D weight, a buffer

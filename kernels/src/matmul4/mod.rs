@@ -56,6 +56,7 @@
 pub(crate) mod catalog;
 mod chain;
 pub mod decoded;
+pub mod decoded_forward;
 pub(crate) mod host;
 pub mod panels;
 #[cfg(test)]
@@ -346,7 +347,16 @@ fn weight(w: Weights, at: Val<u32>, e: Val<u32>, scale_at: Option<Val<u32>>) -> 
     let shift = odd_flip << 2u32;
     let nibble = (byte >> shift) & 15u32;
     let c = code[nibble];
-    let absmax = match w.scale {
+    let absmax = block_absmax(w, e, scale_at);
+    c * absmax
+}
+
+/// The absmax of flat element `e`'s block (`absmax[e / blocksize]`, or the nested decode
+/// `nested_code[qabsmax] * nested_absmax[block / 256] + offset`), the absmax (or `qabsmax`) read
+/// at `scale_at` when given.
+#[qforge_macros::func]
+fn block_absmax(w: Weights, e: Val<u32>, scale_at: Option<Val<u32>>) -> Val<f32> {
+    match w.scale {
         Scale::Plain { absmax } => match scale_at {
             Some(sa) => absmax[sa],
             None => {
@@ -370,8 +380,7 @@ fn weight(w: Weights, at: Val<u32>, e: Val<u32>, scale_at: Option<Val<u32>>) -> 
             let na = nested_absmax[block >> comptime!(NESTED_BLOCKSIZE.trailing_zeros())];
             nc * na + read(offset)
         }
-    };
-    c * absmax
+    }
 }
 
 /// The factors of a matmul tile: activation rows and decoded weights.

@@ -510,3 +510,60 @@ fn the_decoded_input_gradient_gives_the_model_bits() {
         }
     }
 }
+
+/// The forward's decoded plan (`decoded_forward.rs`: `x` and the weight partial-major, the
+/// weight decoded once in strips of panels, then the dense GEMM with 16 partials) gives the
+/// plain-Rust model's bits: `K_ORDER`'s partials and tree, then the bias: NF4 and FP4, plain and
+/// nested absmax (two nested blocks: `N * K / blocksize > 256`), blocks straddling weight rows
+/// (`K = 48` with blocksize 32), a strip of one panel, of two, of three and the whole weight, a
+/// last strip and panel that are partial (`N = 40`), panels narrower than a decode work item's
+/// 4 rows, with and without a bias, and widened bf16.
+#[test]
+fn the_decoded_forward_gives_the_model_bits() {
+    use crate::matmul4::host::{run, Plan};
+    use qforge_runtime::{HostTensor, InterpreterDevice};
+    let n = 40;
+    for (quant_type, nested, blocksize, k, dtype, m, bias) in [
+        (QuantType::Nf4, false, 64, 128, DType::F32, 5, true),
+        (QuantType::Fp4, true, 32, 256, DType::F32, 3, false),
+        (QuantType::Nf4, true, 32, 48, DType::F32, 4, true),
+        (QuantType::Fp4, false, 128, 64, DType::F32, 2, false),
+        (QuantType::Nf4, true, 64, 64, DType::BF16, 65, true),
+    ] {
+        let spec = Matmul4 {
+            quant_type,
+            blocksize,
+            dtype,
+            weight_dtype: dtype,
+            nested,
+            direction: Direction::Forward { bias },
+            tile: TileConfig { tm: 1, tn: 1 },
+        };
+        let p = Problem::new(&spec, m, n, k, 7 + k as u64);
+        let want = p.model(&spec);
+        let x = HostTensor::from_f32_as(dtype, vec![m, k], &p.act).expect("x");
+        let b = HostTensor::from_f32_as(dtype, vec![n], &p.bias).expect("bias");
+        let one_panel = |tn: usize| tn * k * 4;
+        for (tile, strip) in [
+            (TileConfig { tm: 2, tn: 16 }, one_panel(16)),
+            (TileConfig { tm: 3, tn: 8 }, usize::MAX),
+            (TileConfig { tm: 1, tn: 4 }, 2 * one_panel(4)),
+            (TileConfig { tm: 2, tn: 2 }, 3 * one_panel(2)),
+        ] {
+            let plan = Plan::Decoded(tile, strip);
+            let state = p.state(&spec);
+            let y = run(
+                &InterpreterDevice,
+                &x,
+                &p.packed,
+                &state,
+                bias.then_some(&b),
+                true,
+                plan,
+            )
+            .expect("decoded plan");
+            let what = format!("{} {tile:?} strips of {strip} bytes", spec.name());
+            assert_eq!(decode(dtype, &y.data), want, "{what}");
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! The forward's weight decoded once, in the dense GEMM's panels with partial-major columns: the
+//! plan of `y = x @ dequant(W).T (+ bias)` on an AVX2 CPU from [`FORWARD_DECODE_FROM_ROWS`]
+//! rows of `x` on.
+//!
+//! The fused forward keeps [`super::K_ORDER`]'s 16 partials of every output in registers: with
+//! AVX2's 8 lanes that is two `ymm` registers per output, so its 8 x 2 tile's 16 outputs want
+//! all 16 registers for their sums alone, and LLVM keeps them on the stack (`docs/bench.md`; on
+//! Zen 3 it ran at 40-60 GFLOP/s from M = 128 on). `strided 16` is also 16 sequential sums, one
+//! per partial, each over every 16th element: stored partial-major (logical column `c` of `x`
+//! and of the weight at `(c % 16) * (K / 16) + c / 16`), each partial's elements are one
+//! contiguous run, and the library's dense GEMM with 16 partials ([`crate::Gemm::partials`])
+//! runs each partial as its sequential column-lanes loop (6 x 16 with AVX2: 12 sums in
+//! registers, no stack) and adds the partials by `K_ORDER`'s halving tree. So from
+//! [`FORWARD_DECODE_FROM_ROWS`] rows on, `x` is permuted once on the host, the weight is decoded
+//! once (this kernel, into the GEMM's panels, one strip of weight rows at a time, at most
+//! [`STRIP_BYTES`] of them at once), and the GEMM runs on each strip: the weight values are those
+//! the fused kernel decodes (`code[nibble] * absmax` with its table and its `block_absmax`,
+//! rounded to the same weight dtype), the order is `K_ORDER`, the bias is one `f32` add after the
+//! sum, so the bits are the fused kernel's.
+//!
+//! Measured on Zen 3 (2 threads, release, the fused kernel with its suggested tile against the
+//! op's choice in one process, best of 3 and 7, outputs compared bit for bit), f32, K = N = 4096:
+//! M = 128 91.5 against 64.8 ms, M = 512 298 against 158 ms (the GEMM alone 110 ms, the
+//! `gemm` crate 104 ms), M = 2048 1250 against 506 ms; (K, N) = (4096, 11008) M = 128 227
+//! against 163 ms, M = 512 951 against 392 ms; (11008, 4096) M = 512 910 against 357 ms; bf16
+//! (widened) M = 512 336 against 170 ms. The decode runs at about 1.5 ns per weight on the 2
+//! threads (12 ms for 8.4 M), so below 128 rows the fused kernel runs. With AVX-512 the plan
+//! is not taken until measured there.
+//!
+//! Kernel `dequantize_fwd_panels_{qt}[_nested]_bs{B}_w{wdtype}_p{P}_strided16`: `(k, first_row,
+//! rows, n_items, n_packed, n_blocks: u32, [offset: f32, n_nested: u32,] packed: u8[n_packed]
+//! read, absmax: f32[n_blocks] read | qabsmax: u8[n_blocks] read, nested_absmax: f32[n_nested]
+//! read, nested_code: f32[256] read, n_out: u32, out: f32[n_out] write)`, the weight in
+//! bitsandbytes' layout (as the fused forward reads it), `n_out` = `rows` rounded up to a panel,
+//! times `K`. Grid: one work item per group of `R` weight rows (`R` =
+//! [`FwdDecode::rows_per_item`], a panel holds `P / R` groups) and 16 columns, `n_items` =
+//! `rows` rounded up to a panel, divided by `R`, times `K / 16`: work item `w` decodes columns
+//! `16 g .. 16 g + 16` (`g = w % (K / 16)`) of strip rows `R (w / (K / 16)) ..` (weight rows from
+//! `first_row` on; past `rows`, the last row again) into `out` as the GEMM's `B` in panels of `P`
+//! rows ([`crate::Layout::Panels`]) with partial-major columns: column `c` of strip row `r` at
+//! `((r / P) K + (c % 16) (K / 16) + c / 16) P + r % P`.
+
+use qforge_macros::kernel;
+
+use super::decoded::{place_columns, DecodeInput, STRIP_BYTES};
+use super::{block_absmax, scale, Matmul4, OptionalDim, TileConfig, Weights, K_ORDER};
+use crate::funcs::round_to;
+use crate::gemm::host::{column_tile, fill_rows, gemm_on_panels};
+use crate::ops::{cached_typed, DeviceCaps};
+use crate::tile::last_valid;
+use crate::{check_blocksize_4bit, check_float_dtype, QuantType};
+use qforge_ir::dsl::{Float, FloatOut, In, Out, TypedKernel};
+use qforge_ir::{DType, Error, ReduceOrder, Result, Rounding};
+use qforge_runtime::{launch_typed, Device};
+
+/// Rows of `x` from which an AVX2 CPU (8 vector lanes) decodes the forward's weight once (module
+/// docs).
+pub const FORWARD_DECODE_FROM_ROWS: usize = 128;
+
+/// The partials of [`K_ORDER`] (`strided 16`), the GEMM's [`crate::Gemm::partials`].
+pub const FORWARD_PARTIALS: u32 = 16;
+
+const _: () = assert!(matches!(K_ORDER, ReduceOrder::Strided(FORWARD_PARTIALS)));
+
+/// One decode kernel variant (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FwdDecode {
+    /// NF4 or FP4.
+    pub quant_type: QuantType,
+    /// Elements per absmax block of the flattened weight.
+    pub blocksize: u32,
+    /// The dtype the decoded weight is rounded to (stored as `f32`).
+    pub weight_dtype: DType,
+    /// Whether the absmax is double-quantized.
+    pub nested: bool,
+    /// Weight rows per output panel (the GEMM tile's `TN`, a power of two up to 64).
+    pub panel: u32,
+}
+
+/// Weight rows one work item of the decode kernel decodes (fewer for narrower panels): with 8
+/// or 16 rows LLVM spilled the decoded values on Zen 3, with 2 the item's overhead grew.
+const ROWS_PER_ITEM: u32 = 4;
+
+impl FwdDecode {
+    /// Weight rows per work item: 4, or the panel width when narrower.
+    pub fn rows_per_item(&self) -> u32 {
+        self.panel.min(ROWS_PER_ITEM)
+    }
+
+    /// The kernel name, e.g. `dequantize_fwd_panels_nf4_bs64_wf32_p16_strided16`.
+    pub fn name(&self) -> String {
+        format!(
+            "dequantize_fwd_panels_{}{}_bs{}_w{}_p{}_strided{FORWARD_PARTIALS}",
+            self.quant_type,
+            if self.nested { "_nested" } else { "" },
+            self.blocksize,
+            self.weight_dtype,
+            self.panel,
+        )
+    }
+
+    /// Builds the kernel with its typed signature ([`DequantizeFwdPanelsArgs`]).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for an unsupported blocksize or weight dtype, or a panel width
+    /// that is not a power of two up to 64.
+    pub fn build(&self) -> Result<TypedKernel<DequantizeFwdPanels>> {
+        check_blocksize_4bit(self.blocksize)?;
+        check_float_dtype(self.weight_dtype)?;
+        if !self.panel.is_power_of_two() || self.panel > super::MAX_TILE {
+            return Err(Error::Unsupported(format!(
+                "{}: the panel width must be a power of two up to {}",
+                self.name(),
+                super::MAX_TILE
+            )));
+        }
+        dequantize_fwd_panels(*self)
+    }
+}
+
+/// The decode kernel (see the module docs).
+#[kernel(name = spec.name(), grid = n_items, signature = DequantizeFwdPanels)]
+pub fn dequantize_fwd_panels(
+    #[config] spec: FwdDecode,
+    k: u32,
+    first_row: u32,
+    rows: u32,
+    n_items: u32,
+    n_packed: u32,
+    n_blocks: u32,
+    #[when(spec.nested)] offset: f32,
+    #[when(spec.nested)] n_nested: u32,
+    #[shape(n_packed)] packed: In<u8>,
+    #[when(!spec.nested)]
+    #[shape(n_blocks)]
+    absmax: In<f32>,
+    #[when(spec.nested)]
+    #[shape(n_blocks)]
+    qabsmax: In<u8>,
+    #[when(spec.nested)]
+    #[shape(OptionalDim(n_nested))]
+    nested_absmax: In<f32>,
+    #[when(spec.nested)]
+    #[shape(256u32)]
+    nested_code: In<f32>,
+    n_out: u32,
+    #[shape(n_out)]
+    #[dtype(DType::F32)]
+    out: Out<Float>,
+) {
+    let w = work_item();
+    let run = k >> 4u32;
+    // The panel's groups of rows go fastest, then `g`: consecutive work items fill the same 16
+    // cache lines of `out` (one per column), each line whole before the next `g`.
+    let groups = comptime!(spec.panel / spec.rows_per_item());
+    let part = w & comptime!(groups - 1);
+    let t = w >> comptime!(groups.trailing_zeros());
+    let panel = t / run;
+    let g = t - panel * run;
+    let scale = scale(offset, absmax, qabsmax, nested_absmax, nested_code);
+    let weights = Weights {
+        packed,
+        scale,
+        code: table_f32("code", &spec.quant_type.dequant_table()),
+        blocksize: spec.blocksize,
+    };
+    let shift = comptime!(spec.panel.trailing_zeros());
+    let last = last_valid(rows);
+    let lane0 = part * comptime!(spec.rows_per_item());
+    let row0 = (panel << shift) + lane0;
+    // Column `16 g + c` of row `row0 + i` goes to `base + c * step + i`.
+    let base = ((panel * k + g) << shift) + lane0;
+    let step = run << shift;
+    // Row `i`'s 16 columns are the 8 bytes from `e0 / 2` (`e0` even: `K` is a multiple of 16),
+    // the high nibble first, and share one absmax block (`K` and the blocksize are multiples of
+    // 16): `code[nibble] * absmax`, as the fused kernel's `weight` decodes them. Rows past the
+    // strip's end read its last row; what they store is padding the GEMM never stores from.
+    // Every value is decoded before the first store (stores that might alias the weight's
+    // buffers would make LLVM load them again).
+    let code = weights.code;
+    for i in 0..spec.rows_per_item() {
+        let row = min(row0 + i, last);
+        let e0 = (first_row + row) * k + (g << 4u32);
+        let absmax = block_absmax(weights, e0, None);
+        for j in 0..8u32 {
+            let byte = packed[(e0 >> 1u32) + j];
+            let high = byte >> 4u32;
+            let low = byte & 15u32;
+            for (h, nibble) in [high, low].into_iter().enumerate() {
+                let c = code[nibble];
+                let v = round_to(c * absmax, spec.weight_dtype);
+                let at = base + step * comptime!(2 * j + h as u32) + i;
+                store_rounded(out, at, v, Rounding::NearestEven);
+            }
+        }
+    }
+}
+
+/// The GEMM tile of the forward's decoded plan for `x [m, k]` and a weight `[n, k]` on `caps`,
+/// or `None` where the fused kernel runs: fewer than [`FORWARD_DECODE_FROM_ROWS`] rows, not a
+/// CPU with 8 lanes (the LLVM backend with AVX2; module docs), or `K` not a multiple of 16.
+pub(super) fn forward_plan(caps: DeviceCaps, (m, n, k): (u32, u32, u32)) -> Option<TileConfig> {
+    let DeviceCaps::Cpu { lanes, .. } = caps else {
+        return None;
+    };
+    let fits = lanes == 8
+        && m as usize >= FORWARD_DECODE_FROM_ROWS
+        && k > 0
+        && k.is_multiple_of(FORWARD_PARTIALS);
+    let tile = column_tile(m, n.min(strip_rows(n, k, 16, STRIP_BYTES)), k, caps);
+    (fits && tile.tn.is_power_of_two()).then_some(tile)
+}
+
+/// Weight rows per strip: as many whole panels of `p` rows as `strip_bytes` of decoded `f32`
+/// hold (at least one panel), at most all `n` rounded up to a panel.
+fn strip_rows(n: u32, k: u32, p: u32, strip_bytes: usize) -> u32 {
+    let panels = strip_bytes / (k as usize * p as usize * 4).max(1);
+    let all = n.div_ceil(p).max(1);
+    panels.clamp(1, all as usize) as u32 * p
+}
+
+/// `x [m, k]` (`f32` bytes) with every row's columns partial-major: column `c` at `(c % 16) *
+/// (k / 16) + c / 16` (`k` a multiple of 16), the rows split between up to `threads` threads.
+fn partial_major(x: &[u8], k: usize, threads: usize) -> Vec<u8> {
+    let w = FORWARD_PARTIALS as usize;
+    let run = k / w;
+    let row_bytes = k * 4;
+    let mut out = vec![0u8; x.len()];
+    fill_rows(&mut out, row_bytes, threads, |first, rows| {
+        let src = &x[first * row_bytes..][..rows.len()];
+        for (dst, src) in rows
+            .chunks_exact_mut(row_bytes)
+            .zip(src.chunks_exact(row_bytes))
+        {
+            for (j, group) in src.chunks_exact(w * 4).enumerate() {
+                for (p, v) in group.chunks_exact(4).enumerate() {
+                    let at = (p * run + j) * 4;
+                    dst[at..at + 4].copy_from_slice(v);
+                }
+            }
+        }
+    });
+    out
+}
+
+/// `y = x @ dequant(W).T (+ bias)` by the forward's decoded plan ([`forward_plan`] gave
+/// `tile`), in strips of at most `strip_bytes` of decoded weight ([`STRIP_BYTES`]; at least one
+/// panel): `x` the `f32` bytes of `x [m, k]`, `w` the weight in bitsandbytes' layout (codes,
+/// flat absmax), `bias` its `f32` bytes, `spec` the fused kernel's (its quant type, blocksize,
+/// weight dtype and nesting), the host's copies on `threads` threads; returns `y [m, n]`'s `f32`
+/// bytes, the fused kernel's bits.
+///
+/// # Errors
+/// [`qforge_runtime::Error::Invalid`] for `K` not a multiple of 16 or a tile of columns that is
+/// not a power of two; any device error, or a count past `u32`.
+pub(super) fn run_forward_decoded(
+    dev: &dyn Device,
+    spec: &Matmul4,
+    (m, n, k): (u32, u32, u32),
+    (x, bias): (&[u8], Option<&[u8]>),
+    w: &DecodeInput<'_>,
+    (tile, strip_bytes, threads): (TileConfig, usize, usize),
+) -> qforge_runtime::Result<Vec<u8>> {
+    if k == 0 || !k.is_multiple_of(FORWARD_PARTIALS) || !tile.tn.is_power_of_two() {
+        return Err(qforge_runtime::Error::Invalid(format!(
+            "matmul_4bit: the decoded plan needs K a positive multiple of {FORWARD_PARTIALS} \
+             (K = {k}) and a tile of columns that is a power of two (got {})",
+            tile.tn
+        )));
+    }
+    let decode = FwdDecode {
+        quant_type: spec.quant_type,
+        blocksize: spec.blocksize,
+        weight_dtype: spec.weight_dtype,
+        nested: spec.nested,
+        panel: tile.tn,
+    };
+    let kernel = cached_typed(&decode.name(), || decode.build())?;
+    let xp = partial_major(x, k as usize, threads);
+    let run = k / FORWARD_PARTIALS;
+    let per = strip_rows(n, k, tile.tn, strip_bytes);
+    let mut strip = vec![0u8; per as usize * k as usize * 4];
+    let mut y = Vec::new();
+    for first in (0..n).step_by(per as usize) {
+        let rows = per.min(n - first);
+        let n_out = rows.next_multiple_of(tile.tn) * k;
+        let out = &mut strip[..n_out as usize * 4];
+        launch_typed(
+            dev,
+            &kernel,
+            &mut DequantizeFwdPanelsArgs {
+                k,
+                first_row: first,
+                rows,
+                n_items: rows.next_multiple_of(tile.tn) / decode.rows_per_item() * run,
+                n_packed: w.codes.len() as u32,
+                n_blocks: w.n_scales,
+                offset: w.offset,
+                n_nested: w.n_nested,
+                packed: w.codes,
+                absmax: w.absmax,
+                qabsmax: w.qabsmax,
+                nested_absmax: w.nested_absmax,
+                nested_code: w.nested_code,
+                n_out,
+                out: FloatOut {
+                    dtype: DType::F32,
+                    bytes: out,
+                },
+            },
+        )?;
+        let bias = bias.map(|b| &b[first as usize * 4..(first + rows) as usize * 4]);
+        let c = gemm_on_panels(
+            dev,
+            (&xp, out, bias),
+            (m, rows, k),
+            (tile, FORWARD_PARTIALS),
+        )?;
+        if rows == n {
+            return Ok(c);
+        }
+        place_columns(&mut y, &c, (m, n), (first, rows));
+    }
+    Ok(y)
+}
