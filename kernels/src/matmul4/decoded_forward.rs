@@ -34,10 +34,12 @@
 //! bitsandbytes' layout (as the fused forward reads it), `n_out` = `rows` rounded up to a panel,
 //! times `K`. Grid: one work item per group of `R` weight rows (`R` =
 //! [`FwdDecode::rows_per_item`], a panel holds `P / R` groups) and 16 columns, `n_items` =
-//! `rows` rounded up to a panel, divided by `R`, times `K / 16`: work item `w` decodes columns
-//! `16 g .. 16 g + 16` (`g = w % (K / 16)`) of strip rows `R (w / (K / 16)) ..` (weight rows from
-//! `first_row` on; past `rows`, the last row again) into `out` as the GEMM's `B` in panels of `P`
-//! rows ([`crate::Layout::Panels`]) with partial-major columns: column `c` of strip row `r` at
+//! `rows` rounded up to a panel, divided by `R`, times `K / 16`: work item `w` takes group
+//! `w % (P / R)` of panel `t / (K / 16)` and columns `16 g .. 16 g + 16` with `t = w / (P / R)`,
+//! `g = t % (K / 16)` (the groups fastest: consecutive items fill the same cache lines of `out`),
+//! and decodes those strip rows (weight rows from `first_row` on; past `rows`, the last row
+//! again) into `out` as the GEMM's `B` in panels of `P` rows ([`crate::Layout::Panels`]) with
+//! partial-major columns: column `c` of strip row `r` at
 //! `((r / P) K + (c % 16) (K / 16) + c / 16) P + r % P`.
 
 use qforge_macros::kernel;
@@ -175,8 +177,9 @@ pub fn dequantize_fwd_panels(
     // the high nibble first, and share one absmax block (`K` and the blocksize are multiples of
     // 16): `code[nibble] * absmax`, as the fused kernel's `weight` decodes them. Rows past the
     // strip's end read its last row; what they store is padding the GEMM never stores from.
-    // Every value is decoded before the first store (stores that might alias the weight's
-    // buffers would make LLVM load them again).
+    // Each value is stored as it is decoded, row by row: the row's bytes and absmax are loaded
+    // before its stores (LLVM cannot rule out that a store aliases them and would load them
+    // again after one), and no decoded value waits in a register.
     let code = weights.code;
     for i in 0..spec.rows_per_item() {
         let row = min(row0 + i, last);
