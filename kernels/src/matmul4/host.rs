@@ -414,20 +414,17 @@ pub(crate) fn run(
         dtype: kernel_dtype,
         bytes: bias_wide.as_deref().unwrap_or(&b.data),
     });
+    // The decoded plans' GEMM tile and strip size, where one runs (on f32 activations only).
+    let caps = DeviceCaps::of(dev);
     let decoded = match plan {
-        Plan::Auto if forward => forward_plan(DeviceCaps::of(dev), (d.m, d.n, d.k)),
-        Plan::Auto => decoded_plan(DeviceCaps::of(dev), (d.m, d.n, d.k), chunk),
+        Plan::Auto if forward => forward_plan(caps, (d.m, d.n, d.k)).map(|t| (t, STRIP_BYTES)),
+        Plan::Auto => decoded_plan(caps, (d.m, d.n, d.k), chunk).map(|t| (t, STRIP_BYTES)),
         Plan::Fused(_) => None,
         #[cfg(test)]
-        Plan::Decoded(tile, _) => Some(tile),
-    };
-    let strip = match plan {
-        #[cfg(test)]
-        Plan::Decoded(_, strip) => strip,
-        _ => STRIP_BYTES,
-    };
-    let decoded = decoded.filter(|_| kernel_dtype == DType::F32);
-    let out = if let (true, Some(gemm_tile)) = (forward, decoded) {
+        Plan::Decoded(tile, strip) => Some((tile, strip)),
+    }
+    .filter(|_| kernel_dtype == DType::F32);
+    let out = if let (true, Some((gemm_tile, strip))) = (forward, decoded) {
         let weight = DecodeInput {
             codes: packed,
             n_scales: n_blocks,
@@ -494,7 +491,7 @@ pub(crate) fn run(
         let absmax = s.absmax.map(|a| scales_of(a, n, k, bs, chunk));
         let qabsmax = s.qabsmax.map(|q| scales_of(q, n, k, bs, chunk));
         let n_scales = (n * k / chunk as usize) as u32;
-        if let Some(gemm_tile) = decoded {
+        if let Some((gemm_tile, strip)) = decoded {
             let weight = DecodeInput {
                 codes: &panels,
                 n_scales,
