@@ -517,7 +517,7 @@ fn the_decoded_input_gradient_gives_the_model_bits() {
 /// nested absmax (two nested blocks: `N * K / blocksize > 256`), blocks straddling weight rows
 /// (`K = 48` with blocksize 32), a strip of one panel, of two, of three and the whole weight, a
 /// last strip and panel that are partial (`N = 40`), panels narrower than a decode work item's
-/// 4 rows, with and without a bias, and widened bf16.
+/// 16 rows, with and without a bias, and widened bf16.
 #[test]
 fn the_decoded_forward_gives_the_model_bits() {
     use crate::matmul4::host::{run, Plan};
