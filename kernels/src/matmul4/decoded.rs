@@ -40,7 +40,7 @@ use qforge_macros::kernel;
 use super::panels::DX_PANEL;
 use super::{scale, weight, Direction, Matmul4, OptionalDim, TileConfig, Weights};
 use crate::funcs::round_to;
-use crate::gemm::host::{column_tile, gemm_on_panels};
+use crate::gemm::host::{column_tile, fill_rows, gemm_on_panels};
 use crate::ops::{cached_typed, DeviceCaps};
 use crate::{check_blocksize_4bit, check_float_dtype, QuantType};
 use qforge_ir::dsl::{Float, FloatOut, In, Out, TypedKernel, Val};
@@ -232,7 +232,8 @@ fn strip_panels(n: u32, k: u32, strip_bytes: usize) -> u32 {
 /// `dX = dY @ dequant(W)` by the decoded plan ([`decoded_plan`] gave `tile`), in strips of at
 /// most `strip_bytes` of decoded weight ([`STRIP_BYTES`]; at least one panel): `dy` the `f32`
 /// bytes of `dY [m, n]`, `spec` the fused kernel's (its quant type, blocksize, weight dtype,
-/// nesting and chunk); returns `dX [m, k]`'s `f32` bytes, the fused kernel's bits.
+/// nesting and chunk), the host's copies on `threads` threads; returns `dX [m, k]`'s `f32`
+/// bytes, the fused kernel's bits.
 ///
 /// # Errors
 /// Any device error, or a count past `u32` ([`crate::ops::count_u32`]).
@@ -242,7 +243,7 @@ pub(super) fn run_decoded(
     (m, n, k): (u32, u32, u32),
     dy: &[u8],
     w: &DecodeInput<'_>,
-    (tile, strip_bytes): (TileConfig, usize),
+    (tile, strip_bytes, threads): (TileConfig, usize, usize),
 ) -> qforge_runtime::Result<Vec<u8>> {
     let chunk = match spec.direction {
         Direction::BackwardInput { chunk } => chunk,
@@ -302,27 +303,32 @@ pub(super) fn run_decoded(
         if panels == total {
             return Ok(c);
         }
-        place_columns(&mut dx, &c, (m, k), (first * DX_PANEL, cols));
+        place_columns(&mut dx, &c, (m, k), (first * DX_PANEL, cols), threads);
     }
     Ok(dx)
 }
 
 /// Writes the `f32` strip `c [m, cols]` as columns `first ..` of `dst [m, total]` (allocated,
-/// zeroed, when empty): a plan's strip of outputs into the whole output.
+/// zeroed, when empty), its rows split between up to `threads` threads: a plan's strip of
+/// outputs into the whole output.
 pub(super) fn place_columns(
     dst: &mut Vec<u8>,
     c: &[u8],
     (m, total): (u32, u32),
     (first, cols): (u32, u32),
+    threads: usize,
 ) {
     if dst.is_empty() {
         *dst = vec![0u8; m as usize * total as usize * 4];
     }
     let (from, len) = (first as usize * 4, cols as usize * 4);
-    for (row, src) in dst
-        .chunks_exact_mut(total as usize * 4)
-        .zip(c.chunks_exact(len))
-    {
-        row[from..from + len].copy_from_slice(src);
-    }
+    let row_bytes = total as usize * 4;
+    fill_rows(dst, row_bytes, threads, |first_row, rows| {
+        for (row, src) in rows
+            .chunks_exact_mut(row_bytes)
+            .zip(c[first_row * len..].chunks_exact(len))
+        {
+            row[from..from + len].copy_from_slice(src);
+        }
+    });
 }

@@ -334,7 +334,7 @@ pub(super) fn run_forward_decoded(
         if rows == n {
             return Ok(c);
         }
-        place_columns(&mut y, &c, (m, n), (first, rows));
+        place_columns(&mut y, &c, (m, n), (first, rows), threads);
     }
     Ok(y)
 }

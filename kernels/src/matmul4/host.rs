@@ -503,7 +503,14 @@ pub(crate) fn run(
                 nested_code: s.nested_code,
             };
             let dims = (d.m, d.n, d.k);
-            let dx = run_decoded(dev, &spec, dims, act.bytes, &weight, (gemm_tile, strip))?;
+            let dx = run_decoded(
+                dev,
+                &spec,
+                dims,
+                act.bytes,
+                &weight,
+                (gemm_tile, strip, threads),
+            )?;
             return finish(dx, widen, dtype, shape);
         }
         let mut out = vec![0u8; out_len];

@@ -567,3 +567,38 @@ fn the_decoded_forward_gives_the_model_bits() {
         }
     }
 }
+
+/// A strip's outputs land in their columns of the whole output with the rows split between
+/// threads (an output past the one-thread limit, 2 and 3 threads: runs of rows that do not
+/// divide evenly), the other columns untouched.
+#[test]
+fn a_strip_lands_in_its_columns_on_every_thread_count() {
+    use crate::matmul4::decoded::place_columns;
+    let (m, total, first, cols) = (301u32, 512u32, 100u32, 128u32);
+    let strip: Vec<f32> = (0..m * cols).map(|i| i as f32 + 0.5).collect();
+    for threads in [1, 2, 3] {
+        let mut dst = vec![0u8; (m * total * 4) as usize];
+        place_columns(
+            &mut dst,
+            &bytes(DType::F32, &strip),
+            (m, total),
+            (first, cols),
+            threads,
+        );
+        let got = floats(DType::F32, &dst);
+        for r in 0..m {
+            for c in 0..total {
+                let want = if (first..first + cols).contains(&c) {
+                    (r * cols + c - first) as f32 + 0.5
+                } else {
+                    0.0
+                };
+                assert_eq!(
+                    got[(r * total + c) as usize],
+                    want,
+                    "row {r} column {c}, {threads} threads"
+                );
+            }
+        }
+    }
+}
