@@ -159,10 +159,9 @@ fn sequential(len: usize, a: impl Fn(usize) -> f32, b: impl Fn(usize) -> f32, ex
 }
 
 /// `B` goes to the CPU devices in panels: with 2 MiB or more (`PANELS_FROM_BYTES`, the row
-/// tiles fastest: `M = 67, K = 2048, N = 260`), and smaller, given row-major or with rows of 4 KiB
-/// or more (`PANELS_FROM_ROW_BYTES`, the output tiles fastest: `M = 67, K = 1100, N = 64`). In
-/// both, the `dX`'s `B` is given transposed with enough row tiles (`M = 67`: a last row tile of 3
-/// rows), and the last panel is padded. The forward and `dX` are bit for bit the pinned order,
+/// tiles fastest: `M = 67, K = 2048, N = 260`), and smaller (the output tiles fastest:
+/// `M = 67, K = 1100, N = 64`). In both, the `dX`'s `B` is given transposed with enough row tiles
+/// (`PANELS_MIN_ROW_TILES`; `M = 67`: a last row tile of 3 rows), and the last panel is padded. The forward and `dX` are bit for bit the pinned order,
 /// written here as a plain loop (the interpreter would take a minute at the first size).
 #[test]
 fn b_in_panels_is_bit_exact_on_the_cpu_devices() {

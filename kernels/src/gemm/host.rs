@@ -93,11 +93,20 @@ pub(crate) fn fill_rows(
     });
 }
 
+/// Source rows of one block of [`transpose_into`]: each column of the block reads one element
+/// of each, and rows a page or more apart share one L1 set, which holds 8 lines on Zen 3 and
+/// 12 on the AVX-512 VM. 512 x 4096 f32 on Zen 3 (release, allocation included, 1 and 2
+/// threads): 3.0 and 1.6 ms with blocks of 8 x 16, 5.7 and 3.0 ms with 16 x 16, 3.6 and 1.8
+/// with 4 x 64; 32 x 32 read row by row took 5.9 ms on one thread.
+const BLOCK_ROWS: usize = 8;
+
+/// Source columns of one block of [`transpose_into`] (one output row's contiguous run).
+const BLOCK_COLUMNS: usize = 16;
+
 /// Writes columns `cs` of the row-major `[rows, cols]` matrix of `N`-byte elements `src` as rows
 /// of `dst` (column `c` at row `c - cs.start`, `stride` elements per row, the first `rows` of
-/// them written), in blocks of 16 x 16 elements, each output row of a block written
-/// contiguously. (512 x 4096 f32, one thread, Zen 3: 2.6 ms; 5.9 ms in blocks of 32 x 32 read
-/// row by row.)
+/// them written), in blocks of [`BLOCK_ROWS`] x [`BLOCK_COLUMNS`] elements, each output row of a
+/// block written contiguously.
 fn transpose_into<const N: usize>(
     src: &[u8],
     (rows, cols): (usize, usize),
@@ -105,11 +114,10 @@ fn transpose_into<const N: usize>(
     dst: &mut [u8],
     stride: usize,
 ) {
-    const BLOCK: usize = 16;
-    for r0 in (0..rows).step_by(BLOCK) {
-        let r1 = (r0 + BLOCK).min(rows);
-        for c0 in cs.clone().step_by(BLOCK) {
-            for c in c0..(c0 + BLOCK).min(cs.end) {
+    for r0 in (0..rows).step_by(BLOCK_ROWS) {
+        let r1 = (r0 + BLOCK_ROWS).min(rows);
+        for c0 in cs.clone().step_by(BLOCK_COLUMNS) {
+            for c in c0..(c0 + BLOCK_COLUMNS).min(cs.end) {
                 let at = (c - cs.start) * stride;
                 let out = &mut dst[(at + r0) * N..(at + r1) * N];
                 for (o, r) in out.chunks_exact_mut(N).zip(r0..r1) {
@@ -417,21 +425,20 @@ pub(crate) fn gemm_on_panels(
 /// the same runs). A smaller `B` stays in the cache whole, and the output tiles go fastest.
 const PANELS_FROM_BYTES: usize = 2 << 20;
 
-/// A `B` given transposed is packed in panels only from this many row tiles on. Its packing is
-/// a copy the transposed read does not need, and each panel is read once per row tile: on the
+/// A `B` given transposed is packed in panels from this many row tiles on. Its packing is a copy
+/// the transposed read does not need, and each panel is read once per row tile: on the
 /// development VM, `B` 8 MiB (`L = 512`, `N = 4096`, given transposed), `cpu-llvm`, the
 /// transposed read against panels took 0.32-0.34 against 1.9-2.1 ms at `M = 1`, 1.2 against
 /// 2.4-2.5 at `M = 16`, 2.1-2.3 against 2.6-2.7 at `M = 32` (4 row tiles) and 4.5-5.0 against
-/// 3.3-3.6 at `M = 64` (8 row tiles).
+/// 3.3-3.6 at `M = 64` (8 row tiles). Read in place, a tile's consecutive elements of `L` are a
+/// stored row apart, and a short row (the adapter's `[L, 64]` operands: 256 bytes) wastes most
+/// of each cache line it loads: on Zen 3 (AVX2, 2 threads, release, interleaved runs) the
+/// adapter's `da = dy @ U` (`M = 512`, `L = 4096`, `U` given `[4096, 64]`) and `dU = dy^T @ a`
+/// (`M = 4096`, `L = 512`, `a` given `[512, 64]`, `A` copied row-major) took 6.7-8.9 ms
+/// together read in place, about 3.1 in panels, packing included (on the AVX-512 VM `da` gained
+/// nothing); the adapter's `dh = dz @ D + dy` (`M = 512`, `L = 64`, `D` given `[64, 4096]`,
+/// medians of 23 interleaved runs there) took 2.86 against 3.28 ms in panels.
 const PANELS_MIN_ROW_TILES: u32 = 8;
-
-/// A `B` given transposed whose stored rows are this long or longer (in bytes) is packed even
-/// when it fits the cache (from [`PANELS_MIN_ROW_TILES`] on): a tile's consecutive elements of
-/// `L` are then a page or more apart, in one L1 set, where the prefetchers stop. On the
-/// development VM, `cpu-llvm`, the adapter's `dh = dz @ D + dy` (`M = 512`, `L = 64`, `D` given
-/// `[64, 4096]`, medians of 23 interleaved runs) took 2.86 against 3.28 ms in panels, packing
-/// included; `da = dy @ U` (`U` given `[4096, 64]`, 256-byte rows) gained nothing.
-const PANELS_FROM_ROW_BYTES: usize = 4096;
 
 /// How the kernel of one product reads its operands ([`plan`]).
 struct Plan {
@@ -448,16 +455,18 @@ struct Plan {
 /// The [`Plan`] of an `[M, L] x [L, N]` product (`(m, n, l)`, `dtype`) on a device, with `A`
 /// and `B` given stored as `a` and `b`:
 /// * a GPU reads the operands as they are;
-/// * a CPU with vectors (4 lanes or more) reads `A` as stored and `B` in panels
-///   ([`Layout::Panels`]), or a `B` given transposed as it is when packing it does not pay
-///   (fewer than [`PANELS_MIN_ROW_TILES`] row tiles, or below both [`PANELS_FROM_BYTES`] and
-///   [`PANELS_FROM_ROW_BYTES`]): the
-///   tile's columns are the vector lanes, each `A` element is broadcast to them, and every
-///   output keeps its one running sum ([`crate::GEMM_ORDER`]) in a lane (the LLVM backend's
-///   `codegen/src/llvm/outer.rs`, the Cranelift backend's
-///   `codegen/src/cranelift/accumulate_columns.rs`). A transposed `A` is read in place: the
-///   backend proves its strided column in range once per tile. [`column_tile`] gives the tile;
-///   the row tiles go fastest from [`PANELS_FROM_BYTES`] of `B` on;
+/// * a CPU with vectors (4 lanes or more) reads `A` row-major and `B` in panels
+///   ([`Layout::Panels`]), or a `B` given transposed as it is below [`PANELS_MIN_ROW_TILES`]
+///   row tiles: the tile's columns are the vector lanes, each `A` element is broadcast to
+///   them, and every output keeps its one running sum ([`crate::GEMM_ORDER`]) in a lane (the
+///   LLVM backend's `codegen/src/llvm/outer.rs`, the Cranelift backend's
+///   `codegen/src/cranelift/accumulate_columns.rs`). A transposed `A` is copied: read in place,
+///   a tile's `A` elements for one step of `L` share a cache line with only the tile's rows
+///   (6 of 16 `f32`) and the next step is a stored row further, in the same L1 set when that
+///   row is 4 KiB or more (the adapter's `dU = dy^T @ a`, `A` given `[512, 4096]`, and
+///   `dD = dz^T @ h`, `A` given `[512, 64]`: on Zen 3 the adapter case's products took 13.0-14.2
+///   against 15.8-18.2 ms in one set of interleaved runs with `A` copied). [`column_tile`] gives
+///   the tile; the row tiles go fastest from [`PANELS_FROM_BYTES`] of `B` on;
 /// * a CPU without vectors (and the interpreter): both row-major, [`suggest_tile_sizes`].
 ///
 /// A `B` given row-major is copied either way; in panels rather than transposed, the adapter's
@@ -475,8 +484,7 @@ fn plan(caps: DeviceCaps, (m, n, l, dtype): (u32, u32, u32, DType), a: Layout, b
             let tile = column_tile(m, n, l, caps);
             let size = dtype.size_bytes();
             let large = n as usize * l as usize * size >= PANELS_FROM_BYTES;
-            let pays = m.div_ceil(tile.tm) >= PANELS_MIN_ROW_TILES
-                && (large || n as usize * size >= PANELS_FROM_ROW_BYTES);
+            let pays = m.div_ceil(tile.tm) >= PANELS_MIN_ROW_TILES;
             let copied = b != Layout::Transposed;
             let b = if copied || pays {
                 Layout::Panels
@@ -484,7 +492,7 @@ fn plan(caps: DeviceCaps, (m, n, l, dtype): (u32, u32, u32, DType), a: Layout, b
                 Layout::Transposed
             };
             Plan {
-                a,
+                a: Layout::RowMajor,
                 b,
                 tile,
                 rows_first: b == Layout::Panels && large,
@@ -547,28 +555,31 @@ mod tests {
     use crate::Layout;
     use qforge_ir::DType;
 
-    /// The AVX-512 CPU plan of the adapter's products (`d = 4096`, `r = 64`, `M = 512`) and of
-    /// the bias gradient, as measured in [`plan`]'s docs: `(m, n, l)`, the given layouts, then
-    /// `B`'s storage and whether the row tiles go fastest.
+    /// The CPU plan of the adapter's products (`d = 4096`, `r = 64`, `M = 512`) and of the bias
+    /// gradient, as measured in [`plan`]'s docs: `(m, n, l)`, the given layouts, then `B`'s
+    /// storage and whether the row tiles go fastest; `A` is read row-major.
     #[test]
     fn the_cpu_plan_packs_b_where_it_pays() {
         use Layout::{Panels as P, RowMajor as N, Transposed as T};
-        let caps = DeviceCaps::Cpu {
-            threads: 2,
-            lanes: 16,
-        };
-        for (what, (m, n, l), (a, b), want) in [
-            ("z = h D^T", (512, 64, 4096), (N, N), (P, false)),
-            ("y = a U^T", (512, 4096, 64), (N, N), (P, false)),
-            ("da = dy U", (512, 64, 4096), (N, T), (T, false)),
-            ("dh = dz D", (512, 4096, 64), (N, T), (P, false)),
-            ("dU = dy^T a", (4096, 64, 512), (T, T), (T, false)),
-            ("dD = dz^T h", (64, 4096, 512), (T, T), (P, true)),
-            ("db = 1^T dy", (1, 4096, 512), (N, T), (T, false)),
-            ("y = x W^T, 64 MiB", (512, 4096, 4096), (N, N), (P, true)),
-        ] {
-            let p = plan(caps, (m, n, l, DType::F32), a, b);
-            assert_eq!((p.a, p.b, p.rows_first), (a, want.0, want.1), "{what}");
+        for lanes in [8, 16] {
+            let caps = DeviceCaps::Cpu { threads: 2, lanes };
+            for (what, (m, n, l), (a, b), want) in [
+                ("z = h D^T", (512, 64, 4096), (N, N), (P, false)),
+                ("y = a U^T", (512, 4096, 64), (N, N), (P, false)),
+                ("da = dy U", (512, 64, 4096), (N, T), (P, false)),
+                ("dh = dz D", (512, 4096, 64), (N, T), (P, false)),
+                ("dU = dy^T a", (4096, 64, 512), (T, T), (P, false)),
+                ("dD = dz^T h", (64, 4096, 512), (T, T), (P, true)),
+                ("db = 1^T dy", (1, 4096, 512), (N, T), (T, false)),
+                ("y = x W^T, 64 MiB", (512, 4096, 4096), (N, N), (P, true)),
+            ] {
+                let p = plan(caps, (m, n, l, DType::F32), a, b);
+                assert_eq!(
+                    (p.a, p.b, p.rows_first),
+                    (N, want.0, want.1),
+                    "{what}, {lanes} lanes"
+                );
+            }
         }
     }
 
