@@ -23,9 +23,10 @@
 //! M = 128 91.5 against 64.8 ms, M = 512 298 against 158 ms (the GEMM alone 110 ms, the
 //! `gemm` crate 104 ms), M = 2048 1250 against 506 ms; (K, N) = (4096, 11008) M = 128 227
 //! against 163 ms, M = 512 951 against 392 ms; (11008, 4096) M = 512 910 against 357 ms; bf16
-//! (widened) M = 512 336 against 170 ms. The decode runs at about 1.5 ns per weight on the 2
-//! threads (12 ms for 8.4 M), so below 128 rows the fused kernel runs. With AVX-512 the plan
-//! is not taken until measured there.
+//! (widened) M = 512 336 against 170 ms. Since the decode writes whole cache lines (stop 61,
+//! `docs/bench.md`) it takes about 0.4-0.5 ns per weight on the 2 threads (6.4-8.5 ms for
+//! 16.8 M; 1.5 ns before), and the forward at M = 128, K = N = 4096 35-41 ms. Below 128 rows
+//! the fused kernel runs. With AVX-512 the plan is not taken until measured there.
 //!
 //! Kernel `dequantize_fwd_panels_{qt}[_nested]_bs{B}_w{wdtype}_p{P}_strided16`: `(k, first_row,
 //! rows, n_items, n_packed, n_blocks: u32, [offset: f32, n_nested: u32,] packed: u8[n_packed]
