@@ -387,8 +387,8 @@ fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
     );
 }
 
-/// From 128 rows on, the forward and the input gradient on an AVX2 `cpu-llvm` device decode the
-/// weight once and run the dense GEMM on it (`matmul4/decoded_forward.rs`: `x` and the weight
+/// From 32 rows on the forward, from 48 the input gradient, on an AVX2 `cpu-llvm` device decode
+/// the weight once and run the dense GEMM on it (48 rows here, both plans) (`matmul4/decoded_forward.rs`: `x` and the weight
 /// partial-major, 16 partials; `matmul4/decoded.rs`): the same bits as the interpreter's fused
 /// kernels, `f32` and widened `bf16` activations, plain and nested absmax, a bias, `K = 160`
 /// (10 groups of 16, 5 panels of 32, a scale chunk of 32 columns), `N = 70` (a partial last
@@ -400,7 +400,7 @@ fn many_rows_are_bit_exact_on_every_device() {
     use qforge::devices::available_devices;
     use qforge::runtime::InterpreterDevice;
     let (devices, _) = available_devices();
-    let (m, k, n) = (128usize, 160usize, 70usize);
+    let (m, k, n) = (48usize, 160usize, 70usize);
     for (dtype, nested) in [(DType::F32, false), (DType::F32, true), (DType::BF16, true)] {
         let mut s = 0x2545_f491u32;
         let mut next = || {

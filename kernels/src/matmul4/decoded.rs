@@ -16,12 +16,16 @@
 //!
 //! Measured on Zen 3 (2 threads, release, the fused kernel with its suggested tile against the
 //! op's choice, interleaved, best of 5, bits compared): f32, K = N = 4096: M = 16 11.0 against
-//! 27.2 ms and M = 64 30.6 against 35.5 ms (the decode, about 16 ms, does not pay: hence 128
-//! rows), M = 128 96 against 49 ms, M = 256 147 against 85, M = 512 290 against 152, M = 2048
+//! 27.2 ms and M = 64 30.6 against 35.5 ms (the decode then took about 16 ms and did not pay),
+//! M = 128 96 against 49 ms, M = 256 147 against 85, M = 512 290 against 152, M = 2048
 //! 1137 against 567 ms; M = 128 with (K, N) = (4096, 11008) 153 against 95 ms and (11008, 4096)
 //! 181 against 108 ms; M = 512 at those shapes 659 against 312 and 633 against 311 ms; bf16
 //! (widened) M = 128 78 against 55 ms, M = 512 318 against 145 ms. With AVX-512 the fused
 //! kernel's 32 registers hold its 8 x 32 tile; the plan is not taken there until measured.
+//! With 4 MiB strips the decode takes about 7 ms at K = N = 4096 (stop 61, best of 7 against 3
+//! in one process): M = 48 20.8 against 26.7 ms, (4096, 11008) 61.9 against 64.5,
+//! (11008, 4096) 59.2 against 64.0; at M = 32 the two were even (17.2 against 17.4, 56.1 against
+//! 48.1, 46.9 against 49.1): hence 48 rows.
 //!
 //! Kernel `dequantize_dx_panels_{qt}[_nested]_bs{B}_w{wdtype}_c{C}_p{P}`: `(n, k, first_panel,
 //! n_rows, n_bytes, n_scales: u32, [offset: f32, n_nested: u32,] codes: u8[n_bytes] read,
@@ -48,7 +52,7 @@ use qforge_ir::{DType, Error, Result, Rounding};
 use qforge_runtime::{launch_typed, Device};
 
 /// Rows of `dY` from which an AVX2 CPU (8 vector lanes) decodes the weight once (module docs).
-pub const DECODE_FROM_ROWS: usize = 128;
+pub const DECODE_FROM_ROWS: usize = 48;
 
 /// The most bytes of decoded weight one strip holds (both decoded plans): a weight that decodes
 /// to more runs in strips of whole panels. A small strip is still in the cache when its GEMM

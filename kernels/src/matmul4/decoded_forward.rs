@@ -25,8 +25,11 @@
 //! against 163 ms, M = 512 951 against 392 ms; (11008, 4096) M = 512 910 against 357 ms; bf16
 //! (widened) M = 512 336 against 170 ms. Since the decode writes whole cache lines (stop 61,
 //! `docs/bench.md`) it takes about 0.4-0.5 ns per weight on the 2 threads (6.4-8.5 ms for
-//! 16.8 M; 1.5 ns before), and the forward at M = 128, K = N = 4096 35-41 ms. Below 128 rows
-//! the fused kernel runs. With AVX-512 the plan is not taken until measured there.
+//! 16.8 M; 1.5 ns before), and the forward at M = 128, K = N = 4096 35-41 ms. It then pays
+//! from 32 rows (best of 7 against 3 in one process): M = 32, K = N = 4096 19.8 against 23.1 ms,
+//! (4096, 11008) 43.0 against 61.8, (11008, 4096) 46.7 against 70.9; at M = 16 22.2 against
+//! 17.9 and 37.5 against 26.6, so below 32 rows the fused kernel runs. With AVX-512 the plan is
+//! not taken until measured there.
 //!
 //! Kernel `dequantize_fwd_panels_{qt}[_nested]_bs{B}_w{wdtype}_p{P}_strided16`: `(k, first_row,
 //! rows, n_items, n_packed, n_blocks: u32, [offset: f32, n_nested: u32,] packed: u8[n_packed]
@@ -58,7 +61,7 @@ use qforge_runtime::{launch_typed, Device};
 
 /// Rows of `x` from which an AVX2 CPU (8 vector lanes) decodes the forward's weight once (module
 /// docs).
-pub const FORWARD_DECODE_FROM_ROWS: usize = 128;
+pub const FORWARD_DECODE_FROM_ROWS: usize = 32;
 
 /// The partials of [`K_ORDER`] (`strided 16`), the GEMM's [`crate::Gemm::partials`].
 pub const FORWARD_PARTIALS: u32 = 16;
