@@ -463,10 +463,10 @@ struct Plan {
 ///   `codegen/src/cranelift/accumulate_columns.rs`). A transposed `A` is copied: read in place,
 ///   a tile's `A` elements for one step of `L` share a cache line with only the tile's rows
 ///   (6 of 16 `f32`) and the next step is a stored row further, in the same L1 set when that
-///   row is 4 KiB or more (the adapter's `dU = dy^T @ a`, `A` given `[512, 4096]`, and
-///   `dD = dz^T @ h`, `A` given `[512, 64]`: on Zen 3 the adapter case's products took 13.0-14.2
-///   against 15.8-18.2 ms in one set of interleaved runs with `A` copied). [`column_tile`] gives
-///   the tile; the row tiles go fastest from [`PANELS_FROM_BYTES`] of `B` on;
+///   row is 4 KiB or more (the adapter's `dU = dy^T @ a`, `A` given `[512, 4096]`: on Zen 3
+///   7.5-9.3 ms read in place; `docs/adapters.md`, stop 61, for it, `dD` and `da` with `A`
+///   copied and `B` packed). [`column_tile`] gives the tile; the row tiles go fastest from
+///   [`PANELS_FROM_BYTES`] of `B` on;
 /// * a CPU without vectors (and the interpreter): both row-major, [`suggest_tile_sizes`].
 ///
 /// A `B` given row-major is copied either way; in panels rather than transposed, the adapter's
