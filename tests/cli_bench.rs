@@ -150,6 +150,43 @@ fn a_bad_llvm_lane_override_names_the_variable() {
     }
 }
 
+/// `QFORGE_PERF_MAP=1` names each kernel the `cpu-llvm` JIT loads in the process's
+/// `/tmp/perf-<pid>.map`, as `perf report` reads it.
+#[cfg(all(feature = "llvm", target_os = "linux"))]
+#[test]
+fn a_perf_map_names_the_jit_kernels() {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_qforge"))
+        .args([
+            "bench",
+            "--device",
+            "cpu-llvm",
+            "--filter",
+            "dequantize_4bit_nf4",
+        ])
+        .env("QFORGE_PERF_MAP", "1")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("qforge runs");
+    let map = std::path::PathBuf::from(format!("/tmp/perf-{}.map", child.id()));
+    let out = child.wait_with_output().expect("qforge runs");
+    let text = std::fs::read_to_string(&map).unwrap_or_default();
+    let _ = std::fs::remove_file(&map);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = text
+        .lines()
+        .find(|l| l.ends_with(" qforge:dequantize_4bit_nf4_bs64_f32"))
+        .unwrap_or_else(|| panic!("no line for the kernel in {}:\n{text}", map.display()));
+    let fields: Vec<&str> = line.split(' ').collect();
+    assert_eq!(fields.len(), 3, "{line}");
+    let start = u64::from_str_radix(fields[0], 16).expect("a hex start");
+    let size = u64::from_str_radix(fields[1], 16).expect("a hex size");
+    assert!(start > 0 && size > 0, "{line}");
+}
+
 #[test]
 fn the_train_suite_reports_gflops_and_the_fraction_of_peak() {
     // The interpreter's train cases are scaled down (seconds); `dx` keeps the input gradients.

@@ -24,6 +24,7 @@ use inkwell::OptimizationLevel;
 use super::entry::Entry;
 use super::jit_cache::{self, JitCache, KeyParts};
 use super::orc::Orc;
+use super::perf_map;
 use crate::error::{Error, Result};
 
 /// The optimization pipeline every kernel runs (part of the cache key).
@@ -204,21 +205,27 @@ impl LlvmJit {
             Some(&address) => address,
             None => {
                 let cached = inner.cache.as_ref().and_then(|c| c.get(&key));
-                let address = match cached.map(|object| inner.orc.load(&object, &symbol)) {
-                    Some(Ok(address)) => address,
+                let loaded = cached.and_then(|object| {
+                    let address = inner.orc.load(&object, &symbol).ok()?;
+                    Some((object, address))
+                });
+                let (object, address) = match loaded {
+                    Some(loaded) => loaded,
                     // No entry, or one that does not load (e.g. written by an LLVM whose
                     // objects this one cannot link): compile, and replace it.
-                    _ => {
+                    None => {
                         let object = inner.object(name, text, entry, &symbol)?;
                         if let Some(cache) = &inner.cache {
                             cache.put(&key, &object);
                         }
-                        inner
+                        let address = inner
                             .orc
                             .load(&object, &symbol)
-                            .map_err(|e| device_error(format!("kernel '{name}': {e}")))?
+                            .map_err(|e| device_error(format!("kernel '{name}': {e}")))?;
+                        (object, address)
                     }
                 };
+                perf_map::record(&object, &symbol, address, name);
                 inner.loaded.insert(symbol, address);
                 address
             }
@@ -271,5 +278,58 @@ impl Inner {
             .write_to_memory_buffer(&module, FileType::Object)
             .map_err(|e| device_error(format!("kernel '{name}': writing the object: {e}")))?;
         Ok(object.as_slice().to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object::{Object, ObjectSection};
+
+    /// An entry that calls a helper the optimizer keeps out of line and places first, so the
+    /// entry lies inside the code section, not at its start.
+    const TWO_FUNCTIONS: &str = "
+        define internal void @helper(i64* %p) noinline {
+          store volatile i64 1, i64* %p
+          ret void
+        }
+        define void @entry(i64* %a, i32 %b, i32 %c) {
+          call void @helper(i64* %a)
+          ret void
+        }";
+
+    #[test]
+    fn a_perf_map_line_covers_the_loaded_code_section() {
+        let jit = LlvmJit::new(true, false, None).expect("an LLVM JIT for the host");
+        let mut inner = jit.inner.lock().unwrap();
+        let symbol = "qforge_jit_perf_map_test";
+        let object = inner
+            .object("perf_map_test", TWO_FUNCTIONS, "entry", symbol)
+            .unwrap();
+        let address = inner.orc.load(&object, symbol).unwrap();
+        let line = perf_map::line(&object, symbol, address, "perf\nmap").unwrap();
+        let fields: Vec<&str> = line.trim_end().split(' ').collect();
+        let [start, size, name] = fields[..] else {
+            panic!("{line:?} is not `START SIZE NAME`");
+        };
+        assert_eq!(name, "qforge:perf_map", "one line, the newline replaced");
+        let (start, size) = (
+            u64::from_str_radix(start, 16).unwrap(),
+            u64::from_str_radix(size, 16).unwrap(),
+        );
+        // The range is the whole loaded code section, the entry inside it past the helper.
+        let file = object::File::parse(&*object).unwrap();
+        let text = file
+            .sections()
+            .find(|s| s.kind() == object::SectionKind::Text && s.size() > 0)
+            .unwrap();
+        assert_eq!(size, text.size());
+        assert!(start < address && address < start + size, "{line}");
+        // What lies at `start` is the section's first bytes (the helper's, no relocation).
+        let head = &text.data().unwrap()[..4];
+        // SAFETY: `start .. start + size` is the loaded code, readable while `inner` lives.
+        let loaded = unsafe { std::slice::from_raw_parts(start as *const u8, 4) };
+        assert_eq!(loaded, head);
+        assert_eq!(perf_map::line(b"not an object", symbol, address, "x"), None);
     }
 }

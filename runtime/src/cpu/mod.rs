@@ -18,6 +18,8 @@ mod libcalls;
 mod llvm_jit;
 #[cfg(feature = "llvm")]
 mod orc;
+#[cfg(feature = "llvm")]
+mod perf_map;
 mod pool;
 
 #[cfg(feature = "compiler")]
