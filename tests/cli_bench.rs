@@ -122,19 +122,26 @@ fn a_filter_matching_nothing_is_a_clear_error() {
     );
 }
 
+/// `qforge bench --device cpu-llvm` on one quick case (`dequantize_4bit_nf4`).
+#[cfg(feature = "llvm")]
+fn llvm_bench_command() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_qforge"));
+    c.args([
+        "bench",
+        "--device",
+        "cpu-llvm",
+        "--filter",
+        "dequantize_4bit_nf4",
+    ]);
+    c
+}
+
 /// A bad `QFORGE_LLVM_LANES` stops the `cpu-llvm` device with an error naming the variable.
 #[cfg(feature = "llvm")]
 #[test]
 fn a_bad_llvm_lane_override_names_the_variable() {
     for bad in ["3", "abc", "128"] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_qforge"))
-            .args([
-                "bench",
-                "--device",
-                "cpu-llvm",
-                "--filter",
-                "dequantize_4bit_nf4",
-            ])
+        let out = llvm_bench_command()
             .env("QFORGE_LLVM_LANES", bad)
             .output()
             .expect("qforge runs");
@@ -155,14 +162,7 @@ fn a_bad_llvm_lane_override_names_the_variable() {
 #[cfg(all(feature = "llvm", target_os = "linux"))]
 #[test]
 fn a_perf_map_names_the_jit_kernels() {
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_qforge"))
-        .args([
-            "bench",
-            "--device",
-            "cpu-llvm",
-            "--filter",
-            "dequantize_4bit_nf4",
-        ])
+    let child = llvm_bench_command()
         .env("QFORGE_PERF_MAP", "1")
         .stdout(std::process::Stdio::null())
         .spawn()
