@@ -12,17 +12,17 @@ use std::io::Write;
 use object::{Object, ObjectSection, ObjectSymbol};
 
 /// The environment variable that turns the map on (`1`).
-pub(super) const PERF_MAP_ENV: &str = "QFORGE_PERF_MAP";
+const PERF_MAP_ENV: &str = "QFORGE_PERF_MAP";
 
 /// Whether `QFORGE_PERF_MAP` is `1`.
-pub(super) fn enabled() -> bool {
+fn enabled() -> bool {
     std::env::var_os(PERF_MAP_ENV).is_some_and(|v| v == "1")
 }
 
 /// The code section of `symbol` in the native object `object`: the symbol's offset from the
 /// section's start and the section's size in bytes, or `None` when the object does not parse
 /// or has no such symbol in a section (also under the platform's `_` prefix).
-pub(super) fn code_range(object: &[u8], symbol: &str) -> Option<(u64, u64)> {
+fn code_range(object: &[u8], symbol: &str) -> Option<(u64, u64)> {
     let file = object::File::parse(object).ok()?;
     // The object's file symbol has the same name (LLVM names the object after its entry).
     let (sym, index) = file.symbols().find_map(|s| {
