@@ -25,7 +25,12 @@
 //! With 4 MiB strips the decode takes about 7 ms at K = N = 4096 (stop 61, best of 7 against 3
 //! in one process): M = 48 20.8 against 26.7 ms, (4096, 11008) 61.9 against 64.5,
 //! (11008, 4096) 59.2 against 64.0; at M = 32 the two were even (17.2 against 17.4, 56.1 against
-//! 48.1, 46.9 against 49.1): hence 48 rows.
+//! 48.1, 46.9 against 49.1). Since each output panel's columns decode in vector lanes (stop
+//! 63: consecutive codes, one absmax per work item) the decode takes 4.0-4.4 ms for an `f32`
+//! weight at K = N = 4096 (9.5-13.3 ms before, in the same hour) and 5.2-6.2 for a `bf16` one
+//! (17-22 ms), and the plan pays from 32 rows (f32, interleaved in one process, best of 5):
+//! M = 32, K = N = 4096 20.0 against 26.6 ms, (4096, 11008) 54.5 against 64.1, (11008, 4096)
+//! 49.8 against 68.8; at M = 16 15.1 against 12.4, so below 32 rows the fused kernel runs.
 //!
 //! Kernel `dequantize_dx_panels_{qt}[_nested]_bs{B}_w{wdtype}_c{C}_p{P}`: `(n, k, first_panel,
 //! n_rows, n_bytes, n_scales: u32, [offset: f32, n_nested: u32,] codes: u8[n_bytes] read,
@@ -42,7 +47,9 @@
 use qforge_macros::kernel;
 
 use super::panels::DX_PANEL;
-use super::{scale, weight, Direction, Matmul4, OptionalDim, TileConfig, Weights};
+use super::{
+    block_absmax, nibble_code, scale, Direction, Matmul4, OptionalDim, TileConfig, Weights,
+};
 use crate::funcs::round_to;
 use crate::gemm::host::{column_tile, fill_rows, gemm_on_panels};
 use crate::ops::{cached_typed, DeviceCaps};
@@ -52,7 +59,7 @@ use qforge_ir::{DType, Error, Result, Rounding};
 use qforge_runtime::{launch_typed, Device};
 
 /// Rows of `dY` from which an AVX2 CPU (8 vector lanes) decodes the weight once (module docs).
-pub const DECODE_FROM_ROWS: usize = 48;
+pub const DECODE_FROM_ROWS: usize = 32;
 
 /// The most bytes of decoded weight one strip holds (both decoded plans): a weight that decodes
 /// to more runs in strips of whole panels. A small strip is still in the cache when its GEMM
@@ -165,10 +172,16 @@ pub fn dequantize_dx_panels(
     let per = comptime!(DX_PANEL / spec.panel);
     let bases = out_bases(panel, per, nv, row, spec.panel);
     let nib0 = w << comptime!(DX_PANEL.trailing_zeros());
+    // The 32 columns share one absmax block (`e0` is a multiple of 32, and so is every
+    // blocksize), and each output panel's columns are consecutive codes and consecutive outputs:
+    // `code[nibble] * absmax`, as the fused kernel's `weight` decodes them, one lane per column
+    // (a vector load of the codes, their lookup fused with it on the LLVM backend).
+    let absmax = block_absmax(weights, e0, Some(scale_at));
+    let (zero, lanes) = (val(0u32), val(spec.panel));
     for (j, base) in bases.into_iter().enumerate() {
-        for i in 0..spec.panel {
-            let c = comptime!(j as u32 * spec.panel + i);
-            let v = weight(weights, nib0 + c, e0 + c, Some(scale_at));
+        let nib = nib0 + comptime!(j as u32 * spec.panel);
+        for i in zero..lanes {
+            let v = nibble_code(weights, nib + i) * absmax;
             let v = round_to(v, spec.weight_dtype);
             store_rounded(out, base + i, v, Rounding::NearestEven);
         }

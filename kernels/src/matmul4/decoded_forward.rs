@@ -29,32 +29,37 @@
 //! from 32 rows (best of 7 against 3 in one process): M = 32, K = N = 4096 19.8 against 23.1 ms,
 //! (4096, 11008) 43.0 against 61.8, (11008, 4096) 46.7 against 70.9; at M = 16 22.2 against
 //! 17.9 and 37.5 against 26.6, so below 32 rows the fused kernel runs. With AVX-512 the plan is
-//! not taken until measured there.
+//! not taken until measured there. Since the decode runs one vector lane per weight row, on
+//! codes and absmax the host interleaves strip by strip (stop 63, `interleave.rs`; 1.2-1.9 ms
+//! of copying at K = N = 4096), the forward took, in one process alternating with the row by
+//! row decode (best and median of 5, same bits): M = 128 f32 42.3 / 52.1 against 45.5 / 57.4
+//! ms, bf16 46.0 / 48.3 against 56.5 / 57.1; M = 512 f32 150.0 / 150.9 against 148.7 / 150.0
+//! (even), bf16 163.4 / 191.6 against 175.7 / 203.2. Still below 32 rows the fused kernel wins
+//! (M = 16 f32: 16.0 against 18.9 ms).
 //!
-//! Kernel `dequantize_fwd_panels_{qt}[_nested]_bs{B}_w{wdtype}_p{P}_strided16`: `(k, first_row,
-//! rows, n_items, n_packed, n_blocks: u32, [offset: f32, n_nested: u32,] packed: u8[n_packed]
-//! read, absmax: f32[n_blocks] read | qabsmax: u8[n_blocks] read, nested_absmax: f32[n_nested]
-//! read, nested_code: f32[256] read, n_out: u32, out: f32[n_out] write)`, the weight in
-//! bitsandbytes' layout (as the fused forward reads it), `n_out` = `rows` rounded up to a panel,
-//! times `K`. Grid: one work item per group of `R` weight rows (`R` =
-//! [`FwdDecode::rows_per_item`], a panel holds `P / R` groups) and 16 columns, `n_items` =
-//! `rows` rounded up to a panel, divided by `R`, times `K / 16`: work item `w` takes group
-//! `w % (P / R)` of panel `t / (K / 16)` and columns `16 g .. 16 g + 16` with `t = w / (P / R)`,
-//! `g = t % (K / 16)` (the groups fastest: consecutive items fill the same cache lines of `out`),
-//! and decodes those strip rows (weight rows from `first_row` on; past `rows`, the last row
-//! again) into `out` as the GEMM's `B` in panels of `P` rows ([`crate::Layout::Panels`]) with
-//! partial-major columns: column `c` of strip row `r` at
+//! Kernel `dequantize_fwd_panels_{qt}_s{S}_w{wdtype}_p{P}_interleaved{R}_strided16`: `(k,
+//! n_items, n_packed, n_scales: u32, packed: u8[n_packed] read, absmax: f32[n_scales] read,
+//! n_out: u32, out: f32[n_out] write)`, one strip's weight rows with their rows interleaved in
+//! groups of `R` ([`FwdDecode::rows_per_item`]; `interleave.rs`: byte `b` of the group's row
+//! `i` at `(group (K / 2) + b) R + i`, the absmax of its columns `s S ..` at `(group (K / S) +
+//! s) R + i`, a nested absmax decoded by the host as the fused kernel decodes it), `n_out` the
+//! strip's rows (a whole number of panels) times `K`. Grid: one work item per group and 16
+//! columns, `n_items` = groups times `K / 16`: work item `w` takes group `w % (P / R)` of panel
+//! `t / (K / 16)` and columns `16 g .. 16 g + 16` with `t = w / (P / R)`, `g = t % (K / 16)`
+//! (the groups fastest: consecutive items fill the same cache lines of `out`), and decodes them
+//! with one vector lane per row into `out` as the GEMM's `B` in panels of `P` rows
+//! ([`crate::Layout::Panels`]) with partial-major columns: column `c` of strip row `r` at
 //! `((r / P) K + (c % 16) (K / 16) + c / 16) P + r % P`.
 
 use qforge_macros::kernel;
 
 use super::decoded::{place_columns, DecodeInput, STRIP_BYTES};
-use super::{block_absmax, scale, Matmul4, OptionalDim, TileConfig, Weights, K_ORDER};
+use super::interleave::{self, Interleaved};
+use super::{Matmul4, TileConfig, K_ORDER};
 use crate::funcs::round_to;
 use crate::gemm::host::{column_tile, fill_rows, gemm_on_panels};
 use crate::ops::{cached_typed, DeviceCaps};
-use crate::tile::last_valid;
-use crate::{check_blocksize_4bit, check_float_dtype, QuantType};
+use crate::{check_float_dtype, QuantType};
 use qforge_ir::dsl::{Float, FloatOut, In, Out, TypedKernel};
 use qforge_ir::{DType, Error, ReduceOrder, Result, Rounding};
 use qforge_runtime::{launch_typed, Device};
@@ -73,46 +78,51 @@ const _: () = assert!(matches!(K_ORDER, ReduceOrder::Strided(FORWARD_PARTIALS)))
 pub struct FwdDecode {
     /// NF4 or FP4.
     pub quant_type: QuantType,
-    /// Elements per absmax block of the flattened weight.
-    pub blocksize: u32,
+    /// Columns per interleaved absmax ([`interleave::scale_cols`]: the blocksize, or 16 where
+    /// blocks straddle weight rows), a power of two from 16.
+    pub scale_cols: u32,
     /// The dtype the decoded weight is rounded to (stored as `f32`).
     pub weight_dtype: DType,
-    /// Whether the absmax is double-quantized.
-    pub nested: bool,
     /// Weight rows per output panel (the GEMM tile's `TN`, a power of two up to 64).
     pub panel: u32,
 }
 
 /// Weight rows one work item of the decode kernel decodes (fewer for narrower panels): a panel
-/// of 16 rows fills a cache line of each of its columns in one visit.
+/// of 16 rows fills a cache line of each of its columns in one visit, and two `ymm` vectors.
 const ROWS_PER_ITEM: u32 = 16;
 
 impl FwdDecode {
-    /// Weight rows per work item: 16, or the panel width when narrower.
+    /// Weight rows per work item, the interleaved groups' rows: 16, or the panel width when
+    /// narrower.
     pub fn rows_per_item(&self) -> u32 {
         self.panel.min(ROWS_PER_ITEM)
     }
 
-    /// The kernel name, e.g. `dequantize_fwd_panels_nf4_bs64_wf32_p16_strided16`.
+    /// The kernel name, e.g. `dequantize_fwd_panels_nf4_s64_wf32_p16_interleaved16_strided16`.
     pub fn name(&self) -> String {
         format!(
-            "dequantize_fwd_panels_{}{}_bs{}_w{}_p{}_strided{FORWARD_PARTIALS}",
+            "dequantize_fwd_panels_{}_s{}_w{}_p{}_interleaved{}_strided{FORWARD_PARTIALS}",
             self.quant_type,
-            if self.nested { "_nested" } else { "" },
-            self.blocksize,
+            self.scale_cols,
             self.weight_dtype,
             self.panel,
+            self.rows_per_item(),
         )
     }
 
     /// Builds the kernel with its typed signature ([`DequantizeFwdPanelsArgs`]).
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for an unsupported blocksize or weight dtype, or a panel width
-    /// that is not a power of two up to 64.
+    /// [`Error::Unsupported`] for an unsupported weight dtype, columns per absmax that are not
+    /// a power of two from 16, or a panel width that is not a power of two up to 64.
     pub fn build(&self) -> Result<TypedKernel<DequantizeFwdPanels>> {
-        check_blocksize_4bit(self.blocksize)?;
         check_float_dtype(self.weight_dtype)?;
+        if !self.scale_cols.is_power_of_two() || self.scale_cols < 16 {
+            return Err(Error::Unsupported(format!(
+                "{}: the columns per absmax must be a power of two from 16",
+                self.name()
+            )));
+        }
         if !self.panel.is_power_of_two() || self.panel > super::MAX_TILE {
             return Err(Error::Unsupported(format!(
                 "{}: the panel width must be a power of two up to {}",
@@ -129,26 +139,11 @@ impl FwdDecode {
 pub fn dequantize_fwd_panels(
     #[config] spec: FwdDecode,
     k: u32,
-    first_row: u32,
-    rows: u32,
     n_items: u32,
     n_packed: u32,
-    n_blocks: u32,
-    #[when(spec.nested)] offset: f32,
-    #[when(spec.nested)] n_nested: u32,
+    n_scales: u32,
     #[shape(n_packed)] packed: In<u8>,
-    #[when(!spec.nested)]
-    #[shape(n_blocks)]
-    absmax: In<f32>,
-    #[when(spec.nested)]
-    #[shape(n_blocks)]
-    qabsmax: In<u8>,
-    #[when(spec.nested)]
-    #[shape(OptionalDim(n_nested))]
-    nested_absmax: In<f32>,
-    #[when(spec.nested)]
-    #[shape(256u32)]
-    nested_code: In<f32>,
+    #[shape(n_scales)] absmax: In<f32>,
     n_out: u32,
     #[shape(n_out)]
     #[dtype(DType::F32)]
@@ -158,59 +153,43 @@ pub fn dequantize_fwd_panels(
     let run = k >> 4u32;
     // The panel's groups of rows go fastest, then `g`: consecutive work items fill the same 16
     // cache lines of `out` (one per column), each line whole before the next `g`.
-    let groups = comptime!(spec.panel / spec.rows_per_item());
+    let r = comptime!(spec.rows_per_item());
+    let groups = comptime!(spec.panel / r);
     let part = w & comptime!(groups - 1);
     let t = w >> comptime!(groups.trailing_zeros());
     let panel = t / run;
     let g = t - panel * run;
-    let scale = scale(offset, absmax, qabsmax, nested_absmax, nested_code);
-    let weights = Weights {
-        packed,
-        scale,
-        code: table_f32("code", &spec.quant_type.dequant_table()),
-        blocksize: spec.blocksize,
-    };
+    let code = table_f32("code", &spec.quant_type.dequant_table());
     let shift = comptime!(spec.panel.trailing_zeros());
-    let last = last_valid(rows);
-    let lane0 = part * comptime!(spec.rows_per_item());
-    let row0 = (panel << shift) + lane0;
-    // Column `16 g + c` of row `row0 + i` goes to `base + c * step + i`.
+    let lane0 = part * r;
+    // The item's group of `r` rows in the interleaved weight (`interleave.rs`).
+    let group = panel * groups + part;
+    // Column `16 g + c` of the group's row `i` goes to `base + c * step + i`.
     let base = ((panel * k + g) << shift) + lane0;
     let step = run << shift;
-    // Row `i`'s 16 columns are the 8 bytes from `e0 / 2` (`e0` even: `K` is a multiple of 16),
-    // the high nibble first, and share one absmax block (`K` and the blocksize are multiples of
-    // 16): `code[nibble] * absmax`, as the fused kernel's `weight` decodes them. Rows past the
-    // strip's end read its last row; what they store is padding the GEMM never stores from.
-    // Byte `j` of every row is decoded before byte `j + 1`: its two columns are two cache lines
-    // of `out` (`P` consecutive floats each), written whole in one visit. Row by row, as before,
-    // an item wrote to 16 lines `K * 4` bytes apart, which share one set of Zen 3's 8-way L1,
-    // so each line left the cache between an item's visits (the decode took 3.5x as long).
-    let code = weights.code;
-    #[comptime]
-    let mut at_row = Vec::new();
-    #[comptime]
-    let mut absmaxes = Vec::new();
-    for i in 0..spec.rows_per_item() {
-        let row = min(row0 + i, last);
-        let e0 = (first_row + row) * k + (g << 4u32);
-        let at_byte = e0 >> 1u32;
-        let absmax = block_absmax(weights, e0, None);
-        at_row.push(at_byte);
-        absmaxes.push(absmax);
-    }
+    // The group's 16 columns are its bytes `8 g ..= 8 g + 7`, the high nibble first, and share
+    // one absmax per row (`K` and the columns per absmax are multiples of 16): `code[nibble] *
+    // absmax`, as the fused kernel's `weight` decodes them, one lane per row. Rows past the
+    // weight's end repeat its last row; what they store is padding the GEMM never stores from.
+    // Each of the 16 columns is one cache line of `out` (`P` consecutive floats), written whole
+    // in one visit: row by row, an item wrote to 16 lines `K * 4` bytes apart, which share one
+    // set of Zen 3's 8-way L1, so each line left the cache between an item's visits.
+    let scale_shift = comptime!(spec.scale_cols.trailing_zeros());
+    let runs = k >> scale_shift;
+    let at_absmax = (group * runs + ((g << 4u32) >> scale_shift)) * r;
+    let zero = val(0u32);
+    let lanes = val(r);
     for j in 0..8u32 {
-        for (i, (&at_byte, &absmax)) in at_row.iter().zip(&absmaxes).enumerate() {
-            let i = comptime!(i as u32);
-            let byte = packed[at_byte + j];
-            let high = byte >> 4u32;
-            let low = byte & 15u32;
-            let c_hi = code[high];
-            let v = round_to(c_hi * absmax, spec.weight_dtype);
-            let at = base + step * (j << 1u32) + i;
-            store_rounded(out, at, v, Rounding::NearestEven);
-            let c_lo = code[low];
-            let v = round_to(c_lo * absmax, spec.weight_dtype);
-            store_rounded(out, at + step, v, Rounding::NearestEven);
+        let at_byte = (group * (k >> 1u32) + (g << 3u32) + j) * r;
+        for half in 0..2u32 {
+            let at = base + step * comptime!(2 * j + half);
+            for i in zero..lanes {
+                let absmax = absmax[at_absmax + i];
+                let byte = packed[at_byte + i];
+                let nibble = (byte >> comptime!(4 - 4 * half)) & 15u32;
+                let v = round_to(code[nibble] * absmax, spec.weight_dtype);
+                store_rounded(out, at + i, v, Rounding::NearestEven);
+            }
         }
     }
 }
@@ -289,12 +268,13 @@ pub(super) fn run_forward_decoded(
     }
     let decode = FwdDecode {
         quant_type: spec.quant_type,
-        blocksize: spec.blocksize,
+        scale_cols: interleave::scale_cols(k, spec.blocksize),
         weight_dtype: spec.weight_dtype,
-        nested: spec.nested,
         panel: tile.tn,
     };
     let kernel = cached_typed(&decode.name(), || decode.build())?;
+    let r = decode.rows_per_item();
+    let mut weight = Interleaved::default();
     let xp = partial_major(x, k as usize, threads);
     let run = k / FORWARD_PARTIALS;
     let per = strip_rows(n, k, tile.tn, strip_bytes);
@@ -304,23 +284,23 @@ pub(super) fn run_forward_decoded(
         let rows = per.min(n - first);
         let n_out = rows.next_multiple_of(tile.tn) * k;
         let out = &mut strip[..n_out as usize * 4];
+        weight.fill(
+            w,
+            (n, k),
+            (first, rows.next_multiple_of(tile.tn)),
+            (spec.blocksize, decode.scale_cols, r),
+        )?;
+        let (codes, absmax) = (&weight.codes, &weight.absmax);
         launch_typed(
             dev,
             &kernel,
             &mut DequantizeFwdPanelsArgs {
                 k,
-                first_row: first,
-                rows,
-                n_items: rows.next_multiple_of(tile.tn) / decode.rows_per_item() * run,
-                n_packed: w.codes.len() as u32,
-                n_blocks: w.n_scales,
-                offset: w.offset,
-                n_nested: w.n_nested,
-                packed: w.codes,
-                absmax: w.absmax,
-                qabsmax: w.qabsmax,
-                nested_absmax: w.nested_absmax,
-                nested_code: w.nested_code,
+                n_items: rows.next_multiple_of(tile.tn) / r * run,
+                n_packed: codes.len() as u32,
+                n_scales: absmax.len() as u32,
+                packed: codes,
+                absmax,
                 n_out,
                 out: FloatOut {
                     dtype: DType::F32,

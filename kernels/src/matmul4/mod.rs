@@ -58,6 +58,7 @@ mod chain;
 pub mod decoded;
 pub mod decoded_forward;
 pub(crate) mod host;
+mod interleave;
 pub mod panels;
 #[cfg(test)]
 mod reference;
@@ -338,6 +339,14 @@ struct Weights {
 /// gradient's scale layout; the nested absmax stays flat).
 #[qforge_macros::func]
 fn weight(w: Weights, at: Val<u32>, e: Val<u32>, scale_at: Option<Val<u32>>) -> Val<f32> {
+    let c = nibble_code(w, at);
+    let absmax = block_absmax(w, e, scale_at);
+    c * absmax
+}
+
+/// `code[nibble]` for nibble `at` of `packed` (two per byte, the even one in the high half).
+#[qforge_macros::func]
+fn nibble_code(w: Weights, at: Val<u32>) -> Val<f32> {
     let packed = w.packed;
     let code = w.code;
     let one = val(1u32);
@@ -346,9 +355,7 @@ fn weight(w: Weights, at: Val<u32>, e: Val<u32>, scale_at: Option<Val<u32>>) -> 
     let odd_flip = (at & one) ^ one;
     let shift = odd_flip << 2u32;
     let nibble = (byte >> shift) & 15u32;
-    let c = code[nibble];
-    let absmax = block_absmax(w, e, scale_at);
-    c * absmax
+    code[nibble]
 }
 
 /// The absmax of flat element `e`'s block (`absmax[e / blocksize]`, or the nested decode

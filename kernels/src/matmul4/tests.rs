@@ -517,7 +517,8 @@ fn the_decoded_input_gradient_gives_the_model_bits() {
 /// nested absmax (two nested blocks: `N * K / blocksize > 256`), blocks straddling weight rows
 /// (`K = 48` with blocksize 32), a strip of one panel, of two, of three and the whole weight, a
 /// last strip and panel that are partial (`N = 40`), panels narrower than a decode work item's
-/// 16 rows, with and without a bias, and widened bf16.
+/// 16 rows and of two items (the last one all padding), with and without a bias, and widened
+/// bf16.
 #[test]
 fn the_decoded_forward_gives_the_model_bits() {
     use crate::matmul4::host::{run, Plan};
@@ -549,6 +550,7 @@ fn the_decoded_forward_gives_the_model_bits() {
             (TileConfig { tm: 3, tn: 8 }, usize::MAX),
             (TileConfig { tm: 1, tn: 4 }, 2 * one_panel(4)),
             (TileConfig { tm: 2, tn: 2 }, 3 * one_panel(2)),
+            (TileConfig { tm: 1, tn: 32 }, one_panel(32)),
         ] {
             let plan = Plan::Decoded(tile, strip);
             let state = p.state(&spec);
