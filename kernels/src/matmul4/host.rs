@@ -356,10 +356,26 @@ pub(crate) fn run(
         DeviceCaps::Cpu { threads, .. } => Some(threads as usize),
         DeviceCaps::Gpu { .. } => None,
     };
-    // On a CPU, 16-bit activations are widened once (`widen.rs`): the f32 kernel runs and its
-    // output is rounded to the activation dtype, the same bits as the 16-bit kernel.
+    // The input gradient's scale layout has the largest chunk that K allows (`panels.rs`).
+    let chunk = scale_chunk(d.k as usize, bs);
+    // The decoded plans' GEMM tile and strip size, where one runs (on f32 activations only).
+    let caps = DeviceCaps::of(dev);
+    let decoded = match plan {
+        Plan::Auto if forward => forward_plan(caps, (d.m, d.n, d.k)).map(|t| (t, STRIP_BYTES)),
+        Plan::Auto => decoded_plan(caps, (d.m, d.n, d.k), chunk).map(|t| (t, STRIP_BYTES)),
+        Plan::Fused(_) => None,
+        #[cfg(test)]
+        Plan::Decoded(tile, strip) => Some((tile, strip)),
+    };
+    // On a CPU, 16-bit activations are widened once (`widen.rs`) from `WIDEN_ROWS` rows on, or
+    // where a decoded plan runs: the f32 kernel runs and its output is rounded to the activation
+    // dtype, the same bits as the 16-bit kernel. On Zen 3 (2 threads, bf16, one process
+    // alternating, best of 5) a decoded plan from 32 rows beat the 16-bit fused kernel: M = 32,
+    // K = N = 4096 forward 22.5 against 28.0 ms, input gradient 21.7 against 31.1; M = 48 24.0
+    // against 41.3 and 21.2 against 40.4; M = 32, (K, N) = (11008, 4096) 47.4 against 58.7 and
+    // 58.2 against 76.5, (4096, 11008) 80.9 against 91.4 and 59.3 against 93.1.
     let widen = match threads {
-        Some(t) if dtype.size_bytes() == 2 && d.m >= WIDEN_ROWS => Some(t),
+        Some(t) if dtype.size_bytes() == 2 && (d.m >= WIDEN_ROWS || decoded.is_some()) => Some(t),
         _ => None,
     };
     let (act_wide, bias_wide) = match widen {
@@ -372,8 +388,6 @@ pub(crate) fn run(
     let kernel_dtype = if widen.is_some() { DType::F32 } else { dtype };
     let elems = d.n * d.k;
     let (n_packed, n_blocks) = (elems.div_ceil(2), elems.div_ceil(bs));
-    // The input gradient's scale layout has the largest chunk that K allows (`panels.rs`).
-    let chunk = scale_chunk(d.k as usize, bs);
     let direction = if forward {
         Direction::Forward {
             bias: bias.is_some(),
@@ -414,16 +428,7 @@ pub(crate) fn run(
         dtype: kernel_dtype,
         bytes: bias_wide.as_deref().unwrap_or(&b.data),
     });
-    // The decoded plans' GEMM tile and strip size, where one runs (on f32 activations only).
-    let caps = DeviceCaps::of(dev);
-    let decoded = match plan {
-        Plan::Auto if forward => forward_plan(caps, (d.m, d.n, d.k)).map(|t| (t, STRIP_BYTES)),
-        Plan::Auto => decoded_plan(caps, (d.m, d.n, d.k), chunk).map(|t| (t, STRIP_BYTES)),
-        Plan::Fused(_) => None,
-        #[cfg(test)]
-        Plan::Decoded(tile, strip) => Some((tile, strip)),
-    }
-    .filter(|_| kernel_dtype == DType::F32);
+    let decoded = decoded.filter(|_| kernel_dtype == DType::F32);
     let out = if let (true, Some((gemm_tile, strip))) = (forward, decoded) {
         let weight = DecodeInput {
             codes: packed,

@@ -21,7 +21,8 @@ use qforge_ir::DType;
 /// AVX-512 development machine, bf16, NF4, one run window (16-bit kernel against widened):
 /// forward K = N = 4096 M = 16 3.29 against 3.85 ms, M = 128 24.0 against 21.4 ms, M = 512
 /// 94.7 against 84.9 ms; M = 2048, N = 11008 1037 against 917 ms; input gradient M = 512 108.6
-/// against 100.7 ms.
+/// against 100.7 ms. Where a decoded plan runs (AVX2, from 32 rows) the op widens below this
+/// too (`host.rs`).
 pub(crate) const WIDEN_ROWS: u32 = 64;
 
 /// Elements per thread below which a pass runs on one thread.
