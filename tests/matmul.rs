@@ -388,14 +388,15 @@ fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
 }
 
 /// From 32 rows on (the forward and the input gradient), on an AVX2 `cpu-llvm` device decode
-/// the weight once and run the dense GEMM on it (48 rows here, both plans) (`matmul4/decoded_forward.rs`: `x` and the weight
-/// partial-major, 16 partials; `matmul4/decoded.rs`): the same bits as the interpreter's fused
-/// kernels, `f32` and widened `bf16` activations, plain and nested absmax, a bias, `K = 160`
-/// (10 groups of 16, 5 panels of 32, a scale chunk of 32 columns, absmax blocks of 64 straddling
-/// weight rows) and `K = 192` (blocks within rows: the forward decode's interleaved absmax per
-/// block rather than per 16 columns), `N = 70` (a partial last panel). The values are finite (an edge value's infinity or NaN in a row would make the whole
-/// output row NaN and hide the rest). On other devices (AVX-512, Cranelift) the fused kernels
-/// run, checked the same way.
+/// the weight once and run the dense GEMM on it (48 rows here, both plans;
+/// `matmul4/decoded_forward.rs`: `x` and the weight partial-major, 16 partials;
+/// `matmul4/decoded.rs`): the same bits as the interpreter's fused kernels, `f32` and widened
+/// `bf16` activations, plain and nested absmax, a bias, `K = 160` (10 groups of 16, 5 panels of
+/// 32, a scale chunk of 32 columns, absmax blocks of 64 straddling weight rows) and `K = 192`
+/// (blocks within rows: the forward decode's interleaved absmax per block rather than per 16
+/// columns), `N = 70` (a partial last panel). The values are finite (an edge value's infinity
+/// or NaN in a row would make the whole output row NaN and hide the rest). On other devices
+/// (AVX-512, Cranelift) the fused kernels run, checked the same way.
 #[test]
 fn many_rows_are_bit_exact_on_every_device() {
     use qforge::devices::available_devices;

@@ -25,9 +25,9 @@ pub(super) fn scale_cols(k: u32, blocksize: u32) -> u32 {
 }
 
 /// One strip of a 4-bit weight's rows in groups of `r` rows, each group's codes and absmax with
-/// the rows fastest ([`Interleaved::fill`]). The buffers are the caller's, refilled strip after strip: a fresh
-/// 8 MiB buffer per call cost about 6 ms of first-touch page faults on the development VM, more
-/// than the copy (1.2-1.9 ms).
+/// the rows fastest ([`Interleaved::fill`]). The buffers are refilled strip after strip: a
+/// fresh 8 MiB buffer per call cost about 6 ms of first-touch page faults on the development
+/// VM, more than the copy (1.2-1.9 ms).
 #[derive(Default)]
 pub(super) struct Interleaved {
     /// `[groups, k / 2, r]`: byte `b` of row `first + g r + i` at `(g (k / 2) + b) r + i`.
@@ -47,7 +47,8 @@ impl Interleaved {
     /// inputs hold the weight (the op checked their lengths).
     ///
     /// # Errors
-    /// [`qforge_runtime::Error::Invalid`] when `w` has neither an absmax nor the nested four.
+    /// [`qforge_runtime::Error::Invalid`] when `w` has neither an absmax nor the nested four
+    /// and the offset.
     pub(super) fn fill(
         &mut self,
         w: &DecodeInput<'_>,
@@ -107,16 +108,20 @@ impl<'a> Scale<'a> {
     /// `w`'s absmax.
     ///
     /// # Errors
-    /// [`qforge_runtime::Error::Invalid`] when `w` has neither an absmax nor the nested four.
+    /// [`qforge_runtime::Error::Invalid`] when `w` has neither an absmax nor the nested four
+    /// and the offset.
     fn of(w: &DecodeInput<'a>) -> qforge_runtime::Result<Self> {
-        match (w.absmax, w.qabsmax, w.nested_absmax, w.nested_code) {
-            (Some(absmax), ..) => Ok(Scale::Plain(absmax)),
-            (None, Some(qabsmax), Some(nested_absmax), Some(nested_code)) => Ok(Scale::Nested {
-                qabsmax,
-                nested_absmax,
-                nested_code,
-                offset: w.offset.unwrap_or(0.0),
-            }),
+        let nested = (w.qabsmax, w.nested_absmax, w.nested_code, w.offset);
+        match (w.absmax, nested) {
+            (Some(absmax), _) => Ok(Scale::Plain(absmax)),
+            (None, (Some(qabsmax), Some(nested_absmax), Some(nested_code), Some(offset))) => {
+                Ok(Scale::Nested {
+                    qabsmax,
+                    nested_absmax,
+                    nested_code,
+                    offset,
+                })
+            }
             _ => Err(qforge_runtime::Error::Invalid(
                 "matmul_4bit: the weight has neither an absmax nor a nested absmax".into(),
             )),
