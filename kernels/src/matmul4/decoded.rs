@@ -26,30 +26,36 @@
 //! in one process): M = 48 20.8 against 26.7 ms, (4096, 11008) 61.9 against 64.5,
 //! (11008, 4096) 59.2 against 64.0; at M = 32 the two were even (17.2 against 17.4, 56.1 against
 //! 48.1, 46.9 against 49.1). Since each output panel's columns decode in vector lanes (stop
-//! 63: consecutive codes, one absmax per work item) the decode takes 4.0-4.4 ms for an `f32`
-//! weight at K = N = 4096 (9.5-13.3 ms before, in the same hour) and 5.2-6.2 for a `bf16` one
-//! (17-22 ms), and the plan pays from 32 rows (f32, interleaved in one process, best of 5):
-//! M = 32, K = N = 4096 20.0 against 26.6 ms, (4096, 11008) 54.5 against 64.1, (11008, 4096)
-//! 49.8 against 68.8; at M = 16 15.1 against 12.4, so below 32 rows the fused kernel runs.
+//! 63: consecutive codes, one absmax per work item) the decode took 4.0-4.4 ms for an `f32`
+//! weight at K = N = 4096 on the panel layout (9.5-13.3 ms before, in the same hour) and 5.2-6.2
+//! for a `bf16` one (17-22 ms), and the plan pays from 32 rows (f32, interleaved in one process,
+//! best of 5): M = 32, K = N = 4096 20.0 against 26.6 ms, (4096, 11008) 54.5 against 64.1,
+//! (11008, 4096) 49.8 against 68.8; at M = 16 15.1 against 12.4, so below 32 rows the fused
+//! kernel runs.
 //!
-//! Kernel `dequantize_dx_panels_{qt}[_nested]_bs{B}_w{wdtype}_c{C}_p{P}`: `(n, k, first_panel,
+//! The decode reads bitsandbytes' layout (codes and flat absmax, as `quantize_4bit` stores
+//! them): a work item's 32 columns are 16 consecutive bytes of one weight row. Reading the
+//! input gradient's panel layout instead (consecutive items' codes consecutive) made the decode
+//! kernel about twice as fast (4.0-4.4 against 7.5-11 ms at K = N = 4096) but cost the host the
+//! same in packing the codes and scales on every call: in one process alternating (best of 5,
+//! f32, same bits) M = 128, K = N = 4096 53.4 against 52.6 ms, (11008, 4096) 119.6 against
+//! 125.3, M = 512 165.6 against 171.0, bf16 M = 128 52.0 against 54.6; so the plan skips the
+//! packing and its 8 MiB copy. Ordering the items by row (each row's panels consecutive) was
+//! slower (59.3 against 53.1 ms).
+//!
+//! Kernel `dequantize_dx_panels_{qt}[_nested]_bs{B}_w{wdtype}_p{P}`: `(n, k, first_panel,
 //! n_rows, n_bytes, n_scales: u32, [offset: f32, n_nested: u32,] codes: u8[n_bytes] read,
 //! absmax: f32[n_scales] read | qabsmax: u8[n_scales] read, nested_absmax: f32[n_nested]
-//! read, nested_code: f32[256] read, out: f32[n_rows, 32] write)`, grid `n_rows`. `codes` are
-//! consecutive panel rows of the input gradient's panel layout ([`super::panels`]) from
-//! panel `first_panel` on (`n_rows` a multiple of `N`, 16 bytes each), the scales the whole
-//! weight's in the scale layout with chunk `C` (at least 32: `K` a multiple of 32), the nested
-//! absmax flat; work item `w`
-//! decodes panel row `w` (weight row `w % N`, columns `32 * (first_panel + w / N) ..` plus 32)
-//! into `out` as the GEMM's `B` in panels of `P` columns ([`crate::Layout::Panels`], `P`
-//! dividing 32): column `c` of the strip and row `n` at `(c / P) * N * P + n * P + c % P`.
+//! read, nested_code: f32[256] read, out: f32[n_rows, 32] write)`, grid `n_rows` (a multiple
+//! of `N`), the weight in bitsandbytes' layout (as the fused forward reads it; `K` a multiple
+//! of 32); work item `w` decodes weight row `w % N`, columns `32 * (first_panel + w / N) ..`
+//! plus 32, into `out` as the GEMM's `B` in panels of `P` columns ([`crate::Layout::Panels`],
+//! `P` dividing 32): column `c` of the strip and row `n` at `(c / P) * N * P + n * P + c % P`.
 
 use qforge_macros::kernel;
 
 use super::panels::DX_PANEL;
-use super::{
-    block_absmax, nibble_code, scale, Direction, Matmul4, OptionalDim, TileConfig, Weights,
-};
+use super::{block_absmax, nibble_code, scale, Matmul4, OptionalDim, TileConfig, Weights};
 use crate::funcs::round_to;
 use crate::gemm::host::{column_tile, fill_rows, gemm_on_panels};
 use crate::ops::{cached_typed, DeviceCaps};
@@ -81,22 +87,19 @@ pub struct DxDecode {
     pub weight_dtype: DType,
     /// Whether the absmax is double-quantized.
     pub nested: bool,
-    /// Columns per scale of the scale layout (at least 32, dividing the blocksize).
-    pub chunk: u32,
     /// Columns per output panel (the GEMM tile's `TN`: 8, 16 or 32).
     pub panel: u32,
 }
 
 impl DxDecode {
-    /// The kernel name, e.g. `dequantize_dx_panels_nf4_bs64_wf32_c64_p16`.
+    /// The kernel name, e.g. `dequantize_dx_panels_nf4_bs64_wf32_p16`.
     pub fn name(&self) -> String {
         format!(
-            "dequantize_dx_panels_{}{}_bs{}_w{}_c{}_p{}",
+            "dequantize_dx_panels_{}{}_bs{}_w{}_p{}",
             self.quant_type,
             if self.nested { "_nested" } else { "" },
             self.blocksize,
             self.weight_dtype,
-            self.chunk,
             self.panel
         )
     }
@@ -104,18 +107,14 @@ impl DxDecode {
     /// Builds the kernel with its typed signature ([`DequantizeDxPanelsArgs`]).
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for an unsupported blocksize or weight dtype, a chunk that is not
-    /// a power of two from 32 to the blocksize, or a panel width that does not divide 32.
+    /// [`Error::Unsupported`] for an unsupported blocksize or weight dtype, or a panel width
+    /// that does not divide 32.
     pub fn build(&self) -> Result<TypedKernel<DequantizeDxPanels>> {
         check_blocksize_4bit(self.blocksize)?;
         check_float_dtype(self.weight_dtype)?;
-        let chunk_ok =
-            self.chunk.is_power_of_two() && (DX_PANEL..=self.blocksize).contains(&self.chunk);
-        let panel_ok = self.panel.is_power_of_two() && self.panel <= DX_PANEL;
-        if !chunk_ok || !panel_ok {
+        if !self.panel.is_power_of_two() || self.panel > DX_PANEL {
             return Err(Error::Unsupported(format!(
-                "{}: the scale chunk must be a power of two from {DX_PANEL} to the blocksize and \
-                 the panel width a power of two dividing {DX_PANEL}",
+                "{}: the panel width must be a power of two dividing {DX_PANEL}",
                 self.name()
             )));
         }
@@ -164,22 +163,19 @@ pub fn dequantize_dx_panels(
         blocksize: spec.blocksize,
     };
     // The strip's panel row `w` holds columns `first_col ..` of weight row `row`: flat
-    // element `row * K + first_col + c` (the nested absmax's block), scale entry `w` when a
-    // chunk is 32 columns, else the row's entry of its chunk (scale layout `(k / C) * N + n`).
-    let first_col = (first_panel + panel) << comptime!(DX_PANEL.trailing_zeros());
-    let e0 = row * k + first_col;
-    let scale_at = (first_col >> comptime!(spec.chunk.trailing_zeros())) * nv + row;
-    let per = comptime!(DX_PANEL / spec.panel);
-    let bases = out_bases(panel, per, nv, row, spec.panel);
-    let nib0 = w << comptime!(DX_PANEL.trailing_zeros());
-    // The 32 columns share one absmax block (`e0` is a multiple of 32, and so is every
-    // blocksize), and each output panel's columns are consecutive codes and consecutive outputs:
+    // element `row * K + first_col + c`, nibble `e0 + c` of bitsandbytes' packing. The 32
+    // columns share one absmax block (`e0` is a multiple of 32, and so is every blocksize),
+    // and each output panel's columns are consecutive codes and consecutive outputs:
     // `code[nibble] * absmax`, as the fused kernel's `weight` decodes them, one lane per column
     // (a vector load of the codes, their lookup fused with it on the LLVM backend).
-    let absmax = block_absmax(weights, e0, Some(scale_at));
+    let first_col = (first_panel + panel) << comptime!(DX_PANEL.trailing_zeros());
+    let e0 = row * k + first_col;
+    let per = comptime!(DX_PANEL / spec.panel);
+    let bases = out_bases(panel, per, nv, row, spec.panel);
+    let absmax = block_absmax(weights, e0, None);
     let (zero, lanes) = (val(0u32), val(spec.panel));
     for (j, base) in bases.into_iter().enumerate() {
-        let nib = nib0 + comptime!(j as u32 * spec.panel);
+        let nib = e0 + comptime!(j as u32 * spec.panel);
         for i in zero..lanes {
             let v = nibble_code(weights, nib + i) * absmax;
             let v = round_to(v, spec.weight_dtype);
@@ -204,10 +200,8 @@ fn out_bases(panel: Val<u32>, per: u32, n: Val<u32>, row: Val<u32>, p: u32) -> V
     bases
 }
 
-/// The 4-bit weight in the layouts a fused kernel reads: for the input gradient the codes in
-/// panels ([`super::panels::pack_dx_panels`]) and the absmax (or `qabsmax`) in the scale layout
-/// with the spec's chunk, for the forward bitsandbytes' codes and flat absmax; the nested absmax
-/// flat. `n_scales` entries of `absmax` (or `qabsmax`).
+/// The 4-bit weight in bitsandbytes' layout, as the decoded plans read it: the codes, the flat
+/// absmax (or `qabsmax`, `n_scales` entries) and the nested absmax.
 pub(super) struct DecodeInput<'a> {
     pub codes: &'a [u8],
     pub n_scales: u32,
@@ -223,18 +217,11 @@ pub(super) struct DecodeInput<'a> {
 /// `chunk` on `caps`, or `None` where the fused kernel runs: fewer than [`DECODE_FROM_ROWS`]
 /// rows, not a CPU with 8 lanes (the LLVM backend with AVX2; module docs), `K` not a multiple
 /// of 32, or a tile whose columns do not divide a panel's 32.
-pub(super) fn decoded_plan(
-    caps: DeviceCaps,
-    (m, n, k): (u32, u32, u32),
-    chunk: u32,
-) -> Option<TileConfig> {
+pub(super) fn decoded_plan(caps: DeviceCaps, (m, n, k): (u32, u32, u32)) -> Option<TileConfig> {
     let DeviceCaps::Cpu { lanes, .. } = caps else {
         return None;
     };
-    let fits = lanes == 8
-        && m as usize >= DECODE_FROM_ROWS
-        && k.is_multiple_of(DX_PANEL)
-        && chunk >= DX_PANEL;
+    let fits = lanes == 8 && m as usize >= DECODE_FROM_ROWS && k.is_multiple_of(DX_PANEL);
     let tile = column_tile(m, strip_panels(n, k, STRIP_BYTES) * DX_PANEL, n, caps);
     (fits && DX_PANEL.is_multiple_of(tile.tn)).then_some(tile)
 }
@@ -248,8 +235,8 @@ fn strip_panels(n: u32, k: u32, strip_bytes: usize) -> u32 {
 
 /// `dX = dY @ dequant(W)` by the decoded plan ([`decoded_plan`] gave `tile`), in strips of at
 /// most `strip_bytes` of decoded weight ([`STRIP_BYTES`]; at least one panel): `dy` the `f32`
-/// bytes of `dY [m, n]`, `spec` the fused kernel's (its quant type, blocksize, weight dtype,
-/// nesting and chunk), the host's copies on `threads` threads; returns `dX [m, k]`'s `f32`
+/// bytes of `dY [m, n]`, `spec` the fused kernel's (its quant type, blocksize, weight dtype
+/// and nesting), the host's copies on `threads` threads; returns `dX [m, k]`'s `f32`
 /// bytes, the fused kernel's bits.
 ///
 /// # Errors
@@ -262,15 +249,10 @@ pub(super) fn run_decoded(
     w: &DecodeInput<'_>,
     (tile, strip_bytes, threads): (TileConfig, usize, usize),
 ) -> qforge_runtime::Result<Vec<u8>> {
-    let chunk = match spec.direction {
-        Direction::BackwardInput { chunk } => chunk,
-        Direction::Forward { .. } => 0,
-    };
-    if !k.is_multiple_of(DX_PANEL) || chunk < DX_PANEL || !DX_PANEL.is_multiple_of(tile.tn) {
+    if !k.is_multiple_of(DX_PANEL) || !DX_PANEL.is_multiple_of(tile.tn) {
         return Err(qforge_runtime::Error::Invalid(format!(
             "matmul_4bit_backward_input: the decoded plan needs K a multiple of {DX_PANEL} \
-             (K = {k}), a scale chunk of at least {DX_PANEL} (got {chunk}) and a tile of \
-             columns dividing {DX_PANEL} (got {})",
+             (K = {k}) and a tile of columns dividing {DX_PANEL} (got {})",
             tile.tn
         )));
     }
@@ -279,18 +261,15 @@ pub(super) fn run_decoded(
         blocksize: spec.blocksize,
         weight_dtype: spec.weight_dtype,
         nested: spec.nested,
-        chunk,
         panel: tile.tn,
     };
     let kernel = cached_typed(&decode.name(), || decode.build())?;
     let (total, per) = (k / DX_PANEL, strip_panels(n, k, strip_bytes));
-    let panel_nibbles = n as usize * DX_PANEL as usize;
-    let mut strip = vec![0u8; per as usize * panel_nibbles * 4];
+    let mut strip = vec![0u8; per as usize * n as usize * DX_PANEL as usize * 4];
     let mut dx = Vec::new();
     for first in (0..total).step_by(per as usize) {
         let panels = per.min(total - first);
         let n_rows = panels * n;
-        let bytes = &w.codes[first as usize * panel_nibbles / 2..][..n_rows as usize * 16];
         let out = &mut strip[..n_rows as usize * DX_PANEL as usize * 4];
         launch_typed(
             dev,
@@ -300,11 +279,11 @@ pub(super) fn run_decoded(
                 k,
                 first_panel: first,
                 n_rows,
-                n_bytes: bytes.len() as u32,
+                n_bytes: w.codes.len() as u32,
                 n_scales: w.n_scales,
                 offset: w.offset,
                 n_nested: w.n_nested,
-                codes: bytes,
+                codes: w.codes,
                 absmax: w.absmax,
                 qabsmax: w.qabsmax,
                 nested_absmax: w.nested_absmax,

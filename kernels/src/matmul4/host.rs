@@ -362,7 +362,7 @@ pub(crate) fn run(
     let caps = DeviceCaps::of(dev);
     let decoded = match plan {
         Plan::Auto if forward => forward_plan(caps, (d.m, d.n, d.k)).map(|t| (t, STRIP_BYTES)),
-        Plan::Auto => decoded_plan(caps, (d.m, d.n, d.k), chunk).map(|t| (t, STRIP_BYTES)),
+        Plan::Auto => decoded_plan(caps, (d.m, d.n, d.k)).map(|t| (t, STRIP_BYTES)),
         Plan::Fused(_) => None,
         #[cfg(test)]
         Plan::Decoded(tile, strip) => Some((tile, strip)),
@@ -491,17 +491,13 @@ pub(crate) fn run(
         )?;
         let threads =
             threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |t| t.get()));
-        let (n, k) = (d.n as usize, d.k as usize);
-        let panels = pack_dx_panels(packed, n, k, threads)?;
-        let absmax = s.absmax.map(|a| scales_of(a, n, k, bs, chunk));
-        let qabsmax = s.qabsmax.map(|q| scales_of(q, n, k, bs, chunk));
-        let n_scales = (n * k / chunk as usize) as u32;
         if let Some((gemm_tile, strip)) = decoded {
+            // The decode reads bitsandbytes' layout: each of its runs is 32 consecutive codes.
             let weight = DecodeInput {
-                codes: &panels,
-                n_scales,
-                absmax: absmax.as_deref(),
-                qabsmax: qabsmax.as_deref(),
+                codes: packed,
+                n_scales: n_blocks,
+                absmax: s.absmax,
+                qabsmax: s.qabsmax,
                 offset: s.offset,
                 n_nested: s.n_nested,
                 nested_absmax: s.nested_absmax,
@@ -518,6 +514,11 @@ pub(crate) fn run(
             )?;
             return finish(dx, widen, dtype, shape);
         }
+        let (n, k) = (d.n as usize, d.k as usize);
+        let panels = pack_dx_panels(packed, n, k, threads)?;
+        let absmax = s.absmax.map(|a| scales_of(a, n, k, bs, chunk));
+        let qabsmax = s.qabsmax.map(|q| scales_of(q, n, k, bs, chunk));
+        let n_scales = (n * k / chunk as usize) as u32;
         let mut out = vec![0u8; out_len];
         let kernel = cached_typed(&spec.name(), || spec.build_backward_input())?;
         launch_typed(

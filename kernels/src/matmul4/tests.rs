@@ -457,11 +457,12 @@ fn host_ops_with_widened_16_bit_activations_give_the_16_bit_bits() {
     }
 }
 
-/// The input gradient's decoded plan (`decoded.rs`: the weight decoded into the GEMM's panels,
-/// one strip of columns at a time, then the dense GEMM) gives the model's bits: NF4 and FP4,
-/// plain and nested absmax (320 blocks of 32: two nested blocks), scale chunks of 32, 64 and
-/// 128 columns, GEMM tiles of 8, 16 and 32 columns, strips of one panel and of the whole
-/// weight, `f32` activations and widened `bf16` ones (65 rows, the weight rounded to `bf16`).
+/// The input gradient's decoded plan (`decoded.rs`: the weight decoded from bitsandbytes'
+/// layout into the GEMM's panels, one strip of columns at a time, then the dense GEMM) gives
+/// the model's bits: NF4 and FP4, plain and nested absmax (320 blocks of 32: two nested
+/// blocks), blocksizes 32, 64 and 128 (rows of `K = 96` with blocks of 128 across them), GEMM
+/// tiles of 8, 16 and 32 columns, strips of one panel and of the whole weight, `f32`
+/// activations and widened `bf16` ones (65 rows, the weight rounded to `bf16`).
 #[test]
 fn the_decoded_input_gradient_gives_the_model_bits() {
     use crate::matmul4::host::{run, Plan};
