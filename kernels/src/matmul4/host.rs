@@ -429,17 +429,18 @@ pub(crate) fn run(
         bytes: bias_wide.as_deref().unwrap_or(&b.data),
     });
     let decoded = decoded.filter(|_| kernel_dtype == DType::F32);
+    // The weight as both decoded plans read it: bitsandbytes' layout.
+    let weight = DecodeInput {
+        codes: packed,
+        n_scales: n_blocks,
+        absmax: s.absmax,
+        qabsmax: s.qabsmax,
+        offset: s.offset,
+        n_nested: s.n_nested,
+        nested_absmax: s.nested_absmax,
+        nested_code: s.nested_code,
+    };
     let out = if let (true, Some((gemm_tile, strip))) = (forward, decoded) {
-        let weight = DecodeInput {
-            codes: packed,
-            n_scales: n_blocks,
-            absmax: s.absmax,
-            qabsmax: s.qabsmax,
-            offset: s.offset,
-            n_nested: s.n_nested,
-            nested_absmax: s.nested_absmax,
-            nested_code: s.nested_code,
-        };
         let threads = threads.unwrap_or(1);
         let dims = (d.m, d.n, d.k);
         let operands = (act.bytes, bias.map(|b| b.bytes));
@@ -492,17 +493,6 @@ pub(crate) fn run(
         let threads =
             threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |t| t.get()));
         if let Some((gemm_tile, strip)) = decoded {
-            // The decode reads bitsandbytes' layout: each of its runs is 32 consecutive codes.
-            let weight = DecodeInput {
-                codes: packed,
-                n_scales: n_blocks,
-                absmax: s.absmax,
-                qabsmax: s.qabsmax,
-                offset: s.offset,
-                n_nested: s.n_nested,
-                nested_absmax: s.nested_absmax,
-                nested_code: s.nested_code,
-            };
             let dims = (d.m, d.n, d.k);
             let dx = run_decoded(
                 dev,
