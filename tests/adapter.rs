@@ -492,6 +492,34 @@ fn case() -> impl Strategy<Value = Case> {
         })
 }
 
+/// `dU` and `db_u` come out of one product (`[a | 1].T @ dy`); each has the bits of its own
+/// product, `dy.T @ a` and `1 @ dy`, on the interpreter and a compiled CPU device, at a shape
+/// off the tiles (M = 37, d = 21, r = 5).
+#[test]
+fn the_up_gradients_have_the_bits_of_their_own_products() {
+    use qforge::runtime::InterpreterDevice;
+    use Layout::{RowMajor as N, Transposed as T};
+    let (m, d, r, beta) = (37usize, 21usize, 5usize, 0.5f32);
+    let a = BottleneckAdapter {
+        down_weight: normal(r, d, 0.5, 31),
+        down_bias: HostTensor::from_f32_as(DType::F32, vec![r], &normal_f32(r, 0.5, 32)).unwrap(),
+        up_weight: normal(d, r, 0.5, 33),
+        up_bias: HostTensor::from_f32_as(DType::F32, vec![d], &normal_f32(d, 0.5, 34)).unwrap(),
+    };
+    let (h, dy) = (normal(m, d, 1.0, 35), normal(m, d, 1.0, 36));
+    let ones = HostTensor::from_f32_as(DType::F32, vec![1, m], &vec![1.0; m]).unwrap();
+    let cpu = CpuDevice::new().unwrap();
+    for dev in [&InterpreterDevice as &dyn qforge::runtime::Device, &cpu] {
+        let (_, cache) = a.forward(dev, Act::Gelu, &h, beta).unwrap();
+        let g = a.backward(dev, Act::Gelu, &h, &cache, &dy, beta).unwrap();
+        let du = gemm(dev, (&dy, T), (&cache.a, T), None, None).unwrap();
+        let dbu = gemm(dev, (&ones, N), (&dy, T), None, None).unwrap();
+        assert_eq!(g.up_weight, du, "dU on {}", dev.backend());
+        assert_eq!(g.up_bias.shape, [d]);
+        assert_eq!(g.up_bias.data, dbu.data, "db_u on {}", dev.backend());
+    }
+}
+
 /// Every output of one forward and backward pass, named: `y`, the cache `z` and `a`, and the
 /// five gradients.
 fn run_case(

@@ -4,13 +4,15 @@
 //! * backward, from `dy: [M, d]`: `dU = dy.T @ a`, `db_u = sum_m dy`, `da = dy @ U`,
 //!   `dz = da * act_beta'(z)`, `dD = dz.T @ h`, `db_d = sum_m dz`, `dh = dy + dz @ D` (the
 //!   residual passes `dy` through). The bias gradients are products with a ones row, so every
-//!   sum over `M` has the kernels' pinned order.
+//!   sum over `M` has the kernels' pinned order; `dU` and `db_u` come out of one product
+//!   (`up_gradients`).
 
 use crate::activation::Act;
 use qforge_ir::DType;
 
 use super::BottleneckAdapter;
-use crate::ops::{act_beta, act_beta_backward, gemm, Layout};
+use crate::gemm::host::{copy_threads, transposed};
+use crate::ops::{act_beta, act_beta_backward, gemm, DeviceCaps, Layout};
 use qforge_runtime::Device;
 use qforge_runtime::HostTensor;
 use qforge_runtime::{Error, Result};
@@ -50,6 +52,35 @@ fn ones(m: usize) -> Result<HostTensor> {
 fn vector(t: HostTensor) -> Result<HostTensor> {
     let n = t.shape.iter().product();
     HostTensor::new(t.dtype, vec![n], t.data)
+}
+
+/// `dU = dy.T @ a` (`[d, r]`) and `db_u = sum_m dy` (`[d]`) from one product, `[a | 1].T @ dy`
+/// (`[r + 1, d]`, its first `r` rows `dU.T`, its last `db_u`), for `a: f32 [M, r]` and
+/// `dy: f32 [M, d]`. Each output is the same pinned-order sum of the same products as in the
+/// products `dy.T @ a` and `1 @ dy` (`fma` is symmetric in its factors), so the bits are theirs;
+/// but `dy`, read as the product's `B` given transposed, is packed in panels by a streaming copy
+/// of its rows instead of transposed element by element, and it is read once for both.
+fn up_gradients(
+    dev: &dyn Device,
+    a: &HostTensor,
+    dy: &HostTensor,
+) -> Result<(HostTensor, HostTensor)> {
+    let (m, d) = (dy.shape[0], dy.shape[1]);
+    let r = a.shape[1];
+    let one = 1f32.to_le_bytes();
+    let a_ones: Vec<u8> = a
+        .data
+        .chunks_exact(4 * r)
+        .flat_map(|row| row.iter().chain(&one).copied())
+        .collect();
+    let a_ones = HostTensor::new(DType::F32, vec![m, r + 1], a_ones)?;
+    let both = gemm(dev, (&a_ones, T), (dy, T), None, None)?;
+    let (rows, last) = both.data.split_at(4 * r * d);
+    let up_weight = transposed::<4>(rows, r, d, copy_threads(DeviceCaps::of(dev)));
+    Ok((
+        HostTensor::new(DType::F32, vec![d, r], up_weight)?,
+        HostTensor::new(DType::F32, vec![d], last.to_vec())?,
+    ))
 }
 
 impl BottleneckAdapter {
@@ -126,13 +157,11 @@ impl BottleneckAdapter {
                 )));
             }
         }
-        let ones = ones(m)?;
-        let up_weight = gemm(dev, (dy, T), (&cache.a, T), None, None)?;
-        let up_bias = vector(gemm(dev, (&ones, N), (dy, T), None, None)?)?;
+        let (up_weight, up_bias) = up_gradients(dev, &cache.a, dy)?;
         let da = gemm(dev, (dy, N), (&self.up_weight, T), None, None)?;
         let dz = act_beta_backward(dev, act, &cache.z, &da, beta)?;
         let down_weight = gemm(dev, (&dz, T), (h, T), None, None)?;
-        let down_bias = vector(gemm(dev, (&ones, N), (&dz, T), None, None)?)?;
+        let down_bias = vector(gemm(dev, (&ones(m)?, N), (&dz, T), None, None)?)?;
         let dh = gemm(dev, (&dz, N), (&self.down_weight, T), None, Some(dy))?;
         Ok(AdapterGrads {
             dh,

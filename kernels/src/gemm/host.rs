@@ -2,7 +2,7 @@
 //! transposed: the forward and backward products of a full-precision linear layer (the
 //! bottleneck adapters' projections). Exact semantics: [`crate::gemm`].
 
-use crate::gemm::GemmKernelArgs;
+use crate::gemm::{scratch, GemmKernelArgs};
 use crate::{Gemm, Layout};
 use qforge_ir::dsl::{FloatIn, FloatOut};
 use qforge_ir::DType;
@@ -130,14 +130,32 @@ fn transpose_into<const N: usize>(
 }
 
 /// The `[cols, rows]` transpose of the row-major `[rows, cols]` matrix of `N`-byte elements
-/// `src` ([`transpose_into`]), the output rows split between up to `threads` threads.
-fn transposed<const N: usize>(src: &[u8], rows: usize, cols: usize, threads: usize) -> Vec<u8> {
+/// `src` ([`transpose_into`]).
+pub(crate) fn transposed<const N: usize>(
+    src: &[u8],
+    rows: usize,
+    cols: usize,
+    threads: usize,
+) -> Vec<u8> {
     let mut dst = vec![0u8; src.len()];
-    fill_rows(&mut dst, rows * N, threads, |c_first, run| {
+    transposed_into::<N>(src, rows, cols, threads, &mut dst);
+    dst
+}
+
+/// Writes the `[cols, rows]` transpose of the row-major `[rows, cols]` matrix of `N`-byte
+/// elements `src` to `dst` (as long as `src`), the output rows split between up to `threads`
+/// threads.
+fn transposed_into<const N: usize>(
+    src: &[u8],
+    rows: usize,
+    cols: usize,
+    threads: usize,
+    dst: &mut [u8],
+) {
+    fill_rows(dst, rows * N, threads, |c_first, run| {
         let c_end = c_first + run.len() / (rows * N).max(1);
         transpose_into::<N>(src, (rows, cols), c_first..c_end, run, rows);
     });
-    dst
 }
 
 /// Panels [`packed`] fills together from a transposed operand. On the AVX-512 development VM,
@@ -156,10 +174,25 @@ pub(crate) fn packed(
     p: usize,
     threads: usize,
 ) -> Vec<u8> {
+    let mut dst = vec![0u8; rows.div_ceil(p) * l * p * dtype.size_bytes()];
+    packed_into(src, dtype, layout, (rows, l), p, threads, &mut dst);
+    dst
+}
+
+/// Writes [`packed`]'s panels to `dst` (exactly their length), every byte: the rows past the
+/// end as zeros.
+fn packed_into(
+    src: &[u8],
+    dtype: DType,
+    layout: Layout,
+    (rows, l): (usize, usize),
+    p: usize,
+    threads: usize,
+    dst: &mut [u8],
+) {
     let size = dtype.size_bytes();
-    let mut dst = vec![0u8; rows.div_ceil(p) * l * p * size];
     let panel_bytes = l * p * size;
-    fill_rows(&mut dst, panel_bytes, threads, |first, run| {
+    fill_rows(dst, panel_bytes, threads, |first, run| {
         let panels = run.len() / panel_bytes;
         match layout {
             // Row `l` of a transposed operand holds each panel's elements in a run. A block of
@@ -173,8 +206,12 @@ pub(crate) fn packed(
                             let r0 = (first + j) * p;
                             let width = p.min(rows - r0) * size;
                             let from = (li * rows + r0) * size;
-                            let to = (j * l + li) * p * size;
-                            run[to..to + width].copy_from_slice(&src[from..from + width]);
+                            let out =
+                                &mut run[(j * l + li) * p * size..(j * l + li + 1) * p * size];
+                            out[..width].copy_from_slice(&src[from..from + width]);
+                            if width < out.len() {
+                                out[width..].fill(0);
+                            }
                         }
                     }
                 }
@@ -190,15 +227,20 @@ pub(crate) fn packed(
                     } else {
                         transpose_into::<2>(block, (width, l), 0..l, out, p);
                     }
+                    if width < p {
+                        for at in out.chunks_exact_mut(p * size) {
+                            at[width * size..].fill(0);
+                        }
+                    }
                 }
             }
         }
     });
-    dst
 }
 
 /// `t` (a logical `[rows, L]` operand stored with `layout`) stored with `want` instead (panels of
-/// `p` rows for [`Layout::Panels`]): a copy when they differ, made by up to `threads` threads.
+/// `p` rows for [`Layout::Panels`]): when they differ, a copy made by up to `threads` threads in
+/// a [`scratch`] buffer, and its length in bytes (the buffer may be longer).
 fn stored_as(
     t: &HostTensor,
     layout: Layout,
@@ -206,25 +248,44 @@ fn stored_as(
     (rows, l): (u32, u32),
     p: u32,
     threads: usize,
-) -> Option<HostTensor> {
+) -> Option<(Vec<u8>, usize)> {
     if layout == want {
         return None;
     }
     let (r, c) = (t.shape[0], t.shape[1]);
-    let (shape, data) = match want {
-        Layout::Panels => {
-            let (rows, l, p) = (rows as usize, l as usize, p as usize);
-            let data = packed(&t.data, t.dtype, layout, (rows, l), p, threads);
-            (vec![rows.div_ceil(p), l * p], data)
-        }
-        _ if t.dtype.size_bytes() == 4 => (vec![c, r], transposed::<4>(&t.data, r, c, threads)),
-        _ => (vec![c, r], transposed::<2>(&t.data, r, c, threads)),
+    let (rows, l, p) = (rows as usize, l as usize, p as usize);
+    let len = match want {
+        Layout::Panels => rows.div_ceil(p) * l * p * t.dtype.size_bytes(),
+        _ => t.data.len(),
     };
-    Some(HostTensor {
-        dtype: t.dtype,
-        shape,
-        data,
-    })
+    let mut buf = scratch::take(len);
+    let dst = &mut buf[..len];
+    match want {
+        Layout::Panels => packed_into(&t.data, t.dtype, layout, (rows, l), p, threads, dst),
+        _ if t.dtype.size_bytes() == 4 => transposed_into::<4>(&t.data, r, c, threads, dst),
+        _ => transposed_into::<2>(&t.data, r, c, threads, dst),
+    }
+    Some((buf, len))
+}
+
+/// The bytes of `t`'s copy made by [`stored_as`], or of `t` when there is none.
+fn copy_or<'a>(t: &'a HostTensor, copy: &'a Option<(Vec<u8>, usize)>) -> FloatIn<'a> {
+    match copy {
+        Some((buf, len)) => FloatIn {
+            dtype: t.dtype,
+            bytes: &buf[..*len],
+        },
+        None => float_in(t),
+    }
+}
+
+/// The threads of the host's copies for a device: a CPU's threads (only a CPU plan asks for
+/// copies), 1 for a GPU.
+pub(crate) fn copy_threads(caps: DeviceCaps) -> usize {
+    match caps {
+        DeviceCaps::Cpu { threads, .. } => threads as usize,
+        DeviceCaps::Gpu { .. } => 1,
+    }
 }
 
 /// `C[i, j] = sum_l A[i, l] * B[j, l] (+ bias[j]) (+ residual[i, j])`, `C: [M, N]` in the
@@ -290,14 +351,9 @@ pub fn gemm(
         rows_first,
     } = plan(caps, (m, n, l, dtype), a_layout, b_layout);
     check_counts((m, n, l), tile, want_b)?;
-    // The host's copies run on the device's threads (only a CPU plan asks for copies).
-    let threads = match caps {
-        DeviceCaps::Cpu { threads, .. } => threads as usize,
-        DeviceCaps::Gpu { .. } => 1,
-    };
+    let threads = copy_threads(caps);
     let a_t = stored_as(a, a_layout, want_a, (m, l), tile.tm, threads);
     let b_t = stored_as(b, b_layout, want_b, (n, l), tile.tn, threads);
-    let (a, b) = (a_t.as_ref().unwrap_or(a), b_t.as_ref().unwrap_or(b));
     let spec = Gemm {
         a: want_a,
         b: want_b,
@@ -308,12 +364,16 @@ pub fn gemm(
         tile,
     };
     let operands = (
-        float_in(a),
-        float_in(b),
+        copy_or(a, &a_t),
+        copy_or(b, &b_t),
         bias.map(float_in),
         residual.map(float_in),
     );
-    let c = launch(dev, &spec, (m, n, l), rows_first, operands)?;
+    let c = launch(dev, &spec, (m, n, l), rows_first, operands);
+    for (buf, _) in [a_t, b_t].into_iter().flatten() {
+        scratch::keep(buf);
+    }
+    let c = c?;
     HostTensor::new(dtype, vec![m as usize, n as usize], c)
 }
 
@@ -615,6 +675,24 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Into a buffer holding an earlier copy's bytes (a [`super::scratch`] buffer), the copies
+    /// write every byte: the panels' padding rows come out zero.
+    #[test]
+    fn copies_into_used_buffers_overwrite_every_byte() {
+        for (rows, l, p) in [(5, 3, 4), (33, 2, 32), (17, 9, 16)] {
+            let src: Vec<u8> = (0..rows * l * 4).map(|i| (i % 251) as u8).collect();
+            for layout in [Layout::RowMajor, Layout::Transposed] {
+                let want = packed(&src, DType::F32, layout, (rows, l), p, 1);
+                let mut used = vec![0xA5; want.len()];
+                super::packed_into(&src, DType::F32, layout, (rows, l), p, 1, &mut used);
+                assert_eq!(used, want, "{rows}x{l} in panels of {p}, {layout:?}");
+            }
+            let mut used = vec![0xA5; src.len()];
+            super::transposed_into::<4>(&src, rows, l, 1, &mut used);
+            assert_eq!(used, transposed::<4>(&src, rows, l, 1), "{rows}x{l}");
         }
     }
 

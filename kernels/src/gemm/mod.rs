@@ -39,6 +39,7 @@
 
 mod catalog;
 pub(crate) mod host;
+mod scratch;
 #[cfg(test)]
 mod tests;
 
