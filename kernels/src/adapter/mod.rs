@@ -135,4 +135,31 @@ mod tests {
         bad.up_bias = f32_tensor(vec![5], &[0.0; 5]).unwrap();
         assert!(bad.dims().unwrap_err().to_string().contains("up_bias"));
     }
+
+    /// An adapter built by hand with rank 0 runs (no panic): `y = h + b_u`, empty weight
+    /// gradients, and the bias gradient the column sums of `dy`.
+    #[test]
+    fn a_rank_zero_adapter_runs() {
+        use crate::activation::Act;
+        use qforge_runtime::InterpreterDevice;
+        let t = |shape: Vec<usize>, v: &[f32]| f32_tensor(shape, v).unwrap();
+        let a = BottleneckAdapter {
+            down_weight: t(vec![0, 3], &[]),
+            down_bias: t(vec![0], &[]),
+            up_weight: t(vec![3, 0], &[]),
+            up_bias: t(vec![3], &[0.5, 0.25, 2.0]),
+        };
+        let h = t(vec![2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let dy = t(vec![2, 3], &[1.0, -1.0, 0.5, 2.0, 3.0, -4.0]);
+        let cpu = qforge_runtime::CpuDevice::new().unwrap();
+        for dev in [&InterpreterDevice as &dyn qforge_runtime::Device, &cpu] {
+            let (y, cache) = a.forward(dev, Act::Gelu, &h, 0.5).unwrap();
+            assert_eq!(y.to_f32().unwrap(), [1.5, 2.25, 5.0, 4.5, 5.25, 8.0]);
+            let g = a.backward(dev, Act::Gelu, &h, &cache, &dy, 0.5).unwrap();
+            assert_eq!(g.up_weight.shape, [3, 0]);
+            assert_eq!(g.down_weight.shape, [0, 3]);
+            assert_eq!(g.up_bias.to_f32().unwrap(), [3.0, 2.0, -3.5]);
+            assert_eq!(g.dh, dy, "{}", dev.name());
+        }
+    }
 }

@@ -68,10 +68,9 @@ fn up_gradients(
     let (m, d) = (dy.shape[0], dy.shape[1]);
     let r = a.shape[1];
     let one = 1f32.to_le_bytes();
-    let a_ones: Vec<u8> = a
-        .data
-        .chunks_exact(4 * r)
-        .flat_map(|row| row.iter().chain(&one).copied())
+    let row = |i: usize| &a.data[4 * r * i..4 * r * (i + 1)];
+    let a_ones: Vec<u8> = (0..m)
+        .flat_map(|i| row(i).iter().chain(&one).copied())
         .collect();
     let a_ones = HostTensor::new(DType::F32, vec![m, r + 1], a_ones)?;
     let both = gemm(dev, (&a_ones, T), (dy, T), None, None)?;
