@@ -290,16 +290,25 @@ fn loss_f64(
     loss
 }
 
+/// An adapter of width `d` and rank `r` with every weight and bias `N(0, 0.5^2)`, from seeds
+/// `seed .. seed + 4`.
+fn random_adapter(d: usize, r: usize, seed: u64) -> BottleneckAdapter {
+    let vector = |n: usize, seed| {
+        HostTensor::from_f32_as(DType::F32, vec![n], &normal_f32(n, 0.5, seed)).unwrap()
+    };
+    BottleneckAdapter {
+        down_weight: normal(r, d, 0.5, seed),
+        down_bias: vector(r, seed + 1),
+        up_weight: normal(d, r, 0.5, seed + 2),
+        up_bias: vector(d, seed + 3),
+    }
+}
+
 #[test]
 fn backward_matches_f64_finite_differences() {
     let dev = CpuDevice::new().unwrap();
     let (m, d, r, beta) = (3usize, 10usize, 4usize, 0.7f32);
-    let a = BottleneckAdapter {
-        down_weight: normal(r, d, 0.5, 21),
-        down_bias: HostTensor::from_f32_as(DType::F32, vec![r], &normal_f32(r, 0.5, 22)).unwrap(),
-        up_weight: normal(d, r, 0.5, 23),
-        up_bias: HostTensor::from_f32_as(DType::F32, vec![d], &normal_f32(d, 0.5, 24)).unwrap(),
-    };
+    let a = random_adapter(d, r, 21);
     let h = normal(m, d, 1.0, 25);
     let g = normal(m, d, 1.0, 26);
     let (_, cache) = a.forward(&dev, Act::Gelu, &h, beta).unwrap();
@@ -500,12 +509,7 @@ fn the_up_gradients_have_the_bits_of_their_own_products() {
     use qforge::runtime::InterpreterDevice;
     use Layout::{RowMajor as N, Transposed as T};
     let (m, d, r, beta) = (37usize, 21usize, 5usize, 0.5f32);
-    let a = BottleneckAdapter {
-        down_weight: normal(r, d, 0.5, 31),
-        down_bias: HostTensor::from_f32_as(DType::F32, vec![r], &normal_f32(r, 0.5, 32)).unwrap(),
-        up_weight: normal(d, r, 0.5, 33),
-        up_bias: HostTensor::from_f32_as(DType::F32, vec![d], &normal_f32(d, 0.5, 34)).unwrap(),
-    };
+    let a = random_adapter(d, r, 31);
     let (h, dy) = (normal(m, d, 1.0, 35), normal(m, d, 1.0, 36));
     let ones = HostTensor::from_f32_as(DType::F32, vec![1, m], &vec![1.0; m]).unwrap();
     let cpu = CpuDevice::new().unwrap();
