@@ -11,7 +11,8 @@ use crate::activation::Act;
 use qforge_ir::DType;
 
 use super::BottleneckAdapter;
-use crate::gemm::host::{copy_threads, transposed};
+use crate::gemm::host::copy_threads;
+use crate::gemm::transpose::transposed;
 use crate::ops::{act_beta, act_beta_backward, gemm, DeviceCaps, Layout};
 use qforge_runtime::Device;
 use qforge_runtime::HostTensor;

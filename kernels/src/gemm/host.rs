@@ -2,6 +2,7 @@
 //! transposed: the forward and backward products of a full-precision linear layer (the
 //! bottleneck adapters' projections). Exact semantics: [`crate::gemm`].
 
+use crate::gemm::transpose::{transpose_into, transposed_into};
 use crate::gemm::{scratch, GemmKernelArgs};
 use crate::{Gemm, Layout};
 use qforge_ir::dsl::{FloatIn, FloatOut};
@@ -97,71 +98,6 @@ pub(crate) fn fill_rows(
         if let Some((_, run)) = first {
             fill(0, run);
         }
-    });
-}
-
-/// Source rows of one block of [`transpose_into`]: each column of the block reads one element
-/// of each, and rows a page or more apart share one L1 set, which holds 8 lines on Zen 3 and
-/// 12 on the AVX-512 VM. 512 x 4096 f32 on Zen 3 (release, allocation included, 1 and 2
-/// threads): 3.0 and 1.6 ms with blocks of 8 x 16, 5.7 and 3.0 ms with 16 x 16, 3.6 and 1.8
-/// with 4 x 64; 32 x 32 read row by row took 5.9 ms on one thread.
-const BLOCK_ROWS: usize = 8;
-
-/// Source columns of one block of [`transpose_into`] (one output row's contiguous run).
-const BLOCK_COLUMNS: usize = 16;
-
-/// Writes columns `cs` of the row-major `[rows, cols]` matrix of `N`-byte elements `src` as rows
-/// of `dst` (column `c` at row `c - cs.start`, `stride` elements per row, the first `rows` of
-/// them written), in blocks of [`BLOCK_ROWS`] x [`BLOCK_COLUMNS`] elements, each output row of a
-/// block written contiguously.
-fn transpose_into<const N: usize>(
-    src: &[u8],
-    (rows, cols): (usize, usize),
-    cs: std::ops::Range<usize>,
-    dst: &mut [u8],
-    stride: usize,
-) {
-    for r0 in (0..rows).step_by(BLOCK_ROWS) {
-        let r1 = (r0 + BLOCK_ROWS).min(rows);
-        for c0 in cs.clone().step_by(BLOCK_COLUMNS) {
-            for c in c0..(c0 + BLOCK_COLUMNS).min(cs.end) {
-                let at = (c - cs.start) * stride;
-                let out = &mut dst[(at + r0) * N..(at + r1) * N];
-                for (o, r) in out.chunks_exact_mut(N).zip(r0..r1) {
-                    let from = (r * cols + c) * N;
-                    o.copy_from_slice(&src[from..from + N]);
-                }
-            }
-        }
-    }
-}
-
-/// The `[cols, rows]` transpose of the row-major `[rows, cols]` matrix of `N`-byte elements
-/// `src` ([`transpose_into`]).
-pub(crate) fn transposed<const N: usize>(
-    src: &[u8],
-    rows: usize,
-    cols: usize,
-    threads: usize,
-) -> Vec<u8> {
-    let mut dst = vec![0u8; src.len()];
-    transposed_into::<N>(src, rows, cols, threads, &mut dst);
-    dst
-}
-
-/// Writes the `[cols, rows]` transpose of the row-major `[rows, cols]` matrix of `N`-byte
-/// elements `src` to `dst` (as long as `src`), the output rows split between up to `threads`
-/// threads.
-fn transposed_into<const N: usize>(
-    src: &[u8],
-    rows: usize,
-    cols: usize,
-    threads: usize,
-    dst: &mut [u8],
-) {
-    fill_rows(dst, rows * N, threads, |c_first, run| {
-        let c_end = c_first + run.len() / (rows * N).max(1);
-        transpose_into::<N>(src, (rows, cols), c_first..c_end, run, rows);
     });
 }
 
@@ -617,7 +553,8 @@ pub(crate) fn column_tile(m: u32, n: u32, l: u32, caps: DeviceCaps) -> TileConfi
 
 #[cfg(test)]
 mod tests {
-    use super::{packed, plan, transposed};
+    use super::{packed, plan};
+    use crate::gemm::transpose::{transposed, transposed_into};
     use crate::ops::DeviceCaps;
     use crate::Layout;
     use qforge_ir::DType;
@@ -698,7 +635,7 @@ mod tests {
                 assert_eq!(used, want, "{rows}x{l} in panels of {p}, {layout:?}");
             }
             let mut used = vec![0xA5; src.len()];
-            super::transposed_into::<4>(&src, rows, l, 1, &mut used);
+            transposed_into::<4>(&src, rows, l, 1, &mut used);
             assert_eq!(used, transposed::<4>(&src, rows, l, 1), "{rows}x{l}");
         }
     }
@@ -726,25 +663,6 @@ mod tests {
                         packed(&src, DType::F32, layout, (rows, cols), p, threads),
                         one,
                         "{layout:?}, panels of {p}, {threads} threads"
-                    );
-                }
-            }
-        }
-    }
-
-    /// Every element lands at its transposed place, for sizes on and off the 16 x 16 blocks.
-    #[test]
-    fn transposed_moves_every_element() {
-        for (rows, cols) in [(1, 1), (3, 17), (16, 16), (33, 5), (40, 70)] {
-            let src: Vec<u8> = (0..rows * cols * 2).map(|i| (i * 7 % 251) as u8).collect();
-            let dst = transposed::<2>(&src, rows, cols, 1);
-            for r in 0..rows {
-                for c in 0..cols {
-                    let (from, to) = ((r * cols + c) * 2, (c * rows + r) * 2);
-                    assert_eq!(
-                        dst[to..to + 2],
-                        src[from..from + 2],
-                        "{rows}x{cols} at ({r}, {c})"
                     );
                 }
             }

@@ -42,6 +42,7 @@ pub(crate) mod host;
 mod scratch;
 #[cfg(test)]
 mod tests;
+pub(crate) mod transpose;
 
 use qforge_macros::kernel;
 

@@ -58,6 +58,7 @@ use super::interleave::{self, Interleaved};
 use super::{Matmul4, TileConfig, K_ORDER};
 use crate::funcs::round_to;
 use crate::gemm::host::{column_tile, fill_rows, gemm_on_panels};
+use crate::gemm::transpose::transpose_into;
 use crate::ops::{cached_typed, DeviceCaps};
 use crate::{check_float_dtype, QuantType};
 use qforge_ir::dsl::{Float, FloatOut, In, Out, TypedKernel};
@@ -219,6 +220,7 @@ fn strip_rows(n: u32, k: u32, p: u32, strip_bytes: usize) -> u32 {
 
 /// `x [m, k]` (`f32` bytes) with every row's columns partial-major: column `c` at `(c % 16) *
 /// (k / 16) + c / 16` (`k` a multiple of 16), the rows split between up to `threads` threads.
+/// Each row is the transpose of its `[k / 16, 16]` view ([`transpose_into`]).
 fn partial_major(x: &[u8], k: usize, threads: usize) -> Vec<u8> {
     let w = FORWARD_PARTIALS as usize;
     let run = k / w;
@@ -230,12 +232,7 @@ fn partial_major(x: &[u8], k: usize, threads: usize) -> Vec<u8> {
             .chunks_exact_mut(row_bytes)
             .zip(src.chunks_exact(row_bytes))
         {
-            for (j, group) in src.chunks_exact(w * 4).enumerate() {
-                for (p, v) in group.chunks_exact(4).enumerate() {
-                    let at = (p * run + j) * 4;
-                    dst[at..at + 4].copy_from_slice(v);
-                }
-            }
+            transpose_into::<4>(src, (run, w), 0..w, dst, run);
         }
     });
     out
