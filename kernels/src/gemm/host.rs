@@ -144,18 +144,14 @@ fn packed_into(
             Layout::Transposed => {
                 for j0 in (0..panels).step_by(PANELS_PER_BLOCK) {
                     let block = j0..(j0 + PANELS_PER_BLOCK).min(panels);
-                    for li in 0..l {
-                        for j in block.clone() {
-                            let r0 = (first + j) * p;
-                            let width = p.min(rows - r0) * size;
-                            let from = (li * rows + r0) * size;
-                            let out =
-                                &mut run[(j * l + li) * p * size..(j * l + li + 1) * p * size];
-                            out[..width].copy_from_slice(&src[from..from + width]);
-                            if width < out.len() {
-                                out[width..].fill(0);
-                            }
-                        }
+                    // Whole panels of 32, 64 or 128 bytes a row: fixed-size copies.
+                    let whole = (first + block.end) * p <= rows;
+                    let shape = (rows, l, size);
+                    match p * size {
+                        32 if whole => panel_rows::<32>(src, run, shape, first, &block),
+                        64 if whole => panel_rows::<64>(src, run, shape, first, &block),
+                        128 if whole => panel_rows::<128>(src, run, shape, first, &block),
+                        _ => panel_rows_padded(src, run, (rows, l, p, size), first, &block),
                     }
                 }
             }
@@ -179,6 +175,52 @@ fn packed_into(
             }
         }
     });
+}
+
+/// [`packed_into`]'s copy of the whole panels `block` (of `B` bytes a row, none past the
+/// operand's end) from the transposed operand `src` (`[L, rows]` of `size`-byte elements) into
+/// `run` (the panels from `first` on): each stored row's `B`-byte run of every panel, copied
+/// as a fixed-size array: inline vector moves, where a `memcpy` call per 64-byte run took
+/// about half of the time (8 MiB, `L = 512`, 4096 rows, on Zen 3: 1.3-1.6 against 0.65-0.75 ms
+/// on one thread, 0.64-0.75 against 0.31-0.35 on two, a `memcpy` of as many bytes 0.33-0.43).
+fn panel_rows<const B: usize>(
+    src: &[u8],
+    run: &mut [u8],
+    (rows, l, size): (usize, usize, usize),
+    first: usize,
+    block: &std::ops::Range<usize>,
+) {
+    let p = B / size;
+    for li in 0..l {
+        let from = (li * rows + (first + block.start) * p) * size;
+        let runs = src[from..from + block.len() * B].chunks_exact(B);
+        for (j, part) in block.clone().zip(runs) {
+            let at = (j * l + li) * B;
+            let out: &mut [u8; B] = (&mut run[at..at + B]).try_into().expect("B bytes");
+            *out = part.try_into().expect("B bytes");
+        }
+    }
+}
+
+/// [`panel_rows`] for any panel width `p` and panels past the operand's end: each run copied
+/// by length, the rows past the end zero.
+fn panel_rows_padded(
+    src: &[u8],
+    run: &mut [u8],
+    (rows, l, p, size): (usize, usize, usize, usize),
+    first: usize,
+    block: &std::ops::Range<usize>,
+) {
+    for li in 0..l {
+        for j in block.clone() {
+            let r0 = (first + j) * p;
+            let width = p.min(rows - r0) * size;
+            let from = (li * rows + r0) * size;
+            let out = &mut run[(j * l + li) * p * size..(j * l + li + 1) * p * size];
+            out[..width].copy_from_slice(&src[from..from + width]);
+            out[width..].fill(0);
+        }
+    }
 }
 
 /// `t` (a logical `[rows, L]` operand stored with `layout`) stored with `want` instead (panels of
@@ -591,8 +633,21 @@ mod tests {
     /// from its row-major and its transposed storage alike, and the rows past the end are zero.
     #[test]
     fn packed_places_every_element_and_pads_with_zeros() {
-        for (rows, l, p) in [(1, 1, 1), (5, 3, 4), (8, 7, 4), (33, 2, 32), (3, 0, 2)] {
-            let value = |r: usize, k: usize| (r * 1000 + k + 1) as u16;
+        // The last four fill whole blocks of panels of 32, 64 and 128 bytes a row (fixed-size
+        // copies from the transposed storage), 275 rows a whole block and a padded one.
+        let cases = [
+            (1, 1, 1),
+            (5, 3, 4),
+            (8, 7, 4),
+            (33, 2, 32),
+            (3, 0, 2),
+            (64, 5, 16),
+            (275, 3, 16),
+            (96, 3, 32),
+            (128, 4, 64),
+        ];
+        for (rows, l, p) in cases {
+            let value = |r: usize, k: usize| (r * 8 + k + 1) as u16;
             let bytes =
                 |v: Vec<u16>| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
             let row_major = bytes(
