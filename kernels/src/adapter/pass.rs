@@ -68,11 +68,11 @@ fn up_gradients(
 ) -> Result<(HostTensor, HostTensor)> {
     let (m, d) = (dy.shape[0], dy.shape[1]);
     let r = a.shape[1];
-    let one = 1f32.to_le_bytes();
-    let row = |i: usize| &a.data[4 * r * i..4 * r * (i + 1)];
-    let a_ones: Vec<u8> = (0..m)
-        .flat_map(|i| row(i).iter().chain(&one).copied())
-        .collect();
+    let mut a_ones = Vec::with_capacity(4 * (r + 1) * m);
+    for i in 0..m {
+        a_ones.extend_from_slice(&a.data[4 * r * i..4 * r * (i + 1)]);
+        a_ones.extend_from_slice(&1f32.to_le_bytes());
+    }
     let a_ones = HostTensor::new(DType::F32, vec![m, r + 1], a_ones)?;
     let both = gemm(dev, (&a_ones, T), (dy, T), None, None)?;
     let (rows, last) = both.data.split_at(4 * r * d);
