@@ -39,7 +39,7 @@
 
 mod catalog;
 pub(crate) mod host;
-mod scratch;
+pub(crate) mod scratch;
 #[cfg(test)]
 mod tests;
 pub(crate) mod transpose;

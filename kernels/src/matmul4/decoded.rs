@@ -57,7 +57,8 @@ use qforge_macros::kernel;
 use super::panels::DX_PANEL;
 use super::{block_absmax, nibble_code, scale, Matmul4, OptionalDim, TileConfig, Weights};
 use crate::funcs::round_to;
-use crate::gemm::host::{column_tile, fill_rows, gemm_on_panels};
+use crate::gemm::host::{column_tile, fill_rows, gemm_on_panels, zeroed};
+use crate::gemm::scratch;
 use crate::ops::{cached_typed, DeviceCaps};
 use crate::{check_blocksize_4bit, check_float_dtype, QuantType};
 use qforge_ir::dsl::{Float, FloatOut, In, Out, TypedKernel, Val};
@@ -265,7 +266,8 @@ pub(super) fn run_decoded(
     };
     let kernel = cached_typed(&decode.name(), || decode.build())?;
     let (total, per) = (k / DX_PANEL, strip_panels(n, k, strip_bytes));
-    let mut strip = vec![0u8; per as usize * n as usize * DX_PANEL as usize * 4];
+    // Every byte of a strip is decoded before the GEMM reads it: a kept buffer, not cleared.
+    let mut strip = scratch::take(per as usize * n as usize * DX_PANEL as usize * 4);
     let mut dx = Vec::new();
     for first in (0..total).step_by(per as usize) {
         let panels = per.min(total - first);
@@ -297,16 +299,18 @@ pub(super) fn run_decoded(
         let cols = panels * DX_PANEL;
         let c = gemm_on_panels(dev, (dy, out, None), (m, cols, n), (tile, 1))?;
         if panels == total {
-            return Ok(c);
+            dx = c;
+            break;
         }
         place_columns(&mut dx, &c, (m, k), (first * DX_PANEL, cols), threads);
     }
+    scratch::keep(strip);
     Ok(dx)
 }
 
 /// Writes the `f32` strip `c [m, cols]` as columns `first ..` of `dst [m, total]` (allocated,
-/// zeroed, when empty), its rows split between up to `threads` threads: a plan's strip of
-/// outputs into the whole output.
+/// zeroed by the threads, when empty), its rows split between up to `threads` threads: a
+/// plan's strip of outputs into the whole output.
 pub(super) fn place_columns(
     dst: &mut Vec<u8>,
     c: &[u8],
@@ -315,7 +319,7 @@ pub(super) fn place_columns(
     threads: usize,
 ) {
     if dst.is_empty() {
-        *dst = vec![0u8; m as usize * total as usize * 4];
+        *dst = zeroed(m as usize * total as usize * 4, threads);
     }
     let (from, len) = (first as usize * 4, cols as usize * 4);
     let row_bytes = total as usize * 4;

@@ -58,6 +58,7 @@ use super::interleave::{self, Interleaved};
 use super::{Matmul4, TileConfig, K_ORDER};
 use crate::funcs::round_to;
 use crate::gemm::host::{column_tile, fill_rows, gemm_on_panels};
+use crate::gemm::scratch;
 use crate::gemm::transpose::transpose_into;
 use crate::ops::{cached_typed, DeviceCaps};
 use crate::{check_float_dtype, QuantType};
@@ -220,13 +221,14 @@ fn strip_rows(n: u32, k: u32, p: u32, strip_bytes: usize) -> u32 {
 
 /// `x [m, k]` (`f32` bytes) with every row's columns partial-major: column `c` at `(c % 16) *
 /// (k / 16) + c / 16` (`k` a multiple of 16), the rows split between up to `threads` threads.
-/// Each row is the transpose of its `[k / 16, 16]` view ([`transpose_into`]).
+/// Each row is the transpose of its `[k / 16, 16]` view ([`transpose_into`]). The bytes are
+/// the first `x.len()` of a [`scratch`] buffer, which the caller keeps.
 fn partial_major(x: &[u8], k: usize, threads: usize) -> Vec<u8> {
     let w = FORWARD_PARTIALS as usize;
     let run = k / w;
     let row_bytes = k * 4;
-    let mut out = vec![0u8; x.len()];
-    fill_rows(&mut out, row_bytes, threads, |first, rows| {
+    let mut out = scratch::take(x.len());
+    fill_rows(&mut out[..x.len()], row_bytes, threads, |first, rows| {
         let src = &x[first * row_bytes..][..rows.len()];
         for (dst, src) in rows
             .chunks_exact_mut(row_bytes)
@@ -275,7 +277,8 @@ pub(super) fn run_forward_decoded(
     let xp = partial_major(x, k as usize, threads);
     let run = k / FORWARD_PARTIALS;
     let per = strip_rows(n, k, tile.tn, strip_bytes);
-    let mut strip = vec![0u8; per as usize * k as usize * 4];
+    // Every byte of a strip is decoded before the GEMM reads it: a kept buffer, not cleared.
+    let mut strip = scratch::take(per as usize * k as usize * 4);
     let mut y = Vec::new();
     for first in (0..n).step_by(per as usize) {
         let rows = per.min(n - first);
@@ -286,6 +289,7 @@ pub(super) fn run_forward_decoded(
             (n, k),
             (first, rows.next_multiple_of(tile.tn)),
             (spec.blocksize, decode.scale_cols, r),
+            threads,
         )?;
         let (codes, absmax) = (&weight.codes, &weight.absmax);
         launch_typed(
@@ -308,14 +312,17 @@ pub(super) fn run_forward_decoded(
         let bias = bias.map(|b| &b[first as usize * 4..(first + rows) as usize * 4]);
         let c = gemm_on_panels(
             dev,
-            (&xp, out, bias),
+            (&xp[..x.len()], out, bias),
             (m, rows, k),
             (tile, FORWARD_PARTIALS),
         )?;
         if rows == n {
-            return Ok(c);
+            y = c;
+            break;
         }
         place_columns(&mut y, &c, (m, n), (first, rows), threads);
     }
+    scratch::keep(xp);
+    scratch::keep(strip);
     Ok(y)
 }

@@ -12,6 +12,7 @@
 //! weight, 6.8 against 24 ms for a `bf16` one.
 
 use super::decoded::DecodeInput;
+use crate::gemm::host::fill_rows;
 use crate::NESTED_BLOCKSIZE;
 
 /// Columns per interleaved absmax: the blocksize where every block lies in one weight row (`k`
@@ -40,7 +41,7 @@ pub(super) struct Interleaved {
 impl Interleaved {
     /// Refills the buffers with rows `first .. first + rows` of `w` (`[n, k]` in bitsandbytes'
     /// layout, blocks of `blocksize` over the flattened weight), rows from `n` on repeating
-    /// row `n - 1`. A nested absmax is decoded as the fused kernel's `block_absmax` decodes it,
+    /// row `n - 1`, the codes' groups split between up to `threads` threads. A nested absmax is decoded as the fused kernel's `block_absmax` decodes it,
     /// `nested_code[qabsmax] * nested_absmax[block / 256] + offset` in `f32` (one rounding per
     /// operation, as every device computes it), so the decoded weight keeps its bits. `k` is a
     /// multiple of 16 and of `scale_cols`, `rows` of `r`, `r` a power of two up to 16, and the
@@ -55,6 +56,7 @@ impl Interleaved {
         (n, k): (u32, u32),
         (first, rows): (u32, u32),
         (blocksize, scale_cols, r): (u32, u32, u32),
+        threads: usize,
     ) -> qforge_runtime::Result<()> {
         let scale = Scale::of(w)?;
         let (n, k, r) = (n as usize, k as usize, r as usize);
@@ -62,25 +64,27 @@ impl Interleaved {
         let groups = rows as usize / r;
         self.codes.resize(groups * k / 2 * r, 0);
         self.absmax.resize(groups * runs * r, 0.0);
-        let groups = self
-            .codes
-            .chunks_exact_mut(k / 2 * r)
-            .zip(self.absmax.chunks_exact_mut(runs * r));
-        // Blocksizes are powers of two: a shift, not a division per run.
-        let shift = blocksize.trailing_zeros();
-        for (g, (codes, absmax)) in groups.enumerate() {
-            let row = |i: usize| (first as usize + g * r + i).min(n - 1);
-            let src = |i: usize| &w.codes[row(i) * k / 2..][..k / 2];
-            if r.is_multiple_of(8) {
-                let rows: Vec<&[u8]> = (0..r).map(src).collect();
-                interleave_rows(&rows, codes);
-            } else {
-                for i in 0..r {
-                    for (b, &byte) in src(i).iter().enumerate() {
-                        codes[b * r + i] = byte;
+        let row = |g: usize, i: usize| (first as usize + g * r + i).min(n - 1);
+        // The codes, groups split between the threads.
+        fill_rows(&mut self.codes, k / 2 * r, threads, |g0, run| {
+            for (g, codes) in (g0..).zip(run.chunks_exact_mut(k / 2 * r)) {
+                let src = |i: usize| &w.codes[row(g, i) * k / 2..][..k / 2];
+                if r.is_multiple_of(8) {
+                    let rows: Vec<&[u8]> = (0..r).map(src).collect();
+                    interleave_rows(&rows, codes);
+                } else {
+                    for i in 0..r {
+                        for (b, &byte) in src(i).iter().enumerate() {
+                            codes[b * r + i] = byte;
+                        }
                     }
                 }
             }
+        });
+        // Blocksizes are powers of two: a shift, not a division per run.
+        let shift = blocksize.trailing_zeros();
+        for (g, absmax) in self.absmax.chunks_exact_mut(runs * r).enumerate() {
+            let row = |i: usize| row(g, i);
             for i in 0..r {
                 let e0 = row(i) * k;
                 for s in 0..runs {
@@ -192,4 +196,64 @@ fn transpose_8x8(mut a: [u64; 8]) -> [u64; 8] {
         swap(&mut a, (i, 1), 8, L8);
     }
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Interleaved;
+    use crate::matmul4::decoded::DecodeInput;
+
+    /// Every code byte and absmax lands where the decode kernel reads it (byte `b` of strip row
+    /// `g r + i` at `(g (k / 2) + b) r + i`, rows past the weight's end repeating its last),
+    /// whether the groups are split between threads (the codes here pass the threaded size)
+    /// or not, with 16 rows a group (the 8 x 8 byte transposes) and 4 (byte by byte).
+    #[test]
+    fn interleaved_codes_and_absmax_land_in_place_on_any_threads() {
+        let (n, k, blocksize) = (150usize, 4096usize, 64u32);
+        let codes: Vec<u8> = (0..n * k / 2).map(|i| (i * 31 % 251) as u8).collect();
+        let absmax: Vec<f32> = (0..n * k / 64).map(|i| i as f32).collect();
+        let w = DecodeInput {
+            codes: &codes,
+            n_scales: absmax.len() as u32,
+            absmax: Some(&absmax),
+            qabsmax: None,
+            offset: None,
+            n_nested: None,
+            nested_absmax: None,
+            nested_code: None,
+        };
+        for r in [16usize, 4] {
+            let (first, rows) = (16u32, 144u32);
+            for threads in [1, 2, 3] {
+                let mut got = Interleaved::default();
+                got.fill(
+                    &w,
+                    (n as u32, k as u32),
+                    (first, rows),
+                    (blocksize, 64, r as u32),
+                    threads,
+                )
+                .unwrap();
+                assert_eq!(got.codes.len(), rows as usize * k / 2);
+                for s in 0..rows as usize {
+                    let (g, i) = (s / r, s % r);
+                    let row = (first as usize + s).min(n - 1);
+                    for b in 0..k / 2 {
+                        assert_eq!(
+                            got.codes[(g * k / 2 + b) * r + i],
+                            codes[row * k / 2 + b],
+                            "r = {r}, {threads} threads: strip row {s}, byte {b}"
+                        );
+                    }
+                    for run in 0..k / 64 {
+                        assert_eq!(
+                            got.absmax[(g * k / 64 + run) * r + i],
+                            absmax[row * k / 64 + run],
+                            "r = {r}, {threads} threads: strip row {s}, absmax {run}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
