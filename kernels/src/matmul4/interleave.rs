@@ -41,7 +41,8 @@ pub(super) struct Interleaved {
 impl Interleaved {
     /// Refills the buffers with rows `first .. first + rows` of `w` (`[n, k]` in bitsandbytes'
     /// layout, blocks of `blocksize` over the flattened weight), rows from `n` on repeating
-    /// row `n - 1`, the codes' groups split between up to `threads` threads. A nested absmax is decoded as the fused kernel's `block_absmax` decodes it,
+    /// row `n - 1`, the codes' groups split between up to `threads` threads. A nested absmax
+    /// is decoded as the fused kernel's `block_absmax` decodes it,
     /// `nested_code[qabsmax] * nested_absmax[block / 256] + offset` in `f32` (one rounding per
     /// operation, as every device computes it), so the decoded weight keeps its bits. `k` is a
     /// multiple of 16 and of `scale_cols`, `rows` of `r`, `r` a power of two up to 16, and the
