@@ -297,7 +297,8 @@ fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
     for u in &unavailable {
         qforge_testkit::unavailable(u.device, &u.reason);
     }
-    // 64: 16-bit activations widen on a CPU (`matmul4/widen.rs`).
+    // 64: 16-bit activations widen on a CPU (`matmul4/widen.rs`; the input gradient from 2 rows
+    // with AVX-512).
     const MS: [usize; 6] = [1, 2, 7, 16, 33, 64];
     const KS: [usize; 5] = [1, 5, 13, 70, 131];
     const NS: [usize; 4] = [1, 3, 9, 65];
@@ -387,8 +388,9 @@ fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
     );
 }
 
-/// From 32 rows on (the forward and the input gradient), on an AVX2 `cpu-llvm` device decode
-/// the weight once and run the dense GEMM on it (48 rows here, both plans;
+/// From 32 rows on (the forward, and the input gradient with AVX2; from 128 with AVX-512), a
+/// `cpu-llvm` device decodes the weight once and runs the dense GEMM on it (131 rows here, both
+/// plans, a partial last row tile;
 /// `matmul4/decoded_forward.rs`: `x` and the weight partial-major, 16 partials;
 /// `matmul4/decoded.rs`): the same bits as the interpreter's fused kernels, `f32` and widened
 /// `bf16` activations, plain and nested absmax, a bias, `K = 160` (10 groups of 16, 5 panels of
@@ -396,13 +398,13 @@ fn matmul_4bit_is_bit_exact_on_every_device_at_every_batch_size() {
 /// (blocks within rows: the forward decode's interleaved absmax per block rather than per 16
 /// columns), `N = 70` (a partial last panel). The values are finite (an edge value's infinity
 /// or NaN in a row would make the whole output row NaN and hide the rest). On other devices
-/// (AVX-512, Cranelift) the fused kernels run, checked the same way.
+/// (Cranelift) the fused kernels run, checked the same way.
 #[test]
 fn many_rows_are_bit_exact_on_every_device() {
     use qforge::devices::available_devices;
     use qforge::runtime::InterpreterDevice;
     let (devices, _) = available_devices();
-    let (m, n) = (48usize, 70usize);
+    let (m, n) = (131usize, 70usize);
     for (dtype, nested, k) in [
         (DType::F32, false, 160usize),
         (DType::F32, true, 160),

@@ -9,8 +9,9 @@
 //! A kernel run is one call of the library's host op ([`matmul_4bit`] /
 //! [`matmul_4bit_backward_input`]), so it times what a `Linear4bit` layer costs, the output's
 //! allocation included, with the op's own choice of plan (its fused kernel with the tile of
-//! `suggest_tile_sizes` or `suggest_backward_tile_sizes`, or on an AVX2 CPU from 32 rows (the
-//! forward) or 48 (the input gradient) its decoded plan, `matmul4/decoded_forward.rs` and `matmul4/decoded.rs`);
+//! `suggest_tile_sizes` or `suggest_backward_tile_sizes`, or its decoded plan on an AVX2 CPU from
+//! 32 rows and on an AVX-512 one from 32 (the forward) and 128 (the input gradient) rows,
+//! `matmul4/decoded_forward.rs` and `matmul4/decoded.rs`);
 //! `QFORGE_MATMUL_TILE=TMxTN` and `QFORGE_MATMUL_DX_TILE=TMxTN` run the fused kernels with that
 //! tile, for tuning. The `gemm` crate has no bf16 GEMM: bf16 rows are compared with the f32
 //! one too.

@@ -1,5 +1,6 @@
 //! The input gradient's weight decoded once, in the dense GEMM's panels: the plan of
-//! `dX = dY @ dequant(W)` on an AVX2 CPU from [`DECODE_FROM_ROWS`] rows of `dY` on.
+//! `dX = dY @ dequant(W)` on an AVX2 CPU from [`DECODE_FROM_ROWS`] rows of `dY` on, on an
+//! AVX-512 CPU from [`DECODE_FROM_ROWS_AVX512`].
 //!
 //! The fused kernel decodes each weight vector once per tile of rows, and with AVX2 the decode
 //! (the scaled table's two halves, the shift vector, the permutes) takes registers the sums
@@ -21,7 +22,8 @@
 //! 1137 against 567 ms; M = 128 with (K, N) = (4096, 11008) 153 against 95 ms and (11008, 4096)
 //! 181 against 108 ms; M = 512 at those shapes 659 against 312 and 633 against 311 ms; bf16
 //! (widened) M = 128 78 against 55 ms, M = 512 318 against 145 ms. With AVX-512 the fused
-//! kernel's 32 registers hold its 8 x 32 tile; the plan is not taken there until measured.
+//! kernel's 32 registers hold its 8 x 32 tile, and the plan pays only from more rows
+//! ([`DECODE_FROM_ROWS_AVX512`]).
 //! With 4 MiB strips the decode takes about 7 ms at K = N = 4096 (stop 61, best of 7 against 3
 //! in one process): M = 48 20.8 against 26.7 ms, (4096, 11008) 61.9 against 64.5,
 //! (11008, 4096) 59.2 against 64.0; at M = 32 the two were even (17.2 against 17.4, 56.1 against
@@ -67,6 +69,16 @@ use qforge_runtime::{launch_typed, Device};
 
 /// Rows of `dY` from which an AVX2 CPU (8 vector lanes) decodes the weight once (module docs).
 pub const DECODE_FROM_ROWS: usize = 32;
+
+/// Rows of `dY` from which an AVX-512 CPU (16 vector lanes: the LLVM backend's 8 x 32 GEMM tile, as
+/// the fused kernel's) decodes the weight once. On Zen 4 (2 threads, release, the fused kernel with
+/// its suggested tile and this plan alternating in one process, best of 3 to 7, the same bits),
+/// f32: M = 128 25.5 against 28.3 ms (K = N = 4096), 70.0 against 85.8 ((K, N) = (11008, 4096)),
+/// 66.6 against 71.7 ((4096, 11008)); M = 512 118 against 124 and 308 against 316 (at (11008,
+/// 4096)); M = 2048 362 against 410; bf16 (widened) M = 128 36.5 against 42.3, M = 512 98 against
+/// 122. Below 128 rows the decode is not earned back everywhere: M = 64 86.2 against 43.1 ms at
+/// (4096, 11008) (even at the other shapes), M = 32 12.2 against 10.9 ms at K = N = 4096.
+pub const DECODE_FROM_ROWS_AVX512: usize = 128;
 
 /// The most bytes of decoded weight one strip holds (both decoded plans): a weight that decodes
 /// to more runs in strips of whole panels. A small strip is still in the cache when its GEMM
@@ -214,15 +226,17 @@ pub(super) struct DecodeInput<'a> {
     pub nested_code: Option<&'a [f32]>,
 }
 
-/// The GEMM tile of the decoded plan for `dY [m, n]` and a weight `[n, k]` with scale chunk
-/// `chunk` on `caps`, or `None` where the fused kernel runs: fewer than [`DECODE_FROM_ROWS`]
-/// rows, not a CPU with 8 lanes (the LLVM backend with AVX2; module docs), `K` not a multiple
-/// of 32, or a tile whose columns do not divide a panel's 32.
+/// The GEMM tile of the decoded plan for `dY [m, n]` and a weight `[n, k]` on `caps`, or `None`
+/// where the fused kernel runs: not a CPU with 8 lanes (the LLVM backend with AVX2) from
+/// [`DECODE_FROM_ROWS`] rows or with 16 (AVX-512) from [`DECODE_FROM_ROWS_AVX512`] (module
+/// docs), `K` not a multiple of 32, or a tile whose columns do not divide a panel's 32.
 pub(super) fn decoded_plan(caps: DeviceCaps, (m, n, k): (u32, u32, u32)) -> Option<TileConfig> {
-    let DeviceCaps::Cpu { lanes, .. } = caps else {
-        return None;
+    let from_rows = match caps {
+        DeviceCaps::Cpu { lanes: 8, .. } => DECODE_FROM_ROWS,
+        DeviceCaps::Cpu { lanes: 16, .. } => DECODE_FROM_ROWS_AVX512,
+        _ => return None,
     };
-    let fits = lanes == 8 && m as usize >= DECODE_FROM_ROWS && k.is_multiple_of(DX_PANEL);
+    let fits = m as usize >= from_rows && k.is_multiple_of(DX_PANEL);
     let tile = column_tile(m, strip_panels(n, k, STRIP_BYTES) * DX_PANEL, n, caps);
     (fits && DX_PANEL.is_multiple_of(tile.tn)).then_some(tile)
 }

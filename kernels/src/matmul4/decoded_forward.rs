@@ -1,6 +1,6 @@
 //! The forward's weight decoded once, in the dense GEMM's panels with partial-major columns: the
-//! plan of `y = x @ dequant(W).T (+ bias)` on an AVX2 CPU from [`FORWARD_DECODE_FROM_ROWS`]
-//! rows of `x` on.
+//! plan of `y = x @ dequant(W).T (+ bias)` on an AVX2 or AVX-512 CPU from
+//! [`FORWARD_DECODE_FROM_ROWS`] rows of `x` on.
 //!
 //! The fused forward keeps [`super::K_ORDER`]'s 16 partials of every output in registers: with
 //! AVX2's 8 lanes that is two `ymm` registers per output, so its 8 x 2 tile's 16 outputs want
@@ -28,14 +28,24 @@
 //! 16.8 M; 1.5 ns before), and the forward at M = 128, K = N = 4096 35-41 ms. It then pays
 //! from 32 rows (best of 7 against 3 in one process): M = 32, K = N = 4096 19.8 against 23.1 ms,
 //! (4096, 11008) 43.0 against 61.8, (11008, 4096) 46.7 against 70.9; at M = 16 22.2 against
-//! 17.9 and 37.5 against 26.6, so below 32 rows the fused kernel runs. With AVX-512 the plan is
-//! not taken until measured there. Since the decode runs one vector lane per weight row, on
-//! codes and absmax the host interleaves strip by strip (stop 63, `interleave.rs`; 1.2-1.9 ms
+//! 17.9 and 37.5 against 26.6, so below 32 rows the fused kernel runs. Since the decode runs
+//! one vector lane per weight row, on codes and absmax the host interleaves strip by strip
+//! (stop 63, `interleave.rs`; 1.2-1.9 ms
 //! of copying at K = N = 4096), the forward took, in one process alternating with the row by
 //! row decode (best and median of 5, same bits): M = 128 f32 42.3 / 52.1 against 45.5 / 57.4
 //! ms, bf16 46.0 / 48.3 against 56.5 / 57.1; M = 512 f32 150.0 / 150.9 against 148.7 / 150.0
 //! (even), bf16 163.4 / 191.6 against 175.7 / 203.2. Still below 32 rows the fused kernel wins
 //! (M = 16 f32: 16.0 against 18.9 ms).
+//!
+//! With AVX-512 (16 lanes) the fused kernel's 5 x 4 tile keeps its sums in registers, but it ran at
+//! a third of the f32 peak on Zen 4 (75-80 GFLOP/s from M = 128 on, `qforge bench --suite train`),
+//! and the GEMM's 8 x 32 tile on the decoded weight runs much faster there. Zen 4, 2 threads,
+//! release, the fused kernel and this plan alternating in one process, best of 3 to 7, the same
+//! bits, f32: M = 32, K = N = 4096 10.6 against 11.1 ms, (K, N) = (4096, 11008) 26.8 against 33.6,
+//! (11008, 4096) 31.2 against 30.7 (even); M = 64 15.3 against 21.0; M = 128 27.4 against 52.7,
+//! 76.1 against 141.8, 75.3 against 129.1; M = 512 124 against 208 and 236 against 498 (at (11008,
+//! 4096)); M = 2048 384 against 692; bf16 (widened) M = 128 36.7 against 41.2, M = 512 113 against
+//! 134 and 283 against 389 at (4096, 11008). So it runs from the same 32 rows.
 //!
 //! Kernel `dequantize_fwd_panels_{qt}_s{S}_w{wdtype}_p{P}_interleaved{R}_strided16`: `(k,
 //! n_items, n_packed, n_scales: u32, packed: u8[n_packed] read, absmax: f32[n_scales] read,
@@ -66,8 +76,8 @@ use qforge_ir::dsl::{Float, FloatOut, In, Out, TypedKernel};
 use qforge_ir::{DType, Error, ReduceOrder, Result, Rounding};
 use qforge_runtime::{launch_typed, Device};
 
-/// Rows of `x` from which an AVX2 CPU (8 vector lanes) decodes the forward's weight once (module
-/// docs).
+/// Rows of `x` from which an AVX2 or AVX-512 CPU (8 or 16 vector lanes) decodes the forward's
+/// weight once (module docs).
 pub const FORWARD_DECODE_FROM_ROWS: usize = 32;
 
 /// The partials of [`K_ORDER`] (`strided 16`), the GEMM's [`crate::Gemm::partials`].
@@ -198,12 +208,13 @@ pub fn dequantize_fwd_panels(
 
 /// The GEMM tile of the forward's decoded plan for `x [m, k]` and a weight `[n, k]` on `caps`,
 /// or `None` where the fused kernel runs: fewer than [`FORWARD_DECODE_FROM_ROWS`] rows, not a
-/// CPU with 8 lanes (the LLVM backend with AVX2; module docs), or `K` not a multiple of 16.
+/// CPU with 8 or 16 lanes (the LLVM backend with AVX2 or AVX-512; module docs), or `K` not a
+/// multiple of 16.
 pub(super) fn forward_plan(caps: DeviceCaps, (m, n, k): (u32, u32, u32)) -> Option<TileConfig> {
     let DeviceCaps::Cpu { lanes, .. } = caps else {
         return None;
     };
-    let fits = lanes == 8
+    let fits = matches!(lanes, 8 | 16)
         && m as usize >= FORWARD_DECODE_FROM_ROWS
         && k > 0
         && k.is_multiple_of(FORWARD_PARTIALS);

@@ -5,7 +5,7 @@
 use crate::matmul4::decoded::{decoded_plan, run_decoded, DecodeInput, STRIP_BYTES};
 use crate::matmul4::decoded_forward::{forward_plan, run_forward_decoded};
 use crate::matmul4::panels::{dx_panel_bytes, pack_dx_panels, scale_chunk, scales_of};
-use crate::matmul4::widen::{narrowed, widened, WIDEN_ROWS};
+use crate::matmul4::widen::{narrowed, widened, widens};
 use crate::matmul4::{Direction, Matmul4, Matmul4bitArgs, Matmul4bitDxArgs, TileConfig};
 use crate::BLOCKSIZES_4BIT;
 use qforge_ir::dsl::{FloatIn, FloatOut};
@@ -80,10 +80,11 @@ impl DeviceCaps {
 ///   75.5 ms, M = 512 285 against 305 ms (K = 11008: 787 against 827), M = 2048 1176 against
 ///   1245 ms; bf16 M = 128 78.8 against 78.9, M = 512 310 against 341 ms (6x2 was as fast
 ///   in f32 and slower in bf16 at M = 128; 3x2 and 2x2 slower). The tile shrinks (`tn`
-///   first) while there would be fewer than 4 work items per thread. With AVX2, from
-///   [`super::decoded_forward::FORWARD_DECODE_FROM_ROWS`] rows on, `matmul_4bit` with
+///   first) while there would be fewer than 4 work items per thread. With AVX2 or AVX-512,
+///   from [`super::decoded_forward::FORWARD_DECODE_FROM_ROWS`] rows on, `matmul_4bit` with
 ///   `tile = None` runs the decoded plan instead (the weight decoded once, then the dense
-///   GEMM with 16 partials: 1.4-2.5x faster there, same bits).
+///   GEMM with 16 partials: 1.4-2.5x faster on Zen 3, 1.7-2.1x from M = 128 on Zen 4, same
+///   bits).
 /// * GPU: one thread keeps 16 scalar partials per output (`K_ORDER`); `tm = min(M, 4)`, `tn = 1`, shrunk
 ///   while there would be fewer work items than half the resident threads.
 pub fn suggest_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
@@ -158,8 +159,9 @@ pub(crate) fn shrink(
 ///   8x16 there, 8x32 and 4x32 slower); at M = 16, K = N = 4096 f32 11.4-11.6 against
 ///   13.3-13.4 ms (8x8 the same as 8x16), bf16 14.3 against 17.6 ms.
 ///   `tm` halves, then `tn`, while there would be fewer than 4 work items per thread.
-///   With AVX2, from [`super::decoded::DECODE_FROM_ROWS`] rows on, the op runs the decoded
-///   plan instead (the weight decoded once, then the dense GEMM: 1.4-2.2x faster there).
+///   With AVX2, from [`super::decoded::DECODE_FROM_ROWS`] rows on (AVX-512: from
+///   [`super::decoded::DECODE_FROM_ROWS_AVX512`]), the op runs the decoded plan instead (the
+///   weight decoded once, then the dense GEMM: 1.4-2.2x faster on Zen 3, 1.03-1.24x on Zen 4).
 /// * Otherwise [`suggest_tile_sizes`] for `M x K` outputs.
 pub fn suggest_backward_tile_sizes(m: usize, n: usize, k: usize, caps: DeviceCaps) -> TileConfig {
     match caps {
@@ -367,15 +369,17 @@ pub(crate) fn run(
         #[cfg(test)]
         Plan::Decoded(tile, strip) => Some((tile, strip)),
     };
-    // On a CPU, 16-bit activations are widened once (`widen.rs`) from `WIDEN_ROWS` rows on, or
-    // where a decoded plan runs: the f32 kernel runs and its output is rounded to the activation
-    // dtype, the same bits as the 16-bit kernel. On Zen 3 (2 threads, bf16, one process
-    // alternating, best of 5) a decoded plan from 32 rows beat the 16-bit fused kernel: M = 32,
-    // K = N = 4096 forward 22.5 against 28.0 ms, input gradient 21.7 against 31.1; M = 48 24.0
-    // against 41.3 and 21.2 against 40.4; M = 32, (K, N) = (11008, 4096) 47.4 against 58.7 and
-    // 58.2 against 76.5, (4096, 11008) 80.9 against 91.4 and 59.3 against 93.1.
+    // On a CPU, 16-bit activations are widened once (`widen.rs`) where `widens` says: the f32
+    // kernel runs and its output is rounded to the activation dtype, the same bits as the 16-bit
+    // kernel. On Zen 3 (2 threads, bf16, one process alternating, best of 5) a decoded plan from 32
+    // rows beat the 16-bit fused kernel: M = 32, K = N = 4096 forward 22.5 against 28.0 ms, input
+    // gradient 21.7 against 31.1; M = 48 24.0 against 41.3 and 21.2 against 40.4; M = 32, (K, N) =
+    // (11008, 4096) 47.4 against 58.7 and 58.2 against 76.5, (4096, 11008) 80.9 against 91.4 and
+    // 59.3 against 93.1.
     let widen = match threads {
-        Some(t) if dtype.size_bytes() == 2 && (d.m >= WIDEN_ROWS || decoded.is_some()) => Some(t),
+        Some(t) if dtype.size_bytes() == 2 && widens(caps, forward, d.m, decoded.is_some()) => {
+            Some(t)
+        }
         _ => None,
     };
     let (act_wide, bias_wide) = match widen {
@@ -577,10 +581,11 @@ pub(crate) fn weight_dtype(op: &str, weight: DType, act: DType) -> Result<DType>
 /// `[N, K]` quantized by [`crate::ops::quantize_4bit`] (NF4 or FP4, any blocksize, plain or
 /// double-quantized absmax), giving `y` of shape `[..., N]` in `x`'s dtype. With `tile = None`
 /// the op chooses: the fused kernel with [`suggest_tile_sizes`] (the weight decoded inside the
-/// kernel only), or on an AVX2 CPU from [`super::decoded_forward::FORWARD_DECODE_FROM_ROWS`] rows
-/// on the decoded plan (`x` and the weight partial-major, the weight decoded once a strip at a
-/// time, then the dense GEMM in `K_ORDER`; same bits, `matmul4/decoded_forward.rs`); a given
-/// tile runs the fused kernel with it (results never depend on the plan or the tile).
+/// kernel only), or on an AVX2 or AVX-512 CPU from
+/// [`super::decoded_forward::FORWARD_DECODE_FROM_ROWS`] rows on the decoded plan (`x` and the
+/// weight partial-major, the weight decoded once a strip at a time, then the dense GEMM in
+/// `K_ORDER`; same bits, `matmul4/decoded_forward.rs`); a given tile runs the fused kernel with
+/// it (results never depend on the plan or the tile).
 ///
 /// # Errors
 /// [`Error::Invalid`] naming the problem when the state is not a non-empty 2-D weight, a buffer
@@ -610,7 +615,8 @@ pub fn matmul_4bit(
 /// [`matmul_4bit`] with respect to its input (the weight is frozen: no `dW`, as bitsandbytes'
 /// `MatMul4Bit`). `dX` has shape `[..., K]` in `dY`'s dtype. With `tile = None` the op chooses:
 /// the fused kernel with [`suggest_backward_tile_sizes`], or on an AVX2 CPU from
-/// [`super::decoded::DECODE_FROM_ROWS`] rows on the decoded plan (the weight decoded once, a
+/// [`super::decoded::DECODE_FROM_ROWS`] rows on (AVX-512: from
+/// [`super::decoded::DECODE_FROM_ROWS_AVX512`]) the decoded plan (the weight decoded once, a
 /// strip at a time, then the dense GEMM; same bits, `matmul4/decoded.rs`); a given tile runs
 /// the fused kernel with it.
 ///

@@ -457,6 +457,36 @@ fn host_ops_with_widened_16_bit_activations_give_the_16_bit_bits() {
     }
 }
 
+/// The decoded plans run where they were measured to pay (`decoded_forward.rs`, `decoded.rs`):
+/// on the LLVM backend's 8-lane (AVX2) and 16-lane (AVX-512) CPUs, the forward from 32 rows and
+/// `K` a multiple of 16, the input gradient from 32 rows with 8 lanes and from 128 with 16,
+/// `K` a multiple of 32; never with 4 lanes (Cranelift) or on a GPU.
+#[test]
+fn the_decoded_plans_run_where_they_pay() {
+    use crate::matmul4::decoded::decoded_plan;
+    use crate::matmul4::decoded_forward::forward_plan;
+    use crate::matmul4::host::DeviceCaps;
+    let cpu = |lanes| DeviceCaps::Cpu { threads: 2, lanes };
+    let gpu = DeviceCaps::Gpu {
+        parallel_threads: 1 << 16,
+    };
+    let fwd = |caps, m, k| forward_plan(caps, (m, 4096, k)).is_some();
+    let dx = |caps, m, k| decoded_plan(caps, (m, 4096, k)).is_some();
+    for (caps, fwd_rows, dx_rows) in [(cpu(8), 32, 32), (cpu(16), 32, 128)] {
+        assert!(fwd(caps, fwd_rows, 4096), "{caps:?}");
+        assert!(fwd(caps, 2048, 4112), "{caps:?}");
+        assert!(!fwd(caps, fwd_rows - 1, 4096), "{caps:?}");
+        assert!(!fwd(caps, 512, 4104), "{caps:?}: K not a multiple of 16");
+        assert!(dx(caps, dx_rows, 4096), "{caps:?}");
+        assert!(dx(caps, 2048, 11008), "{caps:?}");
+        assert!(!dx(caps, dx_rows - 1, 4096), "{caps:?}");
+        assert!(!dx(caps, 512, 4112), "{caps:?}: K not a multiple of 32");
+    }
+    for caps in [cpu(4), gpu] {
+        assert!(!fwd(caps, 512, 4096) && !dx(caps, 512, 4096), "{caps:?}");
+    }
+}
+
 /// The input gradient's decoded plan (`decoded.rs`: the weight decoded from bitsandbytes'
 /// layout into the GEMM's panels, one strip of columns at a time, then the dense GEMM) gives
 /// the model's bits: NF4 and FP4, plain and nested absmax (320 blocks of 32: two nested

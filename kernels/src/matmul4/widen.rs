@@ -16,14 +16,38 @@
 use half::{bf16, f16};
 use qforge_ir::DType;
 
+use crate::ops::DeviceCaps;
+
 /// The fewest activation rows for which a CPU host op widens; below, the 16-bit kernel runs,
 /// whose activation rows (read once per weight tile) are half the bytes. Measured on the
 /// AVX-512 development machine, bf16, NF4, one run window (16-bit kernel against widened):
 /// forward K = N = 4096 M = 16 3.29 against 3.85 ms, M = 128 24.0 against 21.4 ms, M = 512
 /// 94.7 against 84.9 ms; M = 2048, N = 11008 1037 against 917 ms; input gradient M = 512 108.6
-/// against 100.7 ms. Where a decoded plan runs (AVX2, from 32 rows) the op widens below this
-/// too (`host.rs`).
+/// against 100.7 ms. Where a decoded plan runs (from 32 rows) the op widens below this too
+/// ([`widens`]).
 pub(crate) const WIDEN_ROWS: u32 = 64;
+
+/// The fewest rows of `dY` for which the input gradient widens on a CPU with 16 lanes (the LLVM
+/// backend with AVX-512): its 16-bit fused kernel ran at half the `f32` one's speed there. Zen 4,
+/// 2 threads, release, K = N = 4096, the 16-bit kernel and the widened one alternating in one
+/// process, best of 7 to 9, the same bits: bf16 M = 1 3.7 against 4.2 ms, M = 2 3.6 against 3.2,
+/// M = 8 7.2 against 5.6, M = 16 9.4 against 5.4 ((K, N) = (4096, 11008): 30.6 against 16.6;
+/// (11008, 4096): 33.1 against 24.8), M = 48 24.1 against 12.6; f16 M = 2 10.0 against 10.3,
+/// M = 16 22.1 against 18.0, M = 48 59.5 against 46.1. The forward keeps [`WIDEN_ROWS`]: at
+/// M = 16 its bf16 kernel took 7.8 against 9.0 ms widened (20.5 against 24.0 at (11008, 4096)).
+pub(crate) const WIDEN_DX_ROWS_AVX512: u32 = 2;
+
+/// Whether a CPU host op with 16-bit activations on `caps` widens them: the forward
+/// (`forward`) or the input gradient of `m` rows, `decoded` where a decoded plan runs (it reads
+/// `f32` activations only). From [`WIDEN_ROWS`] rows, the input gradient with 16 lanes from
+/// [`WIDEN_DX_ROWS_AVX512`].
+pub(crate) fn widens(caps: DeviceCaps, forward: bool, m: u32, decoded: bool) -> bool {
+    let from = match caps {
+        DeviceCaps::Cpu { lanes: 16, .. } if !forward => WIDEN_DX_ROWS_AVX512,
+        _ => WIDEN_ROWS,
+    };
+    decoded || m >= from
+}
 
 /// Elements per thread below which a pass runs on one thread.
 const PER_THREAD: usize = 1 << 16;
@@ -90,6 +114,22 @@ fn for_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The forward widens from 64 rows; the input gradient from 64 with 4 or 8 lanes and from 2
+    /// with 16 (AVX-512); both wherever a decoded plan runs; never on 1 row without one.
+    #[test]
+    fn the_input_gradient_widens_from_two_rows_with_avx512() {
+        let cpu = |lanes| DeviceCaps::Cpu { threads: 2, lanes };
+        for lanes in [4, 8, 16] {
+            let dx_from = if lanes == 16 { 2 } else { 64 };
+            for (forward, from) in [(true, 64), (false, dx_from)] {
+                let what = format!("{lanes} lanes, forward {forward}");
+                assert!(!widens(cpu(lanes), forward, from - 1, false), "{what}");
+                assert!(widens(cpu(lanes), forward, from, false), "{what}");
+                assert!(widens(cpu(lanes), forward, 1, true), "{what}");
+            }
+        }
+    }
 
     /// Widening is exact and narrowing rounds as `half` does, over every 16-bit pattern
     /// (NaNs, infinities and subnormals included) and on several threads.
