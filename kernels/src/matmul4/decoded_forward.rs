@@ -28,17 +28,16 @@
 //! 16.8 M; 1.5 ns before), and the forward at M = 128, K = N = 4096 35-41 ms. It then pays
 //! from 32 rows (best of 7 against 3 in one process): M = 32, K = N = 4096 19.8 against 23.1 ms,
 //! (4096, 11008) 43.0 against 61.8, (11008, 4096) 46.7 against 70.9; at M = 16 22.2 against
-//! 17.9 and 37.5 against 26.6, so below 32 rows the fused kernel runs. Since the decode runs
-//! one vector lane per weight row, on codes and absmax the host interleaves strip by strip
-//! (stop 63, `interleave.rs`; 1.2-1.9 ms
-//! of copying at K = N = 4096), the forward took, in one process alternating with the row by
-//! row decode (best and median of 5, same bits): M = 128 f32 42.3 / 52.1 against 45.5 / 57.4
-//! ms, bf16 46.0 / 48.3 against 56.5 / 57.1; M = 512 f32 150.0 / 150.9 against 148.7 / 150.0
-//! (even), bf16 163.4 / 191.6 against 175.7 / 203.2. Still below 32 rows the fused kernel wins
-//! (M = 16 f32: 16.0 against 18.9 ms).
+//! 17.9 and 37.5 against 26.6, so below 32 rows the fused kernel runs. Since the decode runs one
+//! vector lane per weight row, on codes and absmax the host interleaves strip by strip (stop 63,
+//! `interleave.rs`; 1.2-1.9 ms of copying at K = N = 4096), the forward took, in one process
+//! alternating with the row by row decode (best and median of 5, same bits): M = 128 f32 42.3 /
+//! 52.1 against 45.5 / 57.4 ms, bf16 46.0 / 48.3 against 56.5 / 57.1; M = 512 f32 150.0 / 150.9
+//! against 148.7 / 150.0 (even), bf16 163.4 / 191.6 against 175.7 / 203.2. Still below 32 rows the
+//! fused kernel wins (M = 16 f32: 16.0 against 18.9 ms).
 //!
 //! With AVX-512 (16 lanes) the fused kernel's 5 x 4 tile keeps its sums in registers, but it ran at
-//! a third of the f32 peak on Zen 4 (75-80 GFLOP/s from M = 128 on, `qforge bench --suite train`),
+//! a third of the f32 peak on Zen 4 (51-80 GFLOP/s from M = 128 on, `qforge bench --suite train`),
 //! and the GEMM's 8 x 32 tile on the decoded weight runs much faster there. Zen 4, 2 threads,
 //! release, the fused kernel and this plan alternating in one process, best of 3 to 7, the same
 //! bits, f32: M = 32, K = N = 4096 10.6 against 11.1 ms, (K, N) = (4096, 11008) 26.8 against 33.6,

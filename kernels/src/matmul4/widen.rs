@@ -116,7 +116,7 @@ mod tests {
     use super::*;
 
     /// The forward widens from 64 rows; the input gradient from 64 with 4 or 8 lanes and from 2
-    /// with 16 (AVX-512); both wherever a decoded plan runs; never on 1 row without one.
+    /// with 16 (AVX-512); both wherever a decoded plan runs, and not a row below without one.
     #[test]
     fn the_input_gradient_widens_from_two_rows_with_avx512() {
         let cpu = |lanes| DeviceCaps::Cpu { threads: 2, lanes };
